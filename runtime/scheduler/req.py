@@ -1,0 +1,126 @@
+"""`Req`: one request's state inside the scheduler."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+import numpy as np
+
+from runtime.messages import GenerateReq, SamplingParams
+
+
+class ReqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Req:
+    """A request's tokens, KV positions and progress.
+
+    Positions [0, kv_len) have KV scheduled (computed or in a batch in flight);
+    `slots[:kv_len]` are their pool slots, the first `cached_len` borrowed from the
+    prefix cache. `pending` counts tokens sampled by batches still in flight (0..2 with
+    overlap): the full sequence is prompt + output + `pending` unknown tokens.
+    """
+
+    def __init__(self, msg: GenerateReq, arrival: float | None = None) -> None:
+        self.rid = msg.rid
+        self.prompt_ids: list[int] = list(msg.input_ids)
+        self.params: SamplingParams = msg.params
+        self.stop_ids = frozenset(msg.stop_ids)
+        self.arrival = time.monotonic() if arrival is None else arrival
+        self.output_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.status = ReqStatus.WAITING
+        self.finish_reason: str | None = None
+        self.silent_finish = False  # the api already told the client (stop string)
+        self.sent = 0  # output ids already streamed to the api
+        self.sent_header = False  # prompt/cached token counts sent
+        self.retractions = 0
+        self._reset_kv()
+
+    def _reset_kv(self) -> None:
+        self.row: int | None = None
+        self.slots = np.zeros(0, dtype=np.int32)
+        self.kv_len = 0
+        self.cached_len = 0
+        self.cache_node = None
+        self.pending = 0
+        self.needs_init = True  # the worker must (re)bind its row before the next forward
+        self.last_batch_id = -1
+        self.prefix_written = False
+
+    # ------------------------------------------------------------------ tokens
+    @property
+    def known_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def total_len(self) -> int:
+        return self.known_len + self.pending
+
+    def token_at(self, pos: int) -> int:
+        n = len(self.prompt_ids)
+        return self.prompt_ids[pos] if pos < n else self.output_ids[pos - n]
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """Known tokens of positions [start, end)."""
+        n = len(self.prompt_ids)
+        if end <= n:
+            return self.prompt_ids[start:end]
+        return (self.prompt_ids + self.output_ids)[start:end]
+
+    @property
+    def in_prefill(self) -> bool:
+        """More than the last token lacks KV (fresh, chunked, or re-admitted request).
+
+        A decoding request has KV for every token but the last (known or pending).
+        """
+        return self.kv_len < self.total_len - 1
+
+    @property
+    def remaining_tokens(self) -> int:
+        """Output tokens this request may still be asked to produce (beyond those in flight)."""
+        return max(0, self.params.max_tokens - len(self.output_ids) - self.pending)
+
+    def add_slots(self, slots: np.ndarray) -> None:
+        self.slots = np.concatenate([self.slots, slots]) if len(self.slots) else slots
+
+    # ------------------------------------------------------------------ results
+    def append_output(self, token_id: int, logprob: float) -> None:
+        """Record one sampled token and decide whether the request is done."""
+        self.pending -= 1
+        if self.finished:
+            return  # sampled by a batch planned before it finished: discarded
+        self.output_ids.append(token_id)
+        self.logprobs.append(logprob)
+        if token_id in self.stop_ids:
+            self.finish("stop")
+        elif len(self.output_ids) >= self.params.max_tokens:
+            self.finish("length")
+
+    def finish(self, reason: str, *, silent: bool = False) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            self.silent_finish = silent
+        self.status = ReqStatus.FINISHED
+
+    @property
+    def finished(self) -> bool:
+        return self.status is ReqStatus.FINISHED
+
+    def unadmit(self) -> None:
+        """Undo an admission that did not fit (its row and prefix lock were released)."""
+        self._reset_kv()
+
+    def retract(self) -> None:
+        """Forget all KV (already freed by the caller); re-prefill prompt + outputs later."""
+        self.retractions += 1
+        self._reset_kv()
+        self.status = ReqStatus.WAITING
+
+    def __repr__(self) -> str:
+        return (f"Req({self.rid}, prompt={len(self.prompt_ids)}, out={len(self.output_ids)}, "
+                f"kv={self.kv_len}, pending={self.pending}, {self.status.value})")

@@ -1,0 +1,221 @@
+"""`Scheduler`: continuous batching with chunked prefill, retraction and delayed KV release.
+
+Pure state machine, no sockets: `add`/`abort` take requests, `plan` builds the next step,
+`on_result` consumes the oldest step's sampled tokens, `take_outputs` drains what the api
+must stream. The process loop (`loop.py`) and in-process tests drive it the same way.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from runtime.messages import BatchPlan, GenerateReq, ReqOut, StepResult
+from runtime.scheduler.batch import Batch
+from runtime.scheduler.policy import PrefillAdder, retract_order
+from runtime.scheduler.req import Req, ReqStatus
+from runtime.scheduler.token_kv import TokenKV
+
+
+class Scheduler:
+    """Owns every request's KV metadata; never touches tensors."""
+
+    def __init__(self, kv: TokenKV, *, chunk_size: int, max_running: int, max_context: int,
+                 max_in_flight: int = 2, retract_headroom: int = 4) -> None:
+        self.kv = kv
+        self.chunk_size = chunk_size
+        self.max_running = max_running
+        self.max_context = max_context
+        self.max_in_flight = max_in_flight
+        self.retract_headroom = retract_headroom
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.reqs: dict[str, Req] = {}
+        self.in_flight: deque[Batch] = deque()
+        self.deferred: list[Req] = []  # finished, KV still read by a batch in flight
+        self.outbox: list[ReqOut] = []
+        self.next_batch_id = 0
+        self.completed_batch_id = -1
+        self.adder = PrefillAdder()
+        self.num_retractions = 0
+        self.num_steps = 0
+
+    # ------------------------------------------------------------------ input
+    def add(self, msg: GenerateReq) -> None:
+        req = Req(msg)
+        if msg.rid in self.reqs:
+            self._emit_error(req, f"duplicate request id {msg.rid!r}")
+            return
+        if not req.prompt_ids:
+            self._emit_error(req, "empty prompt")
+            return
+        need = len(req.prompt_ids) + req.params.max_tokens
+        if need > self.max_context or len(req.prompt_ids) + 1 > self.kv.total:
+            self._emit_error(req, f"prompt ({len(req.prompt_ids)}) + max_tokens "
+                                  f"({req.params.max_tokens}) exceeds the limit of "
+                                  f"{min(self.max_context, self.kv.total)} tokens")
+            return
+        self.reqs[req.rid] = req
+        if req.params.max_tokens == 0:
+            req.finish("length")
+            self._emit(req)
+            self._drop(req)
+            return
+        self.waiting.append(req)
+
+    def abort(self, rid: str, reason: str = "abort") -> None:
+        """Finish a request now; `reason == "stop"` means the api already answered the client."""
+        req = self.reqs.get(rid)
+        if req is None or req.finished:
+            return
+        silent = reason == "stop"
+        if req.status is ReqStatus.WAITING:
+            self.waiting.remove(req)
+            if req.row is not None:  # never the case: waiting requests hold no KV
+                self.kv.release(req, cache=False)
+            req.finish(reason, silent=silent)
+            self._emit(req)
+            self._drop(req)
+            return
+        req.finish(reason, silent=silent)
+        self._emit(req)
+        self._finish_running(req)
+
+    # ------------------------------------------------------------------ planning
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def can_plan(self) -> bool:
+        return len(self.in_flight) < self.max_in_flight and self.has_work
+
+    def plan(self) -> BatchPlan | None:
+        """The next step, or None (nothing to run, or retraction must wait for a drain)."""
+        self.running = [r for r in self.running if not r.finished]
+        decode = [r for r in self.running if not r.in_prefill and r.remaining_tokens > 0]
+        if not self._reserve_decode(decode):
+            return None
+        batch = Batch(self.next_batch_id)
+        new_slots = []
+        for req in decode:
+            new_slots.append(self.kv.alloc(req, 1))
+            batch.add(req, 1)
+        budget = self.chunk_size - len(decode)
+        for req, n in self.adder.fill(self, budget):
+            slots = self.kv.alloc(req, n)
+            assert slots is not None, "PrefillAdder admitted more than the pool holds"
+            new_slots.append(slots)
+            batch.add(req, n)
+        if not batch.reqs:
+            return None
+        self.next_batch_id += 1
+        self.num_steps += 1
+        plan = batch.to_plan(new_slots)
+        self.in_flight.append(batch)
+        return plan
+
+    def _reserve_decode(self, decode: list[Req]) -> bool:
+        """Make room for one token per decoding request, retracting if the pool is full."""
+        if self.kv.available() >= len(decode):
+            return True
+        if self.in_flight:
+            return False  # retract only when no batch in flight references a victim
+        victims = sorted(decode, key=retract_order)
+        while victims and self.kv.available() < len(decode) + self.retract_headroom * len(decode):
+            if len(decode) == 1:
+                break
+            victim = victims.pop(0)
+            decode.remove(victim)
+            self._retract(victim)
+        if self.kv.available() >= len(decode):
+            return True
+        for req in decode:  # a single request longer than the whole pool
+            req.finish("error")
+            self._emit(req, error="request does not fit in the KV pool")
+            self._finish_running(req)
+        decode.clear()
+        return True
+
+    def _retract(self, req: Req) -> None:
+        self.kv.release(req, cache=False)
+        self.running.remove(req)
+        req.retract()
+        self.waiting.insert(0, req)
+        self.num_retractions += 1
+        self.adder.on_retract()
+
+    @property
+    def needs_drain(self) -> bool:
+        """Planning is blocked until the batches in flight complete."""
+        return bool(self.in_flight) and self.has_work
+
+    # ------------------------------------------------------------------ results
+    def on_result(self, res: StepResult) -> None:
+        batch = self.in_flight.popleft()
+        assert batch.batch_id == res.batch_id, (batch.batch_id, res.batch_id)
+        assert len(res.next_ids) == len(batch.sampled)
+        self.completed_batch_id = batch.batch_id
+        for req, tok, lp in zip(batch.sampled, res.next_ids, res.logprobs):
+            was_finished = req.finished
+            req.append_output(tok, lp)
+            if not was_finished:
+                self._emit(req)
+                if req.finished:
+                    self._finish_running(req)
+        self._release_deferred()
+
+    def fail_in_flight(self, message: str) -> None:
+        """The worker failed a step: every request in it ends with an error."""
+        batch = self.in_flight.popleft()
+        self.completed_batch_id = batch.batch_id
+        for req in batch.reqs:
+            if not req.finished:
+                req.finish("error")
+                self._emit(req, error=message)
+                self._finish_running(req)
+        self._release_deferred()
+
+    def _finish_running(self, req: Req) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        self.deferred.append(req)
+        self._release_deferred()
+
+    def _release_deferred(self) -> None:
+        keep = []
+        for req in self.deferred:
+            if req.last_batch_id <= self.completed_batch_id:
+                self.kv.release(req, cache=req.kv_len > 0)
+                req.row = None
+                self._drop(req)
+            else:
+                keep.append(req)
+        self.deferred = keep
+
+    def _drop(self, req: Req) -> None:
+        self.reqs.pop(req.rid, None)
+
+    # ------------------------------------------------------------------ output
+    def _emit(self, req: Req, error: str | None = None) -> None:
+        new = req.output_ids[req.sent:]
+        lps = req.logprobs[req.sent:] if req.params.logprobs else []
+        req.sent = len(req.output_ids)
+        reason = req.finish_reason if req.finished and not req.silent_finish else None
+        if not new and reason is None and req.sent_header:
+            return
+        out = ReqOut(rid=req.rid, new_ids=new, logprobs=lps, finish_reason=reason, error=error)
+        if not req.sent_header:
+            out.prompt_tokens, out.cached_tokens = len(req.prompt_ids), req.cached_len
+            req.sent_header = True
+        self.outbox.append(out)
+
+    def _emit_error(self, req: Req, message: str) -> None:
+        self.outbox.append(ReqOut(rid=req.rid, finish_reason="error", error=message))
+
+    def take_outputs(self) -> list[ReqOut]:
+        out, self.outbox = self.outbox, []
+        return out
+
+    # ------------------------------------------------------------------ checks
+    def check_invariants(self) -> None:
+        live = [r for r in list(self.running) + self.deferred if r.row is not None]
+        self.kv.check_invariants(live)

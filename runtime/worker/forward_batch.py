@@ -1,0 +1,41 @@
+"""Per-forward state: the tensors one model forward reads, built by the worker from a BatchPlan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    """One step over B sequences with T new tokens in total (T == B for pure decode).
+
+    Sequence i computes KV positions [prefix_lens[i], seq_lens[i]); its new tokens are
+    input_ids[qo_indptr[i]:qo_indptr[i+1]]. The KV of every position of sequence i
+    (cached prefix and new tokens) lives at pool slots kv_indices[kv_indptr[i]:kv_indptr[i+1]];
+    the new tokens' K/V must be stored at `out_slots` before attention reads them.
+    """
+
+    input_ids: torch.Tensor  # [T] int64, placeholders already resolved
+    positions: torch.Tensor  # [T] int64
+    out_slots: torch.Tensor  # [T] int64, pool slot of each new token
+    qo_indptr: torch.Tensor  # [B+1] int32
+    kv_indptr: torch.Tensor  # [B+1] int32
+    kv_indices: torch.Tensor  # [sum(seq_lens)] int64
+    seq_lens: torch.Tensor  # [B] int32, prefix + new
+    prefix_lens: torch.Tensor  # [B] int32
+    sample_idx: torch.Tensor  # [S] int64, indices into T whose logits are returned
+    is_decode: bool  # every sequence has exactly one new token
+    # host copies for loops that need Python ints (torch attention path)
+    seq_lens_cpu: list[int]
+    prefix_lens_cpu: list[int]
+    extend_lens_cpu: list[int]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])

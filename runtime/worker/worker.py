@@ -1,0 +1,155 @@
+"""The worker process: runs BatchPlans on the model and streams StepResults back.
+
+The main thread only launches work: it never waits for the device. After each batch it
+records an event and copies the sampled ids to pinned host memory without blocking; a
+sender thread waits on that event and sends the StepResult. On the CPU the event is a
+no-op and the same code path runs synchronously.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+from dataclasses import dataclass
+
+import torch
+import zmq
+
+from runtime.config import ServerConfig
+from runtime.ipc import PullQueue, PushQueue
+from runtime.messages import (
+    BatchPlan,
+    Ready,
+    Shutdown,
+    StepResult,
+    WorkerFailed,
+    WorkerInput,
+    WorkerReady,
+)
+from runtime.model_config import ModelSpec, resolve_model
+from runtime.procutil import error_text, exit_with_parent, setup_logging
+from runtime.worker.model_runner import ModelRunner
+from runtime.worker.token_table import TokenTable
+
+ROW_SLACK = 16  # rows beyond max_running: finished requests keep theirs until released
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+class _HostEvent:
+    """Stands in for a CUDA event on the CPU, where work is already complete."""
+
+    def synchronize(self) -> None:
+        pass
+
+
+@dataclass
+class InFlight:
+    """A launched batch: its sampled ids are valid in host memory once `event` completes."""
+
+    batch_id: int
+    ids: torch.Tensor  # [S] int64, host (pinned on CUDA)
+    logprobs: torch.Tensor  # [S] float32, host
+    event: object
+
+    def result(self) -> StepResult:
+        self.event.synchronize()
+        return StepResult(self.batch_id, self.ids.tolist(), self.logprobs.tolist())
+
+
+class Worker:
+    """Model, KV pool, sampler and token table of one device."""
+
+    def __init__(self, cfg: ServerConfig, spec: ModelSpec) -> None:
+        self.device = resolve_device(cfg.device)
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
+        self.max_rows = cfg.max_running + ROW_SLACK
+        self.runner = ModelRunner(spec, self.device, resolve_dtype(cfg.dtype, self.device),
+                                  kv_slots=cfg.kv_slots, max_rows=self.max_rows, seed=cfg.seed)
+        self.table = TokenTable(self.max_rows, self.runner.max_context, self.device)
+
+    def ready_message(self) -> WorkerReady:
+        r = self.runner
+        return WorkerReady(kv_slots=r.kv_slots, max_rows=self.max_rows,
+                           max_context=r.max_context, kv_bytes_per_token=r.kv_bytes_per_token,
+                           device=str(self.device))
+
+    @torch.inference_mode()
+    def launch(self, plan: BatchPlan) -> InFlight:
+        """Enqueue one step; returns before the device finishes it."""
+        sampler = self.runner.sampler
+        for init in plan.inits:
+            sampler.init_row(init.row, init.params, init.prompt_ids, init.output_ids)
+        fb = self.table.build(plan)
+        logits = self.runner.forward(fb)  # [S, vocab] float32
+        rows = self.table.sampled_rows(plan)
+        if rows:
+            ids, logprobs = sampler.sample(logits, rows, self.table.sampled_positions(plan))
+            self.table.record(rows, ids)
+        else:
+            ids = torch.zeros(0, dtype=torch.int64, device=self.device)
+            logprobs = torch.zeros(0, dtype=torch.float32, device=self.device)
+        if self.device.type != "cuda":
+            return InFlight(plan.batch_id, ids, logprobs, _HostEvent())
+        ids_host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+        lps_host = torch.empty(logprobs.shape, dtype=logprobs.dtype, pin_memory=True)
+        ids_host.copy_(ids, non_blocking=True)
+        lps_host.copy_(logprobs, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return InFlight(plan.batch_id, ids_host, lps_host, event)
+
+
+def _send_results(out: PushQueue, pending: queue.Queue) -> None:
+    """Sender thread: wait for each launched batch in order and send its result."""
+    while True:
+        item = pending.get()
+        if item is None:
+            return
+        out.put(item.result() if isinstance(item, InFlight) else item)
+
+
+def run_worker(cfg: ServerConfig) -> None:
+    """Entry point of the worker process."""
+    exit_with_parent()
+    log = setup_logging("worker", cfg.log_level)
+    ctx = zmq.Context()
+    inbox: PullQueue = PullQueue(ctx, cfg.ipc("worker_in"), WorkerInput, bind=True)
+    out: PushQueue = PushQueue(ctx, cfg.ipc("sched_res"))
+    ready: PushQueue = PushQueue(ctx, cfg.ipc("ready"))
+    try:
+        worker = Worker(cfg, resolve_model(cfg.model))
+    except Exception as exc:  # report the cause to the launcher, then die
+        log.exception("worker failed to start")
+        ready.put(Ready("worker", error=error_text(exc)))
+        sys.exit(1)
+    out.put(worker.ready_message())
+    log.info("model %s on %s, KV pool %d tokens (%d bytes/token)", cfg.model, worker.device,
+             worker.runner.kv_slots, worker.runner.kv_bytes_per_token)
+    ready.put(Ready("worker"))
+    pending: queue.Queue = queue.Queue()
+    sender = threading.Thread(target=_send_results, args=(out, pending), daemon=True)
+    sender.start()
+    while True:
+        msg = inbox.get()
+        if isinstance(msg, Shutdown):
+            break
+        try:
+            pending.put(worker.launch(msg))
+        except Exception as exc:
+            log.exception("batch %d failed", msg.batch_id)
+            pending.put(WorkerFailed(msg.batch_id, error_text(exc)))
+    pending.put(None)
+    sender.join(timeout=5)

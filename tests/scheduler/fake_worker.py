@@ -1,0 +1,87 @@
+"""A worker that runs BatchPlans on token ids instead of a model.
+
+The "KV" of a slot is the token id written there; a sampled token is a hash of the whole
+sequence read back through the request's slots. Any scheduling bug that points a request
+at the wrong slots, loses a prefix or mixes up placeholders changes the output.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from runtime.messages import BatchPlan, GenerateReq, SamplingParams, StepResult
+
+VOCAB = 97
+EOS = 0
+
+
+def next_token(seq: list[int] | np.ndarray) -> int:
+    h = 7
+    for tok in seq:
+        h = (h * 1000003 + int(tok) + 1) % 2_147_483_647
+    return h % VOCAB
+
+
+def reference(prompt: list[int], max_tokens: int, stop_ids: set[int]) -> list[int]:
+    seq, out = list(prompt), []
+    while len(out) < max_tokens:
+        tok = next_token(seq)
+        out.append(tok)
+        seq.append(tok)
+        if tok in stop_ids:
+            break
+    return out
+
+
+class FakeWorker:
+    def __init__(self, num_slots: int, rows: int, max_context: int) -> None:
+        self.kv = np.full(num_slots + 1, -1, dtype=np.int64)
+        self.req_to_token = np.zeros((rows, max_context), dtype=np.int64)
+        self.last = np.zeros(rows, dtype=np.int64)
+
+    def run(self, plan: BatchPlan) -> StepResult:
+        for row, slots in plan.prefix_writes:
+            self.req_to_token[row, : len(slots)] = slots
+        t, out = 0, []
+        for i, row in enumerate(plan.rows):
+            p, e = plan.prefix_lens[i], plan.extend_lens[i]
+            for j in range(e):
+                tok = plan.input_ids[t]
+                if tok < 0:
+                    tok = self.last[-tok - 1]
+                slot = plan.new_slots[t]
+                assert slot != 0, "slot 0 is the padding sink"
+                self.req_to_token[row, p + j] = slot
+                self.kv[slot] = tok
+                t += 1
+            if plan.sample[i]:
+                tok = next_token(self.kv[self.req_to_token[row, : p + e]])
+                self.last[row] = tok
+                out.append(tok)
+        return StepResult(plan.batch_id, out, [0.0] * len(out))
+
+
+def drive(sched, worker: FakeWorker, on_step=None, check=True) -> None:
+    """Run the scheduler to completion; batches execute lazily, as on a device."""
+    launched: deque[BatchPlan] = deque()
+    steps = 0
+    while sched.has_work or launched:
+        while sched.can_plan():
+            plan = sched.plan()
+            if plan is None:
+                break
+            launched.append(plan)
+        assert launched, "scheduler stalled with work left"
+        sched.on_result(worker.run(launched.popleft()))
+        steps += 1
+        if on_step is not None:
+            on_step(sched, steps)
+        if check and not sched.in_flight:
+            sched.check_invariants()
+
+
+def make_req(rid: str, prompt: list[int], max_tokens: int, **kw) -> GenerateReq:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)
+    return GenerateReq(rid=rid, input_ids=prompt, params=params, stop_ids=[EOS])
