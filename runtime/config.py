@@ -37,6 +37,7 @@ class ServerConfig:
     max_running: int = 64
     kv_slots: int = 0  # 0: size the pool from memory (GPU) or a default (CPU)
     max_queue: int = 1024
+    schedule_conservativeness: float = 1.0  # scales the KV reserved for running requests
     device: str = "auto"
     dtype: str = "auto"
     kv_dtype: str = "auto"
@@ -62,6 +63,8 @@ class ServerConfig:
         for name in ("block_size", "chunk_size", "max_running", "max_queue"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.schedule_conservativeness < 0:
+            raise ConfigError("schedule_conservativeness must be >= 0")
         if self.kv_slots < 0:
             raise ConfigError(f"kv_slots must be >= 0, got {self.kv_slots}")
         if not 0.0 < self.mem_fraction <= 1.0:

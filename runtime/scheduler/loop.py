@@ -30,6 +30,7 @@ from runtime.messages import (
 )
 from runtime.model_config import resolve_model
 from runtime.procutil import error_text, exit_with_parent, setup_logging
+from runtime.scheduler.policy import PrefillAdder
 from runtime.scheduler.scheduler import Scheduler
 from runtime.scheduler.token_kv import TokenKV
 
@@ -38,9 +39,12 @@ CHECK_INVARIANTS = os.environ.get("SLUICE_CHECK_INVARIANTS", "0") == "1"
 
 def build_scheduler(cfg: ServerConfig, ready: WorkerReady, max_context: int) -> Scheduler:
     kv = TokenKV(ready.kv_slots, ready.max_rows)
-    return Scheduler(kv, chunk_size=cfg.chunk_size, max_running=cfg.max_running,
-                     max_context=min(max_context, ready.max_context),
-                     max_in_flight=2 if cfg.overlap else 1)
+    sched = Scheduler(kv, chunk_size=cfg.chunk_size, max_running=cfg.max_running,
+                      max_context=min(max_context, ready.max_context),
+                      max_in_flight=2 if cfg.overlap else 1)
+    sched.adder = PrefillAdder(init_ratio=0.7 * cfg.schedule_conservativeness,
+                               min_ratio=0.1 * cfg.schedule_conservativeness)
+    return sched
 
 
 def stats(sched: Scheduler, token: int) -> SchedulerStats:

@@ -184,7 +184,8 @@ class Scheduler:
         keep = []
         for req in self.deferred:
             if req.last_batch_id <= self.completed_batch_id:
-                self.kv.release(req, cache=req.kv_len > 0)
+                # cache only KV whose tokens are all known (a failed batch leaves gaps)
+                self.kv.release(req, cache=0 < req.kv_len <= req.known_len)
                 req.row = None
                 self._drop(req)
             else:

@@ -77,7 +77,8 @@ class Worker:
             torch.set_num_threads(cfg.torch_threads)
         self.max_rows = cfg.max_running + ROW_SLACK
         self.runner = ModelRunner(spec, self.device, resolve_dtype(cfg.dtype, self.device),
-                                  kv_slots=cfg.kv_slots, max_rows=self.max_rows, seed=cfg.seed)
+                                  kv_slots=cfg.kv_slots, max_rows=self.max_rows, seed=cfg.seed,
+                                  mem_fraction=cfg.mem_fraction)
         self.table = TokenTable(self.max_rows, self.runner.max_context, self.device)
 
     def ready_message(self) -> WorkerReady:

@@ -1,0 +1,117 @@
+"""Incremental detokenization with stop strings, one request at a time.
+
+Decoding token by token breaks characters that span tokens (byte-level BPE splits an
+emoji or a CJK character over several tokens) and words whose leading space depends on
+the token before. So, as vLLM and SGLang do, we decode a short window of tokens twice:
+`prefix_text = decode(ids[prefix_offset:read_offset])` (already emitted) and
+`full = decode(ids[prefix_offset:])`; the new text is `full[len(prefix_text):]`, and it is
+held back while it ends in U+FFFD (an unfinished UTF-8 sequence). The window starts with
+a few prompt tokens so the first output token decodes in context.
+
+Stop strings are searched in the committed text (also across token boundaries); while
+any are set, the last `max(len(stop)) - 1` characters stay unsent, so a stream never
+shows the start of a stop string that a later token completes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+PROMPT_CONTEXT = 5  # prompt tokens decoded ahead of the output (vLLM uses 5 too)
+
+
+class IncrementalDetokenizer:
+    """Turns a request's output token ids into text deltas, stopping at stop strings.
+
+    The deltas concatenate to the continuation of the prompt's text, cut before the
+    first stop string; for byte-level BPE tokenizers (Llama 3, Qwen, SmolLM) that is
+    exactly `tokenizer.decode(token_ids, skip_special_tokens=...)` cut at the stop.
+    """
+
+    def __init__(self, tokenizer: Any, prompt_ids: Sequence[int],
+                 skip_special_tokens: bool = True, stop: Sequence[str] = ()) -> None:
+        self._tok = tokenizer
+        self._skip = skip_special_tokens
+        self.stop = list(stop)
+        self._hold = max((len(s) for s in self.stop), default=1) - 1
+        context = list(prompt_ids[-PROMPT_CONTEXT:])
+        if "\ufffd" in self._decode(context):  # prompt ends inside a character: no context
+            context = []
+        self._n_context = len(context)
+        self._ids: list[int] = context  # context + accepted output ids
+        self._prefix_offset = 0
+        self._read_offset = len(context)
+        self._unsent = ""  # committed text not yet returned (always holds the stop window)
+        self.stop_str: str | None = None  # the stop string that ended the output
+        self.finished = False
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Output ids accepted so far (those after a stop string's last token are dropped)."""
+        return self._ids[self._n_context:]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._ids) - self._n_context
+
+    def add(self, new_ids: Sequence[int]) -> str:
+        """Take new output ids; return the text that is now safe to show.
+
+        Ids are taken one at a time; when a stop string completes, the ids after the one
+        that completed it are dropped, `stop_str` is set, the detokenizer is finished and
+        all text before the stop string is returned.
+        """
+        for token_id in new_ids:
+            if self.finished:
+                break
+            self._ids.append(token_id)
+            self._commit(self._decode_next())
+        return self._emit()
+
+    def flush(self) -> str:
+        """The request ended: return all remaining text (an unfinished character decodes
+        to U+FFFD, as in a full decode). Stop strings are still honoured."""
+        if not self.finished:
+            prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
+            full = self._decode(self._ids[self._prefix_offset:])
+            self._prefix_offset = self._read_offset = len(self._ids)
+            self._commit(full[len(prefix):])
+            self.finished = True
+        return self._emit()
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=self._skip)
+
+    def _decode_next(self) -> str:
+        """Text completed by the newest id, or "" while it ends inside a character."""
+        prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
+        full = self._decode(self._ids[self._prefix_offset:])
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return ""
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        return full[len(prefix):]
+
+    def _commit(self, piece: str) -> None:
+        """Append decoded text and cut it at the earliest stop string it completes."""
+        if not piece:
+            return
+        start = len(self._unsent)
+        self._unsent += piece
+        best: tuple[int, str] | None = None
+        for s in self.stop:
+            # a new match ends inside `piece`; `_unsent` keeps len(s) - 1 chars before it
+            i = self._unsent.find(s, max(0, start - len(s) + 1))
+            if i != -1 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is not None:
+            self._unsent = self._unsent[:best[0]]
+            self.stop_str = best[1]
+            self.finished = True
+
+    def _emit(self) -> str:
+        end = len(self._unsent) if self.finished else len(self._unsent) - self._hold
+        if end <= 0:
+            return ""
+        out, self._unsent = self._unsent[:end], self._unsent[end:]
+        return out

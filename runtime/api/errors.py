@@ -1,0 +1,27 @@
+"""Errors the serving front raises, shared by the api process and its clients.
+
+`InvalidRequest` (the caller's fault) lives in `runtime.messages`; everything here is the
+server's fault, so a client can retry elsewhere or report it.
+"""
+
+from __future__ import annotations
+
+
+class ServerError(RuntimeError):
+    """The server could not complete a request."""
+
+
+class EngineDeadError(ServerError):
+    """A server process died (or the front was closed): nothing more will be served."""
+
+
+class RequestFailed(ServerError):
+    """The scheduler finished one request with an error; other requests are unaffected."""
+
+
+class Overloaded(ServerError):
+    """Too many requests in flight; retry later."""
+
+
+class ServerTimeout(ServerError, TimeoutError):
+    """A client heard nothing from the server for longer than its timeout."""

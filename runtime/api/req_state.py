@@ -1,0 +1,100 @@
+"""`ReqState`: the api side of one in-flight request, between the receive loop and its stream."""
+
+from __future__ import annotations
+
+import asyncio
+
+from runtime.api.chunk import Chunk
+from runtime.api.detokenize import IncrementalDetokenizer
+from runtime.api.errors import RequestFailed
+from runtime.messages import ReqOut
+
+
+class ReqState:
+    """Output of one request not yet handed to its consumer.
+
+    The receive loop applies each `ReqOut` as it arrives (so stop strings are found at
+    once, however slow the consumer); the consumer takes everything pending as one
+    `Chunk`, so a slow consumer gets fewer, larger chunks instead of a backlog.
+    `detok` is None for models without a tokenizer (token ids only, empty text).
+    """
+
+    def __init__(self, rid: str, detok: IncrementalDetokenizer | None, logprobs: bool) -> None:
+        self.rid = rid
+        self.detok = detok
+        self._want_logprobs = logprobs
+        self._text: list[str] = []
+        self._ids: list[int] = []
+        self._logprobs: list[float] = []
+        self.finish_reason: str | None = None
+        self.error: BaseException | None = None
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.completion_tokens = 0
+        self.scheduler_done = False  # the scheduler finished it, or was told to abort it
+        self.event = asyncio.Event()  # set when there is something to take
+
+    @property
+    def ended(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+    def on_output(self, out: ReqOut) -> bool:
+        """Apply one ReqOut. True when a stop string ended the request here, so the
+        scheduler, which is still generating it, must be told to abort."""
+        if self.ended:
+            return False
+        if out.prompt_tokens:
+            self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
+        if self.detok is None:
+            text, taken = "", len(out.new_ids)
+        else:
+            before = self.detok.num_tokens
+            text = self.detok.add(out.new_ids)
+            taken = self.detok.num_tokens - before
+        self._text.append(text)
+        self._ids.extend(out.new_ids[:taken])
+        if self._want_logprobs:
+            self._logprobs.extend(out.logprobs[:taken])
+        self.completion_tokens += taken
+        stopped = self.detok is not None and self.detok.stop_str is not None
+        must_abort = stopped and out.finish_reason is None
+        self.scheduler_done = self.scheduler_done or stopped or out.finish_reason is not None
+        if out.finish_reason == "error" and not stopped:
+            self.error = RequestFailed(out.error or "the scheduler failed this request")
+        elif stopped:
+            self.finish_reason = "stop"
+        elif out.finish_reason is not None:
+            self._finish(out.finish_reason)
+        self.event.set()
+        return must_abort
+
+    def abort(self) -> None:
+        """End the stream now with finish_reason "abort" (the caller tells the scheduler)."""
+        if not self.ended:
+            self._finish("abort")
+            self.event.set()
+
+    def fail(self, error: BaseException) -> None:
+        """End the stream with an error, raised to the consumer by `take`."""
+        if not self.ended:
+            self.error = error
+            self.event.set()
+
+    def take(self) -> Chunk | None:
+        """Everything pending as one chunk (None if nothing); raises the request's error."""
+        if self.error is not None:
+            raise self.error
+        text = "".join(self._text)
+        if not text and not self._ids and self.finish_reason is None:
+            return None
+        chunk = Chunk(self.rid, text, self._ids, self._logprobs, self.finish_reason,
+                      self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+        self._text, self._ids, self._logprobs = [], [], []
+        return chunk
+
+    def _finish(self, reason: str) -> None:
+        if self.detok is not None:
+            self._text.append(self.detok.flush())
+            if self.detok.stop_str is not None:  # the flushed tail held a stop string
+                reason = "stop"
+        self.finish_reason = reason

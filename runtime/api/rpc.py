@@ -1,0 +1,156 @@
+"""`RpcServer`: the native streaming RPC front (ZMQ ROUTER, msgpack `RpcInput`/`RpcOutput`).
+
+Each DEALER client sends `RpcGenerate` / `RpcAbort`; replies carry the client's rid, so
+one client can multiplex many requests. A request runs as one task over
+`TokenizerManager.generate`; `RpcAbort` cancels that task, which aborts the request in
+the scheduler. ROUTER_MANDATORY makes a send to a disconnected client fail, which we
+treat like an abort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from runtime.api.chunk import join_chunks
+from runtime.api.errors import Overloaded, ServerError
+from runtime.api.tokenizer_manager import TokenizerManager
+from runtime.messages import (
+    InvalidRequest,
+    RpcAbort,
+    RpcError,
+    RpcGenerate,
+    RpcInput,
+    RpcOutput,
+)
+
+log = logging.getLogger(__name__)
+
+
+class _ClientGone(Exception):
+    """The client's connection is gone; nobody will read what we send."""
+
+
+class RpcServer:
+    """Serves `TokenizerManager.generate` to RPC clients on a ROUTER socket at `addr`."""
+
+    def __init__(self, tm: TokenizerManager, addr: str) -> None:
+        self.tm = tm
+        self.addr = addr
+        self._enc = msgspec.msgpack.Encoder()
+        self._dec = msgspec.msgpack.Decoder(RpcInput)
+        self._tasks: dict[tuple[bytes, str], asyncio.Task] = {}
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._serve_task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Bind the ROUTER socket and start serving."""
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, 0)  # never drop a chunk for a slow reader
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.bind(self.addr)
+        self._serve_task = asyncio.create_task(self._serve(), name="rpc-serve")
+
+    @property
+    def num_active(self) -> int:
+        return len(self._tasks)
+
+    async def close(self) -> None:
+        """Stop accepting, cancel running requests (aborting them), close the socket."""
+        if self._serve_task is None:
+            return
+        tasks = [self._serve_task, *self._tasks.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._serve_task = None
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+    async def _serve(self) -> None:
+        while True:
+            frames = await self._sock.recv_multipart()
+            try:
+                self._handle(frames)
+            except Exception:  # never let one message take the server down
+                log.exception("rpc: failed to handle a message")
+
+    def _handle(self, frames: list[bytes]) -> None:
+        identity = frames[0]
+        if len(frames) != 2:
+            self._reply(identity, RpcError("", f"malformed message: expected 1 frame, "
+                                               f"got {len(frames) - 1}"))
+            return
+        try:
+            msg = self._dec.decode(frames[1])
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            self._reply(identity, RpcError(_guess_rid(frames[1]), f"malformed message: {e}"))
+            return
+        key = (identity, msg.rid)
+        if isinstance(msg, RpcAbort):
+            if (task := self._tasks.get(key)) is not None:
+                task.cancel()
+            return
+        if key in self._tasks:
+            self._reply(identity, RpcError(msg.rid, f"request id {msg.rid!r} is already "
+                                                    "in flight on this connection"))
+            return
+        task = asyncio.create_task(self._run(identity, msg), name=f"rpc-{msg.rid}")
+        self._tasks[key] = task
+        task.add_done_callback(lambda t: self._forget(key, t))
+
+    def _forget(self, key: tuple[bytes, str], task: asyncio.Task) -> None:
+        if self._tasks.get(key) is task:
+            del self._tasks[key]
+
+    async def _run(self, identity: bytes, req: RpcGenerate) -> None:
+        """One request: stream (or aggregate) its chunks, or reply with one RpcError."""
+        try:
+            async with contextlib.aclosing(self.tm.generate(req.prompt, req.params)) as chunks:
+                if req.stream:
+                    async for chunk in chunks:
+                        self._send(identity, join_chunks(req.rid, [chunk]))
+                else:
+                    self._send(identity, join_chunks(req.rid, [c async for c in chunks]))
+        except _ClientGone:
+            log.info("rpc: client of request %s is gone; aborted", req.rid)
+        except InvalidRequest as e:
+            self._reply(identity, RpcError(req.rid, str(e), "invalid_request"))
+        except Overloaded as e:
+            self._reply(identity, RpcError(req.rid, str(e), "overloaded"))
+        except ServerError as e:
+            self._reply(identity, RpcError(req.rid, str(e), "server_error"))
+        except Exception as e:
+            log.exception("rpc: request %s failed", req.rid)
+            self._reply(identity, RpcError(req.rid, f"internal error: {e!r}", "server_error"))
+
+    def _send(self, identity: bytes, msg: RpcOutput) -> None:
+        """Send now (no HWM, so it never waits); raise `_ClientGone` if unroutable."""
+        try:
+            self._sock.send_multipart([identity, self._enc.encode(msg)], zmq.NOBLOCK).result()
+        except zmq.ZMQError as e:
+            raise _ClientGone from e
+
+    def _reply(self, identity: bytes, msg: RpcOutput) -> None:
+        with contextlib.suppress(_ClientGone):
+            self._send(identity, msg)
+
+
+def _guess_rid(payload: bytes) -> str:
+    """The rid of a message that failed validation, if its frame is readable at all
+    (array-like tagged structs encode as [tag, rid, ...])."""
+    try:
+        raw = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError:
+        return ""
+    if isinstance(raw, list) and len(raw) > 1 and isinstance(raw[1], str):
+        return raw[1]
+    return ""

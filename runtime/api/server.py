@@ -1,0 +1,91 @@
+"""The api process: one uvloop running the TokenizerManager and the client-facing fronts.
+
+A front is anything with `async start()` / `async close()` serving `TokenizerManager`
+to clients: today the native RPC server; the OpenAI-compatible HTTP server joins the
+same list on the same loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import Protocol
+
+import msgspec
+import uvloop
+import zmq
+
+from runtime.api.rpc import RpcServer
+from runtime.api.tokenizer_manager import TokenizerManager
+from runtime.config import ServerConfig
+from runtime.messages import Ready
+from runtime.model_config import resolve_model
+
+log = logging.getLogger(__name__)
+
+DEAD_GRACE_S = 0.5  # after the engine died: time for error replies to reach clients
+
+
+class Front(Protocol):
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def run_api_server(cfg: ServerConfig) -> None:
+    """Entry point of the api process.
+
+    Sends `Ready(name="api")` to the supervisor once the RPC socket is bound, then serves
+    until SIGTERM/SIGINT or until the engine dies (a `ProcessDied` arrives). A startup
+    failure is reported as `Ready(name="api", error=...)` and exits with status 1.
+    """
+    logging.basicConfig(level=cfg.log_level.upper(),
+                        format="%(asctime)s api %(levelname)s %(name)s: %(message)s")
+    if uvloop.run(_serve(cfg)) != 0:
+        sys.exit(1)
+
+
+async def _serve(cfg: ServerConfig) -> int:
+    fronts: list[Front] = []
+    try:
+        tm = TokenizerManager(cfg, resolve_model(cfg.model))
+        await tm.start()
+        fronts.append(RpcServer(tm, cfg.rpc_addr))
+        for front in fronts:
+            await front.start()
+    except Exception as e:
+        log.exception("api startup failed")
+        _send_ready(cfg, Ready(name="api", error=f"{type(e).__name__}: {e}"))
+        return 1
+    _send_ready(cfg, Ready(name="api", info={"rpc": cfg.rpc_addr, "pid": str(os.getpid())}))
+    log.info("api ready: rpc on %s", cfg.rpc_addr)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stopped = asyncio.create_task(stop.wait())
+    died = asyncio.create_task(tm.wait_dead())
+    await asyncio.wait({stopped, died}, return_when=asyncio.FIRST_COMPLETED)
+    if died.done():
+        await asyncio.sleep(DEAD_GRACE_S)
+    stopped.cancel()
+    died.cancel()
+    for front in reversed(fronts):
+        await front.close()
+    await tm.close()
+    log.info("api stopped")
+    return 0
+
+
+def _send_ready(cfg: ServerConfig, msg: Ready) -> None:
+    """Tell the supervisor (PULL bound at `ready`) how startup went."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.connect(cfg.ipc("ready"))
+    sock.send(msgspec.msgpack.encode(msg))
+    sock.close(linger=2000)  # let it reach the supervisor before we go on (or exit)
+    ctx.term()

@@ -1,0 +1,270 @@
+"""`TokenizerManager`: tokenize, send to the scheduler, stream detokenized output back.
+
+It lives on one asyncio loop: uvloop in the api process, or a background loop thread in
+the offline `Engine` (see `runtime.api.loop_thread`). One receive task reads the
+scheduler's `BatchOut`s and feeds each request's `ReqState`; `generate` streams from
+that state. Stop strings end a request here (the scheduler only knows stop token ids),
+so this side tells the scheduler to abort it, as it does when a consumer goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+import msgspec
+import zmq.asyncio
+
+from runtime.api.aio_queue import AsyncPullQueue, AsyncPushQueue
+from runtime.api.chunk import Chunk
+from runtime.api.detokenize import IncrementalDetokenizer
+from runtime.api.errors import EngineDeadError, Overloaded, RequestFailed
+from runtime.api.req_state import ReqState
+from runtime.config import ServerConfig
+from runtime.messages import (
+    AbortReq,
+    ApiInput,
+    BatchOut,
+    GenerateReq,
+    GetStats,
+    InvalidRequest,
+    ProcessDied,
+    SamplingParams,
+    SchedulerInput,
+    SchedulerStats,
+    Shutdown,
+)
+from runtime.model_config import ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+class TokenizerManager:
+    """The api process's request front: validation, tokenization, per-request streams.
+
+    Build it anywhere, then `await start()` on the loop that will run it; every other
+    method must be called on that loop.
+    """
+
+    def __init__(self, cfg: ServerConfig, spec: ModelSpec) -> None:
+        self.cfg = cfg
+        self.spec = spec
+        self.tokenizer = None
+        vocab = spec.hf_config().vocab_size
+        if spec.tokenizer_path is not None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer_path)
+            vocab = min(vocab, len(self.tokenizer))
+        self.vocab_size: int = vocab
+        self._reqs: dict[str, ReqState] = {}
+        self._dead: EngineDeadError | None = None
+        self._dead_event = asyncio.Event()
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sched: AsyncPushQueue[SchedulerInput] | None = None
+        self._api_in: AsyncPullQueue[ApiInput] | None = None
+        self._recv_task: asyncio.Task | None = None
+        self._stats_waiters: dict[int, asyncio.Future] = {}
+        self._stats_token = 0
+
+    async def start(self) -> None:
+        """Connect to the scheduler (`sched_in`), bind `api_in`, start the receive loop."""
+        self._ctx = zmq.asyncio.Context()
+        self._sched = AsyncPushQueue(self._ctx, self.cfg.ipc("sched_in"))
+        self._api_in = AsyncPullQueue(self._ctx, self.cfg.ipc("api_in"), ApiInput)
+        self._recv_task = asyncio.create_task(self._recv_loop(), name="tm-recv")
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self._reqs)
+
+    @property
+    def dead(self) -> EngineDeadError | None:
+        """The error every request now fails with, once the engine died or was closed."""
+        return self._dead
+
+    async def wait_dead(self) -> EngineDeadError:
+        """Wait until the engine dies (or `close` is called); return why."""
+        await self._dead_event.wait()
+        assert self._dead is not None
+        return self._dead
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams,
+                       rid: str | None = None) -> AsyncIterator[Chunk]:
+        """Stream the output of one request as `Chunk`s; the last has `finish_reason`.
+
+        Raises `InvalidRequest` (before anything reaches the scheduler), `Overloaded` when
+        `max_running + max_queue` requests are already in flight, `EngineDeadError` if a
+        server process died, `RequestFailed` if the scheduler failed this request.
+        Closing the iterator early (or cancelling its task) aborts the request.
+        """
+        self._check_alive()
+        input_ids = self._prepare(prompt, params)
+        rid = rid if rid is not None else uuid.uuid4().hex
+        if rid in self._reqs:
+            raise InvalidRequest(f"request id {rid!r} is already in flight")
+        if len(self._reqs) >= self.cfg.max_running + self.cfg.max_queue:
+            raise Overloaded(f"{len(self._reqs)} requests in flight; retry later")
+        detok = None
+        if self.tokenizer is not None:
+            detok = IncrementalDetokenizer(self.tokenizer, input_ids,
+                                           params.skip_special_tokens, params.stop)
+        state = ReqState(rid, detok, params.logprobs)
+        self._reqs[rid] = state
+        try:
+            self._sched.put(GenerateReq(rid, input_ids, params, self._stop_ids(params)))
+            while True:
+                await state.event.wait()
+                state.event.clear()
+                chunk = state.take()
+                if chunk is None:
+                    continue
+                yield chunk
+                if chunk.finish_reason is not None:
+                    return
+        finally:
+            if self._reqs.get(rid) is state:
+                del self._reqs[rid]
+            if not state.scheduler_done and self._dead is None:
+                self._sched.put(AbortReq(rid))  # consumer gone: free the KV now
+
+    async def scheduler_stats(self) -> SchedulerStats:
+        """Ask the scheduler for a snapshot of its queues and KV pool."""
+        self._check_alive()
+        self._stats_token += 1
+        token = self._stats_token
+        fut = asyncio.get_running_loop().create_future()
+        self._stats_waiters[token] = fut
+        try:
+            self._sched.put(GetStats(token))
+            return await fut
+        finally:
+            self._stats_waiters.pop(token, None)
+
+    def abort(self, rid: str) -> None:
+        """Stop a request: the scheduler frees it; its stream ends with "abort"."""
+        state = self._reqs.get(rid)
+        if state is None:
+            return
+        if not state.scheduler_done and self._dead is None:
+            self._sched.put(AbortReq(rid))
+            state.scheduler_done = True
+        state.abort()
+
+    async def close(self, *, shutdown_scheduler: bool = False) -> None:
+        """Fail in-flight requests, stop the receive loop, close the sockets.
+
+        `shutdown_scheduler=True` first sends `Shutdown` (for an offline engine that owns
+        the scheduler; under the launcher the supervisor stops the processes).
+        """
+        if self._recv_task is None:
+            return
+        if shutdown_scheduler and self._dead is None:
+            self._sched.put(Shutdown())
+        self._die("the tokenizer manager was closed", quiet=True)
+        self._recv_task.cancel()
+        await asyncio.gather(self._recv_task, return_exceptions=True)
+        self._recv_task = None
+        self._sched.close(linger_ms=1000 if shutdown_scheduler else 0)
+        self._api_in.close()
+        self._ctx.term()
+
+    # ------------------------------------------------------------ internals
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise self._dead
+        if self._recv_task is None:
+            raise RuntimeError("TokenizerManager.start() was not awaited")
+
+    def _prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """Validate a request and tokenize its prompt; raise `InvalidRequest` if bad."""
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequest(f"params must be SamplingParams, got {type(params).__name__}")
+        params.validate()
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidRequest(f"model {self.spec.name!r} has no tokenizer: "
+                                     "send the prompt as token ids")
+            ids = self.tokenizer.encode(prompt) if prompt else []
+        elif isinstance(prompt, list):
+            ids = prompt
+            for t in ids:
+                if not isinstance(t, int) or isinstance(t, bool):
+                    raise InvalidRequest(f"prompt token ids must be ints, got {t!r}")
+                if not 0 <= t < self.vocab_size:
+                    raise InvalidRequest(f"prompt token id {t} is outside the vocabulary "
+                                         f"[0, {self.vocab_size})")
+        else:
+            raise InvalidRequest("prompt must be a string or a list of token ids, "
+                                 f"got {type(prompt).__name__}")
+        if not ids:
+            raise InvalidRequest("prompt is empty")
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequest(f"model {self.spec.name!r} has no tokenizer: "
+                                 "stop strings are unsupported (use stop_token_ids)")
+        n, limit = len(ids), self.spec.max_context
+        if n > limit - 1:
+            raise InvalidRequest(f"prompt is {n} tokens; this model takes at most {limit - 1} "
+                                 f"prompt tokens (context length {limit})")
+        if n + params.max_tokens > limit:
+            raise InvalidRequest(f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = "
+                                 f"{n + params.max_tokens} exceeds the context length of "
+                                 f"{limit} tokens; set max_tokens <= {limit - n}")
+        return list(ids)
+
+    def _stop_ids(self, params: SamplingParams) -> list[int]:
+        ids = list(params.stop_token_ids)
+        if not params.ignore_eos:
+            ids += [e for e in self.spec.eos_token_ids if e not in ids]
+        return ids
+
+    async def _recv_loop(self) -> None:
+        while True:
+            try:
+                msg = await self._api_in.get()
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                log.error("dropping a malformed message on api_in: %s", e)
+                continue
+            except Exception as e:  # the socket itself failed: nothing more will arrive
+                self._die(f"the api receive loop failed: {e!r}")
+                return
+            if isinstance(msg, ProcessDied):
+                code = "" if msg.exitcode is None else f" (exit code {msg.exitcode})"
+                self._die(f"the {msg.name} process died{code}")
+                return
+            if isinstance(msg, BatchOut):
+                self._dispatch(msg)
+            elif isinstance(msg, SchedulerStats):
+                fut = self._stats_waiters.get(msg.token)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+
+    def _dispatch(self, batch: BatchOut) -> None:
+        for out in batch.outs:
+            state = self._reqs.get(out.rid)
+            if state is None:  # finished or aborted here already
+                continue
+            try:
+                if state.on_output(out):
+                    self._sched.put(AbortReq(out.rid, reason="stop"))
+            except Exception as e:  # e.g. a token id the tokenizer cannot decode
+                log.exception("request %s failed while detokenizing", out.rid)
+                state.fail(RequestFailed(f"detokenizing the output failed: {e!r}"))
+                if not state.scheduler_done:
+                    self._sched.put(AbortReq(out.rid, reason="error"))
+                    state.scheduler_done = True
+
+    def _die(self, reason: str, *, quiet: bool = False) -> None:
+        if self._dead is not None:
+            return
+        if not quiet:
+            log.error("engine dead: %s; failing %d in-flight requests", reason, len(self._reqs))
+        self._dead = EngineDeadError(reason)
+        self._dead_event.set()
+        for state in self._reqs.values():
+            state.fail(self._dead)
+        for fut in self._stats_waiters.values():
+            if not fut.done():
+                fut.set_exception(self._dead)

@@ -1,0 +1,231 @@
+"""`Client` / `AsyncClient`: the native RPC clients (ZMQ DEALER, msgpack).
+
+    client = Client("tcp://127.0.0.1:30001")
+    out = client.generate("Hello", max_tokens=32, temperature=0)      # RpcChunk, whole text
+    for chunk in client.generate("Hello", stream=True, max_tokens=32):  # RpcChunk deltas
+        print(chunk.text, end="")
+
+Requests always stream over the wire, and non-streaming calls join the chunks here, so
+`timeout` can bound the silence between two messages: a server that dies mid-request
+raises `ServerTimeout` instead of hanging, while long generations still work.
+One `Client` per thread; `AsyncClient` serves any number of tasks on one loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from runtime.api.chunk import join_chunks
+from runtime.api.errors import Overloaded, ServerError, ServerTimeout
+from runtime.messages import (
+    InvalidRequest,
+    RpcAbort,
+    RpcChunk,
+    RpcError,
+    RpcGenerate,
+    RpcOutput,
+    SamplingParams,
+)
+
+DEFAULT_ADDR = "tcp://127.0.0.1:30001"
+
+
+class Client:
+    """Blocking RPC client. `timeout`: seconds to wait for each message (None: forever)."""
+
+    def __init__(self, addr: str = DEFAULT_ADDR, timeout: float | None = 60.0) -> None:
+        self.addr = addr
+        self.timeout = timeout
+        self._ctx = zmq.Context()
+        self._sock = _dealer(self._ctx, addr)
+        self._sock.setsockopt(zmq.SNDTIMEO, -1 if timeout is None else int(timeout * 1000))
+        self._enc = msgspec.msgpack.Encoder()
+        self._dec = msgspec.msgpack.Decoder(RpcOutput)
+        self._inbox: dict[str, deque[RpcOutput]] = {}  # open requests' unread messages
+
+    def generate(self, prompt: str | list[int], *, stream: bool = False,
+                 **sampling: Any) -> RpcChunk | Iterator[RpcChunk]:
+        """Generate from `prompt` with `SamplingParams(**sampling)`.
+
+        stream=False: one RpcChunk with the whole text and token ids. stream=True: an
+        iterator of RpcChunk deltas, `finish_reason` on the last; leaving it early
+        aborts the request. Raises `InvalidRequest` or `ServerError` (`ServerTimeout`).
+        """
+        req = _request(prompt, sampling)
+        chunks = self._stream(req)
+        return chunks if stream else join_chunks(req.rid, list(chunks))
+
+    def _stream(self, req: RpcGenerate) -> Iterator[RpcChunk]:
+        self._inbox[req.rid] = deque()
+        done = False
+        try:
+            try:
+                self._sock.send(self._enc.encode(req))
+            except zmq.Again:
+                raise ServerTimeout(f"could not send to {self.addr} in {self.timeout} s") \
+                    from None
+            while not done:
+                msg = self._recv(req.rid)
+                done = isinstance(msg, RpcError) or msg.finish_reason is not None
+                yield _check(msg)
+        finally:
+            del self._inbox[req.rid]
+            if not done and not self._sock.closed:
+                with contextlib.suppress(zmq.Again):
+                    self._sock.send(self._enc.encode(RpcAbort(req.rid)), zmq.NOBLOCK)
+
+    def _recv(self, rid: str) -> RpcOutput:
+        """The next message of request `rid`, buffering other requests' messages."""
+        inbox = self._inbox[rid]
+        while not inbox:
+            timeout_ms = None if self.timeout is None else int(self.timeout * 1000)
+            if not self._sock.poll(timeout_ms, zmq.POLLIN):
+                raise ServerTimeout(f"no reply from {self.addr} in {self.timeout} s")
+            msg = _decode(self._dec, self._sock.recv())
+            if msg.rid in self._inbox:
+                self._inbox[msg.rid].append(msg)
+            elif isinstance(msg, RpcError) and msg.rid == "":
+                raise ServerError(f"the server rejected a message: {msg.message}")
+        return inbox.popleft()
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """asyncio RPC client; `await generate(...)`, or `async for` over a stream."""
+
+    def __init__(self, addr: str = DEFAULT_ADDR, timeout: float | None = 60.0) -> None:
+        self.addr = addr
+        self.timeout = timeout
+        self._ctx = zmq.asyncio.Context()
+        self._sock = _dealer(self._ctx, addr)
+        self._enc = msgspec.msgpack.Encoder()
+        self._dec = msgspec.msgpack.Decoder(RpcOutput)
+        self._inbox: dict[str, asyncio.Queue[RpcOutput | ServerError]] = {}
+        self._reader: asyncio.Task | None = None
+
+    async def generate(self, prompt: str | list[int], *, stream: bool = False,
+                       **sampling: Any) -> RpcChunk | AsyncIterator[RpcChunk]:
+        """Like `Client.generate`; with stream=True, `async for c in await generate(...)`."""
+        req = _request(prompt, sampling)
+        chunks = self._stream(req)
+        return chunks if stream else join_chunks(req.rid, [c async for c in chunks])
+
+    async def _stream(self, req: RpcGenerate) -> AsyncIterator[RpcChunk]:
+        if self._reader is None:
+            self._reader = asyncio.create_task(self._read())
+        inbox: asyncio.Queue[RpcOutput | ServerError] = asyncio.Queue()
+        self._inbox[req.rid] = inbox
+        done = False
+        try:
+            try:
+                self._send_nowait(req)
+            except zmq.Again:
+                raise ServerTimeout(f"the send queue to {self.addr} is full") from None
+            while not done:
+                try:
+                    msg = await asyncio.wait_for(inbox.get(), self.timeout)
+                except asyncio.TimeoutError:
+                    raise ServerTimeout(f"no reply from {self.addr} in {self.timeout} s") \
+                        from None
+                if isinstance(msg, ServerError):
+                    raise msg
+                done = isinstance(msg, RpcError) or msg.finish_reason is not None
+                yield _check(msg)
+        finally:
+            del self._inbox[req.rid]
+            if not done and not self._sock.closed:
+                with contextlib.suppress(zmq.Again):
+                    self._send_nowait(RpcAbort(req.rid))
+
+    def _send_nowait(self, msg: RpcGenerate | RpcAbort) -> None:
+        """Send at once (pyzmq returns a finished future); zmq.Again if the queue is full."""
+        self._sock.send(self._enc.encode(msg), zmq.NOBLOCK).result()
+
+    async def _read(self) -> None:
+        """Route every reply to its request's queue."""
+        while True:
+            try:
+                msg = _decode(self._dec, await self._sock.recv())
+            except ServerError as e:
+                msg = e
+            if isinstance(msg, RpcError) and msg.rid == "":
+                msg = ServerError(f"the server rejected a message: {msg.message}")
+            if isinstance(msg, ServerError):
+                for inbox in self._inbox.values():
+                    inbox.put_nowait(msg)
+            elif msg.rid in self._inbox:
+                self._inbox[msg.rid].put_nowait(msg)
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+# ------------------------------------------------------------ shared helpers
+def _dealer(ctx: zmq.Context, addr: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(addr)
+    return sock
+
+
+def _request(prompt: str | list[int], sampling: dict[str, Any]) -> RpcGenerate:
+    """Build and validate a request client-side (the server checks again)."""
+    try:
+        params = SamplingParams(**sampling)
+    except TypeError as e:
+        raise InvalidRequest(f"bad sampling parameter: {e}") from None
+    params.validate()
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequest("prompt is empty")
+    elif not isinstance(prompt, list) or not prompt:
+        raise InvalidRequest("prompt must be a non-empty string or list of token ids")
+    elif not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        raise InvalidRequest("prompt token ids must be ints")
+    return RpcGenerate(uuid.uuid4().hex, prompt, params, stream=True)
+
+
+def _decode(dec: msgspec.msgpack.Decoder, frame: bytes) -> RpcOutput:
+    try:
+        return dec.decode(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ServerError(f"undecodable reply from the server: {e}") from None
+
+
+def _check(msg: RpcOutput) -> RpcChunk:
+    """The chunk, or the server's error raised as a typed exception."""
+    if isinstance(msg, RpcError):
+        if msg.kind == "invalid_request":
+            raise InvalidRequest(msg.message)
+        if msg.kind == "overloaded":
+            raise Overloaded(msg.message)
+        raise ServerError(f"{msg.kind}: {msg.message}")
+    return msg

@@ -1,0 +1,132 @@
+"""`Engine`: the offline, in-process API over the same scheduler and worker processes.
+
+The api side (`TokenizerManager`) runs on a background event-loop thread in the caller's
+process; the scheduler and worker are child processes, exactly as under `sluice serve`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from runtime.api.chunk import Chunk
+from runtime.api.loop_thread import LoopThread
+from runtime.api.tokenizer_manager import TokenizerManager
+from runtime.config import ServerConfig
+from runtime.messages import SamplingParams, SchedulerStats
+from runtime.model_config import resolve_model
+from runtime.process_group import ProcessGroup
+
+Prompt = str | list[int]
+
+
+@dataclass
+class RequestOutput:
+    """The whole output of one request."""
+
+    rid: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class Engine:
+    """Generate in-process: `Engine(model="smollm2", overlap=False, kv_slots=4096, ...)`.
+
+    Keyword arguments are the server's options, named like the CLI flags.
+    """
+
+    def __init__(self, model: str = "smollm2", **options) -> None:
+        from runtime.scheduler.loop import run_scheduler
+        from runtime.worker.worker import run_worker
+
+        self.config = ServerConfig(model=model, **options)
+        self.spec = resolve_model(model)
+        self._loop = LoopThread("sluice-engine")
+        self._tm = TokenizerManager(self.config, self.spec)
+        self._loop.run(self._tm.start())
+        self._group = ProcessGroup(self.config, {"worker": run_worker,
+                                                 "scheduler": run_scheduler})
+        try:
+            self._group.start()
+        except BaseException:
+            self._loop.run(self._tm.close())
+            self._loop.close()
+            raise
+        self._group.watch()
+        self._closed = False
+
+    @property
+    def tokenizer(self):
+        return self._tm.tokenizer
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 params: SamplingParams | None = None) -> list[RequestOutput]:
+        """Run every prompt concurrently (one batch stream) and return their outputs in order.
+
+        `prompts` is a string, a list of token ids, or a list of either.
+        """
+        batch = [prompts] if _is_single(prompts) else list(prompts)
+        params = params if params is not None else SamplingParams()
+        return self._loop.run(self._generate_all(batch, params))
+
+    async def _generate_all(self, prompts: list[Prompt],
+                            params: SamplingParams) -> list[RequestOutput]:
+        return list(await asyncio.gather(*(self._collect(p, params) for p in prompts)))
+
+    async def _collect(self, prompt: Prompt, params: SamplingParams) -> RequestOutput:
+        chunks: list[Chunk] = []
+        async for chunk in self._tm.generate(prompt, _copy(params)):
+            chunks.append(chunk)
+        last = chunks[-1]
+        return RequestOutput(
+            rid=last.rid, text="".join(c.text for c in chunks),
+            token_ids=[t for c in chunks for t in c.token_ids], finish_reason=last.finish_reason,
+            logprobs=[p for c in chunks for p in c.logprobs], prompt_tokens=last.prompt_tokens,
+            completion_tokens=last.completion_tokens, cached_tokens=last.cached_tokens)
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[Chunk]:
+        """Yield a request's output as it is produced; breaking out aborts the request."""
+        params = params if params is not None else SamplingParams()
+        return self._loop.iterate(self._tm.generate(prompt, _copy(params)))
+
+    def stats(self) -> SchedulerStats:
+        """The scheduler's queues and KV pool right now (allocator invariant checked)."""
+        return self._loop.run(self._tm.scheduler_stats(), timeout=30)
+
+    def shutdown(self) -> None:
+        """Stop the scheduler and worker processes and the loop thread."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._loop.run(self._tm.close(shutdown_scheduler=True), timeout=10)
+        finally:
+            self._group.stop()
+            self._loop.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.shutdown()
+
+
+def _is_single(prompts) -> bool:
+    return isinstance(prompts, str) or (
+        isinstance(prompts, list) and bool(prompts) and all(isinstance(t, int) for t in prompts))
+
+
+def _copy(params: SamplingParams) -> SamplingParams:
+    import msgspec
+
+    return msgspec.structs.replace(params)

@@ -1,0 +1,68 @@
+"""ModelRunner: the model, its weights, the KV pool, the attention backend and the sampler
+on one device; `forward(fb)` turns a ForwardBatch into logits for the rows to sample."""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.model_config import ModelSpec
+from runtime.worker.attention import TorchAttention
+from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.kv_pool import (
+    GiB,
+    KVPool,
+    cuda_free_bytes,
+    kv_bytes_per_token,
+    slots_for_memory,
+)
+from runtime.worker.loader import load_model
+from runtime.worker.sampler import Sampler
+
+CPU_DEFAULT_SLOTS = 16384
+CPU_KV_BUDGET = 2 * GiB  # the CPU default never takes more than this
+ACTIVATION_RESERVE = 1 * GiB  # on top of the logits and sampler temporaries
+
+
+class ModelRunner:
+    """Owns every tensor of the worker on one device; the scheduler owns the slot numbers.
+
+    `kv_slots == 0` sizes the pool from free CUDA memory after the weights (`mem_fraction`
+    of it, less a reserve for activations), or takes a default on CPU. `kv_slots` tokens
+    fit: the pool holds one more entry, slot 0, the padding sink.
+    """
+
+    def __init__(self, spec: ModelSpec, device: str | torch.device, dtype: torch.dtype,
+                 kv_slots: int, max_rows: int, seed: int = 0,
+                 mem_fraction: float = 0.85) -> None:
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.model = load_model(spec, self.device, dtype, seed)
+        arch = self.model.arch
+        self.vocab_size = arch.vocab_size
+        self.kv_bytes_per_token = kv_bytes_per_token(arch.num_layers, arch.num_kv_heads,
+                                                     arch.head_dim, dtype)
+        if kv_slots == 0:
+            kv_slots = self._default_slots(max_rows, mem_fraction)
+        self.kv_slots = kv_slots
+        self.kv_pool = KVPool(arch.num_layers, kv_slots + 1, arch.num_kv_heads, arch.head_dim,
+                              dtype, self.device)
+        self.attn = TorchAttention(self.kv_pool)
+        self.sampler = Sampler(max_rows, self.vocab_size, self.device, seed)
+        limits = [spec.max_context, kv_slots]
+        if arch.sliding_window is not None:  # exact only while the window covers everything
+            limits.append(arch.sliding_window)
+        self.max_context = min(limits)
+
+    def _default_slots(self, max_rows: int, mem_fraction: float) -> int:
+        per_token = self.kv_bytes_per_token
+        if self.device.type != "cuda":
+            return max(2, min(CPU_DEFAULT_SLOTS, CPU_KV_BUDGET // per_token))
+        # logits [rows, V] fp32 plus a few same-sized sampler temporaries
+        reserve = ACTIVATION_RESERVE + 8 * max_rows * self.vocab_size * 4
+        return slots_for_memory(cuda_free_bytes(self.device), per_token, mem_fraction, reserve)
+
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Run one step; store the new tokens' KV; logits of rows `fb.sample_idx`: [S, V] fp32."""
+        hidden = self.model(fb, self.attn)  # [T, hidden]
+        return self.model.compute_logits(hidden[fb.sample_idx])  # [S, vocab]

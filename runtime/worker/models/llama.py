@@ -1,0 +1,225 @@
+"""Llama-family decoder: Llama 2/3, Mistral, Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm).
+
+Tokens of all sequences run flattened as one `[T, hidden]` stream; only attention looks at
+sequence boundaries, through the attention backend and the ForwardBatch. Q/K/V and gate/up
+projections are fused into one linear each (the loader concatenates the HF weights).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.worker.attention import AttentionBackend
+from runtime.worker.forward_batch import ForwardBatch
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class LlamaArch:
+    """The shape of a Llama-family model, read from a transformers config."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+    rope: dict = field(default_factory=dict)  # rope_type, rope_theta and scaling parameters
+    sliding_window: int | None = None  # not implemented: caps the usable context instead
+
+    @classmethod
+    def from_hf(cls, config) -> LlamaArch:
+        """Read a transformers config (4.x `rope_scaling`/`rope_theta` or 5.x `rope_parameters`)."""
+        kind = getattr(config, "model_type", "llama")
+        if kind not in SUPPORTED_TYPES:
+            raise NotImplementedError(f"model_type {kind!r}; supported: {SUPPORTED_TYPES}")
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise NotImplementedError(f"hidden_act {config.hidden_act!r}; only silu")
+        heads = config.num_attention_heads
+        bias = bool(getattr(config, "attention_bias", False))
+        rope = dict(getattr(config, "rope_parameters", None)
+                    or getattr(config, "rope_scaling", None) or {})
+        rope.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+        rope["rope_type"] = rope.get("rope_type", rope.get("type", "default"))
+        if rope["rope_type"] not in ROPE_TYPES or rope.get("partial_rotary_factor", 1.0) != 1.0:
+            raise NotImplementedError(f"rope {rope}; supported types: {ROPE_TYPES}")
+        window = getattr(config, "sliding_window", None)
+        windowed = (kind == "mistral" or getattr(config, "use_sliding_window", False)
+                    or "sliding_attention" in (getattr(config, "layer_types", None) or []))
+        return cls(
+            vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size, num_layers=config.num_hidden_layers,
+            num_heads=heads, num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            rms_norm_eps=config.rms_norm_eps,
+            qkv_bias=bias or kind == "qwen2", o_bias=bias and kind != "qwen2",
+            mlp_bias=bool(getattr(config, "mlp_bias", False)), qk_norm=kind == "qwen3",
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            rope=rope, sliding_window=window if windowed else None)
+
+
+def rope_inv_freq(rope: dict, head_dim: int) -> torch.Tensor:
+    """RoPE inverse frequencies `[head_dim / 2]` float32 (on CPU, as transformers computes them)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim  # [D/2]
+    inv_freq = 1.0 / (rope["rope_theta"] ** exponents)  # [D/2]
+    if rope["rope_type"] == "linear":
+        return inv_freq / rope["factor"]
+    if rope["rope_type"] == "llama3":
+        # long wavelengths are stretched by `factor`, short ones kept, the band between blended
+        factor, old_len = rope["factor"], rope["original_max_position_embeddings"]
+        low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+        wavelen = 2 * math.pi / inv_freq  # [D/2]
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)  # [D/2]
+        smooth = (old_len / wavelen - low) / (high - low)  # [D/2]
+        blended = (1 - smooth) * scaled / factor + smooth * scaled  # [D/2]
+        in_band = (wavelen >= old_len / high) & (wavelen <= old_len / low)  # [D/2]
+        return torch.where(in_band, blended, scaled)
+    return inv_freq
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate halves of `x` [T, H, D] by `cos`, `sin` [T, 1, D] (the non-interleaved layout)."""
+    x1, x2 = x.chunk(2, dim=-1)  # [T, H, D/2] each
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin  # [T, H, D]
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with fp32 statistics and the scale applied in the input dtype (as transformers)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()  # [..., dim]
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)  # [..., dim]
+        return self.weight * xf.to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, arch: LlamaArch, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads = arch.num_heads, arch.num_kv_heads
+        self.head_dim = arch.head_dim
+        q_size, kv_size = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+        self.sizes = [q_size, kv_size, kv_size]
+        self.qkv_proj = nn.Linear(arch.hidden_size, q_size + 2 * kv_size, bias=arch.qkv_bias)
+        self.o_proj = nn.Linear(q_size, arch.hidden_size, bias=arch.o_bias)
+        if arch.qk_norm:
+            self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
+            self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
+        self.qk_norm = arch.qk_norm
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch,
+                attn: AttentionBackend) -> torch.Tensor:
+        tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)  # [T, Hq*D], [T, Hkv*D] x2
+        q = q.reshape(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.reshape(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.reshape(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attn.forward(self.layer_id, q, k, v, fb)  # [T, Hq, D]
+        return self.o_proj(out.reshape(tokens, -1))  # [T, hidden]
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, arch: LlamaArch) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * arch.intermediate_size,
+                                      bias=arch.mlp_bias)
+        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=arch.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, inter] each
+        return self.down_proj(F.silu(gate) * up)  # [T, hidden]
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, arch: LlamaArch, layer_id: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.self_attn = LlamaAttention(arch, layer_id)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.mlp = LlamaMLP(arch)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch,
+                attn: AttentionBackend) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, fb, attn)  # [T, hidden]
+        return h + self.mlp(self.post_attention_layernorm(h))  # [T, hidden]
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, arch: LlamaArch) -> None:
+        super().__init__()
+        self.arch = arch
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(arch, i) for i in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.register_buffer("inv_freq", torch.empty(arch.head_dim // 2), persistent=False)
+
+    def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        h = self.embed_tokens(fb.input_ids)  # [T, hidden]
+        freqs = fb.positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2] fp32
+        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, D]
+        cos, sin = angles.cos().to(h.dtype), angles.sin().to(h.dtype)  # [T, 1, D] each
+        for layer in self.layers:
+            h = layer(h, cos, sin, fb, attn)  # [T, hidden]
+        return self.norm(h)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Decoder plus LM head. Parameter names follow transformers except the fused
+    `qkv_proj` / `gate_up_proj`; see `checkpoint_targets`."""
+
+    def __init__(self, arch: LlamaArch) -> None:
+        super().__init__()
+        self.arch = arch
+        self.model = LlamaModel(arch)
+        if not arch.tie_word_embeddings:
+            self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+
+    def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        """Final-normed hidden states of every new token: [T, hidden]."""
+        return self.model(fb, attn)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM head over selected rows: [S, hidden] -> [S, vocab] float32."""
+        head = self.model.embed_tokens if self.arch.tie_word_embeddings else self.lm_head
+        return F.linear(hidden, head.weight).float()  # [S, vocab]
+
+    def init_buffers(self) -> None:
+        """Fill non-persistent buffers (RoPE) after the model left the meta device."""
+        inv_freq = rope_inv_freq(self.arch.rope, self.arch.head_dim)  # [D/2] fp32
+        self.model.inv_freq = inv_freq.to(self.model.embed_tokens.weight.device)
+
+    def checkpoint_targets(self) -> dict[str, tuple[str, int, int]]:
+        """Every tensor a transformers checkpoint must provide, by its name there:
+        (our parameter name, first row, row count) along dim 0 of that parameter."""
+        a = self.arch
+        q, kv, inter = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.intermediate_size
+        fused = {"qkv_proj": [("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)],
+                 "gate_up_proj": [("gate_proj", 0, inter), ("up_proj", inter, inter)]}
+        targets: dict[str, tuple[str, int, int]] = {}
+        for name, param in self.named_parameters():
+            *parent, module, leaf = name.split(".")
+            for hf_module, start, rows in fused.get(module, [(module, 0, param.shape[0])]):
+                targets[".".join([*parent, hf_module, leaf])] = (name, start, rows)
+        return targets

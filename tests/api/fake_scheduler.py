@@ -1,0 +1,112 @@
+"""A scripted stand-in for the scheduler process, run as a thread inside a test."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import zmq
+
+from runtime.config import ServerConfig
+from runtime.ipc import PullQueue, PushQueue
+from runtime.messages import (
+    AbortReq,
+    ApiInput,
+    BatchOut,
+    GenerateReq,
+    ReqOut,
+    SchedulerInput,
+    Shutdown,
+)
+
+
+class FakeScheduler:
+    """Binds `sched_in`, connects to `api_in`, and answers every GenerateReq with the ids
+    `script(req)` returns, `per_msg` ids per BatchOut, one BatchOut per step.
+
+    It ends a request with "stop" at a stop id, "length" at max_tokens, and "stop" when
+    the script runs out; `stall=True` accepts requests but never answers. Everything
+    received is kept in `received`.
+    """
+
+    def __init__(self, cfg: ServerConfig, script: Callable[[GenerateReq], list[int]], *,
+                 per_msg: int = 3, step_s: float = 0.002, stall: bool = False,
+                 cached_tokens: int = 0) -> None:
+        self.cfg = cfg
+        self.script = script
+        self.per_msg = per_msg
+        self.step_s = step_s
+        self.stall = stall
+        self.cached_tokens = cached_tokens
+        self.received: list[object] = []
+        self.error: str | None = None  # set: finish every request with "error"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fake-scheduler", daemon=True)
+
+    def __enter__(self) -> FakeScheduler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def of_type(self, typ: type) -> list:
+        return [m for m in list(self.received) if isinstance(m, typ)]
+
+    def wait_for(self, pred: Callable[[], bool], timeout: float = 3.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pred():
+                return True
+            time.sleep(0.005)
+        return False
+
+    def _run(self) -> None:
+        ctx = zmq.Context()
+        ctx.setsockopt(zmq.RECONNECT_IVL, 5)  # api_in may be bound after we connect
+        inbox: PullQueue[SchedulerInput] = PullQueue(ctx, self.cfg.ipc("sched_in"),
+                                                     SchedulerInput, bind=True)
+        outbox: PushQueue[ApiInput] = PushQueue(ctx, self.cfg.ipc("api_in"))
+        active: dict[str, tuple[GenerateReq, list[int], int]] = {}  # rid -> (req, ids, sent)
+        while not self._stop.is_set():
+            first = inbox.get(timeout_ms=int(self.step_s * 1000) or 1)
+            for msg in ([first] if first is not None else []) + inbox.drain():
+                self.received.append(msg)
+                if isinstance(msg, GenerateReq):
+                    active[msg.rid] = (msg, self.script(msg), 0)
+                elif isinstance(msg, AbortReq) and active.pop(msg.rid, None) is not None:
+                    outbox.put(BatchOut([ReqOut(msg.rid, finish_reason="abort")]))
+                elif isinstance(msg, Shutdown):
+                    self._stop.set()
+            if not self.stall and active:
+                outbox.put(BatchOut([self._step(rid, active) for rid in list(active)]))
+        inbox.close()
+        outbox.close()
+        ctx.term()
+
+    def _step(self, rid: str, active: dict) -> ReqOut:
+        req, ids, sent = active[rid]
+        if self.error is not None:
+            del active[rid]
+            return ReqOut(rid, finish_reason="error", error=self.error)
+        new: list[int] = []
+        finish = None
+        while len(new) < self.per_msg and finish is None:
+            if sent == len(ids):
+                finish = "stop"
+                break
+            new.append(ids[sent])
+            sent += 1
+            if new[-1] in req.stop_ids:
+                finish = "stop"
+            elif sent == req.params.max_tokens:
+                finish = "length"
+        active[rid] = (req, ids, sent)
+        if finish is not None:
+            del active[rid]
+        first = sent == len(new)
+        return ReqOut(rid, new, [-0.5] * len(new), finish,
+                      prompt_tokens=len(req.input_ids) if first else 0,
+                      cached_tokens=self.cached_tokens if first else 0)

@@ -1,0 +1,81 @@
+"""Test helper: ForwardBatches over a simple slot layout, and a driver that runs steps.
+
+Position p of sequence s lives at slot 1 + p * num_seqs + s: sequences interleave in the
+pool (so every gather really goes through the page table) and slot 0 stays the padding sink.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+
+import torch
+
+from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.model_runner import ModelRunner
+
+
+@dataclass
+class Chunk:
+    """New tokens of one sequence in one step; `sample` returns the last token's logits."""
+
+    seq: int
+    ids: list[int]
+    sample: bool = True
+
+
+def slot(num_seqs: int, seq: int, pos: int) -> int:
+    return 1 + pos * num_seqs + seq
+
+
+def make_batch(chunks: list[Chunk], prefix_lens: list[int], num_seqs: int,
+               sample_all: bool = False, device: str = "cpu") -> ForwardBatch:
+    """One step: chunk i extends sequence chunks[i].seq, which has prefix_lens[i] cached.
+
+    `sample_all` returns logits of every new token instead of each sampled chunk's last.
+    """
+    ext = [len(c.ids) for c in chunks]
+    seq_lens = [p + e for p, e in zip(prefix_lens, ext)]
+    positions = [p + j for p, e in zip(prefix_lens, ext) for j in range(e)]
+    seqs = [c.seq for c, e in zip(chunks, ext) for _ in range(e)]
+    ends = list(accumulate(ext))
+    if sample_all:
+        sample_idx = list(range(sum(ext)))
+    else:
+        sample_idx = [end - 1 for end, c in zip(ends, chunks) if c.sample]
+
+    def tensor(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    return ForwardBatch(
+        input_ids=tensor([i for c in chunks for i in c.ids]),
+        positions=tensor(positions),
+        out_slots=tensor([slot(num_seqs, s, p) for s, p in zip(seqs, positions)]),
+        qo_indptr=tensor([0, *ends], torch.int32),
+        kv_indptr=tensor([0, *accumulate(seq_lens)], torch.int32),
+        kv_indices=tensor([slot(num_seqs, c.seq, p) for c, n in zip(chunks, seq_lens)
+                           for p in range(n)]),
+        seq_lens=tensor(seq_lens, torch.int32),
+        prefix_lens=tensor(prefix_lens, torch.int32),
+        sample_idx=tensor(sample_idx),
+        is_decode=all(e == 1 for e in ext),
+        seq_lens_cpu=seq_lens, prefix_lens_cpu=list(prefix_lens), extend_lens_cpu=ext,
+    )
+
+
+class Driver:
+    """Runs steps through a ModelRunner, tracking each sequence's cached length."""
+
+    def __init__(self, runner: ModelRunner, num_seqs: int) -> None:
+        self.runner, self.num_seqs = runner, num_seqs
+        self.lens = [0] * num_seqs
+
+    def step(self, chunks: list[Chunk], sample_all: bool = False) -> torch.Tensor:
+        """Logits [S, V] of the step (S = sampled chunks, or every new token)."""
+        prefix = [self.lens[c.seq] for c in chunks]
+        top = max(slot(self.num_seqs, c.seq, p + len(c.ids) - 1) for c, p in zip(chunks, prefix))
+        assert top < self.runner.kv_slots, "KV pool too small for this layout"
+        fb = make_batch(chunks, prefix, self.num_seqs, sample_all, str(self.runner.device))
+        for c in chunks:
+            self.lens[c.seq] += len(c.ids)
+        return self.runner.forward(fb)

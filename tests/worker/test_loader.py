@@ -1,0 +1,59 @@
+"""Loader edge cases: sharded checkpoints, bad checkpoints, and full-size shapes on meta."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from runtime.model_config import resolve_model
+from runtime.worker.loader import WeightLoadError, checkpoint_files, load_model
+from runtime.worker.model_runner import ModelRunner
+from runtime.worker.models.llama import LlamaArch, LlamaForCausalLM
+from tests.worker.batching import Chunk, Driver
+from tests.worker.checkpoints import tiny_checkpoint
+
+
+def test_sharded_checkpoint(tmp_path):
+    hf = tiny_checkpoint("qwen3", tmp_path)
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    files = checkpoint_files(tmp_path / "sharded")
+    assert len(files) > 1 and (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+    spec = resolve_model(str(tmp_path / "sharded"))
+    model = load_model(spec, "cpu", torch.float32)
+    single = load_model(resolve_model(str(tmp_path)), "cpu", torch.float32)
+    for (name, a), (_, b) in zip(model.named_parameters(), single.named_parameters()):
+        assert torch.equal(a, b), name
+    ids = list(range(3, 14))
+    runner = ModelRunner(spec, "cpu", torch.float32, kv_slots=32, max_rows=1)
+    logits = Driver(runner, 1).step([Chunk(0, ids)], sample_all=True)
+    with torch.no_grad():
+        torch.testing.assert_close(logits, hf(torch.tensor([ids])).logits[0],
+                                   atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda state: state.pop("model.norm.weight"), "missing"),
+    (lambda state: state.update({"model.extra.weight": torch.zeros(2)}), "unexpected"),
+    (lambda state: state.update({"model.norm.weight": torch.ones(3)}), "shape"),
+])
+def test_bad_checkpoint_is_refused(tmp_path, edit, message):
+    tiny_checkpoint("llama", tmp_path)
+    path = tmp_path / "model.safetensors"
+    state = load_file(path)
+    edit(state)
+    save_file(state, path)
+    with pytest.raises(WeightLoadError, match=message):
+        load_model(resolve_model(str(tmp_path)), "cpu", torch.float32)
+
+
+@pytest.mark.parametrize("preset, params", [("llama-7b", 6_738_415_616),
+                                            ("llama3-8b", 8_030_261_248)])
+def test_full_size_presets_on_meta(preset, params):
+    arch = LlamaArch.from_hf(resolve_model(f"dummy:{preset}").hf_config())
+    with torch.device("meta"):
+        model = LlamaForCausalLM(arch)
+    assert sum(p.numel() for p in model.parameters()) == params
+    targets = model.checkpoint_targets()
+    assert "model.layers.31.self_attn.k_proj.weight" in targets and "lm_head.weight" in targets
+    assert len(targets) == 2 + 32 * 9 + 1  # embed, norm, 9 per layer, lm_head
