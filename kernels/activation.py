@@ -1,0 +1,40 @@
+"""SiLU-and-mul, the gated activation of a Llama MLP: silu(gate) * up."""
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 1024
+
+
+@triton.jit
+def _silu_and_mul_kernel(
+    x_ptr, out_ptr, stride_x, stride_o, INTER: tl.constexpr, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < INTER
+    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + INTER + offs, mask=mask, other=0.0).to(tl.float32)
+    y = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x `[T, 2I]` (gate then up halves) -> silu(gate) * up `[T, I]`, computed in float32."""
+    assert x.dim() == 2 and x.shape[1] % 2 == 0, f"x must be [T, 2I], got {tuple(x.shape)}"
+    assert x.stride(1) == 1, "x must be contiguous along the last dim"
+    T, inter = x.shape[0], x.shape[1] // 2
+    out = torch.empty(T, inter, dtype=x.dtype, device=x.device)
+    if T > 0:
+        block = min(BLOCK, triton.next_power_of_2(inter))
+        _silu_and_mul_kernel[(T, triton.cdiv(inter, block))](
+            x, out, x.stride(0), out.stride(0), INTER=inter, BLOCK=block
+        )  # fmt: skip
+    return out
+
+
+def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+    """Torch reference of `silu_and_mul`."""
+    gate, up = x.float().chunk(2, dim=-1)  # [T, I] each
+    return (torch.nn.functional.silu(gate) * up).to(x.dtype)

@@ -1,0 +1,296 @@
+"""Decode attention over the paged KV pool: one new query token per sequence, split-KV.
+
+Stage 1 runs one program per (sequence, kv_head, split): it walks its slice of the sequence
+through the page table, BLOCK_N keys at a time, for all Hq/Hkv query heads of the GQA group at
+once (tl.dot with the group padded to 16 rows; a plain multiply-reduce when the group is one
+head), and writes a partial output plus its log-sum-exp. Stage 2 merges the splits.
+Splitting the keys is what fills the GPU when batch * kv_heads is small next to the SM count.
+Decode is memory bound: each K/V byte is read once, so the ceiling is bytes / copy bandwidth.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.paging import page_slots
+from kernels.store_kv import QUANT_MAX, dequantize_ref
+
+H200_SMS = 132
+PROGRAMS_PER_SM = 16  # several waves of resident programs, so uneven lengths still balance
+MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more to merge than it hides
+MAX_SPLITS = 32
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch knobs of the stage-1 kernel (bench/kernels.py --sweep searches them).
+
+    use_dot None means tl.dot only for GQA groups; True also pads a single head to 16 rows.
+    """
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    use_dot: bool | None = None
+
+    def __post_init__(self):
+        assert self.block_n >= 16 and self.block_n & (self.block_n - 1) == 0, (
+            f"block_n {self.block_n} must be a power of two >= 16"
+        )
+
+
+@triton.jit
+def _decode_attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    k_scale_ptr,  # [num_slots, Hkv] contiguous, read only when QUANT
+    v_scale_ptr,
+    kv_indptr_ptr,
+    kv_indices_ptr,
+    seq_lens_ptr,
+    mid_o_ptr,  # [B, Hq, num_splits, HEAD_DIM] contiguous float32
+    mid_lse_ptr,  # [B, Hq, num_splits] contiguous float32
+    qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
+    num_splits,
+    stride_qb,
+    stride_qh,
+    stride_kvs,  # k_buf and v_buf share strides
+    stride_kvh,
+    Q_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    QUANT: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq_len = tl.load(seq_lens_ptr + b)
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N  # whole tiles per split
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    page_base = tl.load(kv_indptr_ptr + b)
+
+    offs_g = tl.arange(0, BLOCK_H)
+    offs_h = kvh * GROUP + offs_g  # query heads of this group
+    mask_h = offs_g < GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    q = tl.load(
+        q_ptr + b * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :],
+        mask=mask_h[:, None] & mask_d[None, :],
+        other=0.0,
+    )  # [BLOCK_H, BLOCK_D]
+
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max (base-2 logits)
+    l_sum = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < end
+        page = tl.load(kv_indices_ptr + page_base + offs_n // PAGE_SIZE, mask=mask_n, other=0)
+        slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE  # [BLOCK_N]
+        mask_nd = mask_n[:, None] & mask_d[None, :]
+        kv_offs = slot[:, None] * stride_kvs + kvh * stride_kvh + offs_d[None, :]
+        k = tl.load(k_ptr + kv_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
+        v = tl.load(v_ptr + kv_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
+        if QUANT:
+            scale_offs = slot * (Q_HEADS // GROUP) + kvh  # [BLOCK_N]
+            k_s = tl.load(k_scale_ptr + scale_offs, mask=mask_n, other=0.0)
+            v_s = tl.load(v_scale_ptr + scale_offs, mask=mask_n, other=0.0)
+            k = k.to(tl.float32) * k_s[:, None]
+            v = v.to(tl.float32) * v_s[:, None]
+
+        if USE_DOT:
+            qk = tl.dot(q, tl.trans(k.to(q.dtype)))  # [BLOCK_H, BLOCK_N]
+        else:  # BLOCK_H == 1
+            qk = tl.sum(q.to(tl.float32) * k.to(tl.float32), 1)[None, :]  # [1, BLOCK_N]
+        qk = tl.where(mask_n[None, :], qk * qk_scale, float("-inf"))
+
+        m_new = tl.maximum(m, tl.max(qk, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(qk - m_new[:, None])  # [BLOCK_H, BLOCK_N]
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        if USE_DOT:
+            pv = tl.dot(p.to(q.dtype), v.to(q.dtype))  # [BLOCK_H, BLOCK_D]
+        else:
+            pv = tl.sum(tl.sum(p, 0)[:, None] * v.to(tl.float32), 0)[None, :]  # [1, BLOCK_D]
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+
+    # An empty split (short sequence) stores o = 0, lse = -inf: it gets zero weight in the merge.
+    has_keys = l_sum > 0
+    l_safe = tl.where(has_keys, l_sum, 1.0)
+    o = acc / l_safe[:, None]
+    lse = tl.where(has_keys, m + tl.log2(l_safe), float("-inf"))
+    row = b * Q_HEADS + offs_h  # [BLOCK_H] rows of mid_lse, num_splits entries each
+    mid = (row[:, None] * num_splits + split) * HEAD_DIM + offs_d[None, :]
+    tl.store(mid_o_ptr + mid, o, mask=mask_h[:, None] & mask_d[None, :])
+    tl.store(mid_lse_ptr + row * num_splits + split, lse, mask=mask_h)
+
+
+@triton.jit
+def _decode_attention_merge_kernel(
+    mid_o_ptr,
+    mid_lse_ptr,
+    o_ptr,  # [B, Hq, HEAD_DIM] contiguous
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0)  # b * Hq + h
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < num_splits
+    mask_d = offs_d < HEAD_DIM
+    lse = tl.load(mid_lse_ptr + row * num_splits + offs_s, mask=mask_s, other=float("-inf"))
+    parts = tl.load(
+        mid_o_ptr + (row * num_splits + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :],
+        other=0.0,
+    )  # [BLOCK_S, BLOCK_D]
+    m = tl.max(lse, 0)
+    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # [BLOCK_S]; all zero if no keys
+    total = tl.sum(w, 0)
+    o = tl.sum(w[:, None] * parts, 0) / tl.where(total > 0, total, 1.0)  # [BLOCK_D]
+    tl.store(o_ptr + row * HEAD_DIM + offs_d, o.to(o_ptr.dtype.element_ty), mask=mask_d)
+
+
+def decode_num_splits(batch: int, kv_heads: int, max_seq_len: int, num_sms: int = H200_SMS) -> int:
+    """Splits per sequence: PROGRAMS_PER_SM programs per SM, no split under MIN_SPLIT_TOKENS.
+
+    Exposed so a CUDA-graph caller can fix the split count from host-side lengths.
+    """
+    want = -(-PROGRAMS_PER_SM * num_sms // max(batch * kv_heads, 1))
+    most = -(-max_seq_len // MIN_SPLIT_TOKENS)
+    return max(1, min(want, most, MAX_SPLITS))
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_size: int,
+    sm_scale: float,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    config: DecodeConfig | None = None,
+) -> torch.Tensor:
+    """Attention of one query token per sequence over its paged KV; returns o `[B, Hq, D]`.
+
+    q `[B, Hq, D]` (any strides but the last); k_buf/v_buf `[num_slots, Hkv, D]` (same
+    strides) with Hq a multiple of Hkv; kv_indptr `[B+1]` int32 and kv_indices `[nnz]`
+    int32/int64 page ids (CSR); seq_lens `[B]` int32 tokens per sequence (0 gives zeros).
+    A float8_e4m3fn or int8 pool needs k_scale/v_scale `[num_slots, Hkv]` float32 (contiguous).
+    num_splits None picks `decode_num_splits` from seq_lens.max(), a host sync: pass it
+    explicitly under CUDA graphs. `out` (contiguous, q's shape and dtype) receives o if given.
+    `config` overrides the default launch knobs (`DecodeConfig`).
+    """
+    assert q.dim() == 3, f"q must be [B, Hq, D], got {tuple(q.shape)}"
+    B, Hq, D = q.shape
+    assert k_buf.dim() == 3 and k_buf.shape[2] == D, (
+        f"k_buf {tuple(k_buf.shape)} must be [num_slots, Hkv, {D}]"
+    )
+    assert v_buf.shape == k_buf.shape and v_buf.dtype == k_buf.dtype, "v_buf must match k_buf"
+    assert k_buf.stride() == v_buf.stride(), "k_buf and v_buf must share strides"
+    assert q.stride(-1) == 1 and k_buf.stride(-1) == 1, "q, k_buf must be contiguous in head_dim"
+    Hkv = k_buf.shape[1]
+    assert Hq % Hkv == 0, f"query heads {Hq} not a multiple of kv heads {Hkv}"
+    assert kv_indptr.shape == (B + 1,) and kv_indptr.dtype == torch.int32, (
+        f"kv_indptr must be int32 [{B + 1}], got {kv_indptr.dtype} {tuple(kv_indptr.shape)}"
+    )
+    assert kv_indices.dim() == 1 and kv_indices.dtype in (torch.int32, torch.int64), (
+        f"kv_indices must be 1-D int32/int64, got {kv_indices.dtype} {tuple(kv_indices.shape)}"
+    )
+    assert seq_lens.shape == (B,) and seq_lens.dtype == torch.int32, (
+        f"seq_lens must be int32 [{B}], got {seq_lens.dtype} {tuple(seq_lens.shape)}"
+    )
+    assert page_size >= 1, f"page_size {page_size} must be positive"
+    quant = k_buf.dtype in QUANT_MAX
+    if quant:
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            assert s is not None and s.shape == k_buf.shape[:2] and s.dtype == torch.float32, (
+                f"a {k_buf.dtype} pool needs {name} float32 [{k_buf.shape[0]}, {Hkv}]"
+            )
+            assert s.is_contiguous(), f"{name} must be contiguous"
+    else:
+        assert k_buf.dtype == q.dtype, f"pool dtype {k_buf.dtype} != q dtype {q.dtype}"
+        k_scale = v_scale = seq_lens  # unused placeholders: QUANT is off
+    if out is None:
+        out = torch.empty(B, Hq, D, dtype=q.dtype, device=q.device)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous(), (
+        f"out must be a contiguous {q.dtype} {tuple(q.shape)}"
+    )
+    if B == 0:
+        return out
+    if num_splits is None:
+        num_splits = decode_num_splits(B, Hkv, int(seq_lens.max()))
+    kv_indptr, kv_indices, seq_lens = (t.contiguous() for t in (kv_indptr, kv_indices, seq_lens))
+
+    group = Hq // Hkv
+    config = config or DecodeConfig()
+    use_dot = group > 1 if config.use_dot is None else config.use_dot
+    assert use_dot or group == 1, "the multiply-reduce path handles one query head per group"
+    block_d = triton.next_power_of_2(D)
+    mid_o = torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(B, Hq, num_splits, dtype=torch.float32, device=q.device)
+    _decode_attention_kernel[(B, Hkv, num_splits)](
+        q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
+        sm_scale * LOG2E, num_splits, q.stride(0), q.stride(1), k_buf.stride(0),
+        k_buf.stride(1), Q_HEADS=Hq, GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size, QUANT=quant,
+        USE_DOT=use_dot, BLOCK_N=config.block_n, BLOCK_D=block_d,
+        BLOCK_H=max(16, triton.next_power_of_2(group)) if use_dot else 1,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    _decode_attention_merge_kernel[(B * Hq,)](
+        mid_o, mid_lse, out, num_splits, HEAD_DIM=D,
+        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+    )  # fmt: skip
+    return out
+
+
+def decode_attention_ref(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_size: int,
+    sm_scale: float,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Torch reference of `decode_attention`: gather each sequence's KV, attend in float32."""
+    B, Hq, D = q.shape
+    group = Hq // k_buf.shape[1]
+    out = torch.zeros(B, Hq, D, dtype=torch.float32, device=q.device)
+    for b in range(B):
+        n = int(seq_lens[b])
+        if n == 0:
+            continue
+        slots = page_slots(kv_indptr, kv_indices, b, n, page_size)  # [n]
+        k = dequantize_ref(k_buf[slots], None if k_scale is None else k_scale[slots])  # [n, Hkv, D]
+        v = dequantize_ref(v_buf[slots], None if v_scale is None else v_scale[slots])  # [n, Hkv, D]
+        k = k.repeat_interleave(group, 1)  # [n, Hq, D]
+        v = v.repeat_interleave(group, 1)  # [n, Hq, D]
+        logits = torch.einsum("hd,nhd->hn", q[b].float(), k) * sm_scale  # [Hq, n]
+        out[b] = torch.einsum("hn,nhd->hd", logits.softmax(-1), v)  # [Hq, D]
+    return out.to(q.dtype)

@@ -1,0 +1,243 @@
+"""Extend (prefill with a cached prefix) attention for a varlen batch.
+
+Sequence i has `prefix_lens[i]` tokens already in the pool (read through the page table) and
+`qo_indptr[i+1] - qo_indptr[i]` new tokens whose q/k/v rows sit in `q`, `k_new`, `v_new`. Each
+new token attends to the whole prefix and causally to the new tokens, reading those straight
+from `k_new`/`v_new`, so the caller may store them into the pool before or after this call.
+One program handles BLOCK_M new tokens of one query head: FlashAttention-style online softmax
+over the prefix tiles, then over the new tiles up to the diagonal.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.paging import page_slots
+from kernels.store_kv import QUANT_MAX, dequantize_ref
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _softmax_step(q, k, v, mask, m, l_sum, acc, qk_scale):
+    """Fold one key tile into the running (max, sum, acc); base-2 logits, mask [M, N]."""
+    qk = tl.dot(q, tl.trans(k.to(q.dtype)))  # [BLOCK_M, BLOCK_N]
+    qk = tl.where(mask, qk * qk_scale, float("-inf"))
+    m_new = tl.maximum(m, tl.max(qk, 1))  # finite: the first tile shows every row key 0
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    return m_new, l_sum * alpha + tl.sum(p, 1), acc
+
+
+@triton.jit
+def _extend_attention_kernel(
+    q_ptr,
+    k_new_ptr,
+    v_new_ptr,
+    k_ptr,
+    v_ptr,
+    k_scale_ptr,  # [num_slots, Hkv] contiguous, read only when QUANT
+    v_scale_ptr,
+    o_ptr,  # [T, Q_HEADS, HEAD_DIM] contiguous
+    qo_indptr_ptr,
+    prefix_lens_ptr,
+    kv_indptr_ptr,
+    kv_indices_ptr,
+    qk_scale,  # sm_scale * log2(e)
+    stride_qt,
+    stride_qh,
+    stride_newt,  # k_new and v_new share strides
+    stride_newh,
+    stride_kvs,  # k_buf and v_buf share strides
+    stride_kvh,
+    Q_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    QUANT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    mb = tl.program_id(2)
+    kvh = h // GROUP
+
+    q_start = tl.load(qo_indptr_ptr + b)
+    new_len = tl.load(qo_indptr_ptr + b + 1) - q_start
+    active = mb * BLOCK_M < new_len  # programs past this sequence's new tokens do nothing
+    prefix_len = tl.where(active, tl.load(prefix_lens_ptr + b), 0)
+    new_end = tl.where(active, tl.minimum(new_len, (mb + 1) * BLOCK_M), 0)  # causal bound
+    page_base = tl.load(kv_indptr_ptr + b)
+
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # new-token index within the sequence
+    mask_m = offs_m < new_len
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    q = tl.load(
+        q_ptr + (q_start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+        mask=mask_m[:, None] & mask_d[None, :],
+        other=0.0,
+    )  # [BLOCK_M, BLOCK_D]
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    for n0 in range(0, prefix_len, BLOCK_N):  # cached prefix, through the page table
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < prefix_len
+        page = tl.load(kv_indices_ptr + page_base + offs_n // PAGE_SIZE, mask=mask_n, other=0)
+        slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE  # [BLOCK_N]
+        mask_nd = mask_n[:, None] & mask_d[None, :]
+        kv_offs = slot[:, None] * stride_kvs + kvh * stride_kvh + offs_d[None, :]
+        k = tl.load(k_ptr + kv_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
+        v = tl.load(v_ptr + kv_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
+        if QUANT:
+            scale_offs = slot * (Q_HEADS // GROUP) + kvh  # [BLOCK_N]
+            k_s = tl.load(k_scale_ptr + scale_offs, mask=mask_n, other=0.0)
+            v_s = tl.load(v_scale_ptr + scale_offs, mask=mask_n, other=0.0)
+            k = k.to(tl.float32) * k_s[:, None]
+            v = v.to(tl.float32) * v_s[:, None]
+        m, l_sum, acc = _softmax_step(q, k, v, mask_n[None, :], m, l_sum, acc, qk_scale)
+
+    for n0 in range(0, new_end, BLOCK_N):  # new tokens, causal
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < new_len
+        mask_nd = mask_n[:, None] & mask_d[None, :]
+        new_offs = (q_start + offs_n)[:, None] * stride_newt + kvh * stride_newh + offs_d[None, :]
+        k = tl.load(k_new_ptr + new_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
+        v = tl.load(v_new_ptr + new_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
+        causal = (offs_n[None, :] <= offs_m[:, None]) & mask_n[None, :]  # [BLOCK_M, BLOCK_N]
+        m, l_sum, acc = _softmax_step(q, k, v, causal, m, l_sum, acc, qk_scale)
+
+    o = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
+    o_offs = ((q_start + offs_m)[:, None] * Q_HEADS + h) * HEAD_DIM + offs_d[None, :]
+    tl.store(o_ptr + o_offs, o.to(o_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    page_size: int,
+    sm_scale: float,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    max_new_len: int | None = None,
+) -> torch.Tensor:
+    """Attention of a varlen batch's new tokens over prefix + themselves; o `[T, Hq, D]`.
+
+    q `[T, Hq, D]` and k_new/v_new `[T, Hkv, D]` may be strided views (k_new and v_new with
+    equal strides); sequence i's rows are `qo_indptr[i]:qo_indptr[i+1]` (int32 `[B+1]`). Its
+    `prefix_lens[i]` (int32 `[B]`) cached tokens are read from k_buf/v_buf
+    `[num_slots, Hkv, D]` through the CSR page table kv_indptr `[B+1]` int32 / kv_indices
+    int32/int64 page ids. A float8_e4m3fn or int8 pool needs k_scale/v_scale
+    `[num_slots, Hkv]` float32 (contiguous). max_new_len (the longest run of new tokens)
+    sizes the grid; None reads it from qo_indptr, a host sync.
+    """
+    assert q.dim() == 3, f"q must be [T, Hq, D], got {tuple(q.shape)}"
+    T, Hq, D = q.shape
+    assert k_new.dim() == 3 and k_new.shape[0] == T and k_new.shape[2] == D, (
+        f"k_new {tuple(k_new.shape)} must be [{T}, Hkv, {D}]"
+    )
+    assert v_new.shape == k_new.shape, f"v_new {tuple(v_new.shape)} != k_new {tuple(k_new.shape)}"
+    assert k_new.dtype == v_new.dtype == q.dtype, "q, k_new, v_new must share a dtype"
+    Hkv = k_new.shape[1]
+    assert Hq % Hkv == 0, f"query heads {Hq} not a multiple of kv heads {Hkv}"
+    assert k_buf.dim() == 3 and k_buf.shape[1:] == (Hkv, D), (
+        f"k_buf {tuple(k_buf.shape)} must be [num_slots, {Hkv}, {D}]"
+    )
+    assert v_buf.shape == k_buf.shape and v_buf.dtype == k_buf.dtype, "v_buf must match k_buf"
+    assert k_new.stride() == v_new.stride(), "k_new and v_new must share strides"
+    assert k_buf.stride() == v_buf.stride(), "k_buf and v_buf must share strides"
+    for name, x in (("q", q), ("k_new", k_new), ("k_buf", k_buf)):
+        assert x.stride(-1) == 1, f"{name} must be contiguous along head_dim"
+    B = prefix_lens.shape[0]
+    for name, x, n in (
+        ("qo_indptr", qo_indptr, B + 1),
+        ("prefix_lens", prefix_lens, B),
+        ("kv_indptr", kv_indptr, B + 1),
+    ):
+        assert x.shape == (n,) and x.dtype == torch.int32, (
+            f"{name} must be int32 [{n}], got {x.dtype} {tuple(x.shape)}"
+        )
+    assert kv_indices.dim() == 1 and kv_indices.dtype in (torch.int32, torch.int64), (
+        f"kv_indices must be 1-D int32/int64, got {kv_indices.dtype} {tuple(kv_indices.shape)}"
+    )
+    assert page_size >= 1, f"page_size {page_size} must be positive"
+    quant = k_buf.dtype in QUANT_MAX
+    if quant:
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            assert s is not None and s.shape == k_buf.shape[:2] and s.dtype == torch.float32, (
+                f"a {k_buf.dtype} pool needs {name} float32 [{k_buf.shape[0]}, {Hkv}]"
+            )
+            assert s.is_contiguous(), f"{name} must be contiguous"
+    else:
+        assert k_buf.dtype == q.dtype, f"pool dtype {k_buf.dtype} != q dtype {q.dtype}"
+        k_scale = v_scale = prefix_lens  # unused placeholders: QUANT is off
+    o = torch.empty(T, Hq, D, dtype=q.dtype, device=q.device)
+    if T == 0 or B == 0:
+        return o
+    if max_new_len is None:
+        max_new_len = int((qo_indptr[1:] - qo_indptr[:-1]).max())
+    block_m, block_n = (64, 64) if D <= 128 else (32, 32)
+    qo_indptr, prefix_lens, kv_indptr, kv_indices = (
+        t.contiguous() for t in (qo_indptr, prefix_lens, kv_indptr, kv_indices)
+    )
+    _extend_attention_kernel[(B, Hq, triton.cdiv(max_new_len, block_m))](
+        q, k_new, v_new, k_buf, v_buf, k_scale, v_scale, o,
+        qo_indptr, prefix_lens, kv_indptr, kv_indices, sm_scale * LOG2E,
+        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1),
+        k_buf.stride(0), k_buf.stride(1),
+        Q_HEADS=Hq, GROUP=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, QUANT=quant,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(D),
+        num_warps=4, num_stages=2,
+    )  # fmt: skip
+    return o
+
+
+def extend_attention_ref(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    page_size: int,
+    sm_scale: float,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Torch reference of `extend_attention`, in float32 with an explicit mask."""
+    T, Hq, D = q.shape
+    group = Hq // k_new.shape[1]
+    out = torch.zeros(T, Hq, D, dtype=torch.float32, device=q.device)
+    for b in range(prefix_lens.shape[0]):
+        lo, hi, p = int(qo_indptr[b]), int(qo_indptr[b + 1]), int(prefix_lens[b])
+        n = hi - lo
+        if n == 0:
+            continue
+        slots = page_slots(kv_indptr, kv_indices, b, p, page_size)  # [p]
+        k_pre = dequantize_ref(k_buf[slots], None if k_scale is None else k_scale[slots])
+        v_pre = dequantize_ref(v_buf[slots], None if v_scale is None else v_scale[slots])
+        k = torch.cat([k_pre, k_new[lo:hi].float()]).repeat_interleave(group, 1)  # [p+n, Hq, D]
+        v = torch.cat([v_pre, v_new[lo:hi].float()]).repeat_interleave(group, 1)  # [p+n, Hq, D]
+        logits = torch.einsum("thd,shd->hts", q[lo:hi].float(), k) * sm_scale  # [Hq, n, p+n]
+        allowed = torch.ones(n, p + n, dtype=torch.bool, device=q.device).tril(p)  # [n, p+n]
+        probs = logits.masked_fill(~allowed, float("-inf")).softmax(-1)
+        out[lo:hi] = torch.einsum("hts,shd->thd", probs, v)  # [n, Hq, D]
+    return out.to(q.dtype)

@@ -1,0 +1,164 @@
+"""Scatter new K/V rows into the KV pool, quantizing to fp8 (e4m3) or int8 on the way.
+
+Quantized pools keep one float32 scale per (slot, kv_head): `x ~= q * scale` with
+`scale = amax(|x|) / qmax` over head_dim (qmax 448 for e4m3, 127 for int8; 1.0 for an all-zero
+row). int8 rounds half up, `floor(x / scale + 0.5)`.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+QUANT_MAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
+
+
+@triton.jit
+def _quantize_store(
+    x,
+    dst_ptrs,
+    scale_ptrs,
+    mask,
+    mask_h,
+    QUANT: tl.constexpr,
+    IS_INT: tl.constexpr,
+    QMAX: tl.constexpr,
+):
+    """Store one [BLOCK_H, BLOCK_D] tile `x` (fp32), quantized per row when QUANT."""
+    if QUANT:
+        amax = tl.max(tl.abs(x), 1)  # [BLOCK_H]
+        scale = tl.where(amax > 0, amax / QMAX, 1.0)  # [BLOCK_H]
+        y = x / scale[:, None]
+        if IS_INT:
+            y = tl.floor(y + 0.5)
+        y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
+        tl.store(dst_ptrs, y.to(dst_ptrs.dtype.element_ty), mask=mask)
+        tl.store(scale_ptrs, scale, mask=mask_h)
+    else:
+        tl.store(dst_ptrs, x.to(dst_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_kv_kernel(
+    k_ptr,
+    v_ptr,
+    k_buf_ptr,
+    v_buf_ptr,
+    k_scale_ptr,  # [num_slots, KV_HEADS] contiguous, written only when QUANT
+    v_scale_ptr,
+    slots_ptr,
+    stride_t,  # k and v share strides
+    stride_h,
+    stride_bs,  # k_buf and v_buf share strides
+    stride_bh,
+    KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    QUANT: tl.constexpr,
+    IS_INT: tl.constexpr,
+    QMAX: tl.constexpr,
+):
+    t = tl.program_id(0)
+    slot = tl.load(slots_ptr + t).to(tl.int64)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_h = offs_h < KV_HEADS
+    mask = mask_h[:, None] & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_H, BLOCK_D]
+    src = t * stride_t + offs_h[:, None] * stride_h + offs_d[None, :]
+    dst = slot * stride_bs + offs_h[:, None] * stride_bh + offs_d[None, :]
+    scale_offs = slot * KV_HEADS + offs_h  # [BLOCK_H]
+    k = tl.load(k_ptr + src, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_H, BLOCK_D]
+    v = tl.load(v_ptr + src, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_H, BLOCK_D]
+    _quantize_store(k, k_buf_ptr + dst, k_scale_ptr + scale_offs, mask, mask_h, QUANT, IS_INT, QMAX)
+    _quantize_store(v, v_buf_ptr + dst, v_scale_ptr + scale_offs, mask, mask_h, QUANT, IS_INT, QMAX)
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    """Write `k`, `v` `[T, kv_heads, head_dim]` into `k_buf`, `v_buf` `[num_slots, kv_heads,
+    head_dim]` at rows `slots [T]` (int32/int64), in place.
+
+    For a float8_e4m3fn or int8 pool, `k_scale`/`v_scale` `[num_slots, kv_heads]` float32 are
+    required and receive the per-(slot, head) scales. Other pool dtypes get a plain cast.
+    """
+    assert k.dim() == 3 and k.shape == v.shape, (
+        f"k {tuple(k.shape)} and v {tuple(v.shape)} must both be [T, H, D]"
+    )
+    T, H, D = k.shape
+    assert k_buf.dim() == 3 and k_buf.shape[1:] == (H, D), (
+        f"k_buf {tuple(k_buf.shape)} must be [num_slots, {H}, {D}]"
+    )
+    assert v_buf.shape == k_buf.shape, f"v_buf {tuple(v_buf.shape)} != k_buf {tuple(k_buf.shape)}"
+    assert k_buf.dtype == v_buf.dtype, f"k_buf {k_buf.dtype} and v_buf {v_buf.dtype} differ"
+    assert slots.shape == (T,), f"slots {tuple(slots.shape)} must be [{T}]"
+    assert slots.dtype in (torch.int32, torch.int64), f"slots dtype {slots.dtype} must be int32/64"
+    assert k.stride() == v.stride(), "k and v must share strides"
+    assert k_buf.stride() == v_buf.stride(), "k_buf and v_buf must share strides"
+    assert k.stride(-1) == 1 and k_buf.stride(-1) == 1, "k, k_buf must be contiguous in head_dim"
+    quant = k_buf.dtype in QUANT_MAX
+    if quant:
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            assert s is not None, f"{name} is required for a {k_buf.dtype} pool"
+            assert s.shape == k_buf.shape[:2] and s.dtype == torch.float32, (
+                f"{name} must be float32 [{k_buf.shape[0]}, {H}], got {s.dtype} {tuple(s.shape)}"
+            )
+            assert s.is_contiguous(), f"{name} must be contiguous"
+    else:
+        k_scale = v_scale = k_buf  # unused placeholders: QUANT is off
+    if T == 0:
+        return
+    _store_kv_kernel[(T,)](
+        k, v, k_buf, v_buf, k_scale, v_scale, slots.contiguous(),
+        k.stride(0), k.stride(1), k_buf.stride(0), k_buf.stride(1),
+        KV_HEADS=H, HEAD_DIM=D, BLOCK_H=triton.next_power_of_2(H),
+        BLOCK_D=triton.next_power_of_2(D), QUANT=quant, IS_INT=k_buf.dtype == torch.int8,
+        QMAX=QUANT_MAX.get(k_buf.dtype, 1.0),
+    )  # fmt: skip
+
+
+def quantize_ref(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize `x [..., D]` to `dtype`, one scale per row: returns (`[..., D]`, f32 `[...]`)."""
+    qmax = QUANT_MAX[dtype]
+    x = x.float()
+    amax = x.abs().amax(-1)  # [...]
+    scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))  # [...]
+    y = x / scale[..., None]
+    if dtype == torch.int8:
+        y = torch.floor(y + 0.5)
+    return y.clamp(-qmax, qmax).to(dtype), scale
+
+
+def dequantize_ref(q: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """`q [..., D]` times `scale [...]` in float32; a None scale means an unquantized pool."""
+    if scale is None:
+        return q.float()
+    return q.float() * scale[..., None].float()
+
+
+def store_kv_ref(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    """Torch reference of `store_kv` (same in-place contract)."""
+    slots = slots.long()
+    for x, buf, scale in ((k, k_buf, k_scale), (v, v_buf, v_scale)):
+        if buf.dtype in QUANT_MAX:
+            q, s = quantize_ref(x, buf.dtype)  # [T, H, D], [T, H]
+            buf[slots] = q
+            scale[slots] = s
+        else:
+            buf[slots] = x.to(buf.dtype)

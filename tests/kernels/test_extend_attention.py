@@ -1,0 +1,103 @@
+import pytest
+import torch
+
+from kernels.extend_attention import extend_attention, extend_attention_ref
+from kernels.store_kv import quantize_ref
+from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, page_table, randn
+
+HEADS = [(3, 3, 64), (9, 3, 48), (8, 2, 80), (8, 1, 16)]  # (Hq, Hkv, D): GQA 1, 3, 4, 8
+
+
+def make_inputs(prefix, new, heads, page_size, dtype, pool_dtype=None, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    Hq, Hkv, D = heads
+    T = sum(new)
+    kv_indptr, kv_indices, num_slots = page_table(
+        [p + n for p, n in zip(prefix, new, strict=True)], page_size, gen
+    )
+    q = randn(T, Hq, D, dtype=dtype, gen=gen)  # [T, Hq, D]
+    k_new = randn(T, Hkv, D, dtype=dtype, gen=gen)  # [T, Hkv, D]
+    v_new = randn(T, Hkv, D, dtype=dtype, gen=gen)  # [T, Hkv, D]
+    k_buf = randn(num_slots, Hkv, D, dtype=dtype, gen=gen)  # [S, Hkv, D]
+    v_buf = randn(num_slots, Hkv, D, dtype=dtype, gen=gen)  # [S, Hkv, D]
+    scales = {}
+    if pool_dtype is not None:
+        k_buf, scales["k_scale"] = quantize_ref(k_buf, pool_dtype)
+        v_buf, scales["v_scale"] = quantize_ref(v_buf, pool_dtype)
+    qo_indptr = torch.tensor([0, *new], device=DEVICE).cumsum(0, dtype=torch.int32)
+    prefix_lens = torch.tensor(prefix, dtype=torch.int32, device=DEVICE)
+    args = (
+        q,
+        k_new,
+        v_new,
+        k_buf,
+        v_buf,
+        qo_indptr,
+        prefix_lens,
+        kv_indptr,
+        kv_indices,
+        page_size,
+        D**-0.5,
+    )
+    return args, scales
+
+
+def check(args, scales, dtype, **kwargs):
+    out = extend_attention(*args, **scales, **kwargs)
+    ref = extend_attention_ref(*args, **scales)
+    tol = ATTN_TOL[dtype]
+    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", HEADS, ids=str)
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_matches_reference(dtype, heads, page_size):
+    # Prefixes 0 / unaligned / long, new runs of 1 token and across a 64-row block.
+    args, scales = make_inputs([0, 37, 90], [70, 1, 12], heads, page_size, dtype)
+    check(args, scales, dtype)
+
+
+def test_empty_sequence_and_explicit_max_len():
+    args, scales = make_inputs([20, 5, 0], [3, 0, 66], (4, 2, 32), 16, torch.float32, seed=1)
+    check(args, scales, torch.float32, max_new_len=66)
+
+
+@pytest.mark.parametrize(
+    "pool_dtype",
+    [pytest.param(torch.int8, id="int8"), pytest.param(torch.float8_e4m3fn, id="fp8")],
+)
+def test_quantized_prefix(pool_dtype):
+    args, scales = make_inputs([70, 17], [5, 40], (6, 2, 32), 16, torch.float32, pool_dtype)
+    check(args, scales, torch.float32)
+
+
+def test_strided_qkv():
+    args, _ = make_inputs([10, 30], [20, 9], (4, 2, 32), 1, torch.float32, seed=2)
+    q, k_new, v_new, *rest = args
+    qkv = torch.cat([q, k_new, v_new], dim=1)  # [T, Hq + 2 Hkv, D], a fused projection
+    out = extend_attention(qkv[:, :4], qkv[:, 4:6], qkv[:, 6:], *rest)
+    tol = ATTN_TOL[torch.float32]
+    torch.testing.assert_close(out, extend_attention_ref(*args), atol=tol, rtol=tol)
+
+
+def test_rejects_bad_inputs():
+    args, _ = make_inputs([3], [4], (4, 2, 16), 1, torch.float32)
+    q, k_new, v_new, k_buf, v_buf, qo_indptr, *rest = args
+    with pytest.raises(AssertionError, match="qo_indptr must be int32"):
+        extend_attention(q, k_new, v_new, k_buf, v_buf, qo_indptr.long(), *rest)
+    with pytest.raises(AssertionError, match="v_new"):
+        extend_attention(q, k_new, v_new[:, :1], k_buf, v_buf, qo_indptr, *rest)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("pool_dtype", [None, torch.float8_e4m3fn])
+def test_large_gpu(dtype, page_size, pool_dtype):
+    gen = torch.Generator().manual_seed(3)
+    prefix = torch.randint(0, 1500, (6,), generator=gen).tolist()
+    new = torch.randint(1, 700, (6,), generator=gen).tolist()
+    for heads in [(32, 8, 128), (9, 3, 64)]:
+        args, scales = make_inputs(prefix, new, heads, page_size, dtype, pool_dtype, seed=4)
+        check(args, scales, dtype)
