@@ -31,6 +31,7 @@ class ForwardBatch:
     seq_lens_cpu: list[int]
     prefix_lens_cpu: list[int]
     extend_lens_cpu: list[int]
+    decode_splits: int = 0  # split-KV count for decode kernels; 0: choose from seq_lens_cpu
 
     @property
     def batch_size(self) -> int:

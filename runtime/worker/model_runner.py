@@ -7,7 +7,9 @@ import torch
 
 from runtime.model_config import ModelSpec
 from runtime.worker.attention import TorchAttention
+from runtime.worker.attention_triton import TritonAttention
 from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.graph_runner import GraphRunner
 from runtime.worker.kv_pool import (
     GiB,
     KVPool,
@@ -33,7 +35,7 @@ class ModelRunner:
 
     def __init__(self, spec: ModelSpec, device: str | torch.device, dtype: torch.dtype,
                  kv_slots: int, max_rows: int, seed: int = 0,
-                 mem_fraction: float = 0.85) -> None:
+                 mem_fraction: float = 0.85, cuda_graph: bool = True) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
         self.model = load_model(spec, self.device, dtype, seed)
@@ -46,12 +48,18 @@ class ModelRunner:
         self.kv_slots = kv_slots
         self.kv_pool = KVPool(arch.num_layers, kv_slots + 1, arch.num_kv_heads, arch.head_dim,
                               dtype, self.device)
-        self.attn = TorchAttention(self.kv_pool)
+        on_gpu = self.device.type == "cuda"
+        self.attn = TritonAttention(self.kv_pool) if on_gpu else TorchAttention(self.kv_pool)
         self.sampler = Sampler(max_rows, self.vocab_size, self.device, seed)
         limits = [spec.max_context, kv_slots]
         if arch.sliding_window is not None:  # exact only while the window covers everything
             limits.append(arch.sliding_window)
         self.max_context = min(limits)
+        self.graphs: GraphRunner | None = None
+        if on_gpu and cuda_graph:
+            self.graphs = GraphRunner(self.model, self.attn, max_rows, self.max_context,
+                                      arch.num_kv_heads, self.device)
+            self.graphs.capture()
 
     def _default_slots(self, max_rows: int, mem_fraction: float) -> int:
         per_token = self.kv_bytes_per_token
@@ -64,5 +72,7 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Run one step; store the new tokens' KV; logits of rows `fb.sample_idx`: [S, V] fp32."""
+        if self.graphs is not None and self.graphs.can_run(fb):
+            return self.graphs.replay(fb)  # [B, vocab]
         hidden = self.model(fb, self.attn)  # [T, hidden]
         return self.model.compute_logits(hidden[fb.sample_idx])  # [S, vocab]

@@ -29,7 +29,9 @@ from runtime.messages import (
 )
 from runtime.model_config import ModelSpec, resolve_model
 from runtime.procutil import error_text, exit_with_parent, setup_logging
+from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.model_runner import ModelRunner
+from runtime.worker.step_timing import StepTimer, StepTiming
 from runtime.worker.token_table import TokenTable
 
 ROW_SLACK = 16  # rows beyond max_running: finished requests keep theirs until released
@@ -62,6 +64,7 @@ class InFlight:
     ids: torch.Tensor  # [S] int64, host (pinned on CUDA)
     logprobs: torch.Tensor  # [S] float32, host
     event: object
+    timing: StepTiming | None = None  # only under SLUICE_STEP_TIMING
 
     def result(self) -> StepResult:
         self.event.synchronize()
@@ -78,8 +81,9 @@ class Worker:
         self.max_rows = cfg.max_running + ROW_SLACK
         self.runner = ModelRunner(spec, self.device, resolve_dtype(cfg.dtype, self.device),
                                   kv_slots=cfg.kv_slots, max_rows=self.max_rows, seed=cfg.seed,
-                                  mem_fraction=cfg.mem_fraction)
+                                  mem_fraction=cfg.mem_fraction, cuda_graph=cfg.cuda_graph)
         self.table = TokenTable(self.max_rows, self.runner.max_context, self.device)
+        self.timer = StepTimer.from_env(self.device)  # None unless SLUICE_STEP_TIMING is set
 
     def ready_message(self) -> WorkerReady:
         r = self.runner
@@ -90,6 +94,7 @@ class Worker:
     @torch.inference_mode()
     def launch(self, plan: BatchPlan) -> InFlight:
         """Enqueue one step; returns before the device finishes it."""
+        start = self.timer.mark() if self.timer is not None else None
         sampler = self.runner.sampler
         for init in plan.inits:
             sampler.init_row(init.row, init.params, init.prompt_ids, init.output_ids)
@@ -103,23 +108,34 @@ class Worker:
             ids = torch.zeros(0, dtype=torch.int64, device=self.device)
             logprobs = torch.zeros(0, dtype=torch.float32, device=self.device)
         if self.device.type != "cuda":
-            return InFlight(plan.batch_id, ids, logprobs, _HostEvent())
+            return InFlight(plan.batch_id, ids, logprobs, _HostEvent(), self._timing(start, fb))
         ids_host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
         lps_host = torch.empty(logprobs.shape, dtype=logprobs.dtype, pin_memory=True)
         ids_host.copy_(ids, non_blocking=True)
         lps_host.copy_(logprobs, non_blocking=True)
+        timing = self._timing(start, fb)
         event = torch.cuda.Event()
         event.record()
-        return InFlight(plan.batch_id, ids_host, lps_host, event)
+        return InFlight(plan.batch_id, ids_host, lps_host, event, timing)
+
+    def _timing(self, start, fb: ForwardBatch) -> StepTiming | None:
+        if start is None:
+            return None
+        return StepTiming(start, self.timer.mark(), fb.batch_size, fb.num_tokens, fb.is_decode)
 
 
-def _send_results(out: PushQueue, pending: queue.Queue) -> None:
+def _send_results(out: PushQueue, pending: queue.Queue, timer: StepTimer | None) -> None:
     """Sender thread: wait for each launched batch in order and send its result."""
     while True:
         item = pending.get()
         if item is None:
             return
-        out.put(item.result() if isinstance(item, InFlight) else item)
+        if isinstance(item, InFlight):
+            result = item.result()
+            if item.timing is not None:  # the batch completed: its marks can be read
+                timer.log(item.batch_id, item.timing)
+            item = result
+        out.put(item)
 
 
 def run_worker(cfg: ServerConfig) -> None:
@@ -141,7 +157,8 @@ def run_worker(cfg: ServerConfig) -> None:
              worker.runner.kv_slots, worker.runner.kv_bytes_per_token)
     ready.put(Ready("worker"))
     pending: queue.Queue = queue.Queue()
-    sender = threading.Thread(target=_send_results, args=(out, pending), daemon=True)
+    sender = threading.Thread(target=_send_results, args=(out, pending, worker.timer),
+                              daemon=True)
     sender.start()
     while True:
         msg = inbox.get()

@@ -16,6 +16,9 @@ from torch import nn
 
 from runtime.worker.attention import AttentionBackend
 from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.ops import TorchOps, TritonOps
+
+Ops = TorchOps | TritonOps
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -40,6 +43,7 @@ class LlamaArch:
     tie_word_embeddings: bool
     rope: dict = field(default_factory=dict)  # rope_type, rope_theta and scaling parameters
     sliding_window: int | None = None  # not implemented: caps the usable context instead
+    max_position: int = 4096
 
     @classmethod
     def from_hf(cls, config) -> LlamaArch:
@@ -69,7 +73,8 @@ class LlamaArch:
             qkv_bias=bias or kind == "qwen2", o_bias=bias and kind != "qwen2",
             mlp_bias=bool(getattr(config, "mlp_bias", False)), qk_norm=kind == "qwen3",
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            rope=rope, sliding_window=window if windowed else None)
+            rope=rope, sliding_window=window if windowed else None,
+            max_position=getattr(config, "max_position_embeddings", 4096))
 
 
 def rope_inv_freq(rope: dict, head_dim: int) -> torch.Tensor:
@@ -89,12 +94,6 @@ def rope_inv_freq(rope: dict, head_dim: int) -> torch.Tensor:
         in_band = (wavelen >= old_len / high) & (wavelen <= old_len / low)  # [D/2]
         return torch.where(in_band, blended, scaled)
     return inv_freq
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate halves of `x` [T, H, D] by `cos`, `sin` [T, 1, D] (the non-interleaved layout)."""
-    x1, x2 = x.chunk(2, dim=-1)  # [T, H, D/2] each
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin  # [T, H, D]
 
 
 class RMSNorm(nn.Module):
@@ -126,7 +125,7 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
         self.qk_norm = arch.qk_norm
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch,
+    def forward(self, x: torch.Tensor, ops: Ops, fb: ForwardBatch,
                 attn: AttentionBackend) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)  # [T, Hq*D], [T, Hkv*D] x2
@@ -135,7 +134,7 @@ class LlamaAttention(nn.Module):
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = ops.rope(q, k, fb.positions)
         out = attn.forward(self.layer_id, q, k, v, fb)  # [T, Hq, D]
         return self.o_proj(out.reshape(tokens, -1))  # [T, hidden]
 
@@ -147,9 +146,8 @@ class LlamaMLP(nn.Module):
                                       bias=arch.mlp_bias)
         self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=arch.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, inter] each
-        return self.down_proj(F.silu(gate) * up)  # [T, hidden]
+    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))  # [T, hidden]
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -160,10 +158,18 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp = LlamaMLP(arch)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch,
-                attn: AttentionBackend) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, fb, attn)  # [T, hidden]
-        return h + self.mlp(self.post_attention_layernorm(h))  # [T, hidden]
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, ops: Ops,
+                fb: ForwardBatch, attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it): [T, hidden] each."""
+        norm = self.input_layernorm
+        if residual is None:
+            x, residual = ops.rmsnorm(h, norm.weight, norm.eps), h
+        else:
+            x, residual = ops.add_rmsnorm(h, residual, norm.weight, norm.eps)
+        h = self.self_attn(x, ops, fb, attn)  # [T, hidden]
+        norm = self.post_attention_layernorm
+        x, residual = ops.add_rmsnorm(h, residual, norm.weight, norm.eps)
+        return self.mlp(x, ops), residual
 
 
 class LlamaModel(nn.Module):
@@ -173,16 +179,14 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(arch, i) for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.register_buffer("inv_freq", torch.empty(arch.head_dim // 2), persistent=False)
+        self.ops: Ops | None = None  # set by init_buffers once the device is known
 
     def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        h = self.embed_tokens(fb.input_ids)  # [T, hidden]
-        freqs = fb.positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2] fp32
-        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, D]
-        cos, sin = angles.cos().to(h.dtype), angles.sin().to(h.dtype)  # [T, 1, D] each
+        ops = self.ops
+        h, residual = self.embed_tokens(fb.input_ids), None  # [T, hidden]
         for layer in self.layers:
-            h = layer(h, cos, sin, fb, attn)  # [T, hidden]
-        return self.norm(h)
+            h, residual = layer(h, residual, ops, fb, attn)  # [T, hidden] each
+        return ops.add_rmsnorm(h, residual, self.norm.weight, self.norm.eps)[0]
 
 
 class LlamaForCausalLM(nn.Module):
@@ -207,8 +211,14 @@ class LlamaForCausalLM(nn.Module):
 
     def init_buffers(self) -> None:
         """Fill non-persistent buffers (RoPE) after the model left the meta device."""
-        inv_freq = rope_inv_freq(self.arch.rope, self.arch.head_dim)  # [D/2] fp32
-        self.model.inv_freq = inv_freq.to(self.model.embed_tokens.weight.device)
+        device = self.model.embed_tokens.weight.device
+        inv_freq = rope_inv_freq(self.arch.rope, self.arch.head_dim).to(device)  # [D/2] fp32
+        if device.type == "cuda":
+            pos = torch.arange(self.arch.max_position, dtype=torch.float32, device=device)
+            freqs = torch.outer(pos, inv_freq)  # [max_pos, D/2]
+            self.model.ops = TritonOps(torch.cat([freqs.cos(), freqs.sin()], dim=-1))
+        else:
+            self.model.ops = TorchOps(inv_freq)
 
     def checkpoint_targets(self) -> dict[str, tuple[str, int, int]]:
         """Every tensor a transformers checkpoint must provide, by its name there:

@@ -1,0 +1,99 @@
+"""`GraphRunner`: CUDA graphs of the decode forward, captured at start-up per batch size.
+
+A decode step of B sequences replays the graph of the smallest captured size >= B. Inputs
+are copied into static buffers; padded rows read nothing (sequence length 0) and write
+their K/V into slot 0, the padding sink. The logits of the first B rows are returned.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+
+import torch
+
+from kernels.decode_attention import decode_num_splits
+from runtime.worker.forward_batch import ForwardBatch
+
+log = logging.getLogger("sluice.worker")
+
+CAPTURE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+
+
+class GraphRunner:
+    """Captured decode graphs of one model, attention backend and KV pool."""
+
+    def __init__(self, model, attn, max_bs: int, max_context: int, kv_heads: int,
+                 device: torch.device) -> None:
+        self.model, self.attn, self.device = model, attn, device
+        self.sizes = [s for s in CAPTURE_SIZES if s <= max_bs] or [max_bs]
+        n = self.sizes[-1]
+        i64 = dict(dtype=torch.int64, device=device)
+        i32 = dict(dtype=torch.int32, device=device)
+        self.input_ids = torch.zeros(n, **i64)  # [N]
+        self.positions = torch.zeros(n, **i64)  # [N]
+        self.out_slots = torch.zeros(n, **i64)  # [N] padding rows write slot 0
+        self.seq_lens = torch.zeros(n, **i32)  # [N]
+        self.kv_indptr = torch.zeros(n + 1, **i32)  # [N+1]
+        self.kv_indices = torch.zeros(n * max_context, **i64)  # [N * max_context]
+        self.arange = torch.arange(n + 1, **i32)  # qo_indptr and sample rows
+        self.splits = {bs: decode_num_splits(bs, kv_heads, max_context) for bs in self.sizes}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self.pool = None
+
+    def _batch(self, bs: int) -> ForwardBatch:
+        return ForwardBatch(
+            input_ids=self.input_ids[:bs], positions=self.positions[:bs],
+            out_slots=self.out_slots[:bs], qo_indptr=self.arange[: bs + 1],
+            kv_indptr=self.kv_indptr[: bs + 1], kv_indices=self.kv_indices,
+            seq_lens=self.seq_lens[:bs], prefix_lens=self.seq_lens[:bs],
+            sample_idx=self.arange[:bs].long(), is_decode=True,
+            seq_lens_cpu=[0] * bs, prefix_lens_cpu=[0] * bs, extend_lens_cpu=[1] * bs,
+            decode_splits=self.splits[bs])
+
+    def _forward(self, fb: ForwardBatch) -> torch.Tensor:
+        hidden = self.model(fb, self.attn)  # [B, hidden]
+        return self.model.compute_logits(hidden)  # [B, vocab]
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every size, largest first so smaller graphs reuse its memory pool."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for bs in reversed(self.sizes):
+                fb = self._batch(bs)
+                for _ in range(2):  # warm-up: JIT-compile kernels, settle allocations
+                    self._forward(fb)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    self.logits[bs] = self._forward(fb)
+                self.pool = graph.pool()
+                self.graphs[bs] = graph
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        log.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
+
+    def can_run(self, fb: ForwardBatch) -> bool:
+        return fb.is_decode and fb.batch_size <= self.sizes[-1]
+
+    def replay(self, fb: ForwardBatch) -> torch.Tensor:
+        """Run a decode batch through its graph; logits [B, vocab] fp32."""
+        bs = fb.batch_size
+        padded = self.sizes[bisect.bisect_left(self.sizes, bs)]
+        nnz = fb.kv_indices.shape[0]
+        self.input_ids[:bs].copy_(fb.input_ids, non_blocking=True)
+        self.positions[:bs].copy_(fb.positions, non_blocking=True)
+        self.out_slots[:bs].copy_(fb.out_slots, non_blocking=True)
+        self.seq_lens[:bs].copy_(fb.seq_lens, non_blocking=True)
+        self.kv_indptr[: bs + 1].copy_(fb.kv_indptr, non_blocking=True)
+        self.kv_indices[:nnz].copy_(fb.kv_indices, non_blocking=True)
+        if padded > bs:  # padding rows: empty sequences writing into the sink
+            self.input_ids[bs:padded].zero_()
+            self.positions[bs:padded].zero_()
+            self.out_slots[bs:padded].zero_()
+            self.seq_lens[bs:padded].zero_()
+            self.kv_indptr[bs + 1: padded + 1].fill_(nnz)
+        self.graphs[padded].replay()
+        return self.logits[padded][:bs]

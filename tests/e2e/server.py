@@ -1,0 +1,86 @@
+"""Start `sluice serve` as a user would (a subprocess) and wait until it says it is serving."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`python -m runtime.launch serve ...`, its log lines, and the pids of its processes."""
+
+    def __init__(self, *args: str, ready_timeout: float = 240.0) -> None:
+        self.port, self.rpc_port = free_port(), free_port()
+        cmd = [sys.executable, "-m", "runtime.launch", "serve", "--port", str(self.port),
+               "--rpc-port", str(self.rpc_port), "--torch-threads", "2", *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.lines: list[str] = []
+        self.pids: dict[str, int] = {}
+        self._serving = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self._serving.wait(ready_timeout):
+            self.stop()
+            raise RuntimeError("server did not start:\n" + "".join(self.lines[-40:]))
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if m := re.search(r"processes: (.*)", line):
+                self.pids = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+            if "serving " in line:
+                self._serving.set()
+
+    @property
+    def rpc_addr(self) -> str:
+        return f"tcp://127.0.0.1:{self.rpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the launcher and its three processes so far."""
+        total = 0.0
+        tick = os.sysconf("SC_CLK_TCK")
+        for pid in [self.proc.pid, *self.pids.values()]:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except FileNotFoundError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / tick
+        return total
+
+
+def wait_for(pred, timeout: float, poll: float = 0.05) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(poll)
+    return pred()

@@ -1,0 +1,97 @@
+"""`sluice serve` end to end: RPC streaming, idle cost, and dying cleanly when a process dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from runtime.api.errors import ServerError
+from runtime.client import Client
+from runtime.messages import InvalidRequest
+from tests.e2e.server import ServerProcess, wait_for
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess("--chunk-size", "128")
+    yield srv
+    srv.stop()
+
+
+def test_rpc_streams_equal_whole_results_for_32_concurrent_requests(server):
+    prompts = [f"Question {i}: what is {i} plus {i}?" for i in range(32)]
+    results: dict[int, tuple] = {}
+
+    def run(i: int) -> None:
+        with Client(server.rpc_addr, timeout=120) as client:
+            kw = dict(max_tokens=3 + (i * 5) % 29, temperature=0.0)
+            chunks = list(client.generate(prompts[i], stream=True, **kw))
+            whole = client.generate(prompts[i], stream=False, **kw)
+            results[i] = (chunks, whole)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert len(results) == 32
+    for chunks, whole in results.values():
+        assert "".join(c.text for c in chunks) == whole.text
+        assert [t for c in chunks for t in c.token_ids] == whole.token_ids
+        assert chunks[-1].finish_reason == whole.finish_reason in ("stop", "length")
+
+
+def test_bad_rpc_requests_get_errors_and_the_server_keeps_serving(server):
+    with Client(server.rpc_addr, timeout=60) as client:
+        with pytest.raises(InvalidRequest):
+            client.generate("", max_tokens=4)
+        with pytest.raises(InvalidRequest):
+            client.generate("hi", max_tokens=4, top_p=0.0)
+        out = client.generate("Hello", max_tokens=3, temperature=0.0)
+        assert len(out.token_ids) == 3
+
+
+def test_idle_server_uses_under_5_percent_of_a_core(server):
+    before, t0 = server.cpu_seconds(), time.monotonic()
+    time.sleep(3.0)  # measuring idle CPU needs an interval; nothing is asserted on wall time
+    used = server.cpu_seconds() - before
+    assert used / (time.monotonic() - t0) < 0.05, f"{used:.2f} CPU-s in 3 s idle"
+
+
+def test_killing_the_worker_fails_requests_and_exits_nonzero():
+    srv = ServerProcess("--chunk-size", "128")
+    try:
+        errors: list[BaseException] = []
+        got_first = threading.Event()
+
+        def consume() -> None:
+            with Client(srv.rpc_addr, timeout=30) as client:
+                try:
+                    for _ in client.generate("Tell me a long story.", stream=True,
+                                             max_tokens=2000, ignore_eos=True):
+                        got_first.set()
+                except ServerError as exc:
+                    errors.append(exc)
+
+        t = threading.Thread(target=consume)
+        t.start()
+        assert got_first.wait(120)
+        os.kill(srv.pids["worker"], signal.SIGKILL)
+        t.join(30)
+        assert not t.is_alive() and errors, "the in-flight request did not fail"
+        assert srv.wait(30) != 0
+        assert wait_for(lambda: all(not _alive(p) for p in srv.pids.values()), 15)
+    finally:
+        srv.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -1,0 +1,33 @@
+"""The Triton attention backend (interpreted on CPU) equals the torch backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.worker.attention import TorchAttention
+from runtime.worker.attention_triton import TritonAttention
+from runtime.worker.kv_pool import KVPool
+from tests.worker.batching import Chunk, make_batch
+
+Q_HEADS, KV_HEADS, HEAD_DIM, SEQS = 6, 2, 16, 3
+
+
+@pytest.mark.parametrize("extend, prefix", [([5, 3, 1], [0, 0, 0]), ([4, 1, 7], [3, 9, 1]),
+                                            ([1, 1, 1], [3, 17, 0])])
+def test_triton_backend_matches_torch_backend(extend, prefix):
+    torch.manual_seed(1)
+    pools = [KVPool(1, 96, KV_HEADS, HEAD_DIM, torch.float32, "cpu") for _ in range(2)]
+    for cache in pools[0].k + pools[0].v:
+        cache.normal_()
+    for a, b in zip(pools[0].k + pools[0].v, pools[1].k + pools[1].v):
+        b.copy_(a)
+    fb = make_batch([Chunk(s, [0] * n) for s, n in enumerate(extend)], prefix, SEQS)
+    tokens = sum(extend)
+    q = torch.randn(tokens, Q_HEADS, HEAD_DIM)
+    k = torch.randn(tokens, KV_HEADS, HEAD_DIM)
+    v = torch.randn(tokens, KV_HEADS, HEAD_DIM)
+    want = TorchAttention(pools[0]).forward(0, q, k, v, fb)
+    got = TritonAttention(pools[1]).forward(0, q, k, v, fb)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(pools[1].k[0], pools[0].k[0])
