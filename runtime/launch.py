@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         if f.name in _INTERNAL:
             continue
         flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
+        if f.type in ("bool", bool, "bool | None"):  # None: decided later (`use_overlap`)
             serve.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=f.default)
         else:
@@ -65,6 +65,7 @@ def serve(cfg: ServerConfig) -> int:
     except StartupError as exc:
         log.error("%s", exc)
         return 1
+    log.info("processes: %s", " ".join(f"{n}={p.pid}" for n, p in group.procs.items()))
     log.info("serving %s: http://%s:%d, rpc %s", cfg.model, cfg.host, cfg.port, cfg.rpc_addr)
     died = None
     while not stop.is_set() and died is None:

@@ -117,6 +117,7 @@ class ReqOut(msgspec.Struct, **_WIRE):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    queue_time: float = 0.0  # on the first ReqOut: seconds from arrival to first admission
 
 
 class BatchOut(msgspec.Struct, **_WIRE):
@@ -138,6 +139,8 @@ class SchedulerStats(msgspec.Struct, **_WIRE):
     prefix_hit_tokens: int
     prefix_query_tokens: int
     invariant_error: str | None = None
+    kv_held: int = 0  # of kv_used, slots holding live tokens (less when KV is reserved ahead)
+    degraded: bool = False  # degraded mode: max_tokens and batch size capped
 
 
 class ProcessDied(msgspec.Struct, **_WIRE):

@@ -1,8 +1,8 @@
 """The api process: one uvloop running the TokenizerManager and the client-facing fronts.
 
 A front is anything with `async start()` / `async close()` serving `TokenizerManager`
-to clients: today the native RPC server; the OpenAI-compatible HTTP server joins the
-same list on the same loop.
+to clients: the native RPC server, the monitor (stats polling, metrics, health, logs)
+and the HTTP server (OpenAI-compatible API, /generate, /metrics, /health), on one loop.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import msgspec
 import uvloop
 import zmq
 
+from runtime.api.http_server import HttpServer
+from runtime.api.monitor import Monitor
 from runtime.api.rpc import RpcServer
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ServerConfig
@@ -53,15 +55,18 @@ async def _serve(cfg: ServerConfig) -> int:
     try:
         tm = TokenizerManager(cfg, resolve_model(cfg.model))
         await tm.start()
-        fronts.append(RpcServer(tm, cfg.rpc_addr))
+        monitor = Monitor(tm, cfg)
+        http = HttpServer(tm, cfg, monitor)
+        fronts += [RpcServer(tm, cfg.rpc_addr), monitor, http]
         for front in fronts:
             await front.start()
     except Exception as e:
         log.exception("api startup failed")
         _send_ready(cfg, Ready(name="api", error=f"{type(e).__name__}: {e}"))
         return 1
-    _send_ready(cfg, Ready(name="api", info={"rpc": cfg.rpc_addr, "pid": str(os.getpid())}))
-    log.info("api ready: rpc on %s", cfg.rpc_addr)
+    _send_ready(cfg, Ready(name="api", info={"rpc": cfg.rpc_addr, "http": http.url,
+                                             "pid": str(os.getpid())}))
+    log.info("api ready: rpc on %s, http on %s", cfg.rpc_addr, http.url)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

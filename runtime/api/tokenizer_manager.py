@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -22,6 +23,7 @@ from runtime.api.chunk import Chunk
 from runtime.api.detokenize import IncrementalDetokenizer
 from runtime.api.errors import EngineDeadError, Overloaded, RequestFailed
 from runtime.api.req_state import ReqState
+from runtime.api.timing import RequestTimings
 from runtime.config import ServerConfig
 from runtime.messages import (
     AbortReq,
@@ -68,6 +70,7 @@ class TokenizerManager:
         self._recv_task: asyncio.Task | None = None
         self._stats_waiters: dict[int, asyncio.Future] = {}
         self._stats_token = 0
+        self.timings = RequestTimings()  # per-request timings; listeners get each record
 
     async def start(self) -> None:
         """Connect to the scheduler (`sched_in`), bind `api_in`, start the receive loop."""
@@ -75,6 +78,12 @@ class TokenizerManager:
         self._sched = AsyncPushQueue(self._ctx, self.cfg.ipc("sched_in"))
         self._api_in = AsyncPullQueue(self._ctx, self.cfg.ipc("api_in"), ApiInput)
         self._recv_task = asyncio.create_task(self._recv_loop(), name="tm-recv")
+
+    @property
+    def context_len(self) -> int:
+        """The longest prompt + output a request may have (a fixed KV pool bounds it too)."""
+        limit = self.spec.max_context
+        return min(limit, self.cfg.kv_slots) if self.cfg.kv_slots else limit
 
     @property
     def num_inflight(self) -> int:
@@ -96,23 +105,28 @@ class TokenizerManager:
         """Stream the output of one request as `Chunk`s; the last has `finish_reason`.
 
         Raises `InvalidRequest` (before anything reaches the scheduler), `Overloaded` when
-        `max_running + max_queue` requests are already in flight, `EngineDeadError` if a
-        server process died, `RequestFailed` if the scheduler failed this request.
+        `max_running + max_queue` requests are already in flight (the queue of requests
+        waiting beyond the running capacity is full), `EngineDeadError` if a server process
+        died, `RequestFailed` if the scheduler failed this request.
         Closing the iterator early (or cancelling its task) aborts the request.
         """
+        arrival = time.monotonic()
         self._check_alive()
         input_ids = self._prepare(prompt, params)
         rid = rid if rid is not None else uuid.uuid4().hex
         if rid in self._reqs:
             raise InvalidRequest(f"request id {rid!r} is already in flight")
         if len(self._reqs) >= self.cfg.max_running + self.cfg.max_queue:
-            raise Overloaded(f"{len(self._reqs)} requests in flight; retry later")
+            raise Overloaded(f"{len(self._reqs)} requests in flight: the queue is full "
+                             f"(max_running={self.cfg.max_running}, "
+                             f"max_queue={self.cfg.max_queue}); retry later")
         detok = None
         if self.tokenizer is not None:
             detok = IncrementalDetokenizer(self.tokenizer, input_ids,
                                            params.skip_special_tokens, params.stop)
         state = ReqState(rid, detok, params.logprobs)
         self._reqs[rid] = state
+        self.timings.start(rid, arrival)
         try:
             self._sched.put(GenerateReq(rid, input_ids, params, self._stop_ids(params)))
             while True:
@@ -129,6 +143,8 @@ class TokenizerManager:
                 del self._reqs[rid]
             if not state.scheduler_done and self._dead is None:
                 self._sched.put(AbortReq(rid))  # consumer gone: free the KV now
+            outcome = "error" if state.error is not None else state.finish_reason or "abort"
+            self.timings.finish(rid, outcome, state.completion_tokens)
 
     async def scheduler_stats(self) -> SchedulerStats:
         """Ask the scheduler for a snapshot of its queues and KV pool."""
@@ -204,7 +220,7 @@ class TokenizerManager:
         if params.stop and self.tokenizer is None:
             raise InvalidRequest(f"model {self.spec.name!r} has no tokenizer: "
                                  "stop strings are unsupported (use stop_token_ids)")
-        n, limit = len(ids), self.spec.max_context
+        n, limit = len(ids), self.context_len
         if n > limit - 1:
             raise InvalidRequest(f"prompt is {n} tokens; this model takes at most {limit - 1} "
                                  f"prompt tokens (context length {limit})")
@@ -246,6 +262,7 @@ class TokenizerManager:
             state = self._reqs.get(out.rid)
             if state is None:  # finished or aborted here already
                 continue
+            self.timings.on_output(out)
             try:
                 if state.on_output(out):
                     self._sched.put(AbortReq(out.rid, reason="stop"))

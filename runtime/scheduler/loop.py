@@ -30,18 +30,41 @@ from runtime.messages import (
 )
 from runtime.model_config import resolve_model
 from runtime.procutil import error_text, exit_with_parent, setup_logging
-from runtime.scheduler.policy import PrefillAdder
+from runtime.scheduler.contiguous_kv import ContiguousKV
+from runtime.scheduler.dynamic_kv import DynamicPagedKV
+from runtime.scheduler.kv_manager import KVManager
+from runtime.scheduler.paged_kv import PagedKV
+from runtime.scheduler.policy import PrefillAdder, preempt_order
 from runtime.scheduler.scheduler import Scheduler
 from runtime.scheduler.token_kv import TokenKV
 
 CHECK_INVARIANTS = os.environ.get("SLUICE_CHECK_INVARIANTS", "0") == "1"
 
 
+def build_kv(cfg: ServerConfig, ready: WorkerReady, max_context: int) -> KVManager:
+    """The KV manager of `cfg.kv` over the worker's slots (every layout uses the same pool)."""
+    if cfg.kv == "contiguous":
+        return ContiguousKV(ready.kv_slots, ready.max_rows, cfg.reserve,
+                            min(max_context, ready.kv_slots))
+    if cfg.kv == "paged" and cfg.fixed_block_size is None:
+        return DynamicPagedKV(ready.kv_slots, ready.max_rows)
+    if cfg.kv == "paged":
+        return PagedKV(ready.kv_slots, ready.max_rows, cfg.fixed_block_size)
+    return TokenKV(ready.kv_slots, ready.max_rows)
+
+
 def build_scheduler(cfg: ServerConfig, ready: WorkerReady, max_context: int) -> Scheduler:
-    kv = TokenKV(ready.kv_slots, ready.max_rows)
-    sched = Scheduler(kv, chunk_size=cfg.chunk_size, max_running=cfg.max_running,
-                      max_context=min(max_context, ready.max_context),
-                      max_in_flight=2 if cfg.overlap else 1)
+    max_context = min(max_context, ready.max_context)
+    kv = build_kv(cfg, ready, max_context)
+    # paged preempts like vLLM V1: the last admitted first, only as much as needed
+    preempt = dict(retract_key=preempt_order, retract_headroom=0) if cfg.kv == "paged" else {}
+    chunk = cfg.chunk_size or (8192 if ready.device.startswith("cuda") else 512)
+    sched = Scheduler(kv, chunk_size=chunk, max_running=cfg.max_running,
+                      max_context=min(max_context, kv.total),
+                      max_in_flight=2 if cfg.use_overlap else 1, **preempt,
+                      degrade_waiting=cfg.degrade_waiting,
+                      degrade_max_tokens=cfg.degrade_max_tokens,
+                      degrade_max_running=cfg.degrade_max_running)
     sched.adder = PrefillAdder(init_ratio=0.7 * cfg.schedule_conservativeness,
                                min_ratio=0.1 * cfg.schedule_conservativeness)
     return sched
@@ -57,10 +80,9 @@ def stats(sched: Scheduler, token: int) -> SchedulerStats:
             error = str(exc) or "allocator invariant violated"
     return SchedulerStats(
         token=token, running=len(sched.running), waiting=len(sched.waiting),
-        kv_total=kv.total, kv_free=kv.allocator.available, kv_cached=kv.cache.evictable_size,
-        kv_used=kv.used(), num_steps=sched.num_steps, num_retractions=sched.num_retractions,
-        prefix_hit_tokens=kv.cache.hit_tokens, prefix_query_tokens=kv.cache.query_tokens,
-        invariant_error=error,
+        kv_total=kv.total, kv_used=kv.used(), num_steps=sched.num_steps,
+        num_retractions=sched.num_retractions, invariant_error=error,
+        degraded=sched.degraded, **kv.stats_fields(),
     )
 
 
@@ -85,8 +107,8 @@ def run_scheduler(cfg: ServerConfig) -> None:
         ready.put(Ready("scheduler", error=error_text(exc)))
         sys.exit(1)
     ready.put(Ready("scheduler"))
-    log.info("KV pool %d slots, %d rows, overlap=%s", worker_ready.kv_slots,
-             worker_ready.max_rows, cfg.overlap)
+    log.info("KV pool %d slots, %d rows, kv=%s, overlap=%s", worker_ready.kv_slots,
+             worker_ready.max_rows, cfg.kv, cfg.use_overlap)
     poller = zmq.Poller()
     poller.register(inbox.sock, zmq.POLLIN)
     poller.register(results.sock, zmq.POLLIN)

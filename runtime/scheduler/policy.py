@@ -8,7 +8,11 @@ from typing import TYPE_CHECKING
 from runtime.scheduler.req import Req, ReqStatus
 
 if TYPE_CHECKING:
+    from runtime.scheduler.kv_manager import KVManager
     from runtime.scheduler.scheduler import Scheduler
+
+
+RESERVE_CLIP = 4096  # SGLang clips max_new_tokens the same way when reserving
 
 
 def admission_order(req: Req) -> tuple:
@@ -21,13 +25,18 @@ def retract_order(req: Req) -> tuple:
     return (req.params.priority, len(req.output_ids), -len(req.prompt_ids))
 
 
+def preempt_order(req: Req) -> tuple:
+    """Lowest priority first, then the latest arrival: the last admitted under FCFS (vLLM V1)."""
+    return (req.params.priority, -req.arrival)
+
+
 class PrefillAdder:
     """Chooses prefill chunks under a token budget and a KV reservation for running requests.
 
-    Running requests will still grow; we reserve `new_token_ratio` x their remaining
-    max_tokens so admission does not immediately force retraction. The ratio starts
-    conservative, decays every step as requests tend to stop early, and resets on a
-    retraction (SGLang's new_token_ratio).
+    Running requests will still grow; we reserve `new_token_ratio` x the KV their remaining
+    max_tokens need (`kv.slots_needed`) so admission does not immediately force retraction.
+    The ratio starts conservative, decays every step as requests tend to stop early, and
+    resets on a retraction (SGLang's new_token_ratio).
     """
 
     def __init__(self, init_ratio: float = 0.7, min_ratio: float = 0.1,
@@ -40,8 +49,10 @@ class PrefillAdder:
     def on_retract(self) -> None:
         self.ratio = self.init_ratio
 
-    def _reserved(self, running: list[Req]) -> int:
-        return int(sum(r.remaining_tokens for r in running) * self.ratio)
+    def _reserved(self, kv: KVManager, running: list[Req]) -> int:
+        # an open-ended max_tokens (e.g. "the rest of the context") counts as at most CLIP
+        need = sum(kv.slots_needed(r, min(r.remaining_tokens, RESERVE_CLIP)) for r in running)
+        return int(need * self.ratio)
 
     def fill(self, sched: Scheduler, budget: int) -> Iterator[tuple[Req, int]]:
         """Yield (request, new tokens) pairs; admitted requests move to `running`."""
@@ -51,7 +62,7 @@ class PrefillAdder:
         for req in chunked:
             if budget <= 0:
                 return
-            n = min(budget, req.known_len - req.kv_len, kv.available() - 1)
+            n = min(budget, req.known_len - req.kv_len, kv.room(req) - 1)
             if n <= 0:
                 return
             budget -= n
@@ -63,7 +74,7 @@ class PrefillAdder:
                 return
             n = min(budget, req.known_len - req.kv_len)
             others = [r for r in sched.running if not r.finished]
-            need = n + (self._reserved(others + [req]) if others else 0)
+            need = kv.slots_needed(req, n) + (self._reserved(kv, others + [req]) if others else 0)
             if kv.available() < need:
                 kv.release(req, cache=False)
                 req.unadmit()

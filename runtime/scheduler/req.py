@@ -31,6 +31,7 @@ class Req:
         self.params: SamplingParams = msg.params
         self.stop_ids = frozenset(msg.stop_ids)
         self.arrival = time.monotonic() if arrival is None else arrival
+        self.scheduled_at: float | None = None  # first admission: the end of its queue time
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
         self.status = ReqStatus.WAITING

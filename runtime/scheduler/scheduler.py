@@ -7,26 +7,35 @@ must stream. The process loop (`loop.py`) and in-process tests drive it the same
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 
 from runtime.messages import BatchPlan, GenerateReq, ReqOut, StepResult
 from runtime.scheduler.batch import Batch
+from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.policy import PrefillAdder, retract_order
 from runtime.scheduler.req import Req, ReqStatus
-from runtime.scheduler.token_kv import TokenKV
 
 
 class Scheduler:
     """Owns every request's KV metadata; never touches tensors."""
 
-    def __init__(self, kv: TokenKV, *, chunk_size: int, max_running: int, max_context: int,
-                 max_in_flight: int = 2, retract_headroom: int = 4) -> None:
+    def __init__(self, kv: KVManager, *, chunk_size: int, max_running: int, max_context: int,
+                 max_in_flight: int = 2, retract_headroom: int = 4,
+                 retract_key: Callable[[Req], tuple] = retract_order, degrade_waiting: int = 0,
+                 degrade_max_tokens: int = 128, degrade_max_running: int = 0) -> None:
         self.kv = kv
         self.chunk_size = chunk_size
-        self.max_running = max_running
+        self.base_max_running = max_running
+        # degraded mode (off while degrade_waiting == 0): see `degraded`
+        self.degrade_waiting = degrade_waiting
+        self.degrade_max_tokens = degrade_max_tokens
+        self.degrade_max_running = degrade_max_running
         self.max_context = max_context
         self.max_in_flight = max_in_flight
         self.retract_headroom = retract_headroom
+        self.retract_key = retract_key  # sorts victims, first retracted first
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
@@ -54,6 +63,8 @@ class Scheduler:
                                   f"({req.params.max_tokens}) exceeds the limit of "
                                   f"{min(self.max_context, self.kv.total)} tokens")
             return
+        if self.degraded:
+            req.params.max_tokens = min(req.params.max_tokens, self.degrade_max_tokens)
         self.reqs[req.rid] = req
         if req.params.max_tokens == 0:
             req.finish("length")
@@ -80,6 +91,19 @@ class Scheduler:
         self._emit(req)
         self._finish_running(req)
 
+    # ------------------------------------------------------------------ load
+    @property
+    def degraded(self) -> bool:
+        """Overloaded: requests arriving now get max_tokens capped, the batch size is capped."""
+        return 0 < self.degrade_waiting <= len(self.waiting)
+
+    @property
+    def max_running(self) -> int:
+        """The admission limit on running requests (lower while degraded)."""
+        if self.degrade_max_running and self.degraded:
+            return min(self.base_max_running, self.degrade_max_running)
+        return self.base_max_running
+
     # ------------------------------------------------------------------ planning
     @property
     def has_work(self) -> bool:
@@ -101,6 +125,8 @@ class Scheduler:
             batch.add(req, 1)
         budget = self.chunk_size - len(decode)
         for req, n in self.adder.fill(self, budget):
+            if req.scheduled_at is None:
+                req.scheduled_at = time.monotonic()
             slots = self.kv.alloc(req, n)
             assert slots is not None, "PrefillAdder admitted more than the pool holds"
             new_slots.append(slots)
@@ -114,19 +140,24 @@ class Scheduler:
         return plan
 
     def _reserve_decode(self, decode: list[Req]) -> bool:
-        """Make room for one token per decoding request, retracting if the pool is full."""
-        if self.kv.available() >= len(decode):
+        """Make room for one token per decoding request, retracting if the pool is full.
+
+        Victims are any running requests, chunked prefills included (they may hold the KV
+        the decodes need); the last one is never retracted.
+        """
+        need = self.kv.decode_need
+        if self.kv.available() >= need(decode):
             return True
         if self.in_flight:
             return False  # retract only when no batch in flight references a victim
-        victims = sorted(decode, key=retract_order)
-        while victims and self.kv.available() < len(decode) + self.retract_headroom * len(decode):
-            if len(decode) == 1:
-                break
+        victims = sorted(self.running, key=self.retract_key)
+        while len(victims) > 1 and (self.kv.available() < need(decode)
+                                    + self.retract_headroom * len(decode)):
             victim = victims.pop(0)
-            decode.remove(victim)
+            if victim in decode:
+                decode.remove(victim)
             self._retract(victim)
-        if self.kv.available() >= len(decode):
+        if self.kv.available() >= need(decode):
             return True
         for req in decode:  # a single request longer than the whole pool
             req.finish("error")
@@ -184,8 +215,9 @@ class Scheduler:
         keep = []
         for req in self.deferred:
             if req.last_batch_id <= self.completed_batch_id:
-                # cache only KV whose tokens are all known (a failed batch leaves gaps)
-                self.kv.release(req, cache=0 < req.kv_len <= req.known_len)
+                # cache only KV that was surely written: never after a failed batch
+                ok = req.finish_reason != "error" and 0 < req.kv_len <= req.known_len
+                self.kv.release(req, cache=ok)
                 req.row = None
                 self._drop(req)
             else:
@@ -206,6 +238,8 @@ class Scheduler:
         out = ReqOut(rid=req.rid, new_ids=new, logprobs=lps, finish_reason=reason, error=error)
         if not req.sent_header:
             out.prompt_tokens, out.cached_tokens = len(req.prompt_ids), req.cached_len
+            if req.scheduled_at is not None:
+                out.queue_time = req.scheduled_at - req.arrival
             req.sent_header = True
         self.outbox.append(out)
 

@@ -37,6 +37,15 @@ class TokenKV:
         """Slots holding KV for running requests (their own and the prefixes they lock)."""
         return self.allocator.total - self.available()
 
+    def slots_needed(self, req: Req, n: int) -> int:
+        return n
+
+    def decode_need(self, reqs: list[Req]) -> int:
+        return len(reqs)
+
+    def room(self, req: Req) -> int:
+        return self.available()
+
     # ------------------------------------------------------------------ lifecycle
     def admit(self, req: Req) -> bool:
         """Give `req` a row and its longest cached prefix (at least one token left to compute)."""
@@ -85,3 +94,13 @@ class TokenKV:
     def hit_rate(self) -> float:
         q = self.cache.query_tokens
         return self.cache.hit_tokens / q if q else 0.0
+
+    def occupancy(self) -> tuple[int, int]:
+        """Token-granular: every reserved slot holds a token."""
+        return self.used(), self.used()
+
+    def stats_fields(self) -> dict[str, int]:
+        return dict(kv_free=self.allocator.available, kv_cached=self.cache.evictable_size,
+                    kv_held=self.used(),
+                    prefix_hit_tokens=self.cache.hit_tokens,
+                    prefix_query_tokens=self.cache.query_tokens)

@@ -40,6 +40,6 @@ def script_ids(tok) -> list[int]:
 
 @pytest.fixture
 def cfg():
-    cfg = ServerConfig(rpc_port=free_port(), log_level="warning")
+    cfg = ServerConfig(port=free_port(), rpc_port=free_port(), log_level="warning")
     yield cfg
     shutil.rmtree(cfg.ipc_dir, ignore_errors=True)

@@ -35,7 +35,8 @@ def assert_idle(eng: Engine) -> None:
 
 
 def test_streams_concatenate_to_generated_text_for_32_concurrent_requests(eng):
-    prompts = [f"Count to {i}: 1," if i % 2 else f"Tell me about the number {i}." for i in range(32)]
+    prompts = [f"Count to {i}: 1," if i % 2 else f"Tell me about the number {i}."
+               for i in range(32)]
     params = [SamplingParams(max_tokens=4 + (i * 7) % 37, temperature=0.0) for i in range(32)]
     whole: dict[int, object] = {}
     streamed: dict[int, list] = {}

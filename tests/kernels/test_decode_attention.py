@@ -98,8 +98,8 @@ def test_int64_indices():
 
 
 def test_num_splits_heuristic():
-    assert decode_num_splits(64, 32, 4096) == 2  # 2 x 2048 programs >= 16 per SM on 132 SMs
-    assert decode_num_splits(64, 32, 4096, num_sms=64) == 1
+    assert decode_num_splits(64, 32, 4096) == 1  # 2048 programs: >= 4 per SM on 132 SMs
+    assert decode_num_splits(64, 8, 4096) == 2  # 512 programs: 2 splits for 4 per SM
     assert decode_num_splits(1, 8, 32768) == 32  # capped at MAX_SPLITS
     assert decode_num_splits(1, 8, 300) == 2  # no split shorter than 256 tokens
     assert decode_num_splits(4, 8, 1) == 1

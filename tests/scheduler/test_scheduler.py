@@ -168,3 +168,19 @@ def test_priority_orders_admission():
     sched.add(make_req("high", [9, 9], 2, priority=5))
     first = sched.plan()
     assert sched.running[0].rid == "high" and len(first.rows) == 1
+
+
+def test_failed_batch_ends_its_requests_with_errors_and_caches_nothing():
+    sched, worker = build(overlap=True, chunk_size=512)
+    sched.add(make_req("a", list(range(1, 40)), 10))
+    sched.add(make_req("b", list(range(1, 30)), 10))
+    sched.plan()
+    second = sched.plan()
+    sched.fail_in_flight("device error")  # the worker reports the first batch failed
+    sched.on_result(worker.run(second))
+    outs = {o.rid: o for o in sched.take_outputs() if o.finish_reason}
+    assert outs["a"].finish_reason == outs["b"].finish_reason == "error"
+    assert outs["a"].error == "device error"
+    assert not sched.has_work and not sched.deferred
+    assert sched.kv.cache.evictable_size == 0  # unwritten KV never enters the prefix cache
+    assert sched.kv.available() == sched.kv.total

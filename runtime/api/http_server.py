@@ -1,0 +1,231 @@
+"""The HTTP front: an OpenAI-compatible API, `/generate`, `/metrics` and `/health`.
+
+`build_app` makes the Starlette app over a running TokenizerManager and Monitor (tests
+use it directly); `HttpServer` serves that app with uvicorn on the api process's loop, as
+one of its fronts. Errors are OpenAI error JSON with the matching status: 400 for a bad
+request, 404 for an unknown model or path, 429 when the queue is full, 503 when the
+engine is gone, 500 when the scheduler failed the request.
+
+A client that disconnects aborts its requests: while an SSE response streams, Starlette
+stops it and the response closes the request streams behind it; before that (waiting for
+the first token, or for a whole non-streamed response) a watcher on the ASGI `receive`
+channel cancels the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import msgspec
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from runtime.api.metrics import CONTENT_TYPE
+from runtime.api.monitor import Monitor
+from runtime.api.native_api import GenerateRequest, NativeServing
+from runtime.api.openai_protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    api_error,
+    decode_request,
+)
+from runtime.api.openai_serving import OpenAIServing
+from runtime.api.streams import EventStream
+from runtime.api.tokenizer_manager import TokenizerManager
+from runtime.config import ServerConfig
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+STATS_TIMEOUT_S = 1.0  # /metrics and /health wait this long for fresh scheduler stats
+SHUTDOWN_GRACE_S = 1.0  # open responses get this long to finish when the server stops
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before its response started."""
+
+
+def build_app(tm: TokenizerManager, cfg: ServerConfig, monitor: Monitor) -> Starlette:
+    """The ASGI app; `tm` and `monitor` must run on the loop that serves it."""
+    api = _Endpoints(tm, cfg, monitor)
+    routes = [
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/chat/completions", api.chat, methods=["POST"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", api.model, methods=["GET"]),
+        Route("/generate", api.generate, methods=["POST"]),
+        Route("/metrics", api.metrics, methods=["GET"]),
+        Route("/health", api.health, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return JSONResponse(ApiError(exc.status_code, str(exc.detail)).body(),
+                        status_code=exc.status_code, headers=exc.headers)
+
+
+class _Endpoints:
+    def __init__(self, tm: TokenizerManager, cfg: ServerConfig, monitor: Monitor) -> None:
+        self.tm = tm
+        self.cfg = cfg
+        self.monitor = monitor
+        self.created = int(time.time())
+        self.openai = OpenAIServing(tm, (cfg.model,))
+        self.native = NativeServing(tm)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._serve(request, CompletionRequest, self.openai.completions)
+
+    async def chat(self, request: Request) -> Response:
+        return await self._serve(request, ChatCompletionRequest, self.openai.chat)
+
+    async def generate(self, request: Request) -> Response:
+        return await self._serve(request, GenerateRequest, self.native.generate)
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        try:
+            self.openai.check_model(request.path_params["model"])
+        except ApiError as e:
+            return self._error(e)
+        return JSONResponse(self._model_card())
+
+    async def metrics(self, request: Request) -> Response:
+        await self.monitor.refresh(STATS_TIMEOUT_S)
+        return Response(self.monitor.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def health(self, request: Request) -> Response:
+        if self.tm.dead is None:
+            await self.monitor.refresh(STATS_TIMEOUT_S)
+        report = self.monitor.health_report()
+        return JSONResponse(report.to_json(), status_code=report.http_status)
+
+    def _model_card(self) -> dict[str, Any]:
+        return {"id": self.cfg.model, "object": "model", "created": self.created,
+                "owned_by": "sluice", "max_model_len": self.tm.context_len}
+
+    async def _serve(self, request: Request, typ: type,
+                     handler: Callable[[Any, Any], Awaitable[Any]]) -> Response:
+        """Decode, run, and answer: JSON, an SSE stream, or an error."""
+        try:
+            req = decode_request(await request.body(), typ)
+            result = await handler(req, _guard(request))
+        except ClientGone:
+            return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+        except Exception as e:
+            return self._error(e)
+        if isinstance(result, EventStream):
+            return _SseResponse(result)
+        return Response(msgspec.json.encode(result), media_type="application/json")
+
+    def _error(self, exc: Exception) -> Response:
+        err = api_error(exc)
+        if err.status >= 500 and not isinstance(exc, ApiError):
+            log.error("request failed: %s", exc, exc_info=err.status == 500)
+        self.monitor.metrics.http_errors.labels(str(err.status)).inc()
+        return JSONResponse(err.body(), status_code=err.status)
+
+
+def _guard(request: Request) -> Callable[[Awaitable[T]], Awaitable[T]]:
+    """Await something, but cancel it and raise `ClientGone` if the client disconnects."""
+
+    async def guard(aw: Awaitable[T]) -> T:
+        work = asyncio.ensure_future(aw)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await work
+        if work.cancelled():
+            raise ClientGone
+        return work.result()
+
+    return guard
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client disconnects (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class _SseResponse(StreamingResponse):
+    """Streams an EventStream; closes its request streams however the response ends."""
+
+    def __init__(self, body: EventStream) -> None:
+        super().__init__(body.events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+        self._streams = body.streams
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._streams.aclose()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: the api process owns SIGINT and SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class HttpServer:
+    """A front serving `build_app(...)` on `cfg.host:cfg.port` with uvicorn."""
+
+    def __init__(self, tm: TokenizerManager, cfg: ServerConfig, monitor: Monitor) -> None:
+        self.cfg = cfg
+        self.app = build_app(tm, cfg, monitor)
+        self._server: _Server | None = None
+        self._task: asyncio.Task | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.cfg.host}:{self.cfg.port}"
+
+    async def start(self) -> None:
+        """Bind the port (raising OSError if it is taken), then serve in a task."""
+        family = socket.AF_INET6 if ":" in self.cfg.host else socket.AF_INET
+        sock = socket.create_server((self.cfg.host, self.cfg.port), family=family)
+        config = uvicorn.Config(self.app, log_config=None, log_level=self.cfg.log_level,
+                                access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+        self._server = _Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http")
+        while not self._server.started:
+            if self._task.done():
+                sock.close()
+                self._task.result()
+                raise RuntimeError("the HTTP server stopped during start-up")
+            await asyncio.sleep(0.01)
+
+    async def close(self) -> None:
+        """Stop accepting; give open responses a moment, then cancel them (aborting)."""
+        if self._task is None:
+            return
+        self._server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+        self._task = None

@@ -1,0 +1,157 @@
+"""Prometheus metrics of the serving process (`GET /metrics`), prometheus-client based.
+
+Two sources: finished requests (`RequestRecord`s from the TokenizerManager's timings)
+feed the counters and latency histograms as they end; the scheduler's latest
+`SchedulerStats` snapshot and the running token totals are read at scrape time by a
+collector. GPU memory comes from NVML (device-wide, per GPU) where there is a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from runtime.api.timing import RequestRecord, RequestTimings
+from runtime.messages import SchedulerStats
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0)
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+               0.75, 1.0, 2.5, 5.0)
+LATENCY_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                   50.0, 60.0, 120.0, 240.0, 480.0, 960.0)
+OUTCOMES = {"stop": "success", "length": "success", "abort": "abort", "error": "error"}
+
+
+class Metrics:
+    """The registry behind `/metrics`; `observe_request` is a timings listener."""
+
+    def __init__(self, timings: RequestTimings) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("sluice_requests", "Requests ended, by outcome "
+                                "(success: stop or length; abort: client gone; error)",
+                                ["outcome"], registry=r)
+        self.finish_reasons = Counter("sluice_request_finish_reasons", "Requests ended, by "
+                                      "finish reason", ["reason"], registry=r)
+        self.http_errors = Counter("sluice_http_errors", "HTTP requests answered with an "
+                                   "error status instead of output (400, 404, 429, 503, ...)",
+                                   ["status"], registry=r)
+        self.ttft = Histogram("sluice_time_to_first_token_seconds", "Arrival at the api to "
+                              "the first output token", buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram("sluice_inter_token_latency_seconds", "Gap between consecutive "
+                             "output tokens of a request", buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("sluice_e2e_request_latency_seconds", "Arrival at the api to the "
+                             "end of the request", buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram("sluice_request_queue_time_seconds", "Arrival at the scheduler "
+                               "to first admission", buckets=LATENCY_BUCKETS, registry=r)
+        self.snapshot: SchedulerStats | None = None
+        self._collector = _StatsCollector(self, timings)
+        r.register(self._collector)
+
+    def observe_request(self, rec: RequestRecord) -> None:
+        """Count one finished request and observe its latencies."""
+        self.requests.labels(OUTCOMES.get(rec.outcome, "error")).inc()
+        self.finish_reasons.labels(rec.outcome).inc()
+        self.e2e.observe(rec.e2e)
+        if rec.ttft is not None:
+            self.ttft.observe(rec.ttft)
+        if rec.queue_time is not None:
+            self.queue.observe(rec.queue_time)
+        for gap in rec.itl:
+            self.itl.observe(gap)
+
+    def observe_stats(self, stats: SchedulerStats) -> None:
+        """Keep the scheduler's latest snapshot for the next scrape."""
+        self.snapshot = stats
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+class _StatsCollector(Collector):
+    """Gauges and counters read at scrape time from the latest scheduler snapshot and the
+    api's token totals."""
+
+    def __init__(self, metrics: Metrics, timings: RequestTimings) -> None:
+        self.metrics = metrics
+        self.timings = timings
+        self.gpus = _Nvml()
+
+    def collect(self) -> Iterator[Metric]:
+        t = self.timings
+        yield CounterMetricFamily("sluice_prompt_tokens", "Prompt tokens of requests that "
+                                  "reached the scheduler", value=t.prompt_tokens)
+        yield CounterMetricFamily("sluice_prompt_cached_tokens", "Prompt tokens served from "
+                                  "the prefix cache", value=t.cached_tokens)
+        yield CounterMetricFamily("sluice_generation_tokens", "Output tokens generated",
+                                  value=t.generation_tokens)
+        s = self.metrics.snapshot
+        if s is not None:
+            yield from _stats_metrics(s)
+        used = self.gpus.memory_used()
+        if used:
+            g = GaugeMetricFamily("sluice_gpu_memory_used_bytes", "GPU memory in use on the "
+                                  "device (all processes), from NVML", labels=["gpu"])
+            for i, n in enumerate(used):
+                g.add_metric([str(i)], n)
+            yield g
+
+
+def _stats_metrics(s: SchedulerStats) -> Iterator[Metric]:
+    def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, doc, value=value)
+
+    total = max(1, s.kv_total)
+    yield gauge("sluice_num_requests_running", "Requests in the running batch", s.running)
+    yield gauge("sluice_num_requests_waiting", "Requests waiting for admission", s.waiting)
+    yield gauge("sluice_kv_usage_ratio", "KV slots held by live requests / all KV slots",
+                s.kv_used / total)
+    yield gauge("sluice_kv_slots", "KV pool size in token slots", s.kv_total)
+    yield gauge("sluice_kv_slots_reserved", "KV slots reserved by live requests", s.kv_used)
+    yield gauge("sluice_kv_tokens_held", "Reserved KV slots that hold live tokens", s.kv_held)
+    yield gauge("sluice_kv_fragmentation_ratio", "1 - held / reserved KV slots",
+                1.0 - s.kv_held / s.kv_used if s.kv_used else 0.0)
+    yield gauge("sluice_kv_slots_cached", "KV slots of the prefix cache no request holds "
+                "(evictable)", s.kv_cached)
+    yield gauge("sluice_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / "
+                "prompt tokens looked up", s.prefix_hit_tokens / s.prefix_query_tokens
+                if s.prefix_query_tokens else 0.0)
+    yield gauge("sluice_degraded", "1 while degraded mode caps max_tokens and batch size",
+                float(s.degraded))
+    yield CounterMetricFamily("sluice_prefix_cache_hit_tokens", "Prompt tokens found in the "
+                              "prefix cache", value=s.prefix_hit_tokens)
+    yield CounterMetricFamily("sluice_prefix_cache_query_tokens", "Prompt tokens looked up in "
+                              "the prefix cache", value=s.prefix_query_tokens)
+    yield CounterMetricFamily("sluice_scheduler_steps", "Batches the scheduler planned",
+                              value=s.num_steps)
+    yield CounterMetricFamily("sluice_retractions", "Requests retracted under KV pressure",
+                              value=s.num_retractions)
+
+
+class _Nvml:
+    """Device memory through NVML; no GPUs (or no NVML library) reports nothing."""
+
+    def __init__(self) -> None:
+        self.handles: list = []
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
+                            for i in range(pynvml.nvmlDeviceGetCount())]
+            self._pynvml = pynvml
+        except Exception as e:  # ImportError, or NVMLError: no driver on a CPU machine
+            log.debug("no GPU memory metrics: %s", e)
+
+    def memory_used(self) -> list[int]:
+        return [self._pynvml.nvmlDeviceGetMemoryInfo(h).used for h in self.handles]

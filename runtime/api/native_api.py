@@ -1,0 +1,110 @@
+"""`POST /generate`: Sluice's native endpoint (text or token ids in, JSON or SSE out).
+
+Request: `{"text": str} | {"input_ids": [int]}`, `"sampling_params": {...}` (the fields of
+`SamplingParams`, unknown names rejected), `"stream"`, and the extras `"priority"`,
+`"ignore_eos"`, `"return_logprob"` (these override sampling_params), `"rid"`.
+Response: `{"id", "text", "output_ids", "finish_reason", "usage": {"prompt_tokens",
+"completion_tokens", "cached_tokens"}}` plus `"logprobs"` when asked. Streamed, each
+event carries the same keys with `text` / `output_ids` / `logprobs` as deltas,
+`finish_reason` null until the last, then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+from runtime.api.chunk import Chunk
+from runtime.api.openai_protocol import ApiError, api_error
+from runtime.api.openai_serving import DONE, sse
+from runtime.api.streams import EventStream, Guard, MergedStreams, collect, start_streams
+from runtime.api.tokenizer_manager import TokenizerManager
+from runtime.messages import SamplingParams
+
+log = logging.getLogger(__name__)
+_PARAM_NAMES = frozenset(SamplingParams.__struct_fields__)
+
+
+class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: dict[str, Any] = {}
+    stream: bool = False
+    priority: int | None = None
+    ignore_eos: bool | None = None
+    return_logprob: bool = False
+    rid: str | None = None
+
+
+def to_params(req: GenerateRequest) -> SamplingParams:
+    """The request's SamplingParams; raise `ApiError(400)` naming a bad field."""
+    unknown = sorted(set(req.sampling_params) - _PARAM_NAMES)
+    if unknown:
+        raise ApiError(400, f"unknown sampling_params {unknown}; known: {sorted(_PARAM_NAMES)}",
+                       param="sampling_params")
+    try:
+        params = msgspec.convert(req.sampling_params, SamplingParams)
+    except msgspec.ValidationError as e:
+        raise ApiError(400, f"invalid sampling_params: {e}", param="sampling_params") from None
+    if req.priority is not None:
+        params.priority = req.priority
+    if req.ignore_eos is not None:
+        params.ignore_eos = req.ignore_eos
+    params.logprobs = params.logprobs or req.return_logprob
+    return params
+
+
+class NativeServing:
+    """Serves `/generate` over the TokenizerManager."""
+
+    def __init__(self, tm: TokenizerManager) -> None:
+        self.tm = tm
+
+    async def generate(self, req: GenerateRequest,
+                       guard: Guard) -> dict[str, Any] | EventStream:
+        if (req.text is None) == (req.input_ids is None):
+            raise ApiError(400, "give exactly one of `text` and `input_ids`")
+        prompt = req.text if req.text is not None else req.input_ids
+        params = to_params(req)
+        rid = req.rid or uuid.uuid4().hex
+        streams, first = await start_streams([self.tm.generate(prompt, params, rid)], guard)
+        if req.stream:
+            return EventStream(self._events(rid, params.logprobs, streams, first[1]), streams)
+        try:
+            chunks = [first[1]] + [c for _, c in await guard(collect(streams))]
+        finally:
+            await streams.aclose()
+        text = "".join(c.text for c in chunks)
+        ids = [t for c in chunks for t in c.token_ids]
+        lps = [p for c in chunks for p in c.logprobs]
+        return _body(rid, text, ids, lps if params.logprobs else None, chunks[-1])
+
+    async def _events(self, rid: str, logprobs: bool, streams: MergedStreams,
+                      first: Chunk) -> AsyncIterator[bytes]:
+        try:
+            yield sse(_body(rid, first.text, first.token_ids,
+                            first.logprobs if logprobs else None, first))
+            async for _, c in streams:
+                yield sse(_body(rid, c.text, c.token_ids, c.logprobs if logprobs else None, c))
+        except Exception as e:  # the response has started: the error is the last event
+            log.warning("stream %s ended with an error: %r", rid, e)
+            yield sse(api_error(e).body())
+        finally:
+            await streams.aclose()
+        yield DONE
+
+
+def _body(rid: str, text: str, ids: list[int], logprobs: list[float] | None,
+          last: Chunk) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": rid, "text": text, "output_ids": ids, "finish_reason": last.finish_reason,
+        "usage": {"prompt_tokens": last.prompt_tokens,
+                  "completion_tokens": last.completion_tokens,
+                  "cached_tokens": last.cached_tokens}}
+    if logprobs is not None:
+        body["logprobs"] = logprobs
+    return body

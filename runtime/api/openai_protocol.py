@@ -1,0 +1,284 @@
+"""OpenAI-compatible request and response schemas (msgspec), and the error JSON.
+
+Requests decode straight from the body: a field of the wrong type fails with a message
+naming it (`Expected `float | null`, got `str` - at `$.temperature``); unknown fields are
+ignored, as clients send extras. `to_params` turns the sampling fields into
+`SamplingParams`, rejecting what Sluice does not do rather than silently ignoring it.
+Sluice extensions (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `priority`,
+`stop_token_ids`, `skip_special_tokens`) go in the body; the `openai` client sends them
+with `extra_body={...}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from runtime.api.errors import EngineDeadError, Overloaded, ServerError
+from runtime.messages import InvalidRequest, SamplingParams
+
+MAX_N = 16  # choices per request (each runs as its own request)
+
+
+class ApiError(Exception):
+    """An error answered as OpenAI error JSON with an HTTP status."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = (
+            status, message, type_, code, param)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def api_error(exc: Exception) -> ApiError:
+    """The HTTP status and OpenAI error of an exception raised while serving a request."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, InvalidRequest):
+        return ApiError(400, str(exc))
+    if isinstance(exc, Overloaded):
+        return ApiError(429, str(exc), "rate_limit_error", "server_overloaded")
+    if isinstance(exc, EngineDeadError):
+        return ApiError(503, str(exc), "server_error", "engine_dead")
+    if isinstance(exc, ServerError):
+        return ApiError(500, str(exc), "server_error")
+    return ApiError(500, f"internal error: {exc!r}", "server_error")
+
+
+# ---------------------------------------------------------------- requests
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool = False
+
+
+class _SamplingRequest(msgspec.Struct, kw_only=True):
+    """Fields shared by completions and chat completions."""
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    user: str | None = None  # accepted for compatibility; not used
+    logit_bias: dict[str, float] | None = None  # rejected unless empty
+    # Sluice extensions
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    priority: int = 0
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_SamplingRequest, kw_only=True):
+    """`POST /v1/completions`."""
+
+    prompt: str | list[Any]  # a string, token ids, or a list of either
+    logprobs: int | None = None  # 0: chosen-token logprobs (no alternatives)
+    echo: bool = False  # rejected if true
+    suffix: str | None = None  # rejected
+    best_of: int | None = None  # rejected beyond 1
+
+
+class ContentPart(msgspec.Struct, kw_only=True):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(msgspec.Struct, kw_only=True):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_SamplingRequest, kw_only=True):
+    """`POST /v1/chat/completions`."""
+
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None  # preferred over max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = None  # only 0: alternatives are not computed
+    tools: list[Any] | None = None  # rejected unless empty
+    response_format: dict[str, Any] | None = None  # only {"type": "text"}
+
+
+def decode_request(body: bytes, typ: type[msgspec.Struct]) -> Any:
+    """Decode a JSON body into `typ`; raise `ApiError(400)` naming what is wrong."""
+    try:
+        return msgspec.json.decode(body, type=typ)
+    except msgspec.ValidationError as e:
+        raise ApiError(400, f"invalid request: {e}") from None
+    except msgspec.DecodeError as e:
+        raise ApiError(400, f"malformed JSON body: {e}") from None
+
+
+def prompt_list(prompt: str | list[Any]) -> list[str | list[int]]:
+    """The prompts of a completions request: a string, token ids, or a list of either."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(_is_token(t) for t in prompt):
+        return [prompt]
+    if prompt and all(isinstance(p, str) or (isinstance(p, list) and all(_is_token(t) for t in p))
+                      for p in prompt):
+        return list(prompt)
+    raise ApiError(400, "prompt must be a non-empty string, a list of token ids, or a list of "
+                        "strings or token id lists", param="prompt")
+
+
+def _is_token(t: object) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
+
+
+def to_params(req: _SamplingRequest, max_tokens: int) -> SamplingParams:
+    """The sampling parameters of one choice (validated by the TokenizerManager)."""
+    if not 1 <= req.n <= MAX_N:
+        raise ApiError(400, f"n must be between 1 and {MAX_N}, got {req.n}", param="n")
+    if max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}",
+                       param="max_tokens")
+    if req.logit_bias:
+        raise ApiError(400, "logit_bias is not supported", param="logit_bias")
+    if req.stream_options is not None and not req.stream:
+        raise ApiError(400, "stream_options is only allowed with stream=true",
+                       param="stream_options")
+    given = {name: getattr(req, name) for name in (
+        "temperature", "top_p", "seed", "frequency_penalty", "presence_penalty", "top_k",
+        "min_p", "repetition_penalty", "stop_token_ids")}
+    fields = {k: v for k, v in given.items() if v is not None}
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    params = SamplingParams(max_tokens=max_tokens, stop=stop, ignore_eos=req.ignore_eos,
+                            priority=req.priority, skip_special_tokens=req.skip_special_tokens,
+                            **fields)
+    try:
+        params.validate()
+    except InvalidRequest as e:
+        raise ApiError(400, str(e)) from None
+    return params
+
+
+def check_completion(req: CompletionRequest) -> None:
+    """Reject completions fields Sluice does not implement."""
+    if req.echo:
+        raise ApiError(400, "echo is not supported", param="echo")
+    if req.suffix:
+        raise ApiError(400, "suffix is not supported", param="suffix")
+    if req.best_of not in (None, 1):
+        raise ApiError(400, "best_of is not supported; use n", param="best_of")
+    if req.logprobs not in (None, 0):
+        raise ApiError(400, "only the chosen tokens' logprobs are returned: set logprobs=0 "
+                            "(top alternatives are not computed)", param="logprobs")
+
+
+def check_chat(req: ChatCompletionRequest) -> None:
+    """Reject chat fields Sluice does not implement."""
+    if req.tools:
+        raise ApiError(400, "tools are not supported", param="tools")
+    if req.response_format not in (None, {"type": "text"}):
+        raise ApiError(400, "response_format other than {\"type\": \"text\"} is not supported",
+                       param="response_format")
+    if req.top_logprobs:
+        raise ApiError(400, "top_logprobs > 0 is not supported: logprobs=true returns the "
+                            "chosen tokens' logprobs only", param="top_logprobs")
+    if not req.messages:
+        raise ApiError(400, "messages must not be empty", param="messages")
+
+
+# ---------------------------------------------------------------- responses
+class Usage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int] | None = None  # {"cached_tokens": n}
+
+
+class CompletionLogprobs(msgspec.Struct, kw_only=True):
+    tokens: list[str]
+    token_logprobs: list[float]
+    text_offset: list[int]
+    top_logprobs: None = None
+
+
+class CompletionChoice(msgspec.Struct, kw_only=True):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class CompletionResponse(msgspec.Struct, kw_only=True):
+    """A completions response, or (object "text_completion", streamed) one of its chunks."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    object: str = "text_completion"
+    usage: Usage | None = None
+
+
+class TokenLogprob(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[Any] = []
+
+
+class ChatLogprobs(msgspec.Struct, kw_only=True):
+    content: list[TokenLogprob]
+
+
+class AssistantMessage(msgspec.Struct, kw_only=True):
+    content: str
+    role: str = "assistant"
+
+
+class ChatChoice(msgspec.Struct, kw_only=True):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionResponse(msgspec.Struct, kw_only=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    object: str = "chat.completion"
+
+
+class ChatDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatStreamChoice(msgspec.Struct, kw_only=True):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(msgspec.Struct, kw_only=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatStreamChoice]
+    object: str = "chat.completion.chunk"
+    usage: Usage | None = None

@@ -1,0 +1,29 @@
+"""Build a Scheduler for any KV mode exactly as the scheduler process does, plus a fake worker."""
+
+from __future__ import annotations
+
+import tempfile
+
+from runtime.config import ServerConfig
+from runtime.messages import WorkerReady
+from runtime.scheduler.loop import build_scheduler
+from runtime.scheduler.scheduler import Scheduler
+from tests.scheduler.fake_worker import FakeWorker
+
+
+def build_mode(kv: str, num_slots: int = 4096, rows: int = 80, max_context: int = 512,
+               **options) -> tuple[Scheduler, FakeWorker]:
+    """`options` are ServerConfig fields (chunk_size, block_size, overlap, reserve, ...)."""
+    cfg = ServerConfig(kv=kv, ipc_dir=tempfile.gettempdir(), **options)
+    ready = WorkerReady(kv_slots=num_slots, max_rows=rows, max_context=max_context,
+                        kv_bytes_per_token=0, device="cpu")
+    return build_scheduler(cfg, ready, max_context), FakeWorker(num_slots, rows, max_context)
+
+
+def no_eos(reqs: list, max_tokens: int) -> list:
+    """The same prompts, each generating exactly `max_tokens` (no stop ids)."""
+    out = []
+    for r in reqs:
+        r.params.max_tokens, r.params.ignore_eos, r.stop_ids = max_tokens, True, []
+        out.append(r)
+    return out
