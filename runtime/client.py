@@ -28,10 +28,13 @@ from runtime.api.chunk import join_chunks
 from runtime.api.errors import Overloaded, ServerError, ServerTimeout
 from runtime.messages import (
     InvalidRequest,
+    ModelInfo,
     RpcAbort,
     RpcChunk,
     RpcError,
     RpcGenerate,
+    RpcGetModelInfo,
+    RpcModelInfo,
     RpcOutput,
     SamplingParams,
 )
@@ -63,6 +66,20 @@ class Client:
         req = _request(prompt, sampling)
         chunks = self._stream(req)
         return chunks if stream else join_chunks(req.rid, list(chunks))
+
+    def model_info(self) -> ModelInfo:
+        """The served model's name, context length and chat role markers."""
+        rid = uuid.uuid4().hex
+        self._inbox[rid] = deque()
+        try:
+            try:
+                self._sock.send(self._enc.encode(RpcGetModelInfo(rid)))
+            except zmq.Again:
+                raise ServerTimeout(f"could not send to {self.addr} in {self.timeout} s") \
+                    from None
+            return _info(self._recv(rid))
+        finally:
+            del self._inbox[rid]
 
     def _stream(self, req: RpcGenerate) -> Iterator[RpcChunk]:
         self._inbox[req.rid] = deque()
@@ -128,6 +145,25 @@ class AsyncClient:
         chunks = self._stream(req)
         return chunks if stream else join_chunks(req.rid, [c async for c in chunks])
 
+    async def model_info(self) -> ModelInfo:
+        """The served model's name, context length and chat role markers."""
+        if self._reader is None:
+            self._reader = asyncio.create_task(self._read())
+        rid = uuid.uuid4().hex
+        inbox: asyncio.Queue[RpcOutput | ServerError] = asyncio.Queue()
+        self._inbox[rid] = inbox
+        try:
+            self._send_nowait(RpcGetModelInfo(rid))
+            try:
+                msg = await asyncio.wait_for(inbox.get(), self.timeout)
+            except asyncio.TimeoutError:
+                raise ServerTimeout(f"no reply from {self.addr} in {self.timeout} s") from None
+            if isinstance(msg, ServerError):
+                raise msg
+            return _info(msg)
+        finally:
+            del self._inbox[rid]
+
     async def _stream(self, req: RpcGenerate) -> AsyncIterator[RpcChunk]:
         if self._reader is None:
             self._reader = asyncio.create_task(self._read())
@@ -155,7 +191,7 @@ class AsyncClient:
                 with contextlib.suppress(zmq.Again):
                     self._send_nowait(RpcAbort(req.rid))
 
-    def _send_nowait(self, msg: RpcGenerate | RpcAbort) -> None:
+    def _send_nowait(self, msg: RpcGenerate | RpcAbort | RpcGetModelInfo) -> None:
         """Send at once (pyzmq returns a finished future); zmq.Again if the queue is full."""
         self._sock.send(self._enc.encode(msg), zmq.NOBLOCK).result()
 
@@ -218,6 +254,13 @@ def _decode(dec: msgspec.msgpack.Decoder, frame: bytes) -> RpcOutput:
         return dec.decode(frame)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise ServerError(f"undecodable reply from the server: {e}") from None
+
+
+def _info(msg: RpcOutput) -> ModelInfo:
+    if not isinstance(msg, RpcModelInfo):
+        _check(msg)  # raises the server's error
+        raise ServerError(f"unexpected reply to a model info request: {msg!r}")
+    return msg.info
 
 
 def _check(msg: RpcOutput) -> RpcChunk:

@@ -14,7 +14,7 @@ from runtime.api.chunk import Chunk
 from runtime.api.loop_thread import LoopThread
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ServerConfig
-from runtime.messages import SamplingParams, SchedulerStats
+from runtime.messages import ModelInfo, SamplingParams, SchedulerStats
 from runtime.model_config import resolve_model
 from runtime.process_group import ProcessGroup
 
@@ -33,6 +33,8 @@ class RequestOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    input_logprobs: list[float] = field(default_factory=list)  # see SamplingParams
+    input_token_ids: list[int] = field(default_factory=list)  # the prompt tokens scored
 
 
 class Engine:
@@ -88,12 +90,18 @@ class Engine:
             rid=last.rid, text="".join(c.text for c in chunks),
             token_ids=[t for c in chunks for t in c.token_ids], finish_reason=last.finish_reason,
             logprobs=[p for c in chunks for p in c.logprobs], prompt_tokens=last.prompt_tokens,
-            completion_tokens=last.completion_tokens, cached_tokens=last.cached_tokens)
+            completion_tokens=last.completion_tokens, cached_tokens=last.cached_tokens,
+            input_logprobs=[p for c in chunks for p in c.input_logprobs],
+            input_token_ids=[t for c in chunks for t in c.input_token_ids])
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[Chunk]:
         """Yield a request's output as it is produced; breaking out aborts the request."""
         params = params if params is not None else SamplingParams()
         return self._loop.iterate(self._tm.generate(prompt, _copy(params)))
+
+    def model_info(self) -> ModelInfo:
+        """The model's name, context length and chat role markers."""
+        return self._tm.model_info()
 
     def stats(self) -> SchedulerStats:
         """The scheduler's queues and KV pool right now (allocator invariant checked)."""

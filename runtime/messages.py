@@ -6,7 +6,10 @@ Channels (each a tagged union, decoded by `runtime.ipc`):
   scheduler -> worker   `WorkerInput`     = BatchPlan | Shutdown
   worker -> scheduler   `WorkerOutput`    = StepResult | WorkerReady | WorkerFailed
   any -> supervisor     `Ready`
-  RPC client <-> api    `RpcInput` = RpcGenerate | RpcAbort ; `RpcOutput` = RpcChunk | RpcError
+  RPC client <-> api    `RpcInput` = RpcGenerate | RpcAbort | RpcGetModelInfo ;
+                        `RpcOutput` = RpcChunk | RpcError | RpcModelInfo
+
+Structs are array-like on the wire: new fields are only ever appended, with defaults.
 """
 
 from __future__ import annotations
@@ -40,6 +43,12 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     logprobs: bool = False
     skip_special_tokens: bool = True
     priority: int = 0
+    # Input (prompt) logprobs: the logprob of every prompt token from this position on,
+    # given the tokens before it (-1: off). Position 0 has no logprob (nothing precedes
+    # it): 0 means the same as 1. The prefix cache is not used from here on.
+    logprob_start_len: int = -1
+    # Constrain the output to a full match of this regex (ends with EOS once complete).
+    regex: str | None = None
 
     def validate(self) -> None:
         """Raise `InvalidRequest` naming the first bad field."""
@@ -60,6 +69,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty"),
             (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
              "stop_token_ids must be non-negative ints"),
+            (isinstance(self.logprob_start_len, int) and self.logprob_start_len >= -1,
+             "logprob_start_len must be -1 (off) or >= 0"),
+            (self.regex is None or (isinstance(self.regex, str) and self.regex != ""),
+             "regex must be a non-empty string"),
         ]
         for ok, message in checks:
             if not ok:
@@ -118,6 +131,8 @@ class ReqOut(msgspec.Struct, **_WIRE):
     cached_tokens: int = 0
     error: str | None = None
     queue_time: float = 0.0  # on the first ReqOut: seconds from arrival to first admission
+    # new input logprobs (in prompt order, from `SamplingParams.logprob_start_len` on)
+    input_logprobs: list[float] = []
 
 
 class BatchOut(msgspec.Struct, **_WIRE):
@@ -180,6 +195,10 @@ class BatchPlan(msgspec.Struct, **_WIRE):
     sample: list[bool]
     inits: list[RowInit] = []
     prefix_writes: list[tuple[int, list[int]]] = []  # (row, slots of positions 0..n-1)
+    # (request index i, first position p, targets): return log_softmax(logits at positions
+    # p, p+1, ...) of request i gathered at `targets` (the prompt tokens that follow them);
+    # these positions lie inside request i's new tokens of this step
+    input_logprobs: list[tuple[int, int, list[int]]] = []
 
 
 # ---------------------------------------------------------------- worker -> scheduler
@@ -195,6 +214,7 @@ class StepResult(msgspec.Struct, **_WIRE):
     batch_id: int
     next_ids: list[int]
     logprobs: list[float]
+    input_logprobs: list[list[float]] = []  # one list per BatchPlan.input_logprobs entry
 
 
 class WorkerFailed(msgspec.Struct, **_WIRE):
@@ -221,6 +241,12 @@ class RpcAbort(msgspec.Struct, **_WIRE):
     rid: str
 
 
+class RpcGetModelInfo(msgspec.Struct, **_WIRE):
+    """Ask for the served model's `ModelInfo` (answered with `RpcModelInfo`)."""
+
+    rid: str
+
+
 class RpcChunk(msgspec.Struct, **_WIRE):
     rid: str
     text: str
@@ -230,6 +256,13 @@ class RpcChunk(msgspec.Struct, **_WIRE):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    input_logprobs: list[float] = []  # with logprob_start_len >= 0: prompt token logprobs
+    input_token_ids: list[int] = []  # the prompt tokens `input_logprobs` score
+
+
+class RpcModelInfo(msgspec.Struct, **_WIRE):
+    rid: str
+    info: ModelInfo
 
 
 class RpcError(msgspec.Struct, **_WIRE):
@@ -238,9 +271,32 @@ class RpcError(msgspec.Struct, **_WIRE):
     kind: str = "invalid_request"  # "invalid_request" | "overloaded" | "server_error"
 
 
+# ---------------------------------------------------------------- model info (HTTP and RPC)
+class RoleMarkers(msgspec.Struct, kw_only=True):
+    """Text around one chat message of a role, as the model's chat template renders it.
+
+    A conversation renders as, per message, (`first_prefix` for the first message, else
+    `prefix`) + content + `suffix`; the assistant's `prefix` is the generation prompt.
+    `first_prefix` holds what the template puts before a conversation that starts with
+    this role (a BOS token, a default system message).
+    """
+
+    first_prefix: str
+    prefix: str
+    suffix: str
+
+
+class ModelInfo(msgspec.Struct, kw_only=True):
+    """What a client needs to know about the served model."""
+
+    model: str
+    max_model_len: int
+    chat_roles: dict[str, RoleMarkers] = {}  # "system" | "user" | "assistant"; {}: no template
+
+
 SchedulerInput = GenerateReq | AbortReq | GetStats | Shutdown
 ApiInput = BatchOut | SchedulerStats | ProcessDied
 WorkerInput = BatchPlan | Shutdown
 WorkerOutput = StepResult | WorkerReady | WorkerFailed
-RpcInput = RpcGenerate | RpcAbort
-RpcOutput = RpcChunk | RpcError
+RpcInput = RpcGenerate | RpcAbort | RpcGetModelInfo
+RpcOutput = RpcChunk | RpcError | RpcModelInfo

@@ -17,11 +17,14 @@ from pathlib import Path
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
+# the seeds' 7B shape: MHA, 32 layers, 4096 hidden
+_LLAMA_7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
+                 max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0)
 DUMMY_PRESETS: dict[str, dict] = {
-    # the seeds' 7B shape: MHA, 32 layers, 4096 hidden
-    "llama-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                     num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
-                     max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0),
+    "llama-7b": _LLAMA_7B,
+    # the same weights' shape with a 32k context, for the seeds' long-context claims
+    "llama-7b-32k": dict(_LLAMA_7B, max_position_embeddings=32768),
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                       max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,

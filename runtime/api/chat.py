@@ -1,10 +1,14 @@
-"""Chat messages to prompt token ids, through the model's own chat template."""
+"""Chat messages to prompt token ids, and role markers, from the model's own chat template."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from runtime.api.openai_protocol import ApiError, ChatMessage
+from runtime.messages import RoleMarkers
+
+log = logging.getLogger(__name__)
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -47,3 +51,68 @@ def chat_prompt_ids(tokenizer: Any, messages: list[ChatMessage]) -> list[int]:
         raise ApiError(400, f"the chat template rejected the messages: {e}",
                        param="messages") from None
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+_SENTINELS = {"system": "\x1esluice-system\x1e", "user": "\x1esluice-user\x1e",
+              "assistant": "\x1esluice-assistant\x1e"}
+
+
+def role_markers(tokenizer: Any) -> dict[str, RoleMarkers]:
+    """The chat template split into text before and after each role's content.
+
+    Rendered with placeholder contents: a conversation's text between two contents is
+    the suffix of the first (what the template puts after a final message of that role)
+    followed by the prefix of the next. The split is checked by rebuilding a few
+    renderings; a template that does not decompose this way gives {} (no role markers).
+    """
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return {}
+    sys_, user, asst = (_SENTINELS[r] for r in ("system", "user", "assistant"))
+
+    def render(*turns: tuple[str, str], gen: bool = False) -> str:
+        msgs = [{"role": role, "content": _SENTINELS[role] if text is None else text}
+                for role, text in turns]
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+
+    try:
+        full = render(("system", None), ("user", None), ("assistant", None))
+        before_sys, rest = full.split(sys_)
+        sys_to_user, rest = rest.split(user)
+        user_to_asst, after_asst = rest.split(asst)
+        suffix = {"system": render(("system", None)).split(sys_)[1],
+                  "user": render(("system", None), ("user", None)).split(user)[1],
+                  "assistant": after_asst}
+        prefix = {"user": _drop_start(sys_to_user, suffix["system"]),
+                  "assistant": _drop_start(user_to_asst, suffix["user"])}
+        first = {"system": before_sys, "user": render(("user", None)).split(user)[0]}
+        gen_prompt = render(("system", None), ("user", None), gen=True)
+    except Exception as e:  # the template refuses these conversations or drops contents
+        log.warning("chat template not split into role markers: %r", e)
+        return {}
+    prefix["system"] = before_sys  # a later system message: rare, taken as the first
+    try:
+        first["assistant"] = render(("assistant", None)).split(asst)[0]
+    except Exception:  # templates that insist on a user turn first
+        first["assistant"] = prefix["assistant"]
+    markers = {r: RoleMarkers(first_prefix=first[r], prefix=prefix[r], suffix=suffix[r])
+               for r in ("system", "user", "assistant")}
+
+    def rebuild(roles: list[str]) -> str:
+        text = ""
+        for i, r in enumerate(roles):
+            m = markers[r]
+            text += (m.first_prefix if i == 0 else m.prefix) + _SENTINELS[r] + m.suffix
+        return text
+
+    if (rebuild(["system", "user", "assistant"]) != full
+            or rebuild(["user"]) != render(("user", None))
+            or rebuild(["system", "user"]) + prefix["assistant"] != gen_prompt):
+        log.warning("chat template not split into role markers: the rebuilt text differs")
+        return {}
+    return markers
+
+
+def _drop_start(text: str, start: str) -> str:
+    if not text.startswith(start):
+        raise ValueError(f"{text!r} does not start with {start!r}")
+    return text[len(start):]

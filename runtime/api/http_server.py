@@ -1,4 +1,5 @@
-"""The HTTP front: an OpenAI-compatible API, `/generate`, `/metrics` and `/health`.
+"""The HTTP front: an OpenAI-compatible API, `/generate`, `/get_model_info`, `/metrics`
+and `/health`.
 
 `build_app` makes the Starlette app over a running TokenizerManager and Monitor (tests
 use it directly); `HttpServer` serves that app with uvicorn on the api process's loop, as
@@ -66,6 +67,7 @@ def build_app(tm: TokenizerManager, cfg: ServerConfig, monitor: Monitor) -> Star
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/models/{model:path}", api.model, methods=["GET"]),
         Route("/generate", api.generate, methods=["POST"]),
+        Route("/get_model_info", api.model_info, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
     ]
@@ -105,6 +107,10 @@ class _Endpoints:
         except ApiError as e:
             return self._error(e)
         return JSONResponse(self._model_card())
+
+    async def model_info(self, request: Request) -> Response:
+        """The model's name, context length and chat role markers (`ModelInfo`)."""
+        return Response(msgspec.json.encode(self.tm.model_info()), media_type="application/json")
 
     async def metrics(self, request: Request) -> Response:
         await self.monitor.refresh(STATS_TIMEOUT_S)

@@ -1,12 +1,16 @@
 """`POST /generate`: Sluice's native endpoint (text or token ids in, JSON or SSE out).
 
 Request: `{"text": str} | {"input_ids": [int]}`, `"sampling_params": {...}` (the fields of
-`SamplingParams`, unknown names rejected), `"stream"`, and the extras `"priority"`,
-`"ignore_eos"`, `"return_logprob"` (these override sampling_params), `"rid"`.
+`SamplingParams`, unknown names rejected: `regex` constrains the output), `"stream"`, and
+the extras `"priority"`, `"ignore_eos"`, `"return_logprob"`, `"logprob_start_len"` (these
+override sampling_params), `"rid"`.
 Response: `{"id", "text", "output_ids", "finish_reason", "usage": {"prompt_tokens",
-"completion_tokens", "cached_tokens"}}` plus `"logprobs"` when asked. Streamed, each
-event carries the same keys with `text` / `output_ids` / `logprobs` as deltas,
-`finish_reason` null until the last, then `data: [DONE]`.
+"completion_tokens", "cached_tokens"}}` plus `"logprobs"` when asked, and with
+`logprob_start_len >= 0` `"input_logprobs"` / `"input_token_ids"`: the logprob of each
+prompt token from that position on (the first token has none) and the tokens scored.
+`max_tokens: 0` only prefills the prompt (caching it, computing input logprobs). Streamed,
+each event carries the same keys with `text` / `output_ids` / `logprobs` /
+`input_logprobs` as deltas, `finish_reason` null until the last, then `data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -18,12 +22,12 @@ from typing import Any
 
 import msgspec
 
-from runtime.api.chunk import Chunk
+from runtime.api.chunk import Chunk, join_chunks
 from runtime.api.openai_protocol import ApiError, api_error
 from runtime.api.openai_serving import DONE, sse
 from runtime.api.streams import EventStream, Guard, MergedStreams, collect, start_streams
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.messages import SamplingParams
+from runtime.messages import RpcChunk, SamplingParams
 
 log = logging.getLogger(__name__)
 _PARAM_NAMES = frozenset(SamplingParams.__struct_fields__)
@@ -38,6 +42,7 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ignore_eos: bool | None = None
     return_logprob: bool = False
     rid: str | None = None
+    logprob_start_len: int | None = None
 
 
 def to_params(req: GenerateRequest) -> SamplingParams:
@@ -55,6 +60,8 @@ def to_params(req: GenerateRequest) -> SamplingParams:
     if req.ignore_eos is not None:
         params.ignore_eos = req.ignore_eos
     params.logprobs = params.logprobs or req.return_logprob
+    if req.logprob_start_len is not None:
+        params.logprob_start_len = req.logprob_start_len
     return params
 
 
@@ -73,23 +80,20 @@ class NativeServing:
         rid = req.rid or uuid.uuid4().hex
         streams, first = await start_streams([self.tm.generate(prompt, params, rid)], guard)
         if req.stream:
-            return EventStream(self._events(rid, params.logprobs, streams, first[1]), streams)
+            return EventStream(self._events(params, streams, first[1]), streams)
         try:
             chunks = [first[1]] + [c for _, c in await guard(collect(streams))]
         finally:
             await streams.aclose()
-        text = "".join(c.text for c in chunks)
-        ids = [t for c in chunks for t in c.token_ids]
-        lps = [p for c in chunks for p in c.logprobs]
-        return _body(rid, text, ids, lps if params.logprobs else None, chunks[-1])
+        return _body(join_chunks(rid, chunks), params)
 
-    async def _events(self, rid: str, logprobs: bool, streams: MergedStreams,
+    async def _events(self, params: SamplingParams, streams: MergedStreams,
                       first: Chunk) -> AsyncIterator[bytes]:
+        rid = first.rid
         try:
-            yield sse(_body(rid, first.text, first.token_ids,
-                            first.logprobs if logprobs else None, first))
+            yield sse(_body(first, params))
             async for _, c in streams:
-                yield sse(_body(rid, c.text, c.token_ids, c.logprobs if logprobs else None, c))
+                yield sse(_body(c, params))
         except Exception as e:  # the response has started: the error is the last event
             log.warning("stream %s ended with an error: %r", rid, e)
             yield sse(api_error(e).body())
@@ -98,13 +102,16 @@ class NativeServing:
         yield DONE
 
 
-def _body(rid: str, text: str, ids: list[int], logprobs: list[float] | None,
-          last: Chunk) -> dict[str, Any]:
+def _body(c: Chunk | RpcChunk, params: SamplingParams) -> dict[str, Any]:
+    """The JSON of a whole response or of one streamed event (`c` holds the deltas)."""
     body: dict[str, Any] = {
-        "id": rid, "text": text, "output_ids": ids, "finish_reason": last.finish_reason,
-        "usage": {"prompt_tokens": last.prompt_tokens,
-                  "completion_tokens": last.completion_tokens,
-                  "cached_tokens": last.cached_tokens}}
-    if logprobs is not None:
-        body["logprobs"] = logprobs
+        "id": c.rid, "text": c.text, "output_ids": c.token_ids,
+        "finish_reason": c.finish_reason,
+        "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+                  "cached_tokens": c.cached_tokens}}
+    if params.logprobs:
+        body["logprobs"] = c.logprobs
+    if params.logprob_start_len >= 0:
+        body["input_logprobs"] = c.input_logprobs
+        body["input_token_ids"] = c.input_token_ids
     return body

@@ -19,13 +19,19 @@ class ReqState:
     `detok` is None for models without a tokenizer (token ids only, empty text).
     """
 
-    def __init__(self, rid: str, detok: IncrementalDetokenizer | None, logprobs: bool) -> None:
+    def __init__(self, rid: str, detok: IncrementalDetokenizer | None, logprobs: bool,
+                 prompt_ids: list[int] | None = None, logprob_start_len: int = -1) -> None:
         self.rid = rid
         self.detok = detok
         self._want_logprobs = logprobs
         self._text: list[str] = []
         self._ids: list[int] = []
         self._logprobs: list[float] = []
+        # input logprobs score prompt tokens from max(logprob_start_len, 1) on, in order
+        self._prompt_ids = prompt_ids or []
+        self._next_scored = min(max(logprob_start_len, 1), len(self._prompt_ids))
+        self._input_logprobs: list[float] = []
+        self._input_ids: list[int] = []
         self.finish_reason: str | None = None
         self.error: BaseException | None = None
         self.prompt_tokens = 0
@@ -45,6 +51,11 @@ class ReqState:
             return False
         if out.prompt_tokens:
             self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
+        if out.input_logprobs:
+            n = len(out.input_logprobs)
+            self._input_logprobs.extend(out.input_logprobs)
+            self._input_ids.extend(self._prompt_ids[self._next_scored:self._next_scored + n])
+            self._next_scored += n
         if self.detok is None:
             text, taken = "", len(out.new_ids)
         else:
@@ -85,11 +96,14 @@ class ReqState:
         if self.error is not None:
             raise self.error
         text = "".join(self._text)
-        if not text and not self._ids and self.finish_reason is None:
+        if (not text and not self._ids and not self._input_logprobs
+                and self.finish_reason is None):
             return None
         chunk = Chunk(self.rid, text, self._ids, self._logprobs, self.finish_reason,
-                      self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+                      self.prompt_tokens, self.completion_tokens, self.cached_tokens,
+                      self._input_logprobs, self._input_ids)
         self._text, self._ids, self._logprobs = [], [], []
+        self._input_logprobs, self._input_ids = [], []
         return chunk
 
     def _finish(self, reason: str) -> None:

@@ -1,7 +1,7 @@
 """`RpcServer`: the native streaming RPC front (ZMQ ROUTER, msgpack `RpcInput`/`RpcOutput`).
 
-Each DEALER client sends `RpcGenerate` / `RpcAbort`; replies carry the client's rid, so
-one client can multiplex many requests. A request runs as one task over
+Each DEALER client sends `RpcGenerate` / `RpcAbort` / `RpcGetModelInfo`; replies carry
+the client's rid, so one client can multiplex many requests. A request runs as one task over
 `TokenizerManager.generate`; `RpcAbort` cancels that task, which aborts the request in
 the scheduler. ROUTER_MANDATORY makes a send to a disconnected client fail, which we
 treat like an abort.
@@ -25,7 +25,9 @@ from runtime.messages import (
     RpcAbort,
     RpcError,
     RpcGenerate,
+    RpcGetModelInfo,
     RpcInput,
+    RpcModelInfo,
     RpcOutput,
 )
 
@@ -95,6 +97,9 @@ class RpcServer:
             self._reply(identity, RpcError(_guess_rid(frames[1]), f"malformed message: {e}"))
             return
         key = (identity, msg.rid)
+        if isinstance(msg, RpcGetModelInfo):
+            self._reply(identity, RpcModelInfo(msg.rid, self.tm.model_info()))
+            return
         if isinstance(msg, RpcAbort):
             if (task := self._tasks.get(key)) is not None:
                 task.cancel()

@@ -19,12 +19,14 @@ import msgspec
 import zmq.asyncio
 
 from runtime.api.aio_queue import AsyncPullQueue, AsyncPushQueue
+from runtime.api.chat import role_markers
 from runtime.api.chunk import Chunk
 from runtime.api.detokenize import IncrementalDetokenizer
 from runtime.api.errors import EngineDeadError, Overloaded, RequestFailed
 from runtime.api.req_state import ReqState
 from runtime.api.timing import RequestTimings
 from runtime.config import ServerConfig
+from runtime.grammar import check_regex
 from runtime.messages import (
     AbortReq,
     ApiInput,
@@ -32,6 +34,7 @@ from runtime.messages import (
     GenerateReq,
     GetStats,
     InvalidRequest,
+    ModelInfo,
     ProcessDied,
     SamplingParams,
     SchedulerInput,
@@ -71,6 +74,7 @@ class TokenizerManager:
         self._stats_waiters: dict[int, asyncio.Future] = {}
         self._stats_token = 0
         self.timings = RequestTimings()  # per-request timings; listeners get each record
+        self._model_info: ModelInfo | None = None
 
     async def start(self) -> None:
         """Connect to the scheduler (`sched_in`), bind `api_in`, start the receive loop."""
@@ -124,7 +128,7 @@ class TokenizerManager:
         if self.tokenizer is not None:
             detok = IncrementalDetokenizer(self.tokenizer, input_ids,
                                            params.skip_special_tokens, params.stop)
-        state = ReqState(rid, detok, params.logprobs)
+        state = ReqState(rid, detok, params.logprobs, input_ids, params.logprob_start_len)
         self._reqs[rid] = state
         self.timings.start(rid, arrival)
         try:
@@ -145,6 +149,13 @@ class TokenizerManager:
                 self._sched.put(AbortReq(rid))  # consumer gone: free the KV now
             outcome = "error" if state.error is not None else state.finish_reason or "abort"
             self.timings.finish(rid, outcome, state.completion_tokens)
+
+    def model_info(self) -> ModelInfo:
+        """The served model's name, context length and chat role markers."""
+        if self._model_info is None:
+            self._model_info = ModelInfo(model=self.cfg.model, max_model_len=self.context_len,
+                                         chat_roles=role_markers(self.tokenizer))
+        return self._model_info
 
     async def scheduler_stats(self) -> SchedulerStats:
         """Ask the scheduler for a snapshot of its queues and KV pool."""
@@ -220,6 +231,11 @@ class TokenizerManager:
         if params.stop and self.tokenizer is None:
             raise InvalidRequest(f"model {self.spec.name!r} has no tokenizer: "
                                  "stop strings are unsupported (use stop_token_ids)")
+        if params.regex is not None:
+            if self.tokenizer is None:
+                raise InvalidRequest(f"model {self.spec.name!r} has no tokenizer: "
+                                     "regex constraints are unsupported")
+            check_regex(params.regex)
         n, limit = len(ids), self.context_len
         if n > limit - 1:
             raise InvalidRequest(f"prompt is {n} tokens; this model takes at most {limit - 1} "
@@ -232,7 +248,8 @@ class TokenizerManager:
 
     def _stop_ids(self, params: SamplingParams) -> list[int]:
         ids = list(params.stop_token_ids)
-        if not params.ignore_eos:
+        # under a regex, EOS is only allowed once the match is complete: it always ends it
+        if not params.ignore_eos or params.regex is not None:
             ids += [e for e in self.spec.eos_token_ids if e not in ids]
         return ids
 

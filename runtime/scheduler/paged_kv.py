@@ -88,12 +88,12 @@ class PagedKV:
 
     # ------------------------------------------------------------------ lifecycle
     def admit(self, req: Req) -> bool:
-        """A row and the longest cached run of full blocks of the first known_len - 1
-        tokens (at least one token is left to compute)."""
+        """A row and the longest cached run of full blocks of the first
+        `req.max_prefix_len` tokens (at least one token is left to compute)."""
         row = self.rows.alloc()
         if row is None:
             return False
-        key_len = req.known_len - 1
+        key_len = req.max_prefix_len
         table = BlockTable(req, hashes=chain_block_hashes(req.tokens(0, key_len), self.block_size))
         hits = self.pool.match_prefix(table.hashes, key_len)
         self.pool.touch(hits)

@@ -40,6 +40,13 @@ class Req:
         self.sent = 0  # output ids already streamed to the api
         self.sent_header = False  # prompt/cached token counts sent
         self.retractions = 0
+        n = len(self.prompt_ids)
+        self.logprob_end = n - 1  # the last prompt position's logits sample the first output
+        start = self.params.logprob_start_len
+        # the first prompt token scored is max(start, 1): position 0 has no prefix
+        self.logprob_next = min(max(start, 1), n) - 1 if start >= 0 else self.logprob_end
+        self.input_logprobs: list[float] = []
+        self.sent_input = 0  # input logprobs already sent to the api
         self._reset_kv()
 
     def _reset_kv(self) -> None:
@@ -72,6 +79,30 @@ class Req:
         if end <= n:
             return self.prompt_ids[start:end]
         return (self.prompt_ids + self.output_ids)[start:end]
+
+    @property
+    def max_prefix_len(self) -> int:
+        """How many leading positions the prefix cache may serve: never the last known
+        token (one must be computed), nor a position whose input logprob is still due."""
+        if self.logprob_next >= self.logprob_end:  # none asked, or all delivered
+            return self.known_len - 1
+        return min(self.known_len - 1, self.logprob_next)
+
+    @property
+    def prefill_only(self) -> bool:
+        """`max_tokens == 0`: compute the prompt's KV (and input logprobs), sample nothing."""
+        return self.params.max_tokens == 0
+
+    def take_logprob_targets(self, start: int, end: int) -> tuple[int, list[int]] | None:
+        """For a step computing positions [start, end): the first position whose logits
+        give input logprobs and the prompt tokens they score, or None. Advances
+        `logprob_next` (the step is planned)."""
+        first, last = max(start, self.logprob_next), min(end, self.logprob_end)
+        if first >= last:
+            return None
+        assert first == self.logprob_next, (self, start, self.logprob_next)
+        self.logprob_next = last
+        return first, self.prompt_ids[first + 1:last + 1]
 
     @property
     def in_prefill(self) -> bool:

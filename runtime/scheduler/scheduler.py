@@ -66,12 +66,7 @@ class Scheduler:
         if self.degraded:
             req.params.max_tokens = min(req.params.max_tokens, self.degrade_max_tokens)
         self.reqs[req.rid] = req
-        if req.params.max_tokens == 0:
-            req.finish("length")
-            self._emit(req)
-            self._drop(req)
-            return
-        self.waiting.append(req)
+        self.waiting.append(req)  # max_tokens == 0 too: prefill only (cache, input logprobs)
 
     def abort(self, rid: str, reason: str = "abort") -> None:
         """Finish a request now; `reason == "stop"` means the api already answered the client."""
@@ -115,7 +110,9 @@ class Scheduler:
     def plan(self) -> BatchPlan | None:
         """The next step, or None (nothing to run, or retraction must wait for a drain)."""
         self.running = [r for r in self.running if not r.finished]
-        decode = [r for r in self.running if not r.in_prefill and r.remaining_tokens > 0]
+        # a prefill-only request whose last chunk left one position joins as a decode
+        decode = [r for r in self.running if not r.in_prefill and (
+            r.remaining_tokens > 0 or (r.prefill_only and r.kv_len < r.known_len))]
         if not self._reserve_decode(decode):
             return None
         batch = Batch(self.next_batch_id)
@@ -185,6 +182,13 @@ class Scheduler:
         assert batch.batch_id == res.batch_id, (batch.batch_id, res.batch_id)
         assert len(res.next_ids) == len(batch.sampled)
         self.completed_batch_id = batch.batch_id
+        for req, lps in zip(batch.logprob_reqs, res.input_logprobs):
+            req.input_logprobs.extend(lps)
+        for req in batch.prefilled:
+            if not req.finished:
+                req.finish("length")
+                self._emit(req)
+                self._finish_running(req)
         for req, tok, lp in zip(batch.sampled, res.next_ids, res.logprobs):
             was_finished = req.finished
             req.append_output(tok, lp)
@@ -232,10 +236,13 @@ class Scheduler:
         new = req.output_ids[req.sent:]
         lps = req.logprobs[req.sent:] if req.params.logprobs else []
         req.sent = len(req.output_ids)
+        input_lps = req.input_logprobs[req.sent_input:]
+        req.sent_input = len(req.input_logprobs)
         reason = req.finish_reason if req.finished and not req.silent_finish else None
-        if not new and reason is None and req.sent_header:
+        if not new and not input_lps and reason is None and req.sent_header:
             return
-        out = ReqOut(rid=req.rid, new_ids=new, logprobs=lps, finish_reason=reason, error=error)
+        out = ReqOut(rid=req.rid, new_ids=new, logprobs=lps, finish_reason=reason, error=error,
+                     input_logprobs=input_lps)
         if not req.sent_header:
             out.prompt_tokens, out.cached_tokens = len(req.prompt_ids), req.cached_len
             if req.scheduled_at is not None:

@@ -48,11 +48,12 @@ class TokenKV:
 
     # ------------------------------------------------------------------ lifecycle
     def admit(self, req: Req) -> bool:
-        """Give `req` a row and its longest cached prefix (at least one token left to compute)."""
+        """Give `req` a row and its longest cached prefix of at most `req.max_prefix_len`
+        tokens (at least one token left to compute, input logprobs recomputed)."""
         row = self.rows.alloc()
         if row is None:
             return False
-        key = req.tokens(0, req.known_len - 1)
+        key = req.tokens(0, req.max_prefix_len)
         slots, node = self.cache.match_prefix(key)
         self.cache.inc_lock(node)
         req.row, req.cache_node = row, node

@@ -31,7 +31,9 @@ class TorchAttention:
     """Reference backend in plain torch (CPU and GPU): gather K/V by slot, then SDPA.
 
     Decode batches run as one padded SDPA call (padding points at slot 0 and is masked);
-    extend batches loop over sequences, with the query offset by the cached prefix.
+    extend batches loop over sequences, with the query offset by the cached prefix. K/V read
+    from the pool are dequantized to q's dtype; like the Triton extend kernel, an extend step
+    takes its new tokens' K/V as computed and only the cached prefix from the pool.
     """
 
     def __init__(self, pool: KVPool) -> None:
@@ -42,7 +44,7 @@ class TorchAttention:
         self.pool.store(layer_id, fb.out_slots, k, v)
         if fb.is_decode:
             return self._decode(layer_id, q, fb)
-        return self._extend(layer_id, q, fb)
+        return self._extend(layer_id, q, k, v, fb)
 
     @staticmethod
     def _decode_table(fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,15 +62,15 @@ class TorchAttention:
         kv_heads = self.pool.kv_heads
         # the G query heads sharing one KV head ride in SDPA's query-length dim: no K/V copy
         qg = q.reshape(batch, kv_heads, q_heads // kv_heads, head_dim)  # [B, Hkv, G, D]
-        kg = self.pool.k[layer_id][slots].transpose(1, 2).to(q.dtype)  # [B, Hkv, L, D]
-        vg = self.pool.v[layer_id][slots].transpose(1, 2).to(q.dtype)  # [B, Hkv, L, D]
+        kc, vc = self.pool.gather(layer_id, slots, q.dtype)  # [B, L, Hkv, D] x2
+        kg, vg = kc.transpose(1, 2), vc.transpose(1, 2)  # [B, Hkv, L, D] x2
         mask = valid[:, None, None, :]  # [B, 1, 1, L]
         out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask)  # [B, Hkv, G, D]
         return out.reshape(batch, q_heads, head_dim)  # [B, Hq, D]
 
-    def _extend(self, layer_id: int, q: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+    def _extend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                fb: ForwardBatch) -> torch.Tensor:
         out = torch.empty_like(q)  # [T, Hq, D]
-        k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]  # [slots, Hkv, D]
         group = q.shape[1] // self.pool.kv_heads
         q_starts = accumulate(fb.extend_lens_cpu, initial=0)
         kv_starts = accumulate(fb.seq_lens_cpu, initial=0)
@@ -76,10 +78,13 @@ class TorchAttention:
                                                 fb.seq_lens_cpu, fb.prefix_lens_cpu):
             if n == 0:
                 continue
-            slots = fb.kv_indices[kv0:kv0 + seq_len]  # [L]
+            k_pre, v_pre = self.pool.gather(layer_id, fb.kv_indices[kv0:kv0 + prefix],
+                                            q.dtype)  # [P, Hkv, D] x2
+            ki = torch.cat([k_pre, k[q0:q0 + n].to(q.dtype)])  # [L, Hkv, D]
+            vi = torch.cat([v_pre, v[q0:q0 + n].to(q.dtype)])  # [L, Hkv, D]
             # K/V repeated per query head (not enable_gqa) so fused SDPA kernels stay eligible
-            ki = k_cache[slots].to(q.dtype).repeat_interleave(group, dim=1)  # [L, Hq, D]
-            vi = v_cache[slots].to(q.dtype).repeat_interleave(group, dim=1)  # [L, Hq, D]
+            ki = ki.repeat_interleave(group, dim=1)  # [L, Hq, D]
+            vi = vi.repeat_interleave(group, dim=1)  # [L, Hq, D]
             qi = q[q0:q0 + n].transpose(0, 1)[None]  # [1, Hq, n, D]
             ki, vi = ki.transpose(0, 1)[None], vi.transpose(0, 1)[None]  # [1, Hq, L, D] x2
             if prefix == 0:

@@ -18,7 +18,9 @@ class TritonAttention:
 
     Decode reads every position through `kv_indices`; extend reads the cached prefix
     through `kv_indices` and the new tokens straight from k/v. Same interface as
-    `TorchAttention`, so the model does not know which one runs.
+    `TorchAttention`, so the model does not know which one runs. A quantized pool
+    (fp8/int8) passes its per-(slot, head) scales to all three kernels: `store_kv` quantizes,
+    the attention kernels dequantize on load (the new tokens of an extend are read unquantized).
     """
 
     def __init__(self, pool: KVPool) -> None:
@@ -30,12 +32,16 @@ class TritonAttention:
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 fb: ForwardBatch) -> torch.Tensor:
         k_buf, v_buf = self.pool.k[layer_id], self.pool.v[layer_id]  # [slots, Hkv, D]
-        store_kv(k, v, k_buf, v_buf, fb.out_slots)
+        k_scale, v_scale = self.pool.scales(layer_id)  # [slots, Hkv] f32, or None x2
+        k, v = k.contiguous(), v.contiguous()  # views of the fused QKV output otherwise
+        store_kv(k, v, k_buf, v_buf, fb.out_slots, k_scale=k_scale, v_scale=v_scale)
         if fb.is_decode:
             splits = fb.decode_splits or decode_num_splits(
                 fb.batch_size, self.pool.kv_heads, max(fb.seq_lens_cpu), self.num_sms)
             return decode_attention(q, k_buf, v_buf, fb.kv_indptr, fb.kv_indices, fb.seq_lens,
-                                    1, self.sm_scale, num_splits=splits)  # [B, Hq, D]
+                                    1, self.sm_scale, k_scale=k_scale, v_scale=v_scale,
+                                    num_splits=splits)  # [B, Hq, D]
         return extend_attention(q, k, v, k_buf, v_buf, fb.qo_indptr, fb.prefix_lens,
                                 fb.kv_indptr, fb.kv_indices, 1, self.sm_scale,
+                                k_scale=k_scale, v_scale=v_scale,
                                 max_new_len=max(fb.extend_lens_cpu))  # [T, Hq, D]

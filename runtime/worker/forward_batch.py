@@ -25,7 +25,9 @@ class ForwardBatch:
     kv_indices: torch.Tensor  # [sum(seq_lens)] int64
     seq_lens: torch.Tensor  # [B] int32, prefix + new
     prefix_lens: torch.Tensor  # [B] int32
-    sample_idx: torch.Tensor  # [S] int64, indices into T whose logits are returned
+    # [S + L] int64: indices into T whose logits are returned, the S sampled tokens first,
+    # then the L positions whose input logprobs were asked (BatchPlan.input_logprobs)
+    sample_idx: torch.Tensor
     is_decode: bool  # every sequence has exactly one new token
     # host copies for loops that need Python ints (torch attention path)
     seq_lens_cpu: list[int]

@@ -2,18 +2,39 @@
 
 The scheduler owns which slot holds which token; the worker only owns the tensors. Slot 0
 is a padding sink: it is never a real token, so batched gathers may point padding at it.
+
+`kv_dtype` "fp8" (float8_e4m3fn) or "int8" quantizes the pool: each (slot, kv_head) row of
+head_dim values keeps one float32 scale beside it (`k_scale`, `v_scale`), with the math of
+`kernels.store_kv` (`quantize_ref` here, the `store_kv` kernel on the GPU path), and readers
+dequantize on load. "auto" stores K/V in the model's dtype, unscaled.
 """
 
 from __future__ import annotations
 
 import torch
 
+from kernels.store_kv import QUANT_MAX, dequantize_ref, quantize_ref
+
 GiB = 1 << 30
+KV_STORAGE = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}  # kv_dtype -> pool element dtype
+SCALE_DTYPE = torch.float32
+
+
+def kv_storage_dtype(kv_dtype: str, dtype: torch.dtype) -> torch.dtype:
+    """The pool's element dtype: the model's `dtype` for "auto", else float8_e4m3fn / int8."""
+    if kv_dtype == "auto":
+        return dtype
+    if kv_dtype not in KV_STORAGE:
+        raise ValueError(f"kv_dtype must be 'auto' or one of {sorted(KV_STORAGE)}, "
+                         f"got {kv_dtype!r}")
+    return KV_STORAGE[kv_dtype]
 
 
 def kv_bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Bytes one token occupies in the pool: 2 (K and V) x layers x kv_heads x head_dim x bytes."""
-    return 2 * num_layers * kv_heads * head_dim * dtype.itemsize
+    """Bytes one token occupies in a pool of element `dtype`: 2 (K and V) x layers x kv_heads
+    x (head_dim x bytes, plus a float32 scale when `dtype` is a quantized one)."""
+    scale = SCALE_DTYPE.itemsize if dtype in QUANT_MAX else 0
+    return 2 * num_layers * kv_heads * (head_dim * dtype.itemsize + scale)
 
 
 def slots_for_memory(free_bytes: int, bytes_per_token: int, mem_fraction: float,
@@ -39,33 +60,66 @@ def cuda_free_bytes(device: torch.device) -> int:
 
 
 class KVPool:
-    """K and V for every layer: `k[layer]`, `v[layer]` are `[num_slots, kv_heads, head_dim]`."""
+    """K and V for every layer: `k[layer]`, `v[layer]` are `[num_slots, kv_heads, head_dim]`
+    in `self.dtype` (the model's `dtype`, or fp8/int8 for a quantized `kv_dtype`).
+
+    A quantized pool also holds `k_scale[layer]`, `v_scale[layer]` `[num_slots, kv_heads]`
+    float32; an unquantized one has empty scale lists.
+    """
 
     def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str) -> None:
+                 dtype: torch.dtype, device: torch.device | str, kv_dtype: str = "auto") -> None:
         if num_slots < 2:
             raise ValueError(f"num_slots must be >= 2 (slot 0 is padding), got {num_slots}")
         self.num_layers = num_layers
         self.num_slots = num_slots
         self.kv_heads = kv_heads
         self.head_dim = head_dim
-        self.dtype = dtype
+        self.dtype = kv_storage_dtype(kv_dtype, dtype)
+        self.quantized = self.dtype in QUANT_MAX
         # zeros, not empty: padded reads of slot 0 (or a stale slot) must stay finite,
         # because a masked score times a NaN value is still NaN
         shape = (num_slots, kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(num_layers)]
+        # ones: the scale `quantize_ref` gives an all-zero row, so unwritten slots read as 0
+        n_scales = num_layers if self.quantized else 0
+        self.k_scale = [torch.ones(shape[:2], dtype=SCALE_DTYPE, device=device)
+                        for _ in range(n_scales)]
+        self.v_scale = [torch.ones(shape[:2], dtype=SCALE_DTYPE, device=device)
+                        for _ in range(n_scales)]
 
     @property
     def bytes_per_token(self) -> int:
+        """K, V and (when quantized) their scales, over all layers."""
         return kv_bytes_per_token(self.num_layers, self.kv_heads, self.head_dim, self.dtype)
 
     @property
     def total_bytes(self) -> int:
         return self.bytes_per_token * self.num_slots
 
+    def scales(self, layer_id: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Layer `layer_id`'s (k_scale, v_scale) `[num_slots, kv_heads]`, or Nones unquantized."""
+        if not self.quantized:
+            return None, None
+        return self.k_scale[layer_id], self.v_scale[layer_id]
+
     def store(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor) -> None:
-        """Write new tokens' K/V (`[T, kv_heads, head_dim]`) at `slots` (`[T]` int64)."""
-        self.k[layer_id].index_copy_(0, slots, k.to(self.dtype))  # [slots, Hkv, D]
-        self.v[layer_id].index_copy_(0, slots, v.to(self.dtype))  # [slots, Hkv, D]
+        """Write new tokens' K/V (`[T, kv_heads, head_dim]`) at `slots` (`[T]` int64),
+        quantized like `kernels.store_kv` when the pool is."""
+        for x, bufs, scales in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
+            if self.quantized:
+                x, scale = quantize_ref(x, self.dtype)  # [T, Hkv, D], [T, Hkv] f32
+                scales[layer_id].index_put_((slots,), scale)
+            # index_put_, not index_copy_: the CPU has no index_copy_ for float8
+            bufs[layer_id].index_put_((slots,), x.to(self.dtype))  # [slots, Hkv, D]
+
+    def gather(self, layer_id: int, slots: torch.Tensor,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V at `slots` (any shape `[...]`), dequantized to `dtype`: `[..., Hkv, D]` x2."""
+        if not self.quantized:
+            return self.k[layer_id][slots].to(dtype), self.v[layer_id][slots].to(dtype)
+        k = dequantize_ref(self.k[layer_id][slots], self.k_scale[layer_id][slots])  # f32
+        v = dequantize_ref(self.v[layer_id][slots], self.v_scale[layer_id][slots])  # f32
+        return k.to(dtype), v.to(dtype)

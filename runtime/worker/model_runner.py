@@ -15,6 +15,7 @@ from runtime.worker.kv_pool import (
     KVPool,
     cuda_free_bytes,
     kv_bytes_per_token,
+    kv_storage_dtype,
     slots_for_memory,
 )
 from runtime.worker.loader import load_model
@@ -30,24 +31,30 @@ class ModelRunner:
 
     `kv_slots == 0` sizes the pool from free CUDA memory after the weights (`mem_fraction`
     of it, less a reserve for activations), or takes a default on CPU. `kv_slots` tokens
-    fit: the pool holds one more entry, slot 0, the padding sink.
+    fit: the pool holds one more entry, slot 0, the padding sink. `kv_dtype` "fp8" or "int8"
+    quantizes the pool (see `KVPool`); sizing and `kv_bytes_per_token` count the stored
+    bytes, scales included, so a quantized pool fits about twice the fp16/bf16 tokens.
     """
 
     def __init__(self, spec: ModelSpec, device: str | torch.device, dtype: torch.dtype,
                  kv_slots: int, max_rows: int, seed: int = 0,
-                 mem_fraction: float = 0.85, cuda_graph: bool = True) -> None:
+                 mem_fraction: float = 0.85, cuda_graph: bool = True,
+                 kv_dtype: str = "auto") -> None:
         self.device = torch.device(device)
         self.dtype = dtype
         self.model = load_model(spec, self.device, dtype, seed)
         arch = self.model.arch
         self.vocab_size = arch.vocab_size
         self.kv_bytes_per_token = kv_bytes_per_token(arch.num_layers, arch.num_kv_heads,
-                                                     arch.head_dim, dtype)
+                                                     arch.head_dim,
+                                                     kv_storage_dtype(kv_dtype, dtype))
         if kv_slots == 0:
-            kv_slots = self._default_slots(max_rows, mem_fraction)
+            # never more than every row at full context could use
+            kv_slots = min(self._default_slots(max_rows, mem_fraction),
+                           max_rows * spec.max_context)
         self.kv_slots = kv_slots
         self.kv_pool = KVPool(arch.num_layers, kv_slots + 1, arch.num_kv_heads, arch.head_dim,
-                              dtype, self.device)
+                              dtype, self.device, kv_dtype)
         on_gpu = self.device.type == "cuda"
         self.attn = TritonAttention(self.kv_pool) if on_gpu else TorchAttention(self.kv_pool)
         self.sampler = Sampler(max_rows, self.vocab_size, self.device, seed)

@@ -1,7 +1,8 @@
 """Batched sampling with per-row parameters, penalties and per-request seeds.
 
 Each request is bound to a row (`init_row`); a step samples S rows at once, vectorized:
-penalties -> greedy argmax | temperature -> top-k -> top-p -> min-p -> exponential race.
+penalties -> grammar mask -> greedy argmax | temperature -> top-k -> top-p -> min-p ->
+exponential race.
 The race picks argmax(p / E) with E ~ Exp(1), which draws from p without a host sync. A
 seeded row's noise is a counter-based hash of (seed, position, token id), so its samples
 depend only on its own request, never on what else is in the batch.
@@ -101,12 +102,14 @@ class Sampler:
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, rows: list[int] | torch.Tensor,
-               positions: list[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+               positions: list[int] | torch.Tensor,
+               allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample one token per row of `logits` [S, V] float32 for table rows `rows` [S].
 
         `positions` [S] is the position each sampled token will take in its sequence;
-        seeded rows hash it with their seed. Returns ids [S] int64 and their logprobs
-        [S] float32 under the raw logits (before penalties and temperature).
+        seeded rows hash it with their seed. `allowed` [S, V] bool (a grammar's mask; at
+        least one token per row) restricts the choice. Returns ids [S] int64 and their
+        logprobs [S] float32 under the raw logits (before penalties, mask and temperature).
         """
         if isinstance(rows, torch.Tensor):
             rows_t = rows.to(self.device, torch.int64)
@@ -119,6 +122,8 @@ class Sampler:
         x = logits
         if any(p.uses_penalties for p in params):
             x = self.apply_penalties(logits, rows_t)  # [S, V]
+        if allowed is not None:
+            x = x.masked_fill(~allowed, float("-inf"))  # [S, V]
         ids = x.argmax(dim=-1)  # [S] greedy; ties -> lowest index
         sampled = [p for p in params if not p.greedy]
         if sampled:

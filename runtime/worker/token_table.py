@@ -61,14 +61,23 @@ class TokenTable:
             kv_indptr[:-1], seq_t, output_size=n_kv)
         kv_indices = self.req_to_token[kv_row, kv_pos]
         ends = list(itertools.accumulate(ext))
-        sample_idx = self._tensor([e - 1 for e, s in zip(ends, plan.sample) if s])  # [S]
+        logit_rows = [e - 1 for e, s in zip(ends, plan.sample) if s]  # S sampled tokens
+        for i, first, targets in plan.input_logprobs:  # then L input-logprob positions
+            start = ends[i] - ext[i] + first - pre[i]
+            logit_rows.extend(range(start, start + len(targets)))
+        sample_idx = self._tensor(logit_rows)  # [S + L]
         return ForwardBatch(
             input_ids=input_ids, positions=positions, out_slots=out_slots,
             qo_indptr=qo_indptr.int(), kv_indptr=kv_indptr.int(), kv_indices=kv_indices,
             seq_lens=seq_t.int(), prefix_lens=pre_t.int(), sample_idx=sample_idx,
-            is_decode=all(e == 1 for e in ext), seq_lens_cpu=seq, prefix_lens_cpu=list(pre),
-            extend_lens_cpu=list(ext),
+            # extra logit rows take the extend path (decode graphs return one row each)
+            is_decode=all(e == 1 for e in ext) and not plan.input_logprobs,
+            seq_lens_cpu=seq, prefix_lens_cpu=list(pre), extend_lens_cpu=list(ext),
         )
+
+    def logprob_targets(self, plan: BatchPlan) -> torch.Tensor:
+        """The prompt tokens the L input-logprob positions score, in logit-row order: [L]."""
+        return self._tensor([t for _, _, targets in plan.input_logprobs for t in targets])
 
     def sampled_rows(self, plan: BatchPlan) -> list[int]:
         return [r for r, s in zip(plan.rows, plan.sample) if s]

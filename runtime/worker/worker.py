@@ -1,7 +1,9 @@
 """The worker process: runs BatchPlans on the model and streams StepResults back.
 
-The main thread only launches work: it never waits for the device. After each batch it
-records an event and copies the sampled ids to pinned host memory without blocking; a
+The main thread only launches work: it never waits for the device, except after a
+step that holds regex-constrained rows, whose matchers need the sampled ids before the
+next step's mask (see `grammar_rows`). After each batch it records an event and copies
+the sampled ids (and any input logprobs) to pinned host memory without blocking; a
 sender thread waits on that event and sends the StepResult. On the CPU the event is a
 no-op and the same code path runs synchronously.
 """
@@ -17,6 +19,7 @@ import torch
 import zmq
 
 from runtime.config import ServerConfig
+from runtime.grammar import RegexCompiler
 from runtime.ipc import PullQueue, PushQueue
 from runtime.messages import (
     BatchPlan,
@@ -30,6 +33,7 @@ from runtime.messages import (
 from runtime.model_config import ModelSpec, resolve_model
 from runtime.procutil import error_text, exit_with_parent, setup_logging
 from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.grammar_rows import GrammarRows
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.step_timing import StepTimer, StepTiming
 from runtime.worker.token_table import TokenTable
@@ -65,10 +69,15 @@ class InFlight:
     logprobs: torch.Tensor  # [S] float32, host
     event: object
     timing: StepTiming | None = None  # only under SLUICE_STEP_TIMING
+    input_logprobs: torch.Tensor | None = None  # [L] float32, host: BatchPlan.input_logprobs
+    input_sizes: tuple[int, ...] = ()  # entries of input_logprobs per plan entry
 
     def result(self) -> StepResult:
         self.event.synchronize()
-        return StepResult(self.batch_id, self.ids.tolist(), self.logprobs.tolist())
+        inputs = []
+        if self.input_logprobs is not None:
+            inputs = [t.tolist() for t in self.input_logprobs.split(self.input_sizes)]
+        return StepResult(self.batch_id, self.ids.tolist(), self.logprobs.tolist(), inputs)
 
 
 class Worker:
@@ -81,8 +90,15 @@ class Worker:
         self.max_rows = cfg.max_running + ROW_SLACK
         self.runner = ModelRunner(spec, self.device, resolve_dtype(cfg.dtype, self.device),
                                   kv_slots=cfg.kv_slots, max_rows=self.max_rows, seed=cfg.seed,
-                                  mem_fraction=cfg.mem_fraction, cuda_graph=cfg.cuda_graph)
+                                  mem_fraction=cfg.mem_fraction, cuda_graph=cfg.cuda_graph,
+                                  kv_dtype=cfg.kv_dtype)
         self.table = TokenTable(self.max_rows, self.runner.max_context, self.device)
+        compiler = None
+        if spec.tokenizer_path is not None:
+            compiler = RegexCompiler(str(spec.tokenizer_path), self.runner.vocab_size,
+                                     list(spec.eos_token_ids))
+        self.grammar = GrammarRows(compiler, self.runner.vocab_size, list(spec.eos_token_ids),
+                                   self.device)
         self.timer = StepTimer.from_env(self.device)  # None unless SLUICE_STEP_TIMING is set
 
     def ready_message(self) -> WorkerReady:
@@ -98,30 +114,52 @@ class Worker:
         sampler = self.runner.sampler
         for init in plan.inits:
             sampler.init_row(init.row, init.params, init.prompt_ids, init.output_ids)
+            self.grammar.init_row(init.row, init.params.regex, init.output_ids)
         fb = self.table.build(plan)
-        logits = self.runner.forward(fb)  # [S, vocab] float32
+        logits = self.runner.forward(fb)  # [S + L, vocab] float32
         rows = self.table.sampled_rows(plan)
+        inputs = self._input_logprobs(logits[len(rows):], plan)  # [L] or None
         if rows:
-            ids, logprobs = sampler.sample(logits, rows, self.table.sampled_positions(plan))
+            ids, logprobs = sampler.sample(logits[:len(rows)], rows,
+                                           self.table.sampled_positions(plan),
+                                           self.grammar.allowed(rows))
             self.table.record(rows, ids)
+            self.grammar.advance(rows, ids)
         else:
             ids = torch.zeros(0, dtype=torch.int64, device=self.device)
             logprobs = torch.zeros(0, dtype=torch.float32, device=self.device)
+        sizes = tuple(len(targets) for _, _, targets in plan.input_logprobs)
         if self.device.type != "cuda":
-            return InFlight(plan.batch_id, ids, logprobs, _HostEvent(), self._timing(start, fb))
-        ids_host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-        lps_host = torch.empty(logprobs.shape, dtype=logprobs.dtype, pin_memory=True)
-        ids_host.copy_(ids, non_blocking=True)
-        lps_host.copy_(logprobs, non_blocking=True)
+            return InFlight(plan.batch_id, ids, logprobs, _HostEvent(), self._timing(start, fb),
+                            inputs, sizes)
+        ids_host, lps_host = _to_host(ids), _to_host(logprobs)
+        inputs_host = _to_host(inputs) if inputs is not None else None
         timing = self._timing(start, fb)
         event = torch.cuda.Event()
         event.record()
-        return InFlight(plan.batch_id, ids_host, lps_host, event, timing)
+        return InFlight(plan.batch_id, ids_host, lps_host, event, timing, inputs_host, sizes)
+
+    def _input_logprobs(self, logits: torch.Tensor, plan: BatchPlan) -> torch.Tensor | None:
+        """Input logprobs: log_softmax of `logits` [L, V] at the prompt tokens that follow
+        their positions: [L] float32, or None when the plan asks for none."""
+        if not plan.input_logprobs:
+            return None
+        targets = self.table.logprob_targets(plan)  # [L]
+        chosen = logits.gather(1, targets[:, None])[:, 0]  # [L]
+        return chosen - torch.logsumexp(logits, dim=-1)  # [L]
 
     def _timing(self, start, fb: ForwardBatch) -> StepTiming | None:
         if start is None:
             return None
         return StepTiming(start, self.timer.mark(), fb.batch_size, fb.num_tokens, fb.is_decode)
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A pinned host copy of `t`, enqueued without waiting (valid once the step's event
+    completes); a fresh buffer each step, so no later step can overwrite it early."""
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
 
 
 def _send_results(out: PushQueue, pending: queue.Queue, timer: StepTimer | None) -> None:
@@ -153,8 +191,9 @@ def run_worker(cfg: ServerConfig) -> None:
         ready.put(Ready("worker", error=error_text(exc)))
         sys.exit(1)
     out.put(worker.ready_message())
-    log.info("model %s on %s, KV pool %d tokens (%d bytes/token)", cfg.model, worker.device,
-             worker.runner.kv_slots, worker.runner.kv_bytes_per_token)
+    log.info("model %s on %s, KV pool %d tokens of %s (%d bytes/token)", cfg.model,
+             worker.device, worker.runner.kv_slots, worker.runner.kv_pool.dtype,
+             worker.runner.kv_bytes_per_token)
     ready.put(Ready("worker"))
     pending: queue.Queue = queue.Queue()
     sender = threading.Thread(target=_send_results, args=(out, pending, worker.timer),
@@ -171,3 +210,4 @@ def run_worker(cfg: ServerConfig) -> None:
             pending.put(WorkerFailed(msg.batch_id, error_text(exc)))
     pending.put(None)
     sender.join(timeout=5)
+    worker.grammar.close()

@@ -1,8 +1,9 @@
 """A worker that runs BatchPlans on token ids instead of a model.
 
-The "KV" of a slot is the token id written there; a sampled token is a hash of the whole
-sequence read back through the request's slots. Any scheduling bug that points a request
-at the wrong slots, loses a prefix or mixes up placeholders changes the output.
+The "KV" of a slot is the token id written there; a sampled token (and an input
+logprob) is a hash of the whole sequence read back through the request's slots. Any
+scheduling bug that points a request at the wrong slots, loses a prefix or mixes up
+placeholders changes the output.
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ def next_token(seq: list[int] | np.ndarray) -> int:
     for tok in seq:
         h = (h * 1000003 + int(tok) + 1) % 2_147_483_647
     return h % VOCAB
+
+
+def input_logprob(prefix: list[int] | np.ndarray, token: int) -> float:
+    """A fake logprob of `token` after `prefix`: depends on every token of both."""
+    return -float((next_token(prefix) * 131 + int(token)) % 997)
+
+
+def reference_input_logprobs(prompt: list[int], start: int) -> list[float]:
+    """What the fake worker returns for prompt tokens from max(start, 1) on."""
+    return [input_logprob(prompt[:q], prompt[q]) for q in range(max(start, 1), len(prompt))]
 
 
 def reference(prompt: list[int], max_tokens: int, stop_ids: set[int]) -> list[int]:
@@ -60,7 +71,13 @@ class FakeWorker:
                 tok = next_token(self.kv[self.req_to_token[row, : p + e]])
                 self.last[row] = tok
                 out.append(tok)
-        return StepResult(plan.batch_id, out, [0.0] * len(out))
+        inputs = []
+        for i, first, targets in plan.input_logprobs:
+            row, p, e = plan.rows[i], plan.prefix_lens[i], plan.extend_lens[i]
+            assert p <= first and first + len(targets) <= p + e, "not computed this step"
+            inputs.append([input_logprob(self.kv[self.req_to_token[row, : pos + 1]], t)
+                           for pos, t in enumerate(targets, start=first)])
+        return StepResult(plan.batch_id, out, [0.0] * len(out), inputs)
 
 
 def drive(sched, worker: FakeWorker, on_step=None, check=True) -> None:

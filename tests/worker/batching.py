@@ -1,4 +1,5 @@
-"""Test helper: ForwardBatches over a simple slot layout, and a driver that runs steps.
+"""Test helper: ForwardBatches over a simple slot layout, a driver that runs steps, and
+batched greedy decoding on it.
 
 Position p of sequence s lives at slot 1 + p * num_seqs + s: sequences interleave in the
 pool (so every gather really goes through the page table) and slot 0 stays the padding sink.
@@ -79,3 +80,29 @@ class Driver:
         for c in chunks:
             self.lens[c.seq] += len(c.ids)
         return self.runner.forward(fb)
+
+
+def greedy(runner: ModelRunner, prompts: list[list[int]], new_tokens: int,
+           forced: list[list[int] | None] | None = None) -> tuple[list[list[int]], torch.Tensor]:
+    """Greedy decoding of every prompt in one batch: argmax tokens `[P][new_tokens]` and the
+    logits they were taken from, `[P, new_tokens, V]`.
+
+    Each prompt is prefilled in two chunks (the second one reads the first from the pool,
+    as a chunked or prefix-cached prefill does), then `new_tokens - 1` decode steps follow.
+    A sequence with `forced[i]` set feeds those tokens instead of its own argmax (teacher
+    forcing), so its logits compare position by position with the run that produced them.
+    """
+    forced = forced or [None] * len(prompts)
+    assert all(len(p) >= 2 for p in prompts), "each prompt needs two chunks"
+    driver = Driver(runner, len(prompts))
+    driver.step([Chunk(s, p[:len(p) // 2], sample=False) for s, p in enumerate(prompts)])
+    logits = driver.step([Chunk(s, p[len(p) // 2:]) for s, p in enumerate(prompts)])  # [P, V]
+    steps = [logits]
+    for t in range(new_tokens - 1):
+        top = logits.argmax(-1).tolist()  # [P]
+        feed = [f[t] if f is not None else x for f, x in zip(forced, top)]
+        # cloned: a CUDA-graph replay returns its output buffer, which the next one overwrites
+        logits = driver.step([Chunk(s, [token]) for s, token in enumerate(feed)]).clone()
+        steps.append(logits)  # [P, V]
+    out = torch.stack(steps, 1)  # [P, new_tokens, V]
+    return out.argmax(-1).tolist(), out

@@ -1,0 +1,162 @@
+"""What `bench.compare` runs: the KV modes, the workloads of each profile, and the KV budget.
+
+Request counts are sized for the time budget on an H200 with a 7B model: in the sweep each
+client sends one ~2048-token request (1792 in + 256 out), so concurrency 100 and 150 already
+exceed the ~130k-token pool of an 80 GiB budget (about 65 such sequences) and measure what
+each mode does past its capacity: queue, retract, or refuse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+
+GiB = 1 << 30
+ACTIVATION_RESERVE = 1 * GiB  # as runtime/worker/model_runner.py reserves beside the pool
+CONTEXT_RESERVE = 1 * GiB  # CUDA context, cuBLAS / Triton workspaces, CUDA graphs
+ROW_SLACK = 16  # runtime/worker/worker.py: rows beyond max_running
+
+# in run order: the first server compiles the Triton kernels (cached for the others), so the
+# least important mode goes first
+MODES: dict[str, list[str]] = {
+    "token-no-overlap": ["--kv", "token", "--no-overlap"],
+    "sglang": ["--kv", "token", "--overlap"],  # token KV, radix cache, overlap (SGLang-style)
+    "paged": ["--kv", "paged", "--block-size", "16"],  # vLLM-style; sync loop by default
+    "contiguous": ["--kv", "contiguous", "--reserve", "request"],  # the seeds' "original"
+}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One workload: `n` requests of `dataset`, at most `concurrency` in flight."""
+
+    name: str
+    kind: str  # sweep | fixed | mixed | long | prefix: where the report puts it
+    dataset: str
+    n: int
+    concurrency: int
+    input_len: int = 0  # shared-prefix: the suffix
+    output_len: int = 0  # mixed: the max_tokens cap
+    rate: float = math.inf  # requests/s (Poisson); inf: all at once
+    max_len: int = 0  # mixed: the longest request
+    num_prefixes: int = 0
+    prefix_len: int = 0
+    weight: float = 1.0  # share of the mode's time
+    seeds_concurrency: int = 0  # sweep: the seeds' concurrency this cell stands for
+
+    def describe(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v or k == "name"}
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    model: str
+    dtype: str
+    device: str
+    cells: tuple[Cell, ...]
+    time_budget: float  # seconds for the whole matrix
+    gpu_memory_budget: str = "80GiB"
+    kv_slots: int = 0  # set: use this pool size, not the budget
+    max_running: int = 256
+    ready_timeout: float = 240.0
+    warmup_timeout: float = 120.0
+    frag_requests: int = 300
+    server_args: tuple[str, ...] = ()
+    vocab: int = field(default=0)
+    max_context: int = field(default=0)
+
+    def __post_init__(self) -> None:
+        from runtime.model_config import DUMMY_PRESETS
+
+        preset = DUMMY_PRESETS[self.model.removeprefix("dummy:")]
+        object.__setattr__(self, "vocab", preset["vocab_size"])
+        object.__setattr__(self, "max_context", preset["max_position_embeddings"])
+
+    def select(self, names: str | None) -> Profile:
+        if not names:
+            return self
+        keep = names.split(",")
+        unknown = set(keep) - {c.name for c in self.cells}
+        if unknown:
+            raise SystemExit(f"unknown cells {sorted(unknown)}; have "
+                             f"{[c.name for c in self.cells]}")
+        return dataclasses.replace(self, cells=tuple(c for c in self.cells if c.name in keep))
+
+
+def _sweep(concurrency: tuple[int, ...], input_len: int, output_len: int,
+           weights: tuple[float, ...]) -> tuple[Cell, ...]:
+    return tuple(Cell(f"c{c}", "sweep", "fixed", c, c, input_len, output_len, weight=w,
+                      seeds_concurrency=s)
+                 for c, w, s in zip(concurrency, weights, (50, 100, 150)))
+
+
+FULL = Profile(
+    "full", "dummy:llama-7b-32k", "float16", "cuda", time_budget=480, cells=(
+        *_sweep((50, 100, 150), 1792, 256, (1.2, 2.2, 3.2)),
+        Cell("fixed", "fixed", "fixed", 64, 64, 512, 128, weight=0.6),
+        Cell("mixed", "mixed", "mixed", 64, 64, output_len=256, rate=16.0, max_len=8192,
+             weight=1.2),
+        Cell("long", "long", "long", 2, 2, 32000, 64, weight=1.0),
+        Cell("prefix", "prefix", "shared-prefix", 64, 32, 128, 64, num_prefixes=4,
+             prefix_len=1024, weight=0.6)))
+QUICK = dataclasses.replace(
+    FULL, name="quick", time_budget=300, cells=(
+        *_sweep((50, 100, 150), 1920, 128, (1.0, 1.6, 2.2)),
+        Cell("fixed", "fixed", "fixed", 64, 64, 512, 128, weight=0.5),
+        Cell("mixed", "mixed", "mixed", 48, 48, output_len=128, rate=16.0, max_len=8192,
+             weight=1.0),
+        Cell("long", "long", "long", 1, 1, 16000, 32, weight=0.6),
+        Cell("prefix", "prefix", "shared-prefix", 32, 16, 128, 32, num_prefixes=4,
+             prefix_len=1024, weight=0.4)))
+CPU_SMOKE = Profile(
+    "cpu-smoke", "dummy:tiny", "float32", "cpu", time_budget=300, kv_slots=2048,
+    ready_timeout=120, warmup_timeout=60, frag_requests=60,
+    server_args=("--torch-threads", "1"), cells=(
+        *_sweep((4, 8, 12), 200, 128, (1.0, 1.0, 1.0)),
+        Cell("fixed", "fixed", "fixed", 8, 8, 64, 64),
+        Cell("mixed", "mixed", "mixed", 24, 8, output_len=128, rate=20.0, max_len=1024),
+        Cell("long", "long", "long", 1, 1, 1536, 32),
+        Cell("prefix", "prefix", "shared-prefix", 8, 4, 32, 32, num_prefixes=2,
+             prefix_len=256)))
+PROFILES = {p.name: p for p in (FULL, QUICK, CPU_SMOKE)}
+
+
+def parse_bytes(text: str) -> int:
+    """`80GiB`, `80GB`, `512MiB` or a plain byte count."""
+    m = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?)(i?)B?\s*", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"not a size: {text!r}")
+    base = 1024 if m.group(3) else 1000
+    return int(float(m.group(1)) * base ** " KMGT".index(m.group(2).upper() or " "))
+
+
+def preset_bytes(model: str, dtype: str) -> tuple[int, int]:
+    """(weight bytes, KV bytes per token) of a `dummy:` Llama preset in `dtype`."""
+    from runtime.model_config import DUMMY_PRESETS
+
+    c = DUMMY_PRESETS[model.removeprefix("dummy:")]
+    h, inter, layers, v = (c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"],
+                           c["vocab_size"])
+    head_dim = h // c["num_attention_heads"]
+    kv_dim = c["num_key_value_heads"] * head_dim
+    per_layer = 2 * h * h + 2 * h * kv_dim + 3 * h * inter + 2 * h  # q,o  k,v  mlp  2 norms
+    params = 2 * v * h + layers * per_layer + h  # untied embedding and LM head, final norm
+    size = {"float16": 2, "bfloat16": 2, "float32": 4}[dtype]
+    return params * size, 2 * layers * kv_dim * size
+
+
+def budget_kv_slots(p: Profile, budget: int) -> dict:
+    """KV slots that fit `budget` bytes of GPU memory beside the weights and a reserve."""
+    weights, kv_per_token = preset_bytes(p.model, p.dtype)
+    logits = 8 * (p.max_running + ROW_SLACK) * p.vocab * 4  # fp32 logits + sampler temporaries
+    reserve = ACTIVATION_RESERVE + CONTEXT_RESERVE + logits
+    slots = max(0, (budget - weights - reserve) // kv_per_token)
+    return {"budget_bytes": budget, "weight_bytes": weights, "reserve_bytes": reserve,
+            "kv_bytes_per_token": kv_per_token, "kv_slots": int(slots),
+            "explain": f"({budget / GiB:.1f} GiB budget - {weights / GiB:.2f} GiB weights - "
+                       f"{reserve / GiB:.2f} GiB activations/context) / "
+                       f"{kv_per_token / 1024:.0f} KiB per token = {slots} slots "
+                       f"= {slots // 2048} sequences of 2048 tokens"}

@@ -1,0 +1,67 @@
+"""`Backend`: what the interpreter needs from a runtime, whatever the transport."""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.messages import ModelInfo
+
+OnText = Callable[[str], None]
+
+
+@dataclass
+class GenResult:
+    """The whole output of one request (`input_*` only with `logprob_start_len >= 0`)."""
+
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    input_logprobs: list[float] = field(default_factory=list)
+    input_token_ids: list[int] = field(default_factory=list)  # the prompt tokens scored
+
+
+class Backend(ABC):
+    """A runtime a program runs against. Methods may be called from many threads.
+
+    `params` are `SamplingParams` fields by name; `max_tokens=0` only prefills the prompt
+    (caching it), and `logprob_start_len` asks for the prompt tokens' logprobs.
+    """
+
+    def __init__(self) -> None:
+        self._info: ModelInfo | None = None
+        self._info_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="sl-backend")
+
+    @abstractmethod
+    def generate(self, prompt: str, params: dict[str, Any],
+                 on_text: OnText | None = None) -> GenResult:
+        """Run one request; with `on_text`, stream: call it with each new piece of text."""
+
+    def generate_batch(self, prompts: list[str], params: dict[str, Any]) -> list[GenResult]:
+        """Run requests concurrently (one batch on the server); results in order."""
+        return list(self._pool.map(lambda p: self.generate(p, params), prompts))
+
+    def model_info(self) -> ModelInfo:
+        """The served model's name, context length and chat role markers (fetched once)."""
+        with self._info_lock:
+            if self._info is None:
+                self._info = self._fetch_model_info()
+            return self._info
+
+    @abstractmethod
+    def _fetch_model_info(self) -> ModelInfo: ...
+
+    def cache_stats(self) -> tuple[int, int] | None:
+        """(prefix-cache hit tokens, looked-up tokens) so far on the server, or None if
+        this transport cannot tell."""
+        return None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)

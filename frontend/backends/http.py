@@ -1,0 +1,105 @@
+"""`HttpBackend`: programs run against `sluice serve` over HTTP (`/generate`, SSE)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import httpx
+import msgspec
+
+from frontend.backends.base import Backend, GenResult, OnText
+from runtime.messages import InvalidRequest, ModelInfo
+
+
+class ServerError(RuntimeError):
+    """The server answered with an error (other than a bad request)."""
+
+
+class HttpBackend(Backend):
+    """Talks to `url` (e.g. http://127.0.0.1:30000); one connection pool per thread."""
+
+    def __init__(self, url: str, timeout: float | None = 120.0) -> None:
+        super().__init__()
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self._local = threading.local()
+        self._clients: list[httpx.Client] = []
+        self._lock = threading.Lock()
+
+    def _http(self) -> httpx.Client:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = httpx.Client(base_url=self.url, timeout=self.timeout)
+            with self._lock:
+                self._clients.append(client)
+        return client
+
+    def generate(self, prompt: str, params: dict[str, Any],
+                 on_text: OnText | None = None) -> GenResult:
+        body = {"text": prompt, "sampling_params": params, "stream": on_text is not None}
+        if on_text is None:
+            resp = self._http().post("/generate", json=body)
+            _raise_for_error(resp.status_code, resp.content)
+            return _result([resp.json()])
+        events = []
+        with self._http().stream("POST", "/generate", json=body) as resp:
+            if resp.status_code != 200:
+                _raise_for_error(resp.status_code, resp.read())
+            for line in resp.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[len("data: "):])
+                if "error" in event:
+                    raise ServerError(event["error"].get("message", str(event["error"])))
+                events.append(event)
+                if event["text"]:
+                    on_text(event["text"])
+        return _result(events)
+
+    def _fetch_model_info(self) -> ModelInfo:
+        resp = self._http().get("/get_model_info")
+        _raise_for_error(resp.status_code, resp.content)
+        return msgspec.json.decode(resp.content, type=ModelInfo)
+
+    def cache_stats(self) -> tuple[int, int]:
+        """The prefix-cache counters of `/metrics`."""
+        resp = self._http().get("/metrics")
+        _raise_for_error(resp.status_code, resp.content)
+        values = {}
+        for line in resp.text.splitlines():
+            name, _, value = line.partition(" ")
+            values[name] = value
+        return (int(float(values["sluice_prefix_cache_hit_tokens_total"])),
+                int(float(values["sluice_prefix_cache_query_tokens_total"])))
+
+    def close(self) -> None:
+        super().close()
+        with self._lock:
+            for client in self._clients:
+                client.close()
+            self._clients.clear()
+
+
+def _raise_for_error(status: int, content: bytes) -> None:
+    if status == 200:
+        return
+    try:
+        message = json.loads(content)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = content.decode(errors="replace")
+    if status == 400:
+        raise InvalidRequest(message)
+    raise ServerError(f"HTTP {status}: {message}")
+
+
+def _result(events: list[dict[str, Any]]) -> GenResult:
+    """One GenResult from a whole response or from the events of a stream (deltas)."""
+    last = events[-1]
+    usage = last["usage"]
+    return GenResult("".join(e["text"] for e in events), last["finish_reason"],
+                     usage["prompt_tokens"], usage["completion_tokens"],
+                     usage["cached_tokens"],
+                     [p for e in events for p in e.get("input_logprobs", [])],
+                     [t for e in events for t in e.get("input_token_ids", [])])

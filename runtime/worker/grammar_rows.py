@@ -1,0 +1,117 @@
+"""`GrammarRows`: the worker's regex matchers, one per constrained row.
+
+Where the mask lives: here, in the worker, because the sampled token must advance a
+matcher before the next step's mask exists, and with the overlap scheduler the
+scheduler plans step N+1 before it has seen step N's tokens. The worker runs steps in
+order, so: `allowed` fills each constrained row's bitmask just before sampling, and
+`advance` feeds the sampled tokens to the matchers right after. That needs the sampled
+ids on the host: free on the CPU, a device sync on CUDA, paid only by steps that hold
+a constrained row (unconstrained steps never sync). When a match is complete and
+nothing may follow, the mask allows only the stop tokens (EOS), which ends the request.
+
+A row's matcher is built from its RowInit (on admission and on re-admission after a
+retraction, replaying the outputs so far). Compilation runs on `RegexCompiler`'s
+thread while the prompt is prefilled; only a first step that outruns it waits.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+
+import numpy as np
+import torch
+
+from runtime.grammar import RegexCompiler
+
+log = logging.getLogger(__name__)
+
+
+class _RowMatcher:
+    """One row's matcher, created once its grammar is compiled, replaying `replay` first."""
+
+    def __init__(self, compiled: Future, replay: list[int]) -> None:
+        self._compiled = compiled
+        self._replay = replay
+        self._matcher = None
+        self.failed = False
+
+    def get(self):
+        """The xgrammar GrammarMatcher (waits for compilation), or None if that failed."""
+        if self._matcher is None and not self.failed:
+            import xgrammar
+
+            try:
+                self._matcher = xgrammar.GrammarMatcher(self._compiled.result())
+            except Exception:
+                log.exception("regex compilation failed; the row may only stop")
+                self.failed = True
+                return None
+            for tok in self._replay:
+                self.accept(tok)
+        return self._matcher
+
+    def accept(self, token: int) -> None:
+        m = self.get()
+        if m is None or m.is_terminated():
+            return  # a token sampled after the end (discarded by the scheduler)
+        if not m.accept_token(token):
+            log.error("grammar rejected token %d that its own mask allowed", token)
+
+
+class GrammarRows:
+    """Regex matchers of the constrained rows; `compiler` is None for models without a
+    tokenizer (the api refuses regexes for them)."""
+
+    def __init__(self, compiler: RegexCompiler | None, vocab_size: int, stop_ids: list[int],
+                 device: torch.device) -> None:
+        self.compiler = compiler
+        self.vocab_size = vocab_size
+        self.device = device
+        self.words = (vocab_size + 31) // 32
+        self.rows: dict[int, _RowMatcher] = {}
+        stop = np.zeros(self.words, dtype=np.uint32)
+        for t in stop_ids:
+            stop[t // 32] |= np.uint32(1 << (t % 32))
+        self._stop_only = torch.from_numpy(stop.view(np.int32))  # [W] int32 bitmask
+        self._shifts = torch.arange(32, dtype=torch.int32, device=device)  # [32]
+
+    def init_row(self, row: int, regex: str | None, output_ids: list[int]) -> None:
+        """Bind `row` to a new request: a fresh matcher for `regex` (fed `output_ids`)."""
+        self.rows.pop(row, None)
+        if regex is None:
+            return
+        if self.compiler is None:
+            raise ValueError("regex constraints need the model's tokenizer")
+        self.rows[row] = _RowMatcher(self.compiler.submit(regex), list(output_ids))
+
+    def allowed(self, rows: list[int]) -> torch.Tensor | None:
+        """Tokens each of `rows` may sample: [S, V] bool on the device, or None when no
+        row is constrained (unconstrained rows allow everything)."""
+        constrained = [(i, self.rows[r]) for i, r in enumerate(rows) if r in self.rows]
+        if not constrained:
+            return None
+        bitmask = torch.full((len(rows), self.words), -1, dtype=torch.int32)  # [S, W]
+        for i, rm in constrained:
+            m = rm.get()
+            if m is None or m.is_terminated():
+                bitmask[i] = self._stop_only
+            else:
+                m.fill_next_token_bitmask(bitmask, i)
+        if self.device.type == "cuda":
+            bitmask = bitmask.pin_memory().to(self.device, non_blocking=True)
+        bits = (bitmask[:, :, None] >> self._shifts) & 1  # [S, W, 32], token 32w+b at (w, b)
+        return bits.bool().reshape(len(rows), -1)[:, :self.vocab_size]  # [S, V]
+
+    def advance(self, rows: list[int], ids: torch.Tensor) -> None:
+        """Feed the tokens just sampled for `rows` ([S]) to their matchers."""
+        if not any(r in self.rows for r in rows):
+            return
+        host = ids.tolist()  # a device sync on CUDA, only for steps with constrained rows
+        for r, tok in zip(rows, host):
+            if (rm := self.rows.get(r)) is not None:
+                rm.accept(tok)
+
+    def close(self) -> None:
+        if self.compiler is not None:
+            self.compiler.close()
