@@ -24,6 +24,8 @@ from runtime.ipc import PullQueue, PushQueue
 from runtime.messages import (
     BatchPlan,
     Ready,
+    RowInit,
+    SamplingParams,
     Shutdown,
     StepResult,
     WorkerFailed,
@@ -100,6 +102,21 @@ class Worker:
         self.grammar = GrammarRows(compiler, self.runner.vocab_size, list(spec.eos_token_ids),
                                    self.device)
         self.timer = StepTimer.from_env(self.device)  # None unless SLUICE_STEP_TIMING is set
+
+    def warm_up(self) -> None:
+        """Run one prefill (chunked in two) through the whole step path before serving, so
+        the extend kernels are compiled before the first request (decode is warmed by
+        CUDA graph capture). It uses row 0 and slots 1..n, which hold nothing yet."""
+        n = min(64, self.runner.kv_slots, self.runner.max_context - 1)
+        half = n // 2
+        ids, slots = list(range(3, 3 + n)), list(range(1, n + 1))
+        first = BatchPlan(batch_id=-2, rows=[0], prefix_lens=[0], extend_lens=[half],
+                          input_ids=ids[:half], new_slots=slots[:half], sample=[False],
+                          inits=[RowInit(row=0, params=SamplingParams(max_tokens=1))])
+        second = BatchPlan(batch_id=-1, rows=[0], prefix_lens=[half], extend_lens=[n - half],
+                           input_ids=ids[half:], new_slots=slots[half:], sample=[True])
+        for plan in (first, second):
+            self.launch(plan).result()
 
     def ready_message(self) -> WorkerReady:
         r = self.runner
@@ -186,6 +203,8 @@ def run_worker(cfg: ServerConfig) -> None:
     ready: PushQueue = PushQueue(ctx, cfg.ipc("ready"))
     try:
         worker = Worker(cfg, resolve_model(cfg.model))
+        if worker.device.type == "cuda":
+            worker.warm_up()
     except Exception as exc:  # report the cause to the launcher, then die
         log.exception("worker failed to start")
         ready.put(Ready("worker", error=error_text(exc)))
