@@ -26,6 +26,15 @@ class GenResult:
     input_logprobs: list[float] = field(default_factory=list)
     input_token_ids: list[int] = field(default_factory=list)  # the prompt tokens scored
 
+    @classmethod
+    def from_chunks(cls, chunks: list) -> GenResult:
+        """Join a request's streamed chunks (runtime `Chunk` or `RpcChunk`) into one result."""
+        last = chunks[-1]
+        return cls("".join(c.text for c in chunks), last.finish_reason, last.prompt_tokens,
+                   last.completion_tokens, last.cached_tokens,
+                   [p for c in chunks for p in c.input_logprobs],
+                   [t for c in chunks for t in c.input_token_ids])
+
 
 class Backend(ABC):
     """A runtime a program runs against. Methods may be called from many threads.

@@ -25,11 +25,7 @@ class EngineBackend(Backend):
             chunks.append(chunk)
             if chunk.text:
                 on_text(chunk.text)
-        last = chunks[-1]
-        return GenResult("".join(c.text for c in chunks), last.finish_reason,
-                         last.prompt_tokens, last.completion_tokens, last.cached_tokens,
-                         [p for c in chunks for p in c.input_logprobs],
-                         [t for c in chunks for t in c.input_token_ids])
+        return GenResult.from_chunks(chunks)
 
     def generate_batch(self, prompts: list[str], params: dict[str, Any]) -> list[GenResult]:
         return [_result(o) for o in self.engine.generate(prompts, SamplingParams(**params))]
