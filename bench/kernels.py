@@ -171,12 +171,13 @@ def bench_decode(p, dev, dtype, args):
             splits = decode_num_splits(B, Hkv, L)
             rows.append(Row("decode", f"{layout} {str(pool_dtype)[6:]} {shape}", timeit(run, p),
                             nbytes, note=f"splits {splits} {err}"))  # fmt: skip
-            if args.sweep and layout == "token" and pool_dtype == dtype:
-                sweep += sweep_decode(run, nbytes, p, Hkv == Hq)
+            swept = fp8 if args.sweep_pool == "fp8" else dtype
+            if args.sweep and layout == "token" and pool_dtype == swept:
+                sweep += sweep_decode(run, nbytes, p, Hkv == Hq, str(pool_dtype)[6:])
     return rows, sweep
 
 
-def sweep_decode(run, nbytes, p, mha):
+def sweep_decode(run, nbytes, p, mha, pool):
     """Time the token-layout decode over split counts and launch configs; best first."""
     out = []
     dots = (None, True) if mha else (None,)
@@ -185,7 +186,7 @@ def sweep_decode(run, nbytes, p, mha):
     ):
         cfg = DecodeConfig(block_n=block_n, num_warps=warps, num_stages=stages, use_dot=dot)
         t = timeit(partial(run, num_splits=splits, config=cfg), replace(p, iters=p.iters // 2 + 1))
-        out.append({"mha": mha, "splits": splits, **asdict(cfg), "time_us": t,
+        out.append({"mha": mha, "pool": pool, "splits": splits, **asdict(cfg), "time_us": t,
                     "pct_ceiling": 100 * nbytes / t / 1e3 / COPY_CEILING_GBPS})  # fmt: skip
     return sorted(out, key=lambda r: r["time_us"])
 
@@ -282,7 +283,8 @@ def write_results(prefix: Path, meta: dict, rows: list[Row], sweep: list[dict]) 
                      f" | {d['gbps']:.0f} | {d['pct_ceiling']:.1f} | {d['tflops']:.1f}"
                      f" | {d['note']} |")  # fmt: skip
     if sweep:
-        lines += ["", "## Decode sweep (token layout, fastest 10 per head layout)", "",
+        lines += ["", f"## Decode sweep (token layout, {sweep[0]['pool']} pool, fastest 10 per "
+                  "head layout)", "",
                   "| mha | splits | block_n | warps | stages | use_dot | time (us) | % ceiling |",
                   "|---|---:|---:|---:|---:|---|---:|---:|"]  # fmt: skip
         for mha in (True, False):
@@ -299,6 +301,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer iterations and variants")
     parser.add_argument("--tiny", action="store_true", help="toy shapes (CPU smoke run)")
     parser.add_argument("--sweep", action="store_true", help="search decode launch configs")
+    parser.add_argument("--sweep-pool", choices=("compute", "fp8"), default="compute",
+                        help="the KV pool dtype the sweep runs on")
     parser.add_argument("--only", default=",".join(GROUPS), help=f"subset of {','.join(GROUPS)}")
     parser.add_argument("--out", default="bench/results/kernels", help="output path prefix")
     args = parser.parse_args()

@@ -109,27 +109,30 @@ def _decode_attention_kernel(
         kv_offs = slot[:, None] * stride_kvs + kvh * stride_kvh + offs_d[None, :]
         k = tl.load(k_ptr + kv_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
         v = tl.load(v_ptr + kv_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
-        if QUANT:
-            scale_offs = slot * (Q_HEADS // GROUP) + kvh  # [BLOCK_N]
-            k_s = tl.load(k_scale_ptr + scale_offs, mask=mask_n, other=0.0)
-            v_s = tl.load(v_scale_ptr + scale_offs, mask=mask_n, other=0.0)
-            k = k.to(tl.float32) * k_s[:, None]
-            v = v.to(tl.float32) * v_s[:, None]
-
-        if USE_DOT:
+        if USE_DOT:  # fp8/int8 values are exact in q's dtype: the scales apply afterwards
             qk = tl.dot(q, tl.trans(k.to(q.dtype)))  # [BLOCK_H, BLOCK_N]
         else:  # BLOCK_H == 1
             qk = tl.sum(q.to(tl.float32) * k.to(tl.float32), 1)[None, :]  # [1, BLOCK_N]
+        if QUANT:  # one scale per key and per value row: scale the scores and the weights
+            scale_offs = slot * (Q_HEADS // GROUP) + kvh  # [BLOCK_N]
+            k_s = tl.load(k_scale_ptr + scale_offs, mask=mask_n, other=0.0)
+            v_s = tl.load(v_scale_ptr + scale_offs, mask=mask_n, other=0.0)
+            qk = qk * k_s[None, :]
         qk = tl.where(mask_n[None, :], qk * qk_scale, float("-inf"))
 
         m_new = tl.maximum(m, tl.max(qk, 1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(qk - m_new[:, None])  # [BLOCK_H, BLOCK_N]
         l_sum = l_sum * alpha + tl.sum(p, 1)
+        if QUANT:  # sum_n p_n (s_n v_n) = s_max sum_n (p_n s_n / s_max) v_n, weights in [0, 1]
+            v_max = tl.maximum(tl.max(v_s, 0), 1e-30)
+            p = p * (v_s / v_max)[None, :]
         if USE_DOT:
             pv = tl.dot(p.to(q.dtype), v.to(q.dtype))  # [BLOCK_H, BLOCK_D]
         else:
             pv = tl.sum(tl.sum(p, 0)[:, None] * v.to(tl.float32), 0)[None, :]  # [1, BLOCK_D]
+        if QUANT:
+            pv = pv * v_max
         acc = acc * alpha[:, None] + pv
         m = m_new
 

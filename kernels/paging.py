@@ -18,6 +18,11 @@ def page_slots(
 ) -> torch.Tensor:
     """Pool slots (int64) of the first `num_tokens` tokens of sequence `seq`."""
     start = int(kv_indptr[seq])
-    pages = kv_indices[start : start + -(-num_tokens // page_size)].long()  # [num_pages]
+    return expand_pages(kv_indices[start:], num_tokens, page_size)
+
+
+def expand_pages(pages: torch.Tensor, num_tokens: int, page_size: int) -> torch.Tensor:
+    """Pool slots (int64) of the first `num_tokens` tokens stored in `pages` (in order)."""
+    pages = pages[: -(-num_tokens // page_size)].long()  # [num_pages]
     offsets = torch.arange(page_size, device=pages.device)  # [page_size]
     return (pages[:, None] * page_size + offsets[None, :]).flatten()[:num_tokens]  # [num_tokens]

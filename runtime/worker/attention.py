@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from kernels.paging import expand_pages
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.kv_pool import KVPool
 
@@ -48,13 +49,14 @@ class TorchAttention:
 
     @staticmethod
     def _decode_table(fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Padded page table: slots [B, L] (padding -> slot 0) and which entries are real."""
-        max_len = max(fb.seq_lens_cpu)
+        """Padded slot table: slots [B, L] (padding -> slot 0) and which entries are real."""
+        max_len, ps = max(fb.seq_lens_cpu), fb.page_size
         cols = torch.arange(max_len, device=fb.kv_indices.device)  # [L]
         valid = cols[None, :] < fb.seq_lens[:, None]  # [B, L]
-        offs = fb.kv_indptr[:-1, None].long() + cols[None, :]  # [B, L]
+        offs = fb.kv_indptr[:-1, None].long() + cols[None, :] // ps  # [B, L] page entries
         offs = torch.where(valid, offs, 0)  # [B, L], padding reads index 0 (in range)
-        return torch.where(valid, fb.kv_indices[offs], 0), valid  # [B, L], [B, L]
+        slots = fb.kv_indices[offs] * ps + cols[None, :] % ps  # [B, L]
+        return torch.where(valid, slots, 0), valid  # [B, L], [B, L]
 
     def _decode(self, layer_id: int, q: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         slots, valid = self._decode_table(fb)  # [B, L], [B, L]
@@ -73,13 +75,14 @@ class TorchAttention:
         out = torch.empty_like(q)  # [T, Hq, D]
         group = q.shape[1] // self.pool.kv_heads
         q_starts = accumulate(fb.extend_lens_cpu, initial=0)
-        kv_starts = accumulate(fb.seq_lens_cpu, initial=0)
-        for q0, kv0, n, seq_len, prefix in zip(q_starts, kv_starts, fb.extend_lens_cpu,
-                                                fb.seq_lens_cpu, fb.prefix_lens_cpu):
+        ps = fb.page_size
+        page_starts = accumulate((-(-s // ps) for s in fb.seq_lens_cpu), initial=0)
+        for q0, p0, n, seq_len, prefix in zip(q_starts, page_starts, fb.extend_lens_cpu,
+                                               fb.seq_lens_cpu, fb.prefix_lens_cpu):
             if n == 0:
                 continue
-            k_pre, v_pre = self.pool.gather(layer_id, fb.kv_indices[kv0:kv0 + prefix],
-                                            q.dtype)  # [P, Hkv, D] x2
+            slots = expand_pages(fb.kv_indices[p0:], prefix, ps)  # [P]
+            k_pre, v_pre = self.pool.gather(layer_id, slots, q.dtype)  # [P, Hkv, D] x2
             ki = torch.cat([k_pre, k[q0:q0 + n].to(q.dtype)])  # [L, Hkv, D]
             vi = torch.cat([v_pre, v[q0:q0 + n].to(q.dtype)])  # [L, Hkv, D]
             # K/V repeated per query head (not enable_gqa) so fused SDPA kernels stay eligible

@@ -1,4 +1,4 @@
-"""`TritonAttention`: the GPU attention backend over the token-level KV pool (page size 1)."""
+"""`TritonAttention`: the GPU attention backend over the KV pool, at the batch's page size."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from runtime.worker.kv_pool import KVPool
 class TritonAttention:
     """Stores new K/V with `store_kv`, then split-KV decode or varlen extend attention.
 
-    Decode reads every position through `kv_indices`; extend reads the cached prefix
-    through `kv_indices` and the new tokens straight from k/v. Same interface as
+    Decode reads every position through the page table (`kv_indices`, `fb.page_size`
+    slots a page); extend reads the cached prefix through it and the new tokens straight
+    from k/v. Same interface as
     `TorchAttention`, so the model does not know which one runs. A quantized pool
     (fp8/int8) passes its per-(slot, head) scales to all three kernels: `store_kv` quantizes,
     the attention kernels dequantize on load (the new tokens of an extend are read unquantized).
@@ -39,9 +40,9 @@ class TritonAttention:
             splits = fb.decode_splits or decode_num_splits(
                 fb.batch_size, self.pool.kv_heads, max(fb.seq_lens_cpu), self.num_sms)
             return decode_attention(q, k_buf, v_buf, fb.kv_indptr, fb.kv_indices, fb.seq_lens,
-                                    1, self.sm_scale, k_scale=k_scale, v_scale=v_scale,
+                                    fb.page_size, self.sm_scale, k_scale=k_scale, v_scale=v_scale,
                                     num_splits=splits)  # [B, Hq, D]
         return extend_attention(q, k, v, k_buf, v_buf, fb.qo_indptr, fb.prefix_lens,
-                                fb.kv_indptr, fb.kv_indices, 1, self.sm_scale,
+                                fb.kv_indptr, fb.kv_indices, fb.page_size, self.sm_scale,
                                 k_scale=k_scale, v_scale=v_scale,
                                 max_new_len=max(fb.extend_lens_cpu))  # [T, Hq, D]

@@ -13,16 +13,18 @@ class ForwardBatch:
 
     Sequence i computes KV positions [prefix_lens[i], seq_lens[i]); its new tokens are
     input_ids[qo_indptr[i]:qo_indptr[i+1]]. The KV of every position of sequence i
-    (cached prefix and new tokens) lives at pool slots kv_indices[kv_indptr[i]:kv_indptr[i+1]];
-    the new tokens' K/V must be stored at `out_slots` before attention reads them.
+    (cached prefix and new tokens) lives in the pages kv_indices[kv_indptr[i]:kv_indptr[i+1]]:
+    position p at slot kv_indices[kv_indptr[i] + p // page_size] * page_size + p % page_size
+    (`kernels/paging.py`; page_size 1 lists every slot). The new tokens' K/V must be stored
+    at `out_slots` before attention reads them.
     """
 
     input_ids: torch.Tensor  # [T] int64, placeholders already resolved
     positions: torch.Tensor  # [T] int64
     out_slots: torch.Tensor  # [T] int64, pool slot of each new token
     qo_indptr: torch.Tensor  # [B+1] int32
-    kv_indptr: torch.Tensor  # [B+1] int32
-    kv_indices: torch.Tensor  # [sum(seq_lens)] int64
+    kv_indptr: torch.Tensor  # [B+1] int32, into kv_indices
+    kv_indices: torch.Tensor  # [sum(ceil(seq_lens / page_size))] int64 page ids
     seq_lens: torch.Tensor  # [B] int32, prefix + new
     prefix_lens: torch.Tensor  # [B] int32
     # [S + L] int64: indices into T whose logits are returned, the S sampled tokens first,
@@ -34,6 +36,7 @@ class ForwardBatch:
     prefix_lens_cpu: list[int]
     extend_lens_cpu: list[int]
     decode_splits: int = 0  # split-KV count for decode kernels; 0: choose from seq_lens_cpu
+    page_size: int = 1  # slots per page of kv_indices
 
     @property
     def batch_size(self) -> int:

@@ -24,8 +24,9 @@ class GraphRunner:
     """Captured decode graphs of one model, attention backend and KV pool."""
 
     def __init__(self, model, attn, max_bs: int, max_context: int, kv_heads: int,
-                 device: torch.device) -> None:
+                 device: torch.device, page_size: int = 1) -> None:
         self.model, self.attn, self.device = model, attn, device
+        self.page_size = page_size
         self.sizes = [s for s in CAPTURE_SIZES if s <= max_bs] or [max_bs]
         n = self.sizes[-1]
         i64 = dict(dtype=torch.int64, device=device)
@@ -35,7 +36,7 @@ class GraphRunner:
         self.out_slots = torch.zeros(n, **i64)  # [N] padding rows write slot 0
         self.seq_lens = torch.zeros(n, **i32)  # [N]
         self.kv_indptr = torch.zeros(n + 1, **i32)  # [N+1]
-        self.kv_indices = torch.zeros(n * max_context, **i64)  # [N * max_context]
+        self.kv_indices = torch.zeros(n * -(-max_context // page_size), **i64)  # [N * pages]
         self.arange = torch.arange(n + 1, **i32)  # qo_indptr and sample rows
         self.splits = {bs: decode_num_splits(bs, kv_heads, max_context) for bs in self.sizes}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -50,7 +51,7 @@ class GraphRunner:
             seq_lens=self.seq_lens[:bs], prefix_lens=self.seq_lens[:bs],
             sample_idx=self.arange[:bs].long(), is_decode=True,
             seq_lens_cpu=[0] * bs, prefix_lens_cpu=[0] * bs, extend_lens_cpu=[1] * bs,
-            decode_splits=self.splits[bs])
+            decode_splits=self.splits[bs], page_size=self.page_size)
 
     def _forward(self, fb: ForwardBatch) -> torch.Tensor:
         hidden = self.model(fb, self.attn)  # [B, hidden]
@@ -76,7 +77,8 @@ class GraphRunner:
         log.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
     def can_run(self, fb: ForwardBatch) -> bool:
-        return fb.is_decode and fb.batch_size <= self.sizes[-1]
+        return (fb.is_decode and fb.batch_size <= self.sizes[-1]
+                and fb.page_size == self.page_size)
 
     def replay(self, fb: ForwardBatch) -> torch.Tensor:
         """Run a decode batch through its graph; logits [B, vocab] fp32."""

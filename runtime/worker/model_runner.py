@@ -34,12 +34,13 @@ class ModelRunner:
     fit: the pool holds one more entry, slot 0, the padding sink. `kv_dtype` "fp8" or "int8"
     quantizes the pool (see `KVPool`); sizing and `kv_bytes_per_token` count the stored
     bytes, scales included, so a quantized pool fits about twice the fp16/bf16 tokens.
+    `page_size` is the page size of the decode batches the CUDA graphs are captured for.
     """
 
     def __init__(self, spec: ModelSpec, device: str | torch.device, dtype: torch.dtype,
                  kv_slots: int, max_rows: int, seed: int = 0,
                  mem_fraction: float = 0.85, cuda_graph: bool = True,
-                 kv_dtype: str = "auto") -> None:
+                 kv_dtype: str = "auto", page_size: int = 1) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
         self.model = load_model(spec, self.device, dtype, seed)
@@ -65,7 +66,7 @@ class ModelRunner:
         self.graphs: GraphRunner | None = None
         if on_gpu and cuda_graph:
             self.graphs = GraphRunner(self.model, self.attn, max_rows, self.max_context,
-                                      arch.num_kv_heads, self.device)
+                                      arch.num_kv_heads, self.device, page_size)
             self.graphs.capture()
 
     def _default_slots(self, max_rows: int, mem_fraction: float) -> int:

@@ -18,10 +18,15 @@ class TokenTable:
     token last sampled for that row: plans refer to it with placeholder id -(row + 1)
     when the scheduler has not seen it yet (overlap). Reads happen in stream order after
     the write of the previous batch, so no synchronisation is needed.
+
+    With `page_size` > 1 (`--kv paged`, whose block b holds slots b * page_size onwards)
+    the ForwardBatch lists one page id per block, read off each block's first position.
     """
 
-    def __init__(self, max_rows: int, max_context: int, device: torch.device) -> None:
+    def __init__(self, max_rows: int, max_context: int, device: torch.device,
+                 page_size: int = 1) -> None:
         self.device = device
+        self.page_size = page_size
         self.req_to_token = torch.zeros(max_rows, max_context, dtype=torch.int64, device=device)
         self.last_ids = torch.zeros(max_rows, dtype=torch.int64, device=device)
 
@@ -35,15 +40,17 @@ class TokenTable:
         """Write the plan's slots into the table and gather the step's indices."""
         for row, slots in plan.prefix_writes:
             self.req_to_token[row, : len(slots)] = self._tensor(slots)
-        ext, pre = plan.extend_lens, plan.prefix_lens
+        ext, pre, ps = plan.extend_lens, plan.prefix_lens, self.page_size
         seq = [p + e for p, e in zip(pre, ext)]
+        pages = [-(-s // ps) for s in seq]
         n_tok = sum(ext)
         rows = self._tensor(plan.rows)  # [B]
         ext_t = self._tensor(ext)  # [B]
         seq_t = self._tensor(seq)  # [B]
         pre_t = self._tensor(pre)  # [B]
+        pages_t = self._tensor(pages)  # [B]
         qo_indptr = _indptr(ext_t)  # [B+1]
-        kv_indptr = _indptr(seq_t)  # [B+1]
+        kv_indptr = _indptr(pages_t)  # [B+1]
         # new tokens: position = prefix + offset inside the sequence's chunk
         tok_row = torch.repeat_interleave(rows, ext_t, output_size=n_tok)  # [T]
         tok_seq_start = torch.repeat_interleave(qo_indptr[:-1], ext_t, output_size=n_tok)
@@ -54,12 +61,12 @@ class TokenTable:
         ids = self._tensor(plan.input_ids)  # [T], negative = future token of row -(id+1)
         future = self.last_ids[(-ids - 1).clamp(min=0)]
         input_ids = torch.where(ids < 0, future, ids)
-        # every position of every sequence, prefix included
-        n_kv = sum(seq)
-        kv_row = torch.repeat_interleave(rows, seq_t, output_size=n_kv)  # [sum(seq)]
-        kv_pos = torch.arange(n_kv, device=self.device) - torch.repeat_interleave(
-            kv_indptr[:-1], seq_t, output_size=n_kv)
-        kv_indices = self.req_to_token[kv_row, kv_pos]
+        # every page of every sequence, prefix included, read at its first position
+        n_pages = sum(pages)
+        kv_row = torch.repeat_interleave(rows, pages_t, output_size=n_pages)  # [P]
+        kv_page = torch.arange(n_pages, device=self.device) - torch.repeat_interleave(
+            kv_indptr[:-1], pages_t, output_size=n_pages)  # [P]
+        kv_indices = self.req_to_token[kv_row, kv_page * ps] // ps  # [P]
         ends = list(itertools.accumulate(ext))
         logit_rows = [e - 1 for e, s in zip(ends, plan.sample) if s]  # S sampled tokens
         for i, first, targets in plan.input_logprobs:  # then L input-logprob positions
@@ -73,6 +80,7 @@ class TokenTable:
             # extra logit rows take the extend path (decode graphs return one row each)
             is_decode=all(e == 1 for e in ext) and not plan.input_logprobs,
             seq_lens_cpu=seq, prefix_lens_cpu=list(pre), extend_lens_cpu=list(ext),
+            page_size=ps,
         )
 
     def logprob_targets(self, plan: BatchPlan) -> torch.Tensor:

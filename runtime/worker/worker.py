@@ -55,6 +55,14 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
+def page_size(cfg: ServerConfig) -> int:
+    """Slots per page of the attention page table: the block size of `--kv paged` with a
+    fixed block size (block b holds slots b * size onwards), else 1 (any slot anywhere)."""
+    if cfg.kv == "paged" and cfg.fixed_block_size is not None:
+        return cfg.fixed_block_size
+    return 1
+
+
 class _HostEvent:
     """Stands in for a CUDA event on the CPU, where work is already complete."""
 
@@ -90,11 +98,13 @@ class Worker:
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         self.max_rows = cfg.max_running + ROW_SLACK
+        self.page_size = page_size(cfg)
         self.runner = ModelRunner(spec, self.device, resolve_dtype(cfg.dtype, self.device),
                                   kv_slots=cfg.kv_slots, max_rows=self.max_rows, seed=cfg.seed,
                                   mem_fraction=cfg.mem_fraction, cuda_graph=cfg.cuda_graph,
-                                  kv_dtype=cfg.kv_dtype)
-        self.table = TokenTable(self.max_rows, self.runner.max_context, self.device)
+                                  kv_dtype=cfg.kv_dtype, page_size=self.page_size)
+        self.table = TokenTable(self.max_rows, self.runner.max_context, self.device,
+                                self.page_size)
         compiler = None
         if spec.tokenizer_path is not None:
             compiler = RegexCompiler(str(spec.tokenizer_path), self.runner.vocab_size,
@@ -106,10 +116,12 @@ class Worker:
     def warm_up(self) -> None:
         """Run one prefill (chunked in two) through the whole step path before serving, so
         the extend kernels are compiled before the first request (decode is warmed by
-        CUDA graph capture). It uses row 0 and slots 1..n, which hold nothing yet."""
-        n = min(64, self.runner.kv_slots, self.runner.max_context - 1)
+        CUDA graph capture). It uses row 0 and the slots from page 1 on, which hold
+        nothing yet."""
+        ps = self.page_size
+        n = min(64, self.runner.kv_slots + 1 - ps, self.runner.max_context - 1)
         half = n // 2
-        ids, slots = list(range(3, 3 + n)), list(range(1, n + 1))
+        ids, slots = list(range(3, 3 + n)), list(range(ps, ps + n))
         first = BatchPlan(batch_id=-2, rows=[0], prefix_lens=[0], extend_lens=[half],
                           input_ids=ids[:half], new_slots=slots[:half], sample=[False],
                           inits=[RowInit(row=0, params=SamplingParams(max_tokens=1))])

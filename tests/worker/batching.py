@@ -3,6 +3,8 @@ batched greedy decoding on it.
 
 Position p of sequence s lives at slot 1 + p * num_seqs + s: sequences interleave in the
 pool (so every gather really goes through the page table) and slot 0 stays the padding sink.
+With pages of `page_size` slots, page j of sequence s is page 1 + j * num_seqs + s (page 0
+holds the sink); page size 1 is the layout above.
 """
 
 from __future__ import annotations
@@ -25,18 +27,24 @@ class Chunk:
     sample: bool = True
 
 
-def slot(num_seqs: int, seq: int, pos: int) -> int:
-    return 1 + pos * num_seqs + seq
+def page(num_seqs: int, seq: int, index: int) -> int:
+    return 1 + index * num_seqs + seq
+
+
+def slot(num_seqs: int, seq: int, pos: int, page_size: int = 1) -> int:
+    return page(num_seqs, seq, pos // page_size) * page_size + pos % page_size
 
 
 def make_batch(chunks: list[Chunk], prefix_lens: list[int], num_seqs: int,
-               sample_all: bool = False, device: str = "cpu") -> ForwardBatch:
+               sample_all: bool = False, device: str = "cpu",
+               page_size: int = 1) -> ForwardBatch:
     """One step: chunk i extends sequence chunks[i].seq, which has prefix_lens[i] cached.
 
     `sample_all` returns logits of every new token instead of each sampled chunk's last.
     """
     ext = [len(c.ids) for c in chunks]
     seq_lens = [p + e for p, e in zip(prefix_lens, ext)]
+    num_pages = [-(-n // page_size) for n in seq_lens]
     positions = [p + j for p, e in zip(prefix_lens, ext) for j in range(e)]
     seqs = [c.seq for c, e in zip(chunks, ext) for _ in range(e)]
     ends = list(accumulate(ext))
@@ -51,16 +59,17 @@ def make_batch(chunks: list[Chunk], prefix_lens: list[int], num_seqs: int,
     return ForwardBatch(
         input_ids=tensor([i for c in chunks for i in c.ids]),
         positions=tensor(positions),
-        out_slots=tensor([slot(num_seqs, s, p) for s, p in zip(seqs, positions)]),
+        out_slots=tensor([slot(num_seqs, s, p, page_size) for s, p in zip(seqs, positions)]),
         qo_indptr=tensor([0, *ends], torch.int32),
-        kv_indptr=tensor([0, *accumulate(seq_lens)], torch.int32),
-        kv_indices=tensor([slot(num_seqs, c.seq, p) for c, n in zip(chunks, seq_lens)
-                           for p in range(n)]),
+        kv_indptr=tensor([0, *accumulate(num_pages)], torch.int32),
+        kv_indices=tensor([page(num_seqs, c.seq, j) for c, n in zip(chunks, num_pages)
+                           for j in range(n)]),
         seq_lens=tensor(seq_lens, torch.int32),
         prefix_lens=tensor(prefix_lens, torch.int32),
         sample_idx=tensor(sample_idx),
         is_decode=all(e == 1 for e in ext),
         seq_lens_cpu=seq_lens, prefix_lens_cpu=list(prefix_lens), extend_lens_cpu=ext,
+        page_size=page_size,
     )
 
 

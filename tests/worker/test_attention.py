@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.paging import page_slots
 from runtime.worker.attention import TorchAttention
 from runtime.worker.kv_pool import GiB, KVPool, kv_bytes_per_token, slots_for_memory
 from tests.worker.batching import Chunk, make_batch, slot
@@ -18,9 +19,8 @@ def reference(q, k_cache, v_cache, fb):
     group = Q_HEADS // KV_HEADS
     t = 0
     for i, (n, prefix) in enumerate(zip(fb.extend_lens_cpu, fb.prefix_lens_cpu)):
-        start = int(fb.kv_indptr[i])
         for j in range(n):
-            slots = fb.kv_indices[start:start + prefix + j + 1]
+            slots = page_slots(fb.kv_indptr, fb.kv_indices, i, prefix + j + 1, fb.page_size)
             for h in range(Q_HEADS):
                 keys = k_cache[slots, h // group]  # [L, D]
                 weights = torch.softmax(keys @ q[t, h] / HEAD_DIM ** 0.5, dim=0)  # [L]
@@ -31,13 +31,14 @@ def reference(q, k_cache, v_cache, fb):
 
 @pytest.mark.parametrize("extend", [[5, 3, 1], [1, 1, 1], [4, 1, 7]])
 @pytest.mark.parametrize("prefix", [[0, 0, 0], [3, 9, 1]])
-def test_torch_attention_matches_reference(extend, prefix):
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_torch_attention_matches_reference(extend, prefix, page_size):
     torch.manual_seed(0)
-    pool = KVPool(2, 64, KV_HEADS, HEAD_DIM, torch.float64, "cpu")
+    pool = KVPool(2, 64 * page_size, KV_HEADS, HEAD_DIM, torch.float64, "cpu")
     for cache in pool.k + pool.v:  # cached prefixes (and everything else) hold random K/V
         cache.normal_()
     chunks = [Chunk(s, [0] * n) for s, n in enumerate(extend)]
-    fb = make_batch(chunks, prefix, SEQS)
+    fb = make_batch(chunks, prefix, SEQS, page_size=page_size)
     tokens = sum(extend)
     q = torch.randn(tokens, Q_HEADS, HEAD_DIM, dtype=torch.float64)
     k = torch.randn(tokens, KV_HEADS, HEAD_DIM, dtype=torch.float64)

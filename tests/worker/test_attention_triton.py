@@ -15,14 +15,17 @@ Q_HEADS, KV_HEADS, HEAD_DIM, SEQS = 6, 2, 16, 3
 
 @pytest.mark.parametrize("extend, prefix", [([5, 3, 1], [0, 0, 0]), ([4, 1, 7], [3, 9, 1]),
                                             ([1, 1, 1], [3, 17, 0])])
-def test_triton_backend_matches_torch_backend(extend, prefix):
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_triton_backend_matches_torch_backend(extend, prefix, page_size):
     torch.manual_seed(1)
-    pools = [KVPool(1, 96, KV_HEADS, HEAD_DIM, torch.float32, "cpu") for _ in range(2)]
+    pools = [KVPool(1, 96 * page_size, KV_HEADS, HEAD_DIM, torch.float32, "cpu")
+             for _ in range(2)]
     for cache in pools[0].k + pools[0].v:
         cache.normal_()
     for a, b in zip(pools[0].k + pools[0].v, pools[1].k + pools[1].v):
         b.copy_(a)
-    fb = make_batch([Chunk(s, [0] * n) for s, n in enumerate(extend)], prefix, SEQS)
+    fb = make_batch([Chunk(s, [0] * n) for s, n in enumerate(extend)], prefix, SEQS,
+                    page_size=page_size)
     tokens = sum(extend)
     q = torch.randn(tokens, Q_HEADS, HEAD_DIM)
     k = torch.randn(tokens, KV_HEADS, HEAD_DIM)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from runtime.config import ServerConfig
 from runtime.messages import BatchPlan, RowInit, SamplingParams
 from runtime.model_config import resolve_model
@@ -9,14 +11,17 @@ from runtime.worker.worker import Worker
 
 
 def first_token(worker: Worker) -> int:
+    ps = worker.page_size  # the request's block starts at page 1, as the warm-up's does
     plan = BatchPlan(batch_id=0, rows=[0], prefix_lens=[0], extend_lens=[5],
-                     input_ids=[11, 12, 13, 14, 15], new_slots=[1, 2, 3, 4, 5], sample=[True],
+                     input_ids=[11, 12, 13, 14, 15], new_slots=list(range(ps, ps + 5)),
+                     sample=[True],
                      inits=[RowInit(row=0, params=SamplingParams(temperature=0.0))])
     return worker.launch(plan).result().next_ids[0]
 
 
-def test_warm_up_then_serving_matches_a_cold_worker():
-    cfg = ServerConfig(model="dummy:tiny", device="cpu", kv_slots=256, max_running=4)
+@pytest.mark.parametrize("kv", ["token", "paged"])
+def test_warm_up_then_serving_matches_a_cold_worker(kv):
+    cfg = ServerConfig(model="dummy:tiny", device="cpu", kv_slots=256, max_running=4, kv=kv)
     spec = resolve_model(cfg.model)
     cold = first_token(Worker(cfg, spec))
     warm = Worker(cfg, spec)
