@@ -188,6 +188,7 @@ def sweep_decode(run, nbytes, p, mha, pool):
         t = timeit(partial(run, num_splits=splits, config=cfg), replace(p, iters=p.iters // 2 + 1))
         out.append({"mha": mha, "pool": pool, "splits": splits, **asdict(cfg), "time_us": t,
                     "pct_ceiling": 100 * nbytes / t / 1e3 / COPY_CEILING_GBPS})  # fmt: skip
+        print("sweep", out[-1], flush=True)  # partial results survive a time limit
     return sorted(out, key=lambda r: r["time_us"])
 
 
