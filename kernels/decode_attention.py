@@ -46,6 +46,8 @@ class DecodeConfig:
 # MHA 961 us with padded tl.dot, 128 keys a tile; GQA (32/8 heads) 249 us with 64 keys a tile
 MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3, use_dot=True)
 GQA_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=2)
+# `--sweep --sweep-pool fp8`: a quantized pool wants deeper pipelining for GQA (253 us vs 533)
+QUANT_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
 
 
 @triton.jit
@@ -253,7 +255,7 @@ def decode_attention(
     kv_indptr, kv_indices, seq_lens = (t.contiguous() for t in (kv_indptr, kv_indices, seq_lens))
 
     group = Hq // Hkv
-    config = config or (MHA_CONFIG if Hq == Hkv else GQA_CONFIG)
+    config = config or (MHA_CONFIG if Hq == Hkv else QUANT_GQA_CONFIG if quant else GQA_CONFIG)
     use_dot = group > 1 if config.use_dot is None else config.use_dot
     assert use_dot or group == 1, "the multiply-reduce path handles one query head per group"
     block_d = triton.next_power_of_2(D)

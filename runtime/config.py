@@ -46,6 +46,7 @@ class ServerConfig:
     mem_fraction: float = 0.85
     seed: int = 0
     torch_threads: int = 0  # 0: torch's default
+    tp: int = 1  # tensor-parallel worker processes (one GPU each on CUDA, gloo on the CPU)
     cuda_graph: bool = True  # capture decode CUDA graphs at start-up (GPU only)
     log_level: str = "info"
     ready_timeout: float = 300.0
@@ -76,7 +77,7 @@ class ServerConfig:
         self._check_kv()
         if self.chunk_size < 0:
             raise ConfigError(f"chunk_size must be >= 0 (0: auto), got {self.chunk_size}")
-        for name in ("max_running", "max_queue"):
+        for name in ("max_running", "max_queue", "tp"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.schedule_conservativeness < 0:
@@ -125,6 +126,10 @@ class ServerConfig:
     def replace(self, **changes) -> ServerConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+    def worker_channel(self, rank: int) -> str:
+        """The address the scheduler sends plans to for TP rank `rank`."""
+        return self.ipc("worker_in" if rank == 0 else f"worker_in{rank}")
 
     def ipc(self, channel: str) -> str:
         """The ZMQ address of one internal channel (`ipc://` under `ipc_dir`)."""

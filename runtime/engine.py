@@ -45,14 +45,14 @@ class Engine:
 
     def __init__(self, model: str = "smollm2", **options) -> None:
         from runtime.scheduler.loop import run_scheduler
-        from runtime.worker.worker import run_worker
+        from runtime.worker.worker import worker_targets
 
         self.config = ServerConfig(model=model, **options)
         self.spec = resolve_model(model)
         self._loop = LoopThread("sluice-engine")
         self._tm = TokenizerManager(self.config, self.spec)
         self._loop.run(self._tm.start())
-        self._group = ProcessGroup(self.config, {"worker": run_worker,
+        self._group = ProcessGroup(self.config, {**worker_targets(self.config),
                                                  "scheduler": run_scheduler})
         try:
             self._group.start()

@@ -48,14 +48,14 @@ def serve(cfg: ServerConfig) -> int:
     """Run the server until a signal (exit 0) or until a process dies (exit 1)."""
     from runtime.api.server import run_api_server
     from runtime.scheduler.loop import run_scheduler
-    from runtime.worker.worker import run_worker
+    from runtime.worker.worker import worker_targets
 
     try:
         resolve_model(cfg.model)  # converts a GGUF once, before the processes need it
     except ModelNotFound as exc:
         log.error("%s", exc)
         return 2
-    group = ProcessGroup(cfg, {"worker": run_worker, "scheduler": run_scheduler,
+    group = ProcessGroup(cfg, {**worker_targets(cfg), "scheduler": run_scheduler,
                                "api": run_api_server})
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -93,7 +93,8 @@ def run_scheduler(cfg: ServerConfig) -> None:
     ctx = zmq.Context()
     inbox: PullQueue = PullQueue(ctx, cfg.ipc("sched_in"), SchedulerInput, bind=True)
     results: PullQueue = PullQueue(ctx, cfg.ipc("sched_res"), WorkerOutput, bind=True)
-    to_worker: PushQueue = PushQueue(ctx, cfg.ipc("worker_in"))
+    # every TP rank runs every plan; rank 0 alone sends the results
+    to_workers = [PushQueue(ctx, cfg.worker_channel(r)) for r in range(cfg.tp)]
     to_api: PushQueue = PushQueue(ctx, cfg.ipc("api_in"))
     ready: PushQueue = PushQueue(ctx, cfg.ipc("ready"))
     try:
@@ -121,13 +122,15 @@ def run_scheduler(cfg: ServerConfig) -> None:
             elif isinstance(msg, GetStats):
                 to_api.put(stats(sched, msg.token))
             elif isinstance(msg, Shutdown):
-                to_worker.put(Shutdown())
+                for q in to_workers:
+                    q.put(Shutdown())
                 return
         while sched.can_plan():
             plan = sched.plan()
             if plan is None:
                 break
-            to_worker.put(plan)
+            for q in to_workers:
+                q.put(plan)
         if outs := sched.take_outputs():
             to_api.put(BatchOut(outs))
         # block until a result or a request arrives; no busy polling

@@ -2,7 +2,9 @@
 (safetensors, one file or sharded with `model.safetensors.index.json`) or random (`dummy:`).
 
 Nothing is materialized twice: parameters are allocated once on the target device and dtype,
-then filled in place, tensor by tensor.
+then filled in place, tensor by tensor. Under tensor parallelism every rank reads (or draws)
+each whole checkpoint tensor and keeps its share, cut as `tp_split_dim` says, so a dummy
+model's shards at `--tp N` are exactly the slices of its weights at `--tp 1`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import torch
 from safetensors import safe_open
 
 from runtime.model_config import ModelSpec
-from runtime.worker.models.llama import LlamaArch, LlamaForCausalLM
+from runtime.worker.models.llama import LlamaArch, LlamaForCausalLM, tp_split_dim
+from runtime.worker.tp import TPGroup
 
 DUMMY_STD = 0.02
 # tensors some checkpoints carry that we recompute or do not use
@@ -26,10 +29,11 @@ class WeightLoadError(RuntimeError):
 
 
 def load_model(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype,
-               seed: int = 0) -> LlamaForCausalLM:
-    """The model for `spec` on `device` in `dtype`, with its weights, in eval mode."""
+               seed: int = 0, tp: TPGroup | None = None) -> LlamaForCausalLM:
+    """The model for `spec` (this rank's shard of it) on `device` in `dtype`, with its
+    weights, in eval mode."""
     with torch.device("meta"):
-        model = LlamaForCausalLM(LlamaArch.from_hf(spec.hf_config()))
+        model = LlamaForCausalLM(LlamaArch.from_hf(spec.hf_config()), tp)
     model.to(dtype=dtype)  # still meta: no memory touched
     model.to_empty(device=device)  # one uninitialized allocation per parameter
     model.requires_grad_(False)
@@ -42,21 +46,60 @@ def load_model(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype,
 
 
 def init_dummy(model: LlamaForCausalLM, seed: int) -> None:
-    """Random weights in place: matrices ~ N(0, 0.02), norms ones, biases zeros.
+    """Random weights: matrices ~ N(0, 0.02), norms ones, biases zeros.
 
-    Drawn on the parameters' own device from a generator seeded with `seed`, so a 7B model
-    fills in well under a second on a GPU (the same seed gives the same weights on the same
-    device type; CPU and CUDA generators differ).
+    Each whole (unsharded) parameter is drawn in turn on the model's device from a generator
+    seeded with `seed`, so a 7B model fills in well under a second on a GPU (the same seed
+    gives the same weights on the same device type; CPU and CUDA generators differ), then
+    goes through the checkpoint path, which keeps this rank's share.
     """
-    device = next(model.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(seed)
-    for name, param in model.named_parameters():
+    first = next(model.parameters())
+    gen = torch.Generator(device=first.device).manual_seed(seed)
+    with torch.device("meta"):
+        whole = LlamaForCausalLM(model.arch)  # the --tp 1 shapes
+    pieces: dict[str, list[tuple[str, int, int]]] = {}
+    for hf_name, (param_name, start, rows) in whole.checkpoint_targets().items():
+        pieces.setdefault(param_name, []).append((hf_name, start, rows))
+    loader = ShardLoader(model)
+    for name, param in whole.named_parameters():
+        t = torch.empty(param.shape, dtype=first.dtype, device=first.device)
         if name.endswith("norm.weight"):
-            param.fill_(1.0)
+            t.fill_(1.0)
         elif name.endswith(".bias"):
-            param.zero_()
+            t.zero_()
         else:
-            param.normal_(0.0, DUMMY_STD, generator=gen)
+            t.normal_(0.0, DUMMY_STD, generator=gen)
+        for hf_name, start, rows in pieces[name]:
+            loader.put(hf_name, t.narrow(0, start, rows))
+    loader.check_complete("dummy weights")
+
+
+class ShardLoader:
+    """Copies whole checkpoint tensors, by their transformers names, into this rank's
+    (possibly fused) parameters, and tracks which are still missing."""
+
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        self.tp = model.tp
+        self.targets = model.checkpoint_targets()
+        self.params = dict(model.named_parameters())
+        self.pending = set(self.targets)
+
+    def put(self, name: str, tensor: torch.Tensor) -> None:
+        param_name, start, rows = self.targets[name]
+        dest = self.params[param_name].narrow(0, start, rows)
+        dim = tp_split_dim(name) if self.tp.size > 1 else None
+        if dim is not None and tensor.shape[dim] % self.tp.size == 0:
+            tensor = tensor.chunk(self.tp.size, dim)[self.tp.rank]  # this rank's share
+        if tensor.shape != dest.shape:
+            raise WeightLoadError(f"{name}: checkpoint shape {tuple(tensor.shape)}, "
+                                  f"model expects {tuple(dest.shape)}")
+        dest.copy_(tensor)  # converts dtype, moves to the device
+        self.pending.discard(name)
+
+    def check_complete(self, source: str) -> None:
+        if self.pending:
+            shown = ", ".join(sorted(self.pending)[:5])
+            raise WeightLoadError(f"{source}: {len(self.pending)} tensors missing, e.g. {shown}")
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
@@ -80,25 +123,14 @@ def load_hf_folder(model: LlamaForCausalLM, folder: Path) -> None:
     Raises WeightLoadError for a missing tensor, an unknown one, or a shape mismatch. With
     tied embeddings an `lm_head.weight` in the file is ignored (the head reads embed_tokens).
     """
-    targets = model.checkpoint_targets()
-    params = dict(model.named_parameters())
-    pending = set(targets)
+    loader = ShardLoader(model)
     for path in checkpoint_files(folder):
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 if name.endswith(IGNORED_SUFFIXES) or (
                         name == "lm_head.weight" and model.arch.tie_word_embeddings):
                     continue
-                if name not in targets:
+                if name not in loader.targets:
                     raise WeightLoadError(f"{path.name}: unexpected tensor {name}")
-                param_name, start, rows = targets[name]
-                dest = params[param_name].narrow(0, start, rows)
-                tensor = f.get_tensor(name)
-                if tensor.shape != dest.shape:
-                    raise WeightLoadError(f"{name}: checkpoint shape {tuple(tensor.shape)}, "
-                                          f"model expects {tuple(dest.shape)}")
-                dest.copy_(tensor)  # converts dtype, moves to the device
-                pending.discard(name)
-    if pending:
-        shown = ", ".join(sorted(pending)[:5])
-        raise WeightLoadError(f"{folder}: {len(pending)} tensors missing, e.g. {shown}")
+                loader.put(name, f.get_tensor(name))
+    loader.check_complete(str(folder))

@@ -20,6 +20,7 @@ from runtime.worker.kv_pool import (
 )
 from runtime.worker.loader import load_model
 from runtime.worker.sampler import Sampler
+from runtime.worker.tp import TPGroup
 
 CPU_DEFAULT_SLOTS = 16384
 CPU_KV_BUDGET = 2 * GiB  # the CPU default never takes more than this
@@ -35,26 +36,29 @@ class ModelRunner:
     quantizes the pool (see `KVPool`); sizing and `kv_bytes_per_token` count the stored
     bytes, scales included, so a quantized pool fits about twice the fp16/bf16 tokens.
     `page_size` is the page size of the decode batches the CUDA graphs are captured for.
+    Under tensor parallelism (`tp`) the runner holds this rank's shard of the model and of
+    the KV heads (`kv_bytes_per_token` is this rank's share); the logits are whole.
     """
 
     def __init__(self, spec: ModelSpec, device: str | torch.device, dtype: torch.dtype,
                  kv_slots: int, max_rows: int, seed: int = 0,
                  mem_fraction: float = 0.85, cuda_graph: bool = True,
-                 kv_dtype: str = "auto", page_size: int = 1) -> None:
+                 kv_dtype: str = "auto", page_size: int = 1, tp: TPGroup | None = None) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
-        self.model = load_model(spec, self.device, dtype, seed)
+        self.tp = tp = tp or TPGroup()
+        self.model = load_model(spec, self.device, dtype, seed, tp)
         arch = self.model.arch
         self.vocab_size = arch.vocab_size
-        self.kv_bytes_per_token = kv_bytes_per_token(arch.num_layers, arch.num_kv_heads,
-                                                     arch.head_dim,
+        kv_heads = arch.num_kv_heads // tp.size  # this rank's
+        self.kv_bytes_per_token = kv_bytes_per_token(arch.num_layers, kv_heads, arch.head_dim,
                                                      kv_storage_dtype(kv_dtype, dtype))
         if kv_slots == 0:
-            # never more than every row at full context could use
-            kv_slots = min(self._default_slots(max_rows, mem_fraction),
-                           max_rows * spec.max_context)
+            # never more than every row at full context could use; every rank the same
+            kv_slots = tp.min_int(min(self._default_slots(max_rows, mem_fraction),
+                                      max_rows * spec.max_context))
         self.kv_slots = kv_slots
-        self.kv_pool = KVPool(arch.num_layers, kv_slots + 1, arch.num_kv_heads, arch.head_dim,
+        self.kv_pool = KVPool(arch.num_layers, kv_slots + 1, kv_heads, arch.head_dim,
                               dtype, self.device, kv_dtype)
         on_gpu = self.device.type == "cuda"
         self.attn = TritonAttention(self.kv_pool) if on_gpu else TorchAttention(self.kv_pool)
@@ -66,7 +70,7 @@ class ModelRunner:
         self.graphs: GraphRunner | None = None
         if on_gpu and cuda_graph:
             self.graphs = GraphRunner(self.model, self.attn, max_rows, self.max_context,
-                                      arch.num_kv_heads, self.device, page_size)
+                                      kv_heads, self.device, page_size)
             self.graphs.capture()
 
     def _default_slots(self, max_rows: int, mem_fraction: float) -> int:

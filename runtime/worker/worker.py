@@ -6,13 +6,20 @@ next step's mask (see `grammar_rows`). After each batch it records an event and 
 the sampled ids (and any input logprobs) to pinned host memory without blocking; a
 sender thread waits on that event and sends the StepResult. On the CPU the event is a
 no-op and the same code path runs synchronously.
+
+With `--tp N` there are N worker processes (`worker_targets`). The scheduler sends every
+plan to each; they run it in lockstep (the collectives inside the model pair them up),
+sample the same ids from the same whole logits, and only rank 0 reports results.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import queue
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,14 +46,22 @@ from runtime.worker.grammar_rows import GrammarRows
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.step_timing import StepTimer, StepTiming
 from runtime.worker.token_table import TokenTable
+from runtime.worker.tp import TPGroup, init_tp
 
 ROW_SLACK = 16  # rows beyond max_running: finished requests keep theirs until released
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, rank: int = 0) -> torch.device:
+    """The device of TP rank `rank`: `cuda:rank` on a GPU host, else the CPU."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
+    if name != "cuda":
+        return torch.device(name)
+    if rank >= torch.cuda.device_count():
+        raise RuntimeError(f"TP rank {rank} needs cuda:{rank}, but only "
+                           f"{torch.cuda.device_count()} GPU(s) are visible")
+    torch.cuda.set_device(rank)
+    return torch.device("cuda", rank)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -93,16 +108,18 @@ class InFlight:
 class Worker:
     """Model, KV pool, sampler and token table of one device."""
 
-    def __init__(self, cfg: ServerConfig, spec: ModelSpec) -> None:
-        self.device = resolve_device(cfg.device)
+    def __init__(self, cfg: ServerConfig, spec: ModelSpec, rank: int = 0) -> None:
+        self.device = resolve_device(cfg.device, rank)
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
+        self.tp: TPGroup = init_tp(rank, cfg.tp, self.device,
+                                   os.path.join(cfg.ipc_dir, f"{cfg.run_id}-tp-store"))
         self.max_rows = cfg.max_running + ROW_SLACK
         self.page_size = page_size(cfg)
         self.runner = ModelRunner(spec, self.device, resolve_dtype(cfg.dtype, self.device),
                                   kv_slots=cfg.kv_slots, max_rows=self.max_rows, seed=cfg.seed,
                                   mem_fraction=cfg.mem_fraction, cuda_graph=cfg.cuda_graph,
-                                  kv_dtype=cfg.kv_dtype, page_size=self.page_size)
+                                  kv_dtype=cfg.kv_dtype, page_size=self.page_size, tp=self.tp)
         self.table = TokenTable(self.max_rows, self.runner.max_context, self.device,
                                 self.page_size)
         compiler = None
@@ -133,7 +150,8 @@ class Worker:
     def ready_message(self) -> WorkerReady:
         r = self.runner
         return WorkerReady(kv_slots=r.kv_slots, max_rows=self.max_rows,
-                           max_context=r.max_context, kv_bytes_per_token=r.kv_bytes_per_token,
+                           max_context=r.max_context,
+                           kv_bytes_per_token=r.kv_bytes_per_token * self.tp.size,
                            device=str(self.device))
 
     @torch.inference_mode()
@@ -191,8 +209,10 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     return host
 
 
-def _send_results(out: PushQueue, pending: queue.Queue, timer: StepTimer | None) -> None:
-    """Sender thread: wait for each launched batch in order and send its result."""
+def _send_results(out: PushQueue | None, pending: queue.Queue,
+                  timer: StepTimer | None) -> None:
+    """Sender thread: wait for each launched batch in order and send its result (to
+    nowhere on TP ranks other than 0: they only wait, so their buffers retire in order)."""
     while True:
         item = pending.get()
         if item is None:
@@ -202,30 +222,42 @@ def _send_results(out: PushQueue, pending: queue.Queue, timer: StepTimer | None)
             if item.timing is not None:  # the batch completed: its marks can be read
                 timer.log(item.batch_id, item.timing)
             item = result
-        out.put(item)
+        if out is not None:
+            out.put(item)
 
 
-def run_worker(cfg: ServerConfig) -> None:
-    """Entry point of the worker process."""
+def worker_name(rank: int) -> str:
+    return "worker" if rank == 0 else f"worker{rank}"
+
+
+def worker_targets(cfg: ServerConfig) -> dict[str, Callable[[ServerConfig], None]]:
+    """The worker processes of a server, by name: one per TP rank."""
+    return {worker_name(r): functools.partial(run_worker, rank=r) for r in range(cfg.tp)}
+
+
+def run_worker(cfg: ServerConfig, rank: int = 0) -> None:
+    """Entry point of the worker process of TP rank `rank`."""
     exit_with_parent()
-    log = setup_logging("worker", cfg.log_level)
+    name = worker_name(rank)
+    log = setup_logging(name, cfg.log_level)
     ctx = zmq.Context()
-    inbox: PullQueue = PullQueue(ctx, cfg.ipc("worker_in"), WorkerInput, bind=True)
-    out: PushQueue = PushQueue(ctx, cfg.ipc("sched_res"))
+    inbox: PullQueue = PullQueue(ctx, cfg.worker_channel(rank), WorkerInput, bind=True)
+    out: PushQueue | None = PushQueue(ctx, cfg.ipc("sched_res")) if rank == 0 else None
     ready: PushQueue = PushQueue(ctx, cfg.ipc("ready"))
     try:
-        worker = Worker(cfg, resolve_model(cfg.model))
+        worker = Worker(cfg, resolve_model(cfg.model), rank)
         if worker.device.type == "cuda":
             worker.warm_up()
     except Exception as exc:  # report the cause to the launcher, then die
-        log.exception("worker failed to start")
-        ready.put(Ready("worker", error=error_text(exc)))
+        log.exception("%s failed to start", name)
+        ready.put(Ready(name, error=error_text(exc)))
         sys.exit(1)
-    out.put(worker.ready_message())
-    log.info("model %s on %s, KV pool %d tokens of %s (%d bytes/token)", cfg.model,
-             worker.device, worker.runner.kv_slots, worker.runner.kv_pool.dtype,
-             worker.runner.kv_bytes_per_token)
-    ready.put(Ready("worker"))
+    if out is not None:
+        out.put(worker.ready_message())
+    log.info("model %s on %s (TP rank %d of %d), KV pool %d tokens of %s (%d bytes/token "
+             "on this rank)", cfg.model, worker.device, rank, cfg.tp, worker.runner.kv_slots,
+             worker.runner.kv_pool.dtype, worker.runner.kv_bytes_per_token)
+    ready.put(Ready(name))
     pending: queue.Queue = queue.Queue()
     sender = threading.Thread(target=_send_results, args=(out, pending, worker.timer),
                               daemon=True)
@@ -242,3 +274,5 @@ def run_worker(cfg: ServerConfig) -> None:
     pending.put(None)
     sender.join(timeout=5)
     worker.grammar.close()
+    if worker.tp.size > 1:
+        torch.distributed.destroy_process_group()

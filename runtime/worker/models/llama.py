@@ -3,6 +3,11 @@
 Tokens of all sequences run flattened as one `[T, hidden]` stream; only attention looks at
 sequence boundaries, through the attention backend and the ForwardBatch. Q/K/V and gate/up
 projections are fused into one linear each (the loader concatenates the HF weights).
+
+Under tensor parallelism (`TPGroup` of size N) each rank holds 1/N of every layer, as
+Megatron-LM splits it: Q/K/V and gate/up column-parallel (whole heads, whole MLP columns),
+O and down row-parallel (all-reduced), the embedding and the LM head by vocabulary rows
+(`parallel.py`). `tp_split_dim` says how each checkpoint tensor is cut.
 """
 
 from __future__ import annotations
@@ -16,12 +21,29 @@ from torch import nn
 
 from runtime.worker.attention import AttentionBackend
 from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.models.parallel import RowParallelLinear, VocabParallelEmbedding
 from runtime.worker.ops import TorchOps, TritonOps
+from runtime.worker.tp import TPGroup
 
 Ops = TorchOps | TritonOps
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")
+# checkpoint modules cut along their output rows (dim 0) or input columns (dim 1) under TP
+COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens",
+                   "lm_head")
+ROW_PARALLEL = ("o_proj", "down_proj")
+
+
+def tp_split_dim(hf_name: str) -> int | None:
+    """The dim along which tensor `hf_name` of a checkpoint is split over TP ranks; None
+    when every rank holds all of it (norms, and the biases of row-parallel layers)."""
+    *_, module, leaf = hf_name.split(".")
+    if module in COLUMN_PARALLEL:
+        return 0
+    if module in ROW_PARALLEL and leaf == "weight":
+        return 1
+    return None
 
 
 @dataclass(frozen=True)
@@ -111,15 +133,16 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, arch: LlamaArch, layer_id: int) -> None:
+    def __init__(self, arch: LlamaArch, layer_id: int, tp: TPGroup) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.num_heads, self.num_kv_heads = arch.num_heads, arch.num_kv_heads
+        self.num_heads = tp.shard(arch.num_heads, "attention heads")  # this rank's
+        self.num_kv_heads = tp.shard(arch.num_kv_heads, "KV heads")
         self.head_dim = arch.head_dim
-        q_size, kv_size = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+        q_size, kv_size = self.num_heads * arch.head_dim, self.num_kv_heads * arch.head_dim
         self.sizes = [q_size, kv_size, kv_size]
         self.qkv_proj = nn.Linear(arch.hidden_size, q_size + 2 * kv_size, bias=arch.qkv_bias)
-        self.o_proj = nn.Linear(q_size, arch.hidden_size, bias=arch.o_bias)
+        self.o_proj = RowParallelLinear(q_size, arch.hidden_size, arch.o_bias, tp)
         if arch.qk_norm:
             self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
             self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
@@ -140,23 +163,23 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, arch: LlamaArch) -> None:
+    def __init__(self, arch: LlamaArch, tp: TPGroup) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * arch.intermediate_size,
-                                      bias=arch.mlp_bias)
-        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=arch.mlp_bias)
+        inter = tp.shard(arch.intermediate_size, "the MLP intermediate size")
+        self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * inter, bias=arch.mlp_bias)
+        self.down_proj = RowParallelLinear(inter, arch.hidden_size, arch.mlp_bias, tp)
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
         return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))  # [T, hidden]
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, arch: LlamaArch, layer_id: int) -> None:
+    def __init__(self, arch: LlamaArch, layer_id: int, tp: TPGroup) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.self_attn = LlamaAttention(arch, layer_id)
+        self.self_attn = LlamaAttention(arch, layer_id, tp)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = LlamaMLP(arch)
+        self.mlp = LlamaMLP(arch, tp)
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor | None, ops: Ops,
                 fb: ForwardBatch, attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,11 +196,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, arch: LlamaArch) -> None:
+    def __init__(self, arch: LlamaArch, tp: TPGroup) -> None:
         super().__init__()
         self.arch = arch
-        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(arch, i) for i in range(arch.num_layers))
+        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, tp)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(arch, i, tp)
+                                    for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.ops: Ops | None = None  # set by init_buffers once the device is known
 
@@ -193,12 +217,14 @@ class LlamaForCausalLM(nn.Module):
     """Decoder plus LM head. Parameter names follow transformers except the fused
     `qkv_proj` / `gate_up_proj`; see `checkpoint_targets`."""
 
-    def __init__(self, arch: LlamaArch) -> None:
+    def __init__(self, arch: LlamaArch, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.arch = arch
-        self.model = LlamaModel(arch)
+        self.tp = tp = tp or TPGroup()
+        self.model = LlamaModel(arch, tp)
         if not arch.tie_word_embeddings:
-            self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+            self.lm_head = nn.Linear(arch.hidden_size, tp.shard(arch.vocab_size, "the vocabulary"),
+                                     bias=False)
 
     def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Final-normed hidden states of every new token: [T, hidden]."""
@@ -207,7 +233,8 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head over selected rows: [S, hidden] -> [S, vocab] float32."""
         head = self.model.embed_tokens if self.arch.tie_word_embeddings else self.lm_head
-        return F.linear(hidden, head.weight).float()  # [S, vocab]
+        logits = F.linear(hidden, head.weight)  # [S, vocab / tp], this rank's rows
+        return self.tp.all_gather_last(logits).float()  # [S, vocab]
 
     def init_buffers(self) -> None:
         """Fill non-persistent buffers (RoPE) after the model left the meta device."""
@@ -222,9 +249,11 @@ class LlamaForCausalLM(nn.Module):
 
     def checkpoint_targets(self) -> dict[str, tuple[str, int, int]]:
         """Every tensor a transformers checkpoint must provide, by its name there:
-        (our parameter name, first row, row count) along dim 0 of that parameter."""
-        a = self.arch
-        q, kv, inter = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.intermediate_size
+        (our parameter name, first row, row count) along dim 0 of that parameter. Under TP
+        the rows are this rank's share of the tensor cut by `tp_split_dim`."""
+        a, attn = self.arch, self.model.layers[0].self_attn
+        q, kv = attn.num_heads * a.head_dim, attn.num_kv_heads * a.head_dim
+        inter = self.model.layers[0].mlp.down_proj.weight.shape[1]
         fused = {"qkv_proj": [("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)],
                  "gate_up_proj": [("gate_proj", 0, inter), ("up_proj", inter, inter)]}
         targets: dict[str, tuple[str, int, int]] = {}
