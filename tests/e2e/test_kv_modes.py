@@ -40,6 +40,12 @@ def test_paged_matches_hf_and_hits_cached_blocks(hf):
         assert stats.prefix_hit_tokens >= blocks > 0
 
 
+def test_dynamic_block_sizes_match_hf(hf):
+    with Engine(model="smollm2", kv="paged", block_size="dynamic", chunk_size=64,
+                torch_threads=2) as eng:
+        run_and_compare(hf, eng)
+
+
 def test_contiguous_matches_hf(hf):
     with Engine(model="smollm2", kv="contiguous", chunk_size=64, torch_threads=2) as eng:
         stats = run_and_compare(hf, eng)

@@ -4,11 +4,9 @@
   HF's logits, within bf16 tolerance, with HF holding the very same weights.
 - The whole `Engine` in fp32 on a tiny HF folder gives HF `generate`'s greedy tokens.
 - With a KV pool so small that freed slots are reused at once, greedy outputs with overlap
-  equal those without. Run that one under the memory checker too (it must wrap the spawned
-  worker, hence `--target-processes all`):
-
-      compute-sanitizer --tool memcheck --target-processes all \\
-          python -m pytest tests/worker/test_gpu.py -k overlap_is_safe -x -q
+  equal those without, and HF's. The same check with the scheduler and worker in one
+  process, so the memory checker sees every kernel, is tests/worker/test_overlap_in_process.py
+  (it ran clean under `compute-sanitizer --tool memcheck` on the H200).
 
 The kernel-level comparisons on the device are in tests/kernels (fp16/bf16 cases marked gpu).
 """
