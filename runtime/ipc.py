@@ -26,6 +26,24 @@ class PushQueue(Generic[T]):
         self.sock.close(linger=0)
 
 
+class FanOutQueue(Generic[T]):
+    """Sends every message to each of several PUSH channels, encoded once (a PUSH socket
+    connected to many peers would deal messages out round-robin instead)."""
+
+    def __init__(self, ctx: zmq.Context, addrs: list[str]) -> None:
+        self.queues: list[PushQueue[T]] = [PushQueue(ctx, a) for a in addrs]
+        self._enc = msgspec.msgpack.Encoder()
+
+    def put(self, msg: T) -> None:
+        frame = self._enc.encode(msg)
+        for q in self.queues:
+            q.sock.send(frame, copy=False)
+
+    def close(self) -> None:
+        for q in self.queues:
+            q.close()
+
+
 class PullQueue(Generic[T]):
     """Receiving end of a PUSH/PULL pipeline channel, decoding to the channel's type."""
 

@@ -7,11 +7,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from runtime.messages import ModelInfo
 
 OnText = Callable[[str], None]
+C = TypeVar("C")  # a client with a close() method
 
 
 @dataclass
@@ -34,6 +35,31 @@ class GenResult:
                    last.completion_tokens, last.cached_tokens,
                    [p for c in chunks for p in c.input_logprobs],
                    [t for c in chunks for t in c.input_token_ids])
+
+
+class PerThread(Generic[C]):
+    """One client per calling thread, made on first use by `factory`, all closed together
+    (a connection pool or socket is not shared across threads)."""
+
+    def __init__(self, factory: Callable[[], C]) -> None:
+        self._factory = factory
+        self._local = threading.local()
+        self._made: list[C] = []
+        self._lock = threading.Lock()
+
+    def get(self) -> C:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = self._factory()
+            with self._lock:
+                self._made.append(client)
+        return client
+
+    def close(self) -> None:
+        with self._lock:
+            for client in self._made:
+                client.close()
+            self._made.clear()
 
 
 class Backend(ABC):

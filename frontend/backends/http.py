@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import threading
 from typing import Any
 
 import httpx
 import msgspec
 
-from frontend.backends.base import Backend, GenResult, OnText
+from frontend.backends.base import Backend, GenResult, OnText, PerThread
 from runtime.messages import InvalidRequest, ModelInfo
 
 
@@ -24,17 +23,11 @@ class HttpBackend(Backend):
         super().__init__()
         self.url = url.rstrip("/")
         self.timeout = timeout
-        self._local = threading.local()
-        self._clients: list[httpx.Client] = []
-        self._lock = threading.Lock()
+        self._clients: PerThread[httpx.Client] = PerThread(
+            lambda: httpx.Client(base_url=self.url, timeout=self.timeout))
 
     def _http(self) -> httpx.Client:
-        client = getattr(self._local, "client", None)
-        if client is None:
-            client = self._local.client = httpx.Client(base_url=self.url, timeout=self.timeout)
-            with self._lock:
-                self._clients.append(client)
-        return client
+        return self._clients.get()
 
     def generate(self, prompt: str, params: dict[str, Any],
                  on_text: OnText | None = None) -> GenResult:
@@ -76,10 +69,7 @@ class HttpBackend(Backend):
 
     def close(self) -> None:
         super().close()
-        with self._lock:
-            for client in self._clients:
-                client.close()
-            self._clients.clear()
+        self._clients.close()
 
 
 def _raise_for_error(status: int, content: bytes) -> None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
-from frontend.backends.base import Backend, GenResult, OnText
+from frontend.backends.base import Backend, GenResult, OnText, PerThread
 from runtime.client import Client
 from runtime.messages import ModelInfo
 
@@ -17,17 +16,11 @@ class RpcBackend(Backend):
         super().__init__()
         self.addr = addr
         self.timeout = timeout
-        self._local = threading.local()
-        self._clients: list[Client] = []
-        self._lock = threading.Lock()
+        self._clients: PerThread[Client] = PerThread(
+            lambda: Client(self.addr, timeout=self.timeout))
 
     def _client(self) -> Client:
-        client = getattr(self._local, "client", None)
-        if client is None:
-            client = self._local.client = Client(self.addr, timeout=self.timeout)
-            with self._lock:
-                self._clients.append(client)
-        return client
+        return self._clients.get()
 
     def generate(self, prompt: str, params: dict[str, Any],
                  on_text: OnText | None = None) -> GenResult:
@@ -46,7 +39,4 @@ class RpcBackend(Backend):
 
     def close(self) -> None:
         super().close()
-        with self._lock:
-            for client in self._clients:
-                client.close()
-            self._clients.clear()
+        self._clients.close()

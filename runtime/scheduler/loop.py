@@ -13,7 +13,7 @@ import sys
 import zmq
 
 from runtime.config import ServerConfig
-from runtime.ipc import PullQueue, PushQueue
+from runtime.ipc import FanOutQueue, PullQueue, PushQueue
 from runtime.messages import (
     AbortReq,
     BatchOut,
@@ -94,7 +94,7 @@ def run_scheduler(cfg: ServerConfig) -> None:
     inbox: PullQueue = PullQueue(ctx, cfg.ipc("sched_in"), SchedulerInput, bind=True)
     results: PullQueue = PullQueue(ctx, cfg.ipc("sched_res"), WorkerOutput, bind=True)
     # every TP rank runs every plan; rank 0 alone sends the results
-    to_workers = [PushQueue(ctx, cfg.worker_channel(r)) for r in range(cfg.tp)]
+    to_workers: FanOutQueue = FanOutQueue(ctx, [cfg.worker_channel(r) for r in range(cfg.tp)])
     to_api: PushQueue = PushQueue(ctx, cfg.ipc("api_in"))
     ready: PushQueue = PushQueue(ctx, cfg.ipc("ready"))
     try:
@@ -122,15 +122,13 @@ def run_scheduler(cfg: ServerConfig) -> None:
             elif isinstance(msg, GetStats):
                 to_api.put(stats(sched, msg.token))
             elif isinstance(msg, Shutdown):
-                for q in to_workers:
-                    q.put(Shutdown())
+                to_workers.put(Shutdown())
                 return
         while sched.can_plan():
             plan = sched.plan()
             if plan is None:
                 break
-            for q in to_workers:
-                q.put(plan)
+            to_workers.put(plan)
         if outs := sched.take_outputs():
             to_api.put(BatchOut(outs))
         # block until a result or a request arrives; no busy polling
