@@ -2,12 +2,12 @@
 
 Channels (each a tagged union, decoded by `runtime.ipc`):
   api -> scheduler      `SchedulerInput`  = GenerateReq | AbortReq | GetStats | Shutdown
-  scheduler -> api      `ApiInput`        = BatchOut | SchedulerStats | ProcessDied
+  scheduler -> api      `ApiInput`        = BatchOut | SchedulerStats | ProcessDied | Limits
   scheduler -> worker   `WorkerInput`     = BatchPlan | Shutdown
   worker -> scheduler   `WorkerOutput`    = StepResult | WorkerReady | WorkerFailed
   any -> supervisor     `Ready`
   RPC client <-> api    `RpcInput` = RpcGenerate | RpcAbort | RpcGetModelInfo ;
-                        `RpcOutput` = RpcChunk | RpcError | RpcModelInfo
+                        `RpcOutput` = RpcChunk | RpcBatch | RpcError | RpcModelInfo
 
 Structs are array-like on the wire: new fields are only ever appended, with defaults.
 """
@@ -158,6 +158,20 @@ class SchedulerStats(msgspec.Struct, **_WIRE):
     degraded: bool = False  # degraded mode: max_tokens and batch size capped
 
 
+class Limits(msgspec.Struct, **_WIRE):
+    """The request limits after every cap (the model's context, the worker's KV pool and
+    sliding window, the scheduler's KV manager), sent once by the scheduler at start-up.
+
+    The api derives every limit it checks or advertises from this record alone.
+    """
+
+    max_context: int  # prompt + output tokens of one request
+    max_req_input_len: int  # prompt tokens of one request (max_context - 1: one to sample)
+    max_running: int  # requests running at once
+    kv_slots: int  # the KV pool, in token slots
+    model_max_context: int = 0  # the model's own context length, before the caps
+
+
 class ProcessDied(msgspec.Struct, **_WIRE):
     """Sent by the supervisor: a server process exited; fail everything in flight."""
 
@@ -176,14 +190,18 @@ class RowInit(msgspec.Struct, **_WIRE):
 
 
 class BatchPlan(msgspec.Struct, **_WIRE):
-    """One forward step, planned by the scheduler.
+    """One forward step, planned by the scheduler: only what is new since the last step.
 
     Per request i (in order): it owns `rows[i]`; KV positions [prefix_lens[i],
-    prefix_lens[i] + extend_lens[i]) are computed this step and stored in `new_slots`
-    (concatenated). `prefix_writes` fills the front of a row with cached slots after a
-    radix hit. `input_ids` holds the new tokens; a negative id -(row+1) is a future
-    token: the one the worker last sampled for that row. Requests with `sample[i]`
-    produce one token each, in order, in StepResult.next_ids.
+    prefix_lens[i] + extend_lens[i]) are computed this step. The worker's page table maps
+    position p of a row to page `req_to_page[row, p // page_size]` (page size 1 in token
+    mode: a page is a slot); `new_pages` lists, request by request, the pages these
+    positions start (positions ceil(prefix / page_size) * page_size onwards), so a decode
+    in paged mode usually sends none. `prefix_writes` fills the front of a row with the
+    pages of its cached prefix after a prefix hit. `input_ids` holds the new tokens; a
+    negative id -(row+1) is a future token: the one the worker last sampled for that
+    row. Requests with `sample[i]` produce one token each, in order, in
+    StepResult.next_ids.
     """
 
     batch_id: int
@@ -191,10 +209,10 @@ class BatchPlan(msgspec.Struct, **_WIRE):
     prefix_lens: list[int]
     extend_lens: list[int]
     input_ids: list[int]
-    new_slots: list[int]
+    new_pages: list[int]
     sample: list[bool]
     inits: list[RowInit] = []
-    prefix_writes: list[tuple[int, list[int]]] = []  # (row, slots of positions 0..n-1)
+    prefix_writes: list[tuple[int, list[int]]] = []  # (row, pages of positions 0..n-1)
     # (request index i, first position p, targets): return log_softmax(logits at positions
     # p, p+1, ...) of request i gathered at `targets` (the prompt tokens that follow them);
     # these positions lie inside request i's new tokens of this step
@@ -213,7 +231,7 @@ class WorkerReady(msgspec.Struct, **_WIRE):
 class StepResult(msgspec.Struct, **_WIRE):
     batch_id: int
     next_ids: list[int]
-    logprobs: list[float]
+    logprobs: list[float]  # one per next_id, or none when no request of the step asked
     input_logprobs: list[list[float]] = []  # one list per BatchPlan.input_logprobs entry
 
 
@@ -260,6 +278,12 @@ class RpcChunk(msgspec.Struct, **_WIRE):
     input_token_ids: list[int] = []  # the prompt tokens `input_logprobs` score
 
 
+class RpcBatch(msgspec.Struct, **_WIRE):
+    """Several requests' chunks to one client, sent together (those of one scheduler step)."""
+
+    chunks: list[RpcChunk]
+
+
 class RpcModelInfo(msgspec.Struct, **_WIRE):
     rid: str
     info: ModelInfo
@@ -295,8 +319,8 @@ class ModelInfo(msgspec.Struct, kw_only=True):
 
 
 SchedulerInput = GenerateReq | AbortReq | GetStats | Shutdown
-ApiInput = BatchOut | SchedulerStats | ProcessDied
+ApiInput = BatchOut | SchedulerStats | ProcessDied | Limits
 WorkerInput = BatchPlan | Shutdown
 WorkerOutput = StepResult | WorkerReady | WorkerFailed
 RpcInput = RpcGenerate | RpcAbort | RpcGetModelInfo
-RpcOutput = RpcChunk | RpcError | RpcModelInfo
+RpcOutput = RpcChunk | RpcBatch | RpcError | RpcModelInfo

@@ -17,18 +17,27 @@ from pathlib import Path
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# the seeds' 7B shape: MHA, 32 layers, 4096 hidden
+# a Llama-2-7B shape: MHA, 32 layers, 4096 hidden
 _LLAMA_7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
                  max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0)
 DUMMY_PRESETS: dict[str, dict] = {
     "llama-7b": _LLAMA_7B,
-    # the same weights' shape with a 32k context, for the seeds' long-context claims
+    # the same weights' shape with a 32k context, for long-context benchmarks
     "llama-7b-32k": dict(_LLAMA_7B, max_position_embeddings=32768),
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                       max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
                       rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                        high_freq_factor=4.0,
+                                        original_max_position_embeddings=8192)),
+    # the Llama-3.2-1B shape: 64-dim heads, 8 KV heads, the LM head tied to the embedding
+    # (its real context of 131072 is capped like llama3-8b's, so per-row tables stay small)
+    "llama3-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                      max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
+                      tie_word_embeddings=True,
+                      rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
                                         high_freq_factor=4.0,
                                         original_max_position_embeddings=8192)),
     # small shapes for tests
@@ -61,7 +70,7 @@ class ModelSpec:
         from transformers import AutoConfig, LlamaConfig
 
         if self.dummy_preset is not None:
-            return LlamaConfig(**DUMMY_PRESETS[self.dummy_preset], tie_word_embeddings=False,
+            return LlamaConfig(**{"tie_word_embeddings": False, **DUMMY_PRESETS[self.dummy_preset]},
                                bos_token_id=1, eos_token_id=2)
         return AutoConfig.from_pretrained(self.path)
 

@@ -12,34 +12,52 @@ from runtime.scheduler.req import Req
 
 @dataclass
 class Batch:
-    """Requests of one step, each with the number of new tokens it computes."""
+    """Requests of one step: decodes (one new token each, planned in bulk) first, then
+    extends (prefill chunks and other multi-token or special steps) with their lengths."""
 
     batch_id: int
-    reqs: list[Req] = field(default_factory=list)
+    decode: list[Req] = field(default_factory=list)
+    extend: list[Req] = field(default_factory=list)
     extend_lens: list[int] = field(default_factory=list)
     sampled: list[Req] = field(default_factory=list)
     logprob_reqs: list[Req] = field(default_factory=list)  # per BatchPlan.input_logprobs entry
     prefilled: list[Req] = field(default_factory=list)  # prefill-only requests done this step
-    num_prefill_tokens: int = 0
 
     def add(self, req: Req, n: int) -> None:
-        self.reqs.append(req)
+        self.extend.append(req)
         self.extend_lens.append(n)
 
     @property
-    def num_tokens(self) -> int:
-        return sum(self.extend_lens)
+    def reqs(self) -> list[Req]:
+        return self.decode + self.extend
 
-    def to_plan(self, new_slots: list[np.ndarray]) -> BatchPlan:
-        """Advance each request's KV and pending counts and describe the step for the worker."""
-        rows, prefix_lens, input_ids, sample = [], [], [], []
+    def to_plan(self, decode_pages: np.ndarray, extend_pages: list[np.ndarray]) -> BatchPlan:
+        """Advance each request's KV and pending counts and describe the step for the worker.
+
+        The work is proportional to the step's new tokens: a decode contributes its row,
+        position and (placeholder) input id; an extend its new tokens and, on admission,
+        its row binding and cached prefix pages.
+        """
+        bid = self.batch_id
+        rows, prefix_lens, input_ids = [], [], []
+        for req in self.decode:  # decoding: KV for all but the last token, which samples
+            row, pos, ids = req.row, req.kv_len, req.token_ids
+            rows.append(row)
+            prefix_lens.append(pos)
+            # the last token is known once the scheduler saw it, else it is the row's sample
+            input_ids.append(ids[pos] if pos < len(ids) else -1 - row)
+            req.kv_len = pos + 1
+            req.last_batch_id = bid
+            req.pending += 1
+        self.sampled.extend(self.decode)
+        sample = [True] * len(self.decode)
         inits, prefix_writes, logprob_targets = [], [], []
-        for i, (req, n) in enumerate(zip(self.reqs, self.extend_lens)):
+        for i, (req, n) in enumerate(zip(self.extend, self.extend_lens), start=len(self.decode)):
             if req.needs_init:
                 inits.append(_row_init(req))
                 req.needs_init = False
             if req.cached_len and not req.prefix_written:
-                prefix_writes.append((req.row, req.slots[:req.cached_len].tolist()))
+                prefix_writes.append((req.row, req.prefix_pages))
             req.prefix_written = True
             start = req.kv_len
             rows.append(req.row)
@@ -52,7 +70,7 @@ class Batch:
                 logprob_targets.append((i, *targets))
                 self.logprob_reqs.append(req)
             req.kv_len = start + n
-            req.last_batch_id = self.batch_id
+            req.last_batch_id = bid
             complete = req.kv_len == req.total_len
             does_sample = complete and not req.prefill_only
             sample.append(does_sample)
@@ -61,11 +79,13 @@ class Batch:
                 self.sampled.append(req)
             elif complete:
                 self.prefilled.append(req)
-        slots = np.concatenate(new_slots) if new_slots else np.zeros(0, np.int32)
+        pages = decode_pages.tolist()
+        for new in extend_pages:
+            pages.extend(new.tolist())
         return BatchPlan(
-            batch_id=self.batch_id, rows=rows, prefix_lens=prefix_lens,
-            extend_lens=list(self.extend_lens), input_ids=input_ids,
-            new_slots=slots.tolist(), sample=sample, inits=inits, prefix_writes=prefix_writes,
+            batch_id=bid, rows=rows, prefix_lens=prefix_lens,
+            extend_lens=[1] * len(self.decode) + self.extend_lens, input_ids=input_ids,
+            new_pages=pages, sample=sample, inits=inits, prefix_writes=prefix_writes,
             input_logprobs=logprob_targets,
         )
 

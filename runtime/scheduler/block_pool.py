@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from runtime.scheduler.token_pool import AllocatorError
+from runtime.scheduler.row_pool import AllocatorError
 
 BlockHash = bytes
 
@@ -33,11 +33,12 @@ def hash_block_tokens(parent_hash: BlockHash | None, tokens: Sequence[int]) -> B
 
 def chain_block_hashes(tokens: Sequence[int], block_size: int,
                        known: Sequence[BlockHash] = ()) -> list[BlockHash]:
-    """Hashes of the full blocks of `tokens` after the `len(known)` blocks already hashed
-    in `known` (a request extends its chain with `hashes += chain_block_hashes(...)`)."""
+    """Hashes of the full blocks of `tokens`, the tokens that follow the blocks already
+    hashed in `known` (a request extends its chain with `hashes += chain_block_hashes(...)`,
+    passing only its new tokens)."""
     hashes: list[BlockHash] = []
     parent = known[-1] if known else None
-    for start in range(len(known) * block_size, len(tokens) - block_size + 1, block_size):
+    for start in range(0, len(tokens) - block_size + 1, block_size):
         parent = hash_block_tokens(parent, tokens[start:start + block_size])
         hashes.append(parent)
     return hashes

@@ -1,4 +1,4 @@
-"""`ContiguousKV`: the seeds' "original approach" (`--kv contiguous`).
+"""`ContiguousKV`: the contiguous baseline (`--kv contiguous`).
 
 Admission reserves one contiguous region for the request's maximum length: prompt +
 max_tokens (`--reserve request`) or the whole context (`--reserve max`). The request then
@@ -15,7 +15,7 @@ import numpy as np
 from runtime.config import RESERVE_MODES
 from runtime.scheduler.contiguous_pool import ContiguousPool
 from runtime.scheduler.req import Req
-from runtime.scheduler.token_pool import RowPool
+from runtime.scheduler.row_pool import RowPool
 
 
 @dataclass
@@ -29,6 +29,8 @@ class Region:
 
 class ContiguousKV:
     """KV manager over a `ContiguousPool`: one region per admitted request."""
+
+    page_size = 1  # the worker sees one page per slot
 
     def __init__(self, num_slots: int, num_rows: int, reserve: str, max_context: int) -> None:
         if reserve not in RESERVE_MODES:
@@ -92,6 +94,10 @@ class ContiguousKV:
         req.add_slots(slots)
         return slots
 
+    def alloc_decode(self, reqs: list[Req]) -> np.ndarray:
+        """`alloc(req, 1)` for each of `reqs` (room was reserved), concatenated."""
+        return np.concatenate([self.alloc(r, 1) for r in reqs] or [np.zeros(0, np.int32)])
+
     def release(self, req: Req, *, cache: bool) -> None:
         """Free the region and the row (`cache` is ignored: nothing is shared)."""
         region = self.regions.pop(req.rid, None)
@@ -113,9 +119,6 @@ class ContiguousKV:
         assert self.pool.reserved == sum(r.size for r in self.regions.values())
 
     # ------------------------------------------------------------------ stats
-    def hit_rate(self) -> float:
-        return 0.0
-
     def occupancy(self) -> tuple[int, int]:
         return sum(r.num_tokens for r in self.regions.values()), self.pool.reserved
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from runtime.scheduler.token_pool import AllocatorError
+from runtime.scheduler.row_pool import AllocatorError
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """`DynamicPagedKV`: paged KV whose block size is chosen per request (`--block-size dynamic`).
 
-The seeds' proposal: short requests get small blocks (less waste in the last block), long
+The scheme: short requests get small blocks (less waste in the last block), long
 ones large blocks (fewer blocks per table). The size class comes from the request's
 maximum length, prompt + max_tokens: < 512 -> 16, < 2048 -> 32, else 64.
 
@@ -19,8 +19,8 @@ import numpy as np
 
 from runtime.scheduler.paged_kv import block_slots
 from runtime.scheduler.req import Req
+from runtime.scheduler.row_pool import RowPool
 from runtime.scheduler.superblock_pool import SuperblockPool
-from runtime.scheduler.token_pool import RowPool
 
 SIZE_CLASSES = ((512, 16), (2048, 32), (None, 64))  # (length below, block size)
 
@@ -42,6 +42,8 @@ class SizedTable:
 class DynamicPagedKV:
     """KV manager over a `SuperblockPool`; `available()` counts whole free superblocks,
     the only space every size class can use."""
+
+    page_size = 1  # the worker sees one page per slot
 
     def __init__(self, num_slots: int, num_rows: int) -> None:
         self.pool = SuperblockPool(num_slots, tuple(size for _, size in SIZE_CLASSES))
@@ -111,6 +113,10 @@ class DynamicPagedKV:
         req.add_slots(slots)
         return slots
 
+    def alloc_decode(self, reqs: list[Req]) -> np.ndarray:
+        """`alloc(req, 1)` for each of `reqs` (room was reserved), concatenated."""
+        return np.concatenate([self.alloc(r, 1) for r in reqs] or [np.zeros(0, np.int32)])
+
     def release(self, req: Req, *, cache: bool) -> None:
         """Free the request's blocks and row (`cache` is ignored: no prefix cache)."""
         table = self.tables.pop(req.rid, None)
@@ -134,9 +140,6 @@ class DynamicPagedKV:
         assert held == self.pool.reserved, f"tables hold {held} slots, pool {self.pool.reserved}"
 
     # ------------------------------------------------------------------ stats
-    def hit_rate(self) -> float:
-        return 0.0
-
     def occupancy(self) -> tuple[int, int]:
         return sum(t.num_tokens for t in self.tables.values()), self.pool.reserved
 

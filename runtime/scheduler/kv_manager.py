@@ -1,8 +1,10 @@
 """`KVManager`: the interface the Scheduler uses to hand out KV slots, whatever the layout.
 
-The worker is layout-agnostic: it receives one slot id per position and keeps
-`req_to_token[row, pos] = slot`. So every KV mode is a scheduler-side manager that maps
-positions to slots of the same pool (`kv_slots + 1` entries, slot 0 the padding sink):
+The worker keeps a page table per request row, `req_to_page[row, pos // page_size]`, and
+receives only the ids of pages a step starts (page size 1: one slot per new position).
+So every KV mode is a scheduler-side manager that maps positions to pages of the same
+pool (`kv_slots + 1` slots, slot 0 the padding sink; page p holds slots
+p * page_size .. p * page_size + page_size - 1):
 
 - `TokenKV` (`--kv token`): any free slot, radix prefix cache (SGLang).
 - `PagedKV` (`--kv paged`): slot = block_id * block_size + offset, hash prefix cache (vLLM).
@@ -28,6 +30,8 @@ class KVManager(Protocol):
     and `room` how far one request can grow now, counting space it already holds.
     """
 
+    page_size: int  # slots per page of the worker's page table
+
     @property
     def total(self) -> int:
         """Usable slots."""
@@ -48,19 +52,22 @@ class KVManager(Protocol):
         """Positions `alloc(req, n)` can give `req` right now."""
 
     def admit(self, req: Req) -> bool:
-        """Give a waiting `req` a row and its cached prefix; False if it cannot start now."""
+        """Give a waiting `req` a row and its cached prefix (`req.cached_len` positions on
+        the pages `req.prefix_pages`); False if it cannot start now."""
 
     def alloc(self, req: Req, n: int) -> np.ndarray | None:
-        """Slots of positions kv_len .. kv_len + n - 1 of `req`, or None (nothing taken)."""
+        """Room for positions kv_len .. kv_len + n - 1 of `req`: the ids of the pages they
+        start (int32, possibly empty), or None (nothing taken)."""
+
+    def alloc_decode(self, reqs: list[Req]) -> np.ndarray:
+        """`alloc(req, 1)` for each of `reqs`, whose room `decode_need` reserved: the new
+        page ids, concatenated in order. The decode hot path: one call per step."""
 
     def release(self, req: Req, *, cache: bool) -> None:
         """Return everything `req` holds; with `cache`, keep its computed KV for reuse."""
 
     def check_invariants(self, live: list[Req]) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent (`live` hold KV)."""
-
-    def hit_rate(self) -> float:
-        """Prefix-cache hit tokens / looked-up tokens."""
 
     def occupancy(self) -> tuple[int, int]:
         """(live tokens, reserved slots): fragmentation is 1 - live / reserved."""

@@ -26,7 +26,7 @@ from runtime.scheduler.block_pool import (
     hash_block_tokens,
 )
 from runtime.scheduler.req import Req
-from runtime.scheduler.token_pool import RowPool
+from runtime.scheduler.row_pool import RowPool
 
 
 def block_slots(starts: list[int], block_size: int, pos: int, n: int) -> np.ndarray:
@@ -46,18 +46,12 @@ class BlockTable:
     num_tokens: int = 0  # positions with a slot
     num_registered: int = 0  # leading blocks offered to the prefix cache
 
-    def slots(self, block_size: int, pos: int, n: int) -> np.ndarray:
-        """Slots of positions pos .. pos + n - 1 (looks only at the blocks they cover)."""
-        lo = pos // block_size
-        starts = [b.block_id * block_size for b in self.blocks[lo:(pos + n - 1) // block_size + 1]]
-        return block_slots(starts, block_size, pos - lo * block_size, n)
-
 
 class PagedKV:
     """KV manager over a `BlockPool`: one `BlockTable` per admitted request."""
 
     def __init__(self, num_slots: int, num_rows: int, block_size: int) -> None:
-        self.block_size = block_size
+        self.block_size = self.page_size = block_size
         self.pool = BlockPool((num_slots + 1) // block_size, block_size)
         self.rows = RowPool(num_rows)
         self.tables: dict[str, BlockTable] = {}  # by request id
@@ -80,7 +74,9 @@ class PagedKV:
         return max(0, -(-(req.kv_len + n) // self.block_size) - held) * self.block_size
 
     def decode_need(self, reqs: list[Req]) -> int:
-        return sum(self.slots_needed(r, 1) for r in reqs)
+        """A block for each request whose last block is full (or that holds none)."""
+        tables, bs = self.tables, self.block_size
+        return bs * sum(tables[r.rid].num_tokens % bs == 0 for r in reqs)
 
     def room(self, req: Req) -> int:
         table = self.tables[req.rid]
@@ -101,26 +97,41 @@ class PagedKV:
         table.num_tokens, table.num_registered = len(hits) * self.block_size, len(hits)
         self.tables[req.rid] = table
         req.row = row
-        req.slots = table.slots(self.block_size, 0, table.num_tokens)
+        req.prefix_pages = [b.block_id for b in hits]
         req.cached_len = req.kv_len = table.num_tokens
         return True
 
     def alloc(self, req: Req, n: int) -> np.ndarray | None:
-        """Slots for the next `n` positions, taking new blocks as the last one fills."""
+        """Ids of the blocks the next `n` positions start (taken as the last one fills)."""
         table = self.tables[req.rid]
         assert table.num_tokens == req.kv_len, (req, table.num_tokens)
         self._register(table, min(req.kv_len, req.known_len))
         end = table.num_tokens + n
         missing = -(-end // self.block_size) - len(table.blocks)
+        new = []
         if missing > 0:
             new = self.pool.allocate(missing)
             if new is None:
                 return None
             table.blocks += new
-        slots = table.slots(self.block_size, table.num_tokens, n)
         table.num_tokens = end
-        req.add_slots(slots)
-        return slots
+        return np.array([b.block_id for b in new], dtype=np.int32)
+
+    def alloc_decode(self, reqs: list[Req]) -> np.ndarray:
+        """`alloc(req, 1)` for each of `reqs` (room was reserved): the new block ids of
+        those whose last block is full, in order."""
+        bs, new = self.block_size, []
+        for req in reqs:
+            table = self.tables[req.rid]
+            pos = table.num_tokens
+            if (done := min(pos, len(req.token_ids))) // bs > table.num_registered:
+                self._register(table, done)
+            if pos % bs == 0:
+                block = self.pool.allocate(1)[0]
+                table.blocks.append(block)
+                new.append(block.block_id)
+            table.num_tokens = pos + 1
+        return np.array(new, dtype=np.int32)
 
     def release(self, req: Req, *, cache: bool) -> None:
         """Free `req`'s blocks, tail first into the LRU queue; with `cache`, register its
@@ -138,8 +149,8 @@ class PagedKV:
         full = num_tokens // self.block_size
         if full <= table.num_registered:
             return
-        if len(table.hashes) < full:
-            tokens = table.req.tokens(0, full * self.block_size)
+        if (k := len(table.hashes)) < full:  # hash only the blocks not hashed yet
+            tokens = table.req.tokens(k * self.block_size, full * self.block_size)
             table.hashes += chain_block_hashes(tokens, self.block_size, table.hashes)
         self.pool.cache_full_blocks(table.blocks, table.hashes[:full], table.num_registered)
         table.num_registered = full
@@ -147,7 +158,7 @@ class PagedKV:
     # ------------------------------------------------------------------ checks
     def check_invariants(self, live: list[Req]) -> None:
         """Pool invariants, plus: one table per live request, each block held exactly as
-        often as tables list it, block tables match `req.slots`, the hash chain's last link
+        often as tables list it, block tables cover `req.kv_len`, the hash chain's last link
         matches the tokens, registered blocks carry their own chain hash (or none: a
         duplicate of a block cached first)."""
         self.pool.check_invariants()
@@ -160,8 +171,6 @@ class PagedKV:
             assert len(set(ids)) == len(ids), f"{req.rid} holds a block twice"
             assert len(ids) == -(-table.num_tokens // bs) and table.num_tokens == req.kv_len, (
                 f"{req.rid}: {len(ids)} blocks for {table.num_tokens} tokens (kv_len {req.kv_len})")
-            want = table.slots(bs, 0, req.kv_len)
-            assert np.array_equal(req.slots[:req.kv_len], want), f"{req.rid}: slots != blocks"
             if k := len(table.hashes):  # the chain's last link (O(1): stats call this)
                 parent = table.hashes[k - 2] if k > 1 else None
                 tail = hash_block_tokens(parent, req.tokens((k - 1) * bs, k * bs))
@@ -175,10 +184,6 @@ class PagedKV:
                 f"{block}: {refs.get(block.block_id, 0)} tables hold it")
 
     # ------------------------------------------------------------------ stats
-    def hit_rate(self) -> float:
-        q = self.pool.query_tokens
-        return self.pool.hit_tokens / q if q else 0.0
-
     def occupancy(self) -> tuple[int, int]:
         """Only a request's last block can be partly empty, and it is never shared."""
         reserved = self.used()

@@ -67,6 +67,8 @@ class PrefillAdder:
                 return
             budget -= n
             yield req, n
+        if budget <= 0 or len(sched.running) >= sched.max_running:
+            return  # no admission this step: leave the queue unsorted (it may be long)
         sched.waiting.sort(key=admission_order)
         while budget > 0 and sched.waiting and len(sched.running) < sched.max_running:
             req = sched.waiting[0]

@@ -9,6 +9,8 @@ import numpy as np
 
 from runtime.messages import GenerateReq, SamplingParams
 
+_NO_SLOTS = np.zeros(0, dtype=np.int32)
+
 
 class ReqStatus(enum.Enum):
     WAITING = "waiting"
@@ -20,14 +22,17 @@ class Req:
     """A request's tokens, KV positions and progress.
 
     Positions [0, kv_len) have KV scheduled (computed or in a batch in flight);
-    `slots[:kv_len]` are their pool slots, the first `cached_len` borrowed from the
-    prefix cache. `pending` counts tokens sampled by batches still in flight (0..2 with
-    overlap): the full sequence is prompt + output + `pending` unknown tokens.
+    `slots[:kv_len]` are their pool slots (page-size-1 managers), the first `cached_len`
+    borrowed from the prefix cache. Tokens and slots only grow at the end, so a step
+    costs what it adds, never the context length. `pending` counts tokens sampled by
+    batches still in flight (0..2 with overlap): the full sequence is prompt + output +
+    `pending` unknown tokens.
     """
 
     def __init__(self, msg: GenerateReq, arrival: float | None = None) -> None:
         self.rid = msg.rid
         self.prompt_ids: list[int] = list(msg.input_ids)
+        self.token_ids: list[int] = list(self.prompt_ids)  # append-only: prompt, then outputs
         self.params: SamplingParams = msg.params
         self.stop_ids = frozenset(msg.stop_ids)
         self.arrival = time.monotonic() if arrival is None else arrival
@@ -35,6 +40,7 @@ class Req:
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
         self.status = ReqStatus.WAITING
+        self.finished = False  # status is FINISHED (a plain flag: read on every step)
         self.finish_reason: str | None = None
         self.silent_finish = False  # the api already told the client (stop string)
         self.sent = 0  # output ids already streamed to the api
@@ -51,7 +57,9 @@ class Req:
 
     def _reset_kv(self) -> None:
         self.row: int | None = None
-        self.slots = np.zeros(0, dtype=np.int32)
+        self._slot_buf = _NO_SLOTS  # [capacity] int32, grown by doubling
+        self.num_slots = 0  # positions with a slot: the front of `_slot_buf`
+        self.prefix_pages: list[int] = []  # pages of the cached prefix (page size 1: slots)
         self.kv_len = 0
         self.cached_len = 0
         self.cache_node = None
@@ -63,22 +71,18 @@ class Req:
     # ------------------------------------------------------------------ tokens
     @property
     def known_len(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self.token_ids)
 
     @property
     def total_len(self) -> int:
         return self.known_len + self.pending
 
     def token_at(self, pos: int) -> int:
-        n = len(self.prompt_ids)
-        return self.prompt_ids[pos] if pos < n else self.output_ids[pos - n]
+        return self.token_ids[pos]
 
     def tokens(self, start: int, end: int) -> list[int]:
-        """Known tokens of positions [start, end)."""
-        n = len(self.prompt_ids)
-        if end <= n:
-            return self.prompt_ids[start:end]
-        return (self.prompt_ids + self.output_ids)[start:end]
+        """Known tokens of positions [start, end): a copy of that range alone."""
+        return self.token_ids[start:end]
 
     @property
     def max_prefix_len(self) -> int:
@@ -117,8 +121,36 @@ class Req:
         """Output tokens this request may still be asked to produce (beyond those in flight)."""
         return max(0, self.params.max_tokens - len(self.output_ids) - self.pending)
 
+    # ------------------------------------------------------------------ slots
+    @property
+    def slots(self) -> np.ndarray:
+        """Pool slots of positions [0, num_slots): a view, valid until the next change."""
+        return self._slot_buf[:self.num_slots]
+
+    @slots.setter
+    def slots(self, value: np.ndarray | list[int]) -> None:
+        self._slot_buf = np.array(value, dtype=np.int32)
+        self.num_slots = len(self._slot_buf)
+
     def add_slots(self, slots: np.ndarray) -> None:
-        self.slots = np.concatenate([self.slots, slots]) if len(self.slots) else slots
+        """Append the slots of the next positions (amortized O(len(slots)))."""
+        end = self.num_slots + len(slots)
+        if end > len(self._slot_buf):
+            self._grow(end)
+        self._slot_buf[self.num_slots:end] = slots
+        self.num_slots = end
+
+    def add_slot(self, slot: int) -> None:
+        """Append the slot of the next position."""
+        if self.num_slots == len(self._slot_buf):
+            self._grow(self.num_slots + 1)
+        self._slot_buf[self.num_slots] = slot
+        self.num_slots += 1
+
+    def _grow(self, need: int) -> None:
+        buf = np.empty(max(need, 2 * len(self._slot_buf), 16), dtype=np.int32)
+        buf[:self.num_slots] = self._slot_buf[:self.num_slots]
+        self._slot_buf = buf
 
     # ------------------------------------------------------------------ results
     def append_output(self, token_id: int, logprob: float) -> None:
@@ -127,6 +159,7 @@ class Req:
         if self.finished:
             return  # sampled by a batch planned before it finished: discarded
         self.output_ids.append(token_id)
+        self.token_ids.append(token_id)
         self.logprobs.append(logprob)
         if token_id in self.stop_ids:
             self.finish("stop")
@@ -138,10 +171,7 @@ class Req:
             self.finish_reason = reason
             self.silent_finish = silent
         self.status = ReqStatus.FINISHED
-
-    @property
-    def finished(self) -> bool:
-        return self.status is ReqStatus.FINISHED
+        self.finished = True
 
     def unadmit(self) -> None:
         """Undo an admission that did not fit (its row and prefix lock were released)."""

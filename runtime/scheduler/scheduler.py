@@ -7,6 +7,7 @@ must stream. The process loop (`loop.py`) and in-process tests drive it the same
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -110,57 +111,69 @@ class Scheduler:
     def plan(self) -> BatchPlan | None:
         """The next step, or None (nothing to run, or retraction must wait for a drain)."""
         self.running = [r for r in self.running if not r.finished]
-        # a prefill-only request whose last chunk left one position joins as a decode
-        decode = [r for r in self.running if not r.in_prefill and (
-            r.remaining_tokens > 0 or (r.prefill_only and r.kv_len < r.known_len))]
-        if not self._reserve_decode(decode):
+        decode, last_prompt = [], []
+        for r in self.running:
+            known, pending = len(r.token_ids), r.pending
+            if r.kv_len < known + pending - 1:  # in prefill
+                continue
+            if r.params.max_tokens > len(r.output_ids) + pending:  # remaining_tokens > 0
+                decode.append(r)
+            elif r.prefill_only and r.kv_len < known:
+                # a prefill-only request whose last chunk left one position
+                last_prompt.append(r)
+        if not self._reserve_decode(decode, last_prompt):
             return None
-        batch = Batch(self.next_batch_id)
-        new_slots = []
-        for req in decode:
-            new_slots.append(self.kv.alloc(req, 1))
+        batch = Batch(self.next_batch_id, decode=decode)
+        decode_pages = self.kv.alloc_decode(decode)
+        extend_pages = []
+        for req in last_prompt:
+            extend_pages.append(self.kv.alloc(req, 1))
             batch.add(req, 1)
-        budget = self.chunk_size - len(decode)
+        budget = self.chunk_size - len(decode) - len(last_prompt)
         for req, n in self.adder.fill(self, budget):
             if req.scheduled_at is None:
                 req.scheduled_at = time.monotonic()
-            slots = self.kv.alloc(req, n)
-            assert slots is not None, "PrefillAdder admitted more than the pool holds"
-            new_slots.append(slots)
+            pages = self.kv.alloc(req, n)
+            assert pages is not None, "PrefillAdder admitted more than the pool holds"
+            extend_pages.append(pages)
             batch.add(req, n)
-        if not batch.reqs:
+        if not batch.decode and not batch.extend:
             return None
         self.next_batch_id += 1
         self.num_steps += 1
-        plan = batch.to_plan(new_slots)
+        plan = batch.to_plan(decode_pages, extend_pages)
         self.in_flight.append(batch)
         return plan
 
-    def _reserve_decode(self, decode: list[Req]) -> bool:
-        """Make room for one token per decoding request, retracting if the pool is full.
+    def _reserve_decode(self, decode: list[Req], last_prompt: list[Req]) -> bool:
+        """Make room for one token per request of `decode` and `last_prompt`, retracting if
+        the pool is full (both lists lose their victims).
 
         Victims are any running requests, chunked prefills included (they may hold the KV
         the decodes need); the last one is never retracted.
         """
-        need = self.kv.decode_need
-        if self.kv.available() >= need(decode):
+        need = lambda: self.kv.decode_need(decode) + self.kv.decode_need(last_prompt)
+        if self.kv.available() >= need():
             return True
         if self.in_flight:
             return False  # retract only when no batch in flight references a victim
         victims = sorted(self.running, key=self.retract_key)
-        while len(victims) > 1 and (self.kv.available() < need(decode)
-                                    + self.retract_headroom * len(decode)):
+        growing = len(decode) + len(last_prompt)
+        while len(victims) > 1 and (self.kv.available() < need()
+                                    + self.retract_headroom * growing):
             victim = victims.pop(0)
-            if victim in decode:
-                decode.remove(victim)
+            for group in (decode, last_prompt):
+                if victim in group:
+                    group.remove(victim)
             self._retract(victim)
-        if self.kv.available() >= need(decode):
+        if self.kv.available() >= need():
             return True
-        for req in decode:  # a single request longer than the whole pool
+        for req in decode + last_prompt:  # a single request longer than the whole pool
             req.finish("error")
             self._emit(req, error="request does not fit in the KV pool")
             self._finish_running(req)
         decode.clear()
+        last_prompt.clear()
         return True
 
     def _retract(self, req: Req) -> None:
@@ -189,13 +202,15 @@ class Scheduler:
                 req.finish("length")
                 self._emit(req)
                 self._finish_running(req)
-        for req, tok, lp in zip(batch.sampled, res.next_ids, res.logprobs):
-            was_finished = req.finished
+        lps = res.logprobs or itertools.repeat(0.0)  # empty: no request asked for them
+        for req, tok, lp in zip(batch.sampled, res.next_ids, lps):
+            if req.finished:  # sampled by a batch planned before it finished: discarded
+                req.pending -= 1
+                continue
             req.append_output(tok, lp)
-            if not was_finished:
-                self._emit(req)
-                if req.finished:
-                    self._finish_running(req)
+            self._emit(req)
+            if req.finished:
+                self._finish_running(req)
         self._release_deferred()
 
     def fail_in_flight(self, message: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from runtime.scheduler.token_pool import AllocatorError
+from runtime.scheduler.row_pool import AllocatorError
 
 
 class SuperblockPool:

@@ -6,7 +6,8 @@ import numpy as np
 
 from runtime.scheduler.radix_cache import RadixCache
 from runtime.scheduler.req import Req
-from runtime.scheduler.token_pool import RowPool, TokenAllocator
+from runtime.scheduler.row_pool import RowPool
+from runtime.scheduler.token_pool import TokenAllocator
 
 
 class TokenKV:
@@ -57,7 +58,8 @@ class TokenKV:
         slots, node = self.cache.match_prefix(key)
         self.cache.inc_lock(node)
         req.row, req.cache_node = row, node
-        req.slots = np.asarray(slots, dtype=np.int32).copy()
+        req.slots = slots
+        req.prefix_pages = slots.tolist()
         req.cached_len = req.kv_len = len(slots)
         return True
 
@@ -69,6 +71,16 @@ class TokenKV:
         if slots is None:
             return None
         req.add_slots(slots)
+        return slots
+
+    def alloc_decode(self, reqs: list[Req]) -> np.ndarray:
+        """One slot for the next position of each of `reqs` (room was reserved): [len] int32."""
+        n = len(reqs)
+        if self.allocator.available < n:
+            self.cache.evict(n - self.allocator.available)
+        slots = self.allocator.alloc(n)
+        for req, slot in zip(reqs, slots.tolist()):
+            req.add_slot(slot)
         return slots
 
     def release(self, req: Req, *, cache: bool) -> None:
@@ -92,10 +104,6 @@ class TokenKV:
         self.cache.check_invariants(in_use)
 
     # ------------------------------------------------------------------ stats
-    def hit_rate(self) -> float:
-        q = self.cache.query_tokens
-        return self.cache.hit_tokens / q if q else 0.0
-
     def occupancy(self) -> tuple[int, int]:
         """Token-granular: every reserved slot holds a token."""
         return self.used(), self.used()

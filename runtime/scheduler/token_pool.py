@@ -1,16 +1,15 @@
-"""Token-granular KV slot allocator and request-row pool (the `token` KV mode).
+"""Token-granular KV slot allocator (the `token` KV mode).
 
 The worker owns the KV tensors (per layer `[num_slots + 1, kv_heads, head_dim]`) and the
-`req_to_token[row, pos] -> slot` table; the scheduler only hands out ids from here.
+per-row page table (page size 1 here: a page is a slot); the scheduler only hands out ids
+from here.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-
-class AllocatorError(RuntimeError):
-    """A slot or row was freed twice, or was never handed out."""
+from runtime.scheduler.row_pool import AllocatorError
 
 
 class TokenAllocator:
@@ -91,39 +90,3 @@ class TokenAllocator:
             raise AllocatorError(
                 f"double free: slot {int(slots[not_held][0])} is not allocated "
                 f"({int(not_held.sum())} of {slots.size} slots in this call)")
-
-
-class RowPool:
-    """Allocator of request rows 0..num_rows-1 (rows of the worker's `req_to_token`)."""
-
-    def __init__(self, num_rows: int) -> None:
-        if num_rows < 1:
-            raise ValueError(f"num_rows must be >= 1, got {num_rows}")
-        self._total = num_rows
-        self._free = list(range(num_rows - 1, -1, -1))  # stack; row 0 is handed out first
-        self._in_use = [False] * num_rows
-
-    @property
-    def total(self) -> int:
-        return self._total
-
-    @property
-    def available(self) -> int:
-        return len(self._free)
-
-    def alloc(self) -> int | None:
-        """A free row, or None if every row is taken."""
-        if not self._free:
-            return None
-        row = self._free.pop()
-        self._in_use[row] = True
-        return row
-
-    def free(self, row: int) -> None:
-        """Return a row. Raises AllocatorError if it is out of range or not allocated."""
-        if not 0 <= row < self._total:
-            raise AllocatorError(f"row {row} outside 0..{self._total - 1}")
-        if not self._in_use[row]:
-            raise AllocatorError(f"double free of row {row}")
-        self._in_use[row] = False
-        self._free.append(row)

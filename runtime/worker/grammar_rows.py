@@ -17,6 +17,7 @@ thread while the prompt is prefilled; only a first step that outruns it waits.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from concurrent.futures import Future
 
 import numpy as np
@@ -85,9 +86,11 @@ class GrammarRows:
             raise ValueError("regex constraints need the model's tokenizer")
         self.rows[row] = _RowMatcher(self.compiler.submit(regex), list(output_ids))
 
-    def allowed(self, rows: list[int]) -> torch.Tensor | None:
+    def allowed(self, rows: Sequence[int]) -> torch.Tensor | None:
         """Tokens each of `rows` may sample: [S, V] bool on the device, or None when no
         row is constrained (unconstrained rows allow everything)."""
+        if not self.rows:
+            return None
         constrained = [(i, self.rows[r]) for i, r in enumerate(rows) if r in self.rows]
         if not constrained:
             return None
@@ -103,9 +106,9 @@ class GrammarRows:
         bits = (bitmask[:, :, None] >> self._shifts) & 1  # [S, W, 32], token 32w+b at (w, b)
         return bits.bool().reshape(len(rows), -1)[:, :self.vocab_size]  # [S, V]
 
-    def advance(self, rows: list[int], ids: torch.Tensor) -> None:
+    def advance(self, rows: Sequence[int], ids: torch.Tensor) -> None:
         """Feed the tokens just sampled for `rows` ([S]) to their matchers."""
-        if not any(r in self.rows for r in rows):
+        if not self.rows or not any(r in self.rows for r in rows):
             return
         host = ids.tolist()  # a device sync on CUDA, only for steps with constrained rows
         for r, tok in zip(rows, host):

@@ -10,6 +10,7 @@ depend only on its own request, never on what else is in the batch.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from runtime.messages import SamplingParams
@@ -19,6 +20,8 @@ MASK32 = 0xFFFFFFFF
 TEMP, TOP_P, MIN_P, FREQ, PRES, REP = range(6)
 # columns of the per-row int table
 TOP_K, SEED_LO, SEED_HI, SEEDED = range(4)
+# columns of the per-row host flags: which sampling stages a row needs
+PENALTIES, RANDOM, TOP_K_P, MIN_P_ON, RANDOM_SEEDED, LOGPROBS = range(6)
 
 
 def hash32(x: torch.Tensor) -> torch.Tensor:
@@ -40,7 +43,8 @@ class Sampler:
                  seed: int = 0) -> None:
         self.max_rows, self.vocab_size = max_rows, vocab_size
         self.device = torch.device(device)
-        self._params: list[SamplingParams | None] = [None] * max_rows
+        # host flags per row, so a step decides which stages run without a per-row loop
+        self._flags = np.zeros((max_rows, 6), dtype=bool)
         # parameter tables, edited on the host, uploaded once per step when changed
         self._floats_cpu = torch.zeros(max_rows, 6)
         self._ints_cpu = torch.zeros(max_rows, 4, dtype=torch.int64)
@@ -61,8 +65,11 @@ class Sampler:
         `prompt_ids` matter only for repetition_penalty; `output_ids` are the tokens the
         request already produced (re-admission after a retraction).
         """
-        self._params[row] = params
         top_k = params.top_k if 0 < params.top_k < self.vocab_size else self.vocab_size
+        rand = not params.greedy
+        self._flags[row] = (params.uses_penalties, rand, rand and top_k < self.vocab_size
+                            or rand and params.top_p < 1.0, rand and params.min_p > 0,
+                            rand and params.seed is not None, params.logprobs)
         self._floats_cpu[row] = torch.tensor([
             params.temperature, params.top_p, params.min_p, params.frequency_penalty,
             params.presence_penalty, params.repetition_penalty])
@@ -101,44 +108,47 @@ class Sampler:
         return self._upload(torch.tensor(ids or [], dtype=torch.int64))
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, rows: list[int] | torch.Tensor,
-               positions: list[int] | torch.Tensor,
-               allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, logits: torch.Tensor, rows: list[int] | np.ndarray,
+               positions: list[int] | torch.Tensor, allowed: torch.Tensor | None = None,
+               rows_dev: torch.Tensor | None = None,
+               all_logprobs: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Sample one token per row of `logits` [S, V] float32 for table rows `rows` [S].
 
         `positions` [S] is the position each sampled token will take in its sequence;
         seeded rows hash it with their seed. `allowed` [S, V] bool (a grammar's mask; at
-        least one token per row) restricts the choice. Returns ids [S] int64 and their
-        logprobs [S] float32 under the raw logits (before penalties, mask and temperature).
+        least one token per row) restricts the choice. `rows_dev` is `rows` on the device
+        when the caller has it there already. Returns ids [S] int64 and their logprobs [S]
+        float32 under the raw logits (before penalties, mask and temperature); with
+        `all_logprobs=False`, logprobs are None unless a row asked for them.
         """
-        if isinstance(rows, torch.Tensor):
-            rows_t = rows.to(self.device, torch.int64)
-            params = [p for p in self._params if p is not None]  # every bound row, no sync
-        else:
-            rows_t = self._upload(torch.tensor(rows, dtype=torch.int64))
-            params = [self._params[r] for r in rows]
-        floats, ints = self._table(rows_t)  # [S, 6], [S, 4]
+        rows_np = np.asarray(rows, dtype=np.int64)  # [S]
+        rows_t = rows_dev if rows_dev is not None else self._upload(torch.from_numpy(rows_np))
+        flags = self._flags[rows_np]  # [S, 6]
+        needs = flags.any(axis=0)  # [6]: does any row need the stage
 
         x = logits
-        if any(p.uses_penalties for p in params):
+        if needs[PENALTIES]:
             x = self.apply_penalties(logits, rows_t)  # [S, V]
         if allowed is not None:
             x = x.masked_fill(~allowed, float("-inf"))  # [S, V]
         ids = x.argmax(dim=-1)  # [S] greedy; ties -> lowest index
-        sampled = [p for p in params if not p.greedy]
-        if sampled:
+        if needs[RANDOM]:
+            floats, ints = self._table(rows_t)  # [S, 6], [S, 4]
             temp = floats[:, TEMP]  # [S]
             probs = torch.softmax(x / torch.where(temp > 0, temp, 1.0)[:, None], dim=-1)
-            if any(0 < p.top_k < self.vocab_size or p.top_p < 1.0 for p in sampled):
+            if needs[TOP_K_P]:
                 probs = self._top_k_top_p(probs, ints[:, TOP_K], floats[:, TOP_P])  # [S, V]
-            if any(p.min_p > 0 for p in sampled):
+            if needs[MIN_P_ON]:
                 floor = floats[:, MIN_P, None] * probs.amax(dim=-1, keepdim=True)  # [S, 1]
                 probs = probs.masked_fill(probs < floor, 0.0)  # [S, V]
-            noise = self._noise(ints, positions, [p.seed is not None for p in sampled])
+            unseeded = bool((flags[:, RANDOM] & ~flags[:, RANDOM_SEEDED]).any())
+            noise = self._noise(ints, positions, unseeded, bool(needs[RANDOM_SEEDED]))
             ids = torch.where(temp > 0, (probs / noise).argmax(dim=-1), ids)  # [S]
 
-        chosen = logits.gather(1, ids[:, None])[:, 0]  # [S]
-        logprobs = chosen - torch.logsumexp(logits, dim=-1)  # [S]
+        logprobs = None
+        if all_logprobs or needs[LOGPROBS]:
+            chosen = logits.gather(1, ids[:, None])[:, 0]  # [S]
+            logprobs = chosen - torch.logsumexp(logits, dim=-1)  # [S]
         if self.counts is not None:
             ones = torch.ones_like(ids, dtype=self.counts.dtype)  # [S]
             self.counts.index_put_((rows_t, ids), ones, accumulate=True)
@@ -174,14 +184,15 @@ class Sampler:
         return torch.zeros_like(probs).scatter_(1, order, sorted_p)  # [S, V]
 
     def _noise(self, ints: torch.Tensor, positions: list[int] | torch.Tensor,
-               seeded: list[bool]) -> torch.Tensor:
-        """Exp(1) noise [S, V]: from the shared generator, or hashed for seeded rows."""
+               unseeded: bool, seeded: bool) -> torch.Tensor:
+        """Exp(1) noise [S, V]: from the shared generator (if any sampled row is unseeded),
+        or hashed for seeded rows (if any)."""
         rows, vocab = ints.shape[0], self.vocab_size
         noise = None
-        if not all(seeded):
+        if unseeded:
             noise = torch.empty(rows, vocab, device=self.device).exponential_(
                 generator=self._gen)  # [S, V]
-        if any(seeded):
+        if seeded:
             pos = torch.as_tensor(positions, dtype=torch.int64)
             pos = self._upload(pos) if pos.device.type == "cpu" else pos.to(self.device)
             pos = pos & MASK32  # [S]

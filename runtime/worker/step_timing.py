@@ -6,11 +6,13 @@ enqueueing a batch and once the batch's last op (the copy of sampled ids to the 
 queued; the sender thread, after the batch completed, appends one JSON line per step:
 
     {"batch_id": 7, "gap_ms": 0.012, "step_ms": 9.31, "batch_size": 64, "tokens": 64,
-     "decode": true}
+     "decode": true, "host_ms": 0.41}
 
 `step_ms` is end - start of this batch on the device; `gap_ms` is this batch's start minus
 the previous batch's end: the time the device sat idle in between (0 when the batch was
 queued before the previous one finished, as the overlap loop intends; null on the first).
+`host_ms` is the worker's host time to enqueue the batch (build inputs, launch, sample,
+hand the result to the sender): the host clock from the start mark to the end mark.
 On CUDA the marks are timing events on the compute stream; on the CPU, where every op runs
 synchronously, they are host clock readings. Unset (the default), nothing is recorded.
 """
@@ -46,6 +48,7 @@ class StepTiming:
     batch_size: int
     tokens: int
     decode: bool
+    host_ms: float = 0.0
 
 
 class StepTimer:
@@ -76,4 +79,5 @@ class StepTimer:
         self.prev_end = t.end
         self.file.write(json.dumps({
             "batch_id": batch_id, "gap_ms": gap, "step_ms": t.start.elapsed_time(t.end),
-            "batch_size": t.batch_size, "tokens": t.tokens, "decode": t.decode}) + "\n")
+            "batch_size": t.batch_size, "tokens": t.tokens, "decode": t.decode,
+            "host_ms": round(t.host_ms, 4)}) + "\n")

@@ -19,6 +19,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,11 +42,11 @@ from runtime.messages import (
 )
 from runtime.model_config import ModelSpec, resolve_model
 from runtime.procutil import error_text, exit_with_parent, setup_logging
+from runtime.worker.batch_builder import BatchBuilder, SampleInputs
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.grammar_rows import GrammarRows
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.step_timing import StepTimer, StepTiming
-from runtime.worker.token_table import TokenTable
 from runtime.worker.tp import TPGroup, init_tp
 
 ROW_SLACK = 16  # rows beyond max_running: finished requests keep theirs until released
@@ -91,7 +92,7 @@ class InFlight:
 
     batch_id: int
     ids: torch.Tensor  # [S] int64, host (pinned on CUDA)
-    logprobs: torch.Tensor  # [S] float32, host
+    logprobs: torch.Tensor | None  # [S] float32, host; None when no request asked for them
     event: object
     timing: StepTiming | None = None  # only under SLUICE_STEP_TIMING
     input_logprobs: torch.Tensor | None = None  # [L] float32, host: BatchPlan.input_logprobs
@@ -102,7 +103,8 @@ class InFlight:
         inputs = []
         if self.input_logprobs is not None:
             inputs = [t.tolist() for t in self.input_logprobs.split(self.input_sizes)]
-        return StepResult(self.batch_id, self.ids.tolist(), self.logprobs.tolist(), inputs)
+        lps = self.logprobs.tolist() if self.logprobs is not None else []
+        return StepResult(self.batch_id, self.ids.tolist(), lps, inputs)
 
 
 class Worker:
@@ -120,8 +122,8 @@ class Worker:
                                   kv_slots=cfg.kv_slots, max_rows=self.max_rows, seed=cfg.seed,
                                   mem_fraction=cfg.mem_fraction, cuda_graph=cfg.cuda_graph,
                                   kv_dtype=cfg.kv_dtype, page_size=self.page_size, tp=self.tp)
-        self.table = TokenTable(self.max_rows, self.runner.max_context, self.device,
-                                self.page_size)
+        self.builder = BatchBuilder(self.max_rows, self.runner.max_context, self.device,
+                                    self.page_size)
         compiler = None
         if spec.tokenizer_path is not None:
             compiler = RegexCompiler(str(spec.tokenizer_path), self.runner.vocab_size,
@@ -138,12 +140,14 @@ class Worker:
         ps = self.page_size
         n = min(64, self.runner.kv_slots + 1 - ps, self.runner.max_context - 1)
         half = n // 2
-        ids, slots = list(range(3, 3 + n)), list(range(ps, ps + n))
+        ids = list(range(3, 3 + n))
+        pages = list(range(1, 1 + -(-n // ps)))  # page p holds slots p * ps onwards
+        split = -(-half // ps)  # pages the first chunk starts
         first = BatchPlan(batch_id=-2, rows=[0], prefix_lens=[0], extend_lens=[half],
-                          input_ids=ids[:half], new_slots=slots[:half], sample=[False],
+                          input_ids=ids[:half], new_pages=pages[:split], sample=[False],
                           inits=[RowInit(row=0, params=SamplingParams(max_tokens=1))])
         second = BatchPlan(batch_id=-1, rows=[0], prefix_lens=[half], extend_lens=[n - half],
-                           input_ids=ids[half:], new_slots=slots[half:], sample=[True])
+                           input_ids=ids[half:], new_pages=pages[split:], sample=[True])
         for plan in (first, second):
             self.launch(plan).result()
 
@@ -157,48 +161,50 @@ class Worker:
     @torch.inference_mode()
     def launch(self, plan: BatchPlan) -> InFlight:
         """Enqueue one step; returns before the device finishes it."""
-        start = self.timer.mark() if self.timer is not None else None
+        start = (self.timer.mark(), time.perf_counter()) if self.timer is not None else None
         sampler = self.runner.sampler
         for init in plan.inits:
             sampler.init_row(init.row, init.params, init.prompt_ids, init.output_ids)
             self.grammar.init_row(init.row, init.params.regex, init.output_ids)
-        fb = self.table.build(plan)
+        fb, inputs = self.builder.build(plan)
         logits = self.runner.forward(fb)  # [S + L, vocab] float32
-        rows = self.table.sampled_rows(plan)
-        inputs = self._input_logprobs(logits[len(rows):], plan)  # [L] or None
-        if rows:
-            ids, logprobs = sampler.sample(logits[:len(rows)], rows,
-                                           self.table.sampled_positions(plan),
-                                           self.grammar.allowed(rows))
-            self.table.record(rows, ids)
-            self.grammar.advance(rows, ids)
+        n = len(inputs.rows)
+        input_lps = self._input_logprobs(logits[n:], inputs)  # [L] or None
+        if n:
+            allowed = self.grammar.allowed(inputs.rows)
+            ids, logprobs = sampler.sample(logits[:n], inputs.rows, inputs.positions, allowed,
+                                           rows_dev=inputs.rows_dev, all_logprobs=False)
+            self.builder.record(inputs.rows_dev, ids)
+            self.grammar.advance(inputs.rows, ids)
         else:
-            ids = torch.zeros(0, dtype=torch.int64, device=self.device)
-            logprobs = torch.zeros(0, dtype=torch.float32, device=self.device)
-        sizes = tuple(len(targets) for _, _, targets in plan.input_logprobs)
+            ids, logprobs = torch.zeros(0, dtype=torch.int64, device=self.device), None
+        sizes = inputs.logprob_sizes
         if self.device.type != "cuda":
             return InFlight(plan.batch_id, ids, logprobs, _HostEvent(), self._timing(start, fb),
-                            inputs, sizes)
-        ids_host, lps_host = _to_host(ids), _to_host(logprobs)
-        inputs_host = _to_host(inputs) if inputs is not None else None
+                            input_lps, sizes)
+        ids_host = _to_host(ids)
+        lps_host = _to_host(logprobs) if logprobs is not None else None
+        inputs_host = _to_host(input_lps) if input_lps is not None else None
         timing = self._timing(start, fb)
         event = torch.cuda.Event()
         event.record()
         return InFlight(plan.batch_id, ids_host, lps_host, event, timing, inputs_host, sizes)
 
-    def _input_logprobs(self, logits: torch.Tensor, plan: BatchPlan) -> torch.Tensor | None:
+    def _input_logprobs(self, logits: torch.Tensor, inputs: SampleInputs) -> torch.Tensor | None:
         """Input logprobs: log_softmax of `logits` [L, V] at the prompt tokens that follow
         their positions: [L] float32, or None when the plan asks for none."""
-        if not plan.input_logprobs:
+        if not inputs.logprob_sizes:
             return None
-        targets = self.table.logprob_targets(plan)  # [L]
+        targets = inputs.logprob_targets  # [L]
         chosen = logits.gather(1, targets[:, None])[:, 0]  # [L]
         return chosen - torch.logsumexp(logits, dim=-1)  # [L]
 
     def _timing(self, start, fb: ForwardBatch) -> StepTiming | None:
         if start is None:
             return None
-        return StepTiming(start, self.timer.mark(), fb.batch_size, fb.num_tokens, fb.is_decode)
+        mark, host_start = start
+        return StepTiming(mark, self.timer.mark(), fb.batch_size, fb.num_tokens, fb.is_decode,
+                          host_ms=(time.perf_counter() - host_start) * 1e3)
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:

@@ -47,35 +47,50 @@ def reference(prompt: list[int], max_tokens: int, stop_ids: set[int]) -> list[in
 
 
 class FakeWorker:
-    def __init__(self, num_slots: int, rows: int, max_context: int) -> None:
+    """Keeps a page table per row, as the worker does: position p of a row lives in slot
+    page * page_size + p % page_size of page `req_to_page[row, p // page_size]`."""
+
+    def __init__(self, num_slots: int, rows: int, max_context: int, page_size: int = 1) -> None:
+        self.page_size = page_size
         self.kv = np.full(num_slots + 1, -1, dtype=np.int64)
-        self.req_to_token = np.zeros((rows, max_context), dtype=np.int64)
+        self.req_to_page = np.zeros((rows, -(-max_context // page_size)), dtype=np.int64)
         self.last = np.zeros(rows, dtype=np.int64)
 
+    def slot(self, row: int, pos: int) -> int:
+        ps = self.page_size
+        return int(self.req_to_page[row, pos // ps]) * ps + pos % ps
+
+    def seq(self, row: int, n: int) -> np.ndarray:
+        """The token ids stored for the first `n` positions of `row`."""
+        return self.kv[[self.slot(row, p) for p in range(n)]]
+
     def run(self, plan: BatchPlan) -> StepResult:
-        for row, slots in plan.prefix_writes:
-            self.req_to_token[row, : len(slots)] = slots
-        t, out = 0, []
+        ps = self.page_size
+        for row, pages in plan.prefix_writes:
+            self.req_to_page[row, : len(pages)] = pages
+        t, out, pages = 0, [], iter(plan.new_pages)
         for i, row in enumerate(plan.rows):
             p, e = plan.prefix_lens[i], plan.extend_lens[i]
+            for page in range(-(-p // ps), -(-(p + e) // ps)):  # pages these positions start
+                self.req_to_page[row, page] = next(pages)
             for j in range(e):
                 tok = plan.input_ids[t]
                 if tok < 0:
                     tok = self.last[-tok - 1]
-                slot = plan.new_slots[t]
-                assert slot != 0, "slot 0 is the padding sink"
-                self.req_to_token[row, p + j] = slot
+                slot = self.slot(row, p + j)
+                assert slot >= ps, "page 0 holds the padding sink"
                 self.kv[slot] = tok
                 t += 1
             if plan.sample[i]:
-                tok = next_token(self.kv[self.req_to_token[row, : p + e]])
+                tok = next_token(self.seq(row, p + e))
                 self.last[row] = tok
                 out.append(tok)
+        assert next(pages, None) is None, "more new pages than the plan's positions start"
         inputs = []
         for i, first, targets in plan.input_logprobs:
             row, p, e = plan.rows[i], plan.prefix_lens[i], plan.extend_lens[i]
             assert p <= first and first + len(targets) <= p + e, "not computed this step"
-            inputs.append([input_logprob(self.kv[self.req_to_token[row, : pos + 1]], t)
+            inputs.append([input_logprob(self.seq(row, pos + 1), t)
                            for pos, t in enumerate(targets, start=first)])
         return StepResult(plan.batch_id, out, [0.0] * len(out), inputs)
 

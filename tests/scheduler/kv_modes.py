@@ -17,7 +17,8 @@ def build_mode(kv: str, num_slots: int = 4096, rows: int = 80, max_context: int 
     cfg = ServerConfig(kv=kv, ipc_dir=tempfile.gettempdir(), **options)
     ready = WorkerReady(kv_slots=num_slots, max_rows=rows, max_context=max_context,
                         kv_bytes_per_token=0, device="cpu")
-    return build_scheduler(cfg, ready, max_context), FakeWorker(num_slots, rows, max_context)
+    sched = build_scheduler(cfg, ready, max_context)
+    return sched, FakeWorker(num_slots, rows, max_context, sched.kv.page_size)
 
 
 def no_eos(reqs: list, max_tokens: int) -> list:

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from runtime.scheduler.contiguous_pool import ContiguousPool
-from runtime.scheduler.token_pool import AllocatorError
+from runtime.scheduler.row_pool import AllocatorError
 
 
 def test_first_fit_and_exhaustion():

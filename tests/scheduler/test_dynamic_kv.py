@@ -8,8 +8,8 @@ import pytest
 
 from runtime.scheduler.dynamic_kv import DynamicPagedKV, block_size_for
 from runtime.scheduler.req import Req
+from runtime.scheduler.row_pool import AllocatorError
 from runtime.scheduler.superblock_pool import SuperblockPool
-from runtime.scheduler.token_pool import AllocatorError
 from tests.scheduler.fake_worker import make_req, reference
 from tests.scheduler.kv_modes import build_mode, no_eos
 from tests.scheduler.test_scheduler import check_against_reference, random_reqs, run_all

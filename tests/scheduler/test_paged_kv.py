@@ -96,7 +96,7 @@ def test_admit_matches_full_blocks_and_leaves_a_token_to_compute():
     kv = PagedKV(num_slots=255, num_rows=4, block_size=4)
     a = Req(make_req("a", list(range(1, 9)), 5))  # exactly two full blocks
     assert kv.admit(a) and a.cached_len == 0
-    slots_a = kv.alloc(a, 8)
+    pages_a = kv.alloc(a, 8)
     a.kv_len = 8  # what Batch.to_plan does after alloc
     kv.alloc(a, 1)  # a later step: the first 8 positions are registered now
     a.kv_len = 9
@@ -105,7 +105,7 @@ def test_admit_matches_full_blocks_and_leaves_a_token_to_compute():
     assert kv.admit(same) and same.cached_len == 4  # matched on 7 tokens: one full block
     longer = Req(make_req("longer", list(range(1, 9)) + [50], 5))
     assert kv.admit(longer) and longer.cached_len == 8
-    np.testing.assert_array_equal(longer.slots, slots_a)
+    assert longer.prefix_pages == pages_a.tolist()
     assert [b.ref_cnt for b in kv.tables["a"].blocks[:2]] == [3, 2]
     kv.check_invariants([a, same, longer])
     blocks_a = list(kv.tables["a"].blocks)
@@ -168,10 +168,10 @@ def test_invariants_catch_wrong_refs_slots_and_hashes():
     with pytest.raises(AssertionError):
         kv.check_invariants([req])
     kv.tables["x"].blocks[0].ref_cnt -= 1
-    req.slots[3] += 1
-    with pytest.raises(AssertionError, match="slots != blocks"):
+    kv.tables["x"].num_tokens += 3  # past the blocks it holds
+    with pytest.raises(AssertionError, match="2 blocks for 9 tokens"):
         kv.check_invariants([req])
-    req.slots[3] -= 1
+    kv.tables["x"].num_tokens -= 3
     kv.tables["x"].hashes[0] = bytes(16)
     with pytest.raises(AssertionError, match="stale hash chain"):
         kv.check_invariants([req])

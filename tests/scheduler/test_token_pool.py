@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from runtime.scheduler.token_pool import AllocatorError, RowPool, TokenAllocator
+from runtime.scheduler.row_pool import AllocatorError, RowPool
+from runtime.scheduler.token_pool import TokenAllocator
 
 
 def test_alloc_free_round_trip():

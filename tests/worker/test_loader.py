@@ -47,13 +47,18 @@ def test_bad_checkpoint_is_refused(tmp_path, edit, message):
         load_model(resolve_model(str(tmp_path)), "cpu", torch.float32)
 
 
-@pytest.mark.parametrize("preset, params", [("llama-7b", 6_738_415_616),
-                                            ("llama3-8b", 8_030_261_248)])
-def test_full_size_presets_on_meta(preset, params):
+@pytest.mark.parametrize("preset, params, layers, tied", [
+    ("llama-7b", 6_738_415_616, 32, False),
+    ("llama3-8b", 8_030_261_248, 32, False),
+    ("llama3-1b", 1_235_814_400, 16, True),  # Llama-3.2-1B's count: the head is the embedding
+])
+def test_full_size_presets_on_meta(preset, params, layers, tied):
     arch = LlamaArch.from_hf(resolve_model(f"dummy:{preset}").hf_config())
+    assert arch.tie_word_embeddings == tied
     with torch.device("meta"):
         model = LlamaForCausalLM(arch)
     assert sum(p.numel() for p in model.parameters()) == params
     targets = model.checkpoint_targets()
-    assert "model.layers.31.self_attn.k_proj.weight" in targets and "lm_head.weight" in targets
-    assert len(targets) == 2 + 32 * 9 + 1  # embed, norm, 9 per layer, lm_head
+    assert f"model.layers.{layers - 1}.self_attn.k_proj.weight" in targets
+    assert ("lm_head.weight" in targets) == (not tied)
+    assert len(targets) == 2 + layers * 9 + (not tied)  # embed, norm, 9 per layer, lm_head

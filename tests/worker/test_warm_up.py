@@ -11,9 +11,9 @@ from runtime.worker.worker import Worker
 
 
 def first_token(worker: Worker) -> int:
-    ps = worker.page_size  # the request's block starts at page 1, as the warm-up's does
+    pages = list(range(1, 6))[:-(-5 // worker.page_size)]  # from page 1, as the warm-up's
     plan = BatchPlan(batch_id=0, rows=[0], prefix_lens=[0], extend_lens=[5],
-                     input_ids=[11, 12, 13, 14, 15], new_slots=list(range(ps, ps + 5)),
+                     input_ids=[11, 12, 13, 14, 15], new_pages=pages,
                      sample=[True],
                      inits=[RowInit(row=0, params=SamplingParams(temperature=0.0))])
     return worker.launch(plan).result().next_ids[0]

@@ -1,0 +1,137 @@
+"""`BatchBuilder`: turns a BatchPlan into a ForwardBatch over the worker's page table.
+
+The worker mirrors each request row's pages (`req_to_page[row, i]`: the i-th page of the
+request bound to `row`; page size 1 in token mode, where a page is a slot) and the token
+each row last sampled (`last_ids`, what placeholder ids -(row + 1) resolve to). A plan
+carries only what is new, so the host work of a step is proportional to the step's new
+tokens and pages: a few vectorized numpy operations, one host-to-device copy per dtype,
+then device gathers. Nothing waits for the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kernels.page_gather import gather_pages, gather_pages_ref
+from runtime.messages import BatchPlan
+from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.staging import Staging
+
+
+@dataclass
+class SampleInputs:
+    """What sampling and input logprobs need of a step, beside the logits."""
+
+    rows: np.ndarray  # [S] int64 host: the sampled requests' rows, in plan order
+    rows_dev: torch.Tensor  # [S] int64: the same on the device
+    positions: torch.Tensor  # [S] int64: the position each sampled token takes (seeded rows)
+    logprob_targets: torch.Tensor  # [L] int64: prompt tokens scored by input logprobs
+    logprob_sizes: tuple[int, ...]  # entries of L per BatchPlan.input_logprobs entry
+
+
+def _exclusive_cumsum(lens: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=out[1:])
+    return out
+
+
+class BatchBuilder:
+    """Device-side request tables and the step builder (see the module docstring)."""
+
+    def __init__(self, max_rows: int, max_context: int, device: torch.device,
+                 page_size: int = 1) -> None:
+        self.device = device
+        self.page_size = page_size
+        self.req_to_page = torch.zeros(max_rows, -(-max_context // page_size),
+                                       dtype=torch.int64, device=device)  # [rows, pages]
+        self.last_ids = torch.zeros(max_rows, dtype=torch.int64, device=device)  # [rows]
+        self._gather = gather_pages if device.type == "cuda" else gather_pages_ref
+        self.staging = Staging(device)
+
+    def build(self, plan: BatchPlan) -> tuple[ForwardBatch, SampleInputs]:
+        """Write the plan's pages into the table and gather the step's indices."""
+        ps = self.page_size
+        rows = np.array(plan.rows, dtype=np.int64)  # [B]
+        pre = np.array(plan.prefix_lens, dtype=np.int64)  # [B]
+        ext = np.array(plan.extend_lens, dtype=np.int64)  # [B]
+        seq = pre + ext  # [B]
+        pages = -(-seq // ps)  # [B] pages of each sequence after this step
+        first_new = -(-pre // ps)  # [B] index of the first page this step starts
+        qo_indptr, kv_indptr = _exclusive_cumsum(ext), _exclusive_cumsum(pages)  # [B+1]
+        n_tok, n_pages = int(qo_indptr[-1]), int(kv_indptr[-1])
+        decode = n_tok == len(rows) and not plan.input_logprobs
+        if decode:
+            positions, tok_rows = pre, rows  # [T] == [B]
+        else:
+            positions = np.repeat(pre - qo_indptr[:-1], ext) + np.arange(n_tok)  # [T]
+            tok_rows = np.repeat(rows, ext)  # [T]
+        w_rows, w_cols, w_pages = self._table_writes(plan, rows, pages - first_new, first_new)
+        sample = np.array(plan.sample, dtype=bool)  # [B]
+        logit_rows = [(qo_indptr[1:] - 1)[sample]]  # S sampled tokens first
+        targets = []
+        for i, first, tgt in plan.input_logprobs:  # then L input-logprob positions
+            start = qo_indptr[i] + first - pre[i]
+            logit_rows.append(np.arange(start, start + len(tgt)))
+            targets.append(tgt)
+        d = self.staging.upload(i64={
+            "ids": np.array(plan.input_ids, dtype=np.int64), "positions": positions,
+            "tok_rows": tok_rows, "rows": rows, "pages": pages, "kv_starts": kv_indptr[:-1],
+            "w_rows": w_rows, "w_cols": w_cols, "w_pages": w_pages,
+            "logit_rows": np.concatenate(logit_rows), "s_rows": rows[sample],
+            "s_pos": seq[sample],
+            "targets": np.array([t for tgt in targets for t in tgt], dtype=np.int64),
+        }, i32={"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "seq": seq, "pre": pre})
+        if len(w_rows):
+            self.req_to_page[d["w_rows"], d["w_cols"]] = d["w_pages"]
+        pos_d, tok_rows_d = d["positions"], d["tok_rows"]
+        if ps == 1:
+            out_slots = self.req_to_page[tok_rows_d, pos_d]  # [T]
+        else:
+            out_slots = self.req_to_page[tok_rows_d, pos_d // ps] * ps + pos_d % ps  # [T]
+        ids = d["ids"]  # [T], negative = future token of row -(id+1)
+        input_ids = torch.where(ids < 0, self.last_ids[(-ids - 1).clamp(min=0)], ids)  # [T]
+        # every page of every sequence, prefix included: [P]
+        kv_indices = self._gather(self.req_to_page, d["rows"], d["pages"], d["kv_starts"],
+                                  n_pages)
+        fb = ForwardBatch(
+            input_ids=input_ids, positions=pos_d, out_slots=out_slots,
+            qo_indptr=d["qo_indptr"], kv_indptr=d["kv_indptr"], kv_indices=kv_indices,
+            seq_lens=d["seq"], prefix_lens=d["pre"], sample_idx=d["logit_rows"],
+            # extra logit rows take the extend path (decode graphs return one row each)
+            is_decode=decode, seq_lens_cpu=seq.tolist(), prefix_lens_cpu=plan.prefix_lens,
+            extend_lens_cpu=plan.extend_lens, page_size=ps)
+        inputs = SampleInputs(rows=rows[sample], rows_dev=d["s_rows"],
+                              positions=d["s_pos"], logprob_targets=d["targets"],
+                              logprob_sizes=tuple(len(t) for t in targets))
+        return fb, inputs
+
+    @staticmethod
+    def _table_writes(plan: BatchPlan, rows: np.ndarray, n_new: np.ndarray,
+                      first_new: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(row, page index, page id) of every table entry the plan sets: the cached
+        prefixes' pages, then the pages the step's positions start."""
+        new_pages = np.array(plan.new_pages, dtype=np.int64)  # [N]
+        assert len(new_pages) == int(n_new.sum()), (len(new_pages), n_new)
+        if not len(new_pages) or n_new.max() == 1:  # e.g. decodes: one new page or none each
+            starts = n_new.astype(bool)
+            w_rows, w_cols = [rows[starts]], [first_new[starts]]
+        else:
+            offsets = _exclusive_cumsum(n_new)[:-1]
+            w_rows = [np.repeat(rows, n_new)]
+            w_cols = [np.repeat(first_new - offsets, n_new) + np.arange(len(new_pages))]
+        w_pages = [new_pages]
+        for row, prefix in plan.prefix_writes:
+            w_rows.append(np.full(len(prefix), row, dtype=np.int64))
+            w_cols.append(np.arange(len(prefix)))
+            w_pages.append(np.array(prefix, dtype=np.int64))
+        if len(w_rows) == 1:
+            return w_rows[0], w_cols[0], w_pages[0]
+        return np.concatenate(w_rows), np.concatenate(w_cols), np.concatenate(w_pages)
+
+    def record(self, rows: torch.Tensor, ids: torch.Tensor) -> None:
+        """Remember the sampled ids [S] as rows' [S] future tokens (stream-ordered)."""
+        if len(ids):
+            self.last_ids[rows] = ids
