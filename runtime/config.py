@@ -6,9 +6,13 @@ CLI flag maps onto one field of the same name (`--no-overlap` -> `overlap=False`
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import inspect
 import os
 import tempfile
+import textwrap
 import uuid
 from dataclasses import dataclass, field
 
@@ -28,40 +32,83 @@ class ServerConfig:
     """Everything the three processes need to agree on."""
 
     model: str = "smollm2"
+    """The model: `smollm2` (the bundled SmolLM2-135M-Instruct), `dummy:<preset>` (random
+    weights), a Hugging Face folder (config.json, safetensors, tokenizer) or a .gguf file."""
     host: str = "127.0.0.1"
+    """The address the HTTP and RPC servers listen on."""
     port: int = 30000
+    """The HTTP port (OpenAI-compatible API, /generate, /metrics, /health)."""
     rpc_port: int = 30001
+    """The TCP port of the native ZeroMQ RPC server (`runtime.client.Client`)."""
     kv: str = "token"
-    block_size: int | str = 16  # paged: slots per block, or "dynamic" (16/32/64 by length)
-    reserve: str = "request"  # contiguous: region per request, one of RESERVE_MODES
-    overlap: bool | None = None  # None: the KV mode's default (see `use_overlap`)
-    chunk_size: int = 0  # prefill tokens per step; 0: 8192 on a GPU, 512 on the CPU
+    """The KV cache layout: `token` (token slots, radix prefix cache),
+    `paged` (fixed-size blocks, hashed prefix blocks) or `contiguous` (one region per
+    request, no prefix reuse)."""
+    block_size: int | str = 16
+    """Paged KV: token slots per block, or `dynamic` (16/32/64 by request length)."""
+    reserve: str = "request"
+    """Contiguous KV: the region reserved per request, `request` (prompt + max_tokens)
+    or `max` (the whole context)."""
+    overlap: bool | None = None
+    """Overlap scheduling (plan the next batch while the device runs the current one);
+    unset: on, except for paged KV, which is synchronous by default like vLLM V1."""
+    chunk_size: int = 0
+    """Prefill tokens per step (chunked prefill); 0: 8192 on a GPU, 512 on the CPU."""
     max_running: int = 256
-    kv_slots: int = 0  # 0: size the pool from memory (GPU) or a default (CPU)
+    """The most requests running (holding KV) at once."""
+    kv_slots: int = 0
+    """The KV pool size in token slots; 0: size it from device memory (GPU) or a default
+    (CPU). It also caps the context length."""
     max_queue: int = 1024
-    schedule_conservativeness: float = 1.0  # scales the KV reserved for running requests
+    """The most requests waiting beyond max_running; more get HTTP 429 (overloaded)."""
+    schedule_conservativeness: float = 1.0
+    """Scales the KV reserved for the future tokens of running requests at admission
+    (higher: fewer retractions, smaller batches)."""
     device: str = "auto"
+    """The device: `auto` (CUDA when available), `cpu` or `cuda`."""
     dtype: str = "auto"
+    """The weights' and activations' dtype: `float32`, `float16`, `bfloat16`, or `auto`
+    (bfloat16 on a GPU, float32 on the CPU)."""
     kv_dtype: str = "auto"
+    """The KV cache's storage: `auto` (the model's dtype), or `fp8` / `int8` (quantized
+    with scales)."""
     mem_fraction: float = 0.85
+    """The fraction of GPU memory the worker may use (weights, activations, KV pool)."""
     seed: int = 0
-    torch_threads: int = 0  # 0: torch's default
-    tp: int = 1  # tensor-parallel worker processes (one GPU each on CUDA, gloo on the CPU)
-    cuda_graph: bool = True  # capture decode CUDA graphs at start-up (GPU only)
+    """The random seed of weight initialization (dummy models) and sampling."""
+    torch_threads: int = 0
+    """CPU threads torch may use per process; 0: torch's default."""
+    tp: int = 1
+    """Tensor-parallel worker processes (one GPU each on CUDA, gloo on the CPU)."""
+    cuda_graph: bool = True
+    """Capture decode CUDA graphs at start-up (GPU only)."""
     log_level: str = "info"
+    """The log level of every process (debug, info, warning, error)."""
     ready_timeout: float = 300.0
+    """Seconds to wait for every process to report ready at start-up."""
     # monitoring: /health, /metrics and the periodic log line (api process)
-    stats_interval: float = 1.0  # seconds between scheduler stats polls
-    log_interval: float = 10.0  # seconds between throughput log lines; 0: off
-    stall_timeout: float = 30.0  # /health 503: work queued and no scheduler step this long
-    kv_alert_ratio: float = 0.9  # /health 503: KV usage above this ratio ...
-    kv_alert_seconds: float = 30.0  # ... for this many seconds
+    stats_interval: float = 1.0
+    """Seconds between polls of the scheduler's stats (monitoring)."""
+    log_interval: float = 10.0
+    """Seconds between throughput log lines; 0: off."""
+    stall_timeout: float = 30.0
+    """/health answers 503 when work is queued and no scheduler step ran for this many
+    seconds."""
+    kv_alert_ratio: float = 0.9
+    """/health answers 503 when KV usage stays above this ratio for kv_alert_seconds."""
+    kv_alert_seconds: float = 30.0
+    """How long KV usage must stay above kv_alert_ratio before /health answers 503."""
     # degraded mode: from `degrade_waiting` waiting requests, cap max_tokens and batch size
-    degrade_waiting: int = 0  # 0: never degrade
+    degrade_waiting: int = 0
+    """Degraded mode starts at this many waiting requests; 0: never degrade."""
     degrade_max_tokens: int = 128
-    degrade_max_running: int = 0  # 0: keep max_running
+    """Degraded mode: the max_tokens cap of requests arriving meanwhile."""
+    degrade_max_running: int = 0
+    """Degraded mode: the batch size cap; 0: keep max_running."""
     ipc_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="sluice-"))
+    """The folder of the internal ZeroMQ `ipc://` sockets (internal: not a flag)."""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    """Names this server's sockets apart from others' in ipc_dir (internal: not a flag)."""
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -142,3 +189,22 @@ class ServerConfig:
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def field_docs(cls) -> dict[str, str]:
+        """Each field's docstring (the string literal right after it), on one line."""
+        return _attribute_docs(cls)
+
+
+@functools.cache
+def _attribute_docs(cls: type) -> dict[str, str]:
+    # read from the class source, as vLLM's config does: attribute docstrings are not
+    # kept at runtime
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs

@@ -56,7 +56,10 @@ class Engine:
                                                  "scheduler": run_scheduler})
         try:
             self._group.start()
+            # sent by the scheduler before its Ready: the limits after every cap
+            self._loop.run(self._tm.wait_limits(self.config.ready_timeout))
         except BaseException:
+            self._group.stop()
             self._loop.run(self._tm.close())
             self._loop.close()
             raise

@@ -1,7 +1,7 @@
 """The `sluice` command: `sluice serve` starts the api, scheduler and worker processes.
 
 Every ServerConfig field is a flag of the same name (`--chunk-size`, `--kv-slots`, ...);
-booleans that default to on get a `--no-` form (`--no-overlap`).
+booleans get a `--no-` form (`--no-overlap`). Each flag's help is its field's docstring.
 """
 
 from __future__ import annotations
@@ -24,18 +24,22 @@ log = logging.getLogger("sluice.launch")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sluice", description="Sluice LLM serving runtime")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="start the server (api, scheduler, worker)")
+    serve = sub.add_parser("serve", help="start the server (api, scheduler, worker)",
+                           description="Start the api, scheduler and worker processes.")
+    docs = ServerConfig.field_docs()
     for f in dataclasses.fields(ServerConfig):
         if f.name in _INTERNAL:
             continue
         flag = "--" + f.name.replace("_", "-")
+        default = "auto" if f.default is None else f.default
+        # argparse %-formats help strings
+        text = f"{docs.get(f.name, '')} (default: {default})".replace("%", "%%").lstrip()
         if f.type in ("bool", bool, "bool | None"):  # None: decided later (`use_overlap`)
             serve.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
-                               default=f.default)
+                               default=f.default, help=text)
         else:
             typ = {"int": int, "float": float}.get(str(f.type), str)
-            serve.add_argument(flag, dest=f.name, type=typ, default=f.default,
-                               help=f"(default: {f.default})")
+            serve.add_argument(flag, dest=f.name, type=typ, default=f.default, help=text)
     return parser
 
 

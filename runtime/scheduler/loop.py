@@ -19,6 +19,7 @@ from runtime.messages import (
     BatchOut,
     GenerateReq,
     GetStats,
+    Limits,
     Ready,
     SchedulerInput,
     SchedulerStats,
@@ -70,6 +71,14 @@ def build_scheduler(cfg: ServerConfig, ready: WorkerReady, max_context: int) -> 
     return sched
 
 
+def limits(sched: Scheduler, model_max_context: int) -> Limits:
+    """The limits the api enforces and advertises: the scheduler's, after every cap."""
+    # the scheduler's max_context is already within the pool (one slot to sample into)
+    return Limits(max_context=sched.max_context, max_req_input_len=sched.max_context - 1,
+                  max_running=sched.base_max_running, kv_slots=sched.kv.total,
+                  model_max_context=model_max_context)
+
+
 def stats(sched: Scheduler, token: int) -> SchedulerStats:
     kv = sched.kv
     error = None
@@ -107,9 +116,11 @@ def run_scheduler(cfg: ServerConfig) -> None:
         log.exception("scheduler failed to start")
         ready.put(Ready("scheduler", error=error_text(exc)))
         sys.exit(1)
+    to_api.put(limits(sched, spec.max_context))  # before Ready: the api serves only after it
     ready.put(Ready("scheduler"))
-    log.info("KV pool %d slots, %d rows, kv=%s, overlap=%s", worker_ready.kv_slots,
-             worker_ready.max_rows, cfg.kv, cfg.use_overlap)
+    log.info("KV pool %d slots, %d rows, kv=%s, overlap=%s, context %d tokens (model: %d)",
+             worker_ready.kv_slots, worker_ready.max_rows, cfg.kv, cfg.use_overlap,
+             sched.max_context, spec.max_context)
     poller = zmq.Poller()
     poller.register(inbox.sock, zmq.POLLIN)
     poller.register(results.sock, zmq.POLLIN)

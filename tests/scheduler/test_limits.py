@@ -1,0 +1,31 @@
+"""The `Limits` record the scheduler sends the api: every cap applied once, in one place."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.config import ServerConfig
+from runtime.messages import WorkerReady
+from runtime.scheduler.loop import build_scheduler, limits
+
+
+def ready(kv_slots: int = 4096, max_context: int = 8192) -> WorkerReady:
+    return WorkerReady(kv_slots=kv_slots, max_rows=8, max_context=max_context,
+                       kv_bytes_per_token=1024, device="cpu")
+
+
+@pytest.mark.parametrize("kv", ["token", "paged", "contiguous"])
+@pytest.mark.parametrize("model, worker, pool, expected", [
+    (8192, 256, 4096, 256),  # the worker's cap (a 256-token sliding window)
+    (512, 8192, 4096, 512),  # the model's own context
+    (8192, 8192, 300, 300),  # the KV pool
+])
+def test_limits_take_every_cap(kv, model, worker, pool, expected):
+    cfg = ServerConfig(ipc_dir="/tmp", kv=kv, max_running=4)
+    sched = build_scheduler(cfg, ready(pool, worker), model)
+    got = limits(sched, model)
+    # paged: the pool rounds down to whole blocks (and keeps one back)
+    assert got.max_context == sched.max_context == min(expected, sched.kv.total)
+    assert got.max_req_input_len == got.max_context - 1
+    assert got.max_running == 4 and got.kv_slots == sched.kv.total
+    assert got.model_max_context == model

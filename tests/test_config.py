@@ -1,0 +1,42 @@
+"""`ServerConfig`'s field docstrings and the `sluice serve --help` they become."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from runtime.config import ServerConfig
+from runtime.launch import _INTERNAL, build_parser
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["serve"]
+
+
+def test_every_field_has_a_docstring():
+    docs = ServerConfig.field_docs()
+    missing = [f.name for f in dataclasses.fields(ServerConfig) if not docs.get(f.name)]
+    assert not missing, f"ServerConfig fields without a docstring: {missing}"
+    assert "\n" not in "".join(docs.values())  # one line each, ready for --help
+
+
+def test_every_flag_has_its_fields_docstring_as_help():
+    docs = ServerConfig.field_docs()
+    flags = {a.dest: a for a in serve_parser()._actions if a.dest != "help"}
+    assert set(flags) == set(ServerConfig.field_names()) - _INTERNAL
+    for name, action in flags.items():
+        assert action.help and action.help.startswith(docs[name]), name
+        assert "(default: " in action.help, name
+
+
+def test_help_prints_the_docstrings_of_boolean_flags_too(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["serve", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--overlap, --no-overlap Overlap scheduling" in text
+    assert "--cuda-graph, --no-cuda-graph Capture decode CUDA graphs" in text
+    assert "Prefill tokens per step (chunked prefill)" in text  # --chunk-size
