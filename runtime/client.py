@@ -30,6 +30,7 @@ from runtime.messages import (
     InvalidRequest,
     ModelInfo,
     RpcAbort,
+    RpcBatch,
     RpcChunk,
     RpcError,
     RpcGenerate,
@@ -107,11 +108,11 @@ class Client:
             timeout_ms = None if self.timeout is None else int(self.timeout * 1000)
             if not self._sock.poll(timeout_ms, zmq.POLLIN):
                 raise ServerTimeout(f"no reply from {self.addr} in {self.timeout} s")
-            msg = _decode(self._dec, self._sock.recv())
-            if msg.rid in self._inbox:
-                self._inbox[msg.rid].append(msg)
-            elif isinstance(msg, RpcError) and msg.rid == "":
-                raise ServerError(f"the server rejected a message: {msg.message}")
+            for msg in _unbatch(_decode(self._dec, self._sock.recv())):
+                if msg.rid in self._inbox:
+                    self._inbox[msg.rid].append(msg)
+                elif isinstance(msg, RpcError) and msg.rid == "":
+                    raise ServerError(f"the server rejected a message: {msg.message}")
         return inbox.popleft()
 
     def close(self) -> None:
@@ -207,8 +208,10 @@ class AsyncClient:
             if isinstance(msg, ServerError):
                 for inbox in self._inbox.values():
                     inbox.put_nowait(msg)
-            elif msg.rid in self._inbox:
-                self._inbox[msg.rid].put_nowait(msg)
+                continue
+            for m in _unbatch(msg):
+                if m.rid in self._inbox:
+                    self._inbox[m.rid].put_nowait(m)
 
     async def close(self) -> None:
         if self._reader is not None:
@@ -254,6 +257,11 @@ def _decode(dec: msgspec.msgpack.Decoder, frame: bytes) -> RpcOutput:
         return dec.decode(frame)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise ServerError(f"undecodable reply from the server: {e}") from None
+
+
+def _unbatch(msg: RpcOutput) -> list[RpcOutput]:
+    """The messages a reply carries (an `RpcBatch` holds several requests' chunks)."""
+    return msg.chunks if isinstance(msg, RpcBatch) else [msg]
 
 
 def _info(msg: RpcOutput) -> ModelInfo:

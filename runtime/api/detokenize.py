@@ -1,4 +1,5 @@
-"""Incremental detokenization with stop strings, one request at a time.
+"""Incremental detokenization with stop strings, per request (`detokenize_batch` runs
+many requests' steps through one batched decode).
 
 Decoding token by token breaks characters that span tokens (byte-level BPE splits an
 emoji or a CJK character over several tokens) and words whose leading space depends on
@@ -32,7 +33,7 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, prompt_ids: Sequence[int],
                  skip_special_tokens: bool = True, stop: Sequence[str] = ()) -> None:
         self._tok = tokenizer
-        self._skip = skip_special_tokens
+        self.skip_special_tokens = skip_special_tokens
         self.stop = list(stop)
         self._hold = max((len(s) for s in self.stop), default=1) - 1
         context = list(prompt_ids[-PROMPT_CONTEXT:])
@@ -65,9 +66,24 @@ class IncrementalDetokenizer:
         for token_id in new_ids:
             if self.finished:
                 break
-            self._ids.append(token_id)
-            self._commit(self._decode_next())
-        return self._emit()
+            prefix, full = self.push(token_id)
+            self.accept(self._decode(prefix), self._decode(full))
+        return self.emit()
+
+    def push(self, token_id: int) -> tuple[list[int], list[int]]:
+        """Take one output id (while not `finished`); return the two windows whose decoded
+        text `accept` needs: the text already emitted, and it plus the new id. `add` is
+        `push` + decode + `accept` per id; a batch decodes many requests' windows at once."""
+        self._ids.append(token_id)
+        return self._ids[self._prefix_offset:self._read_offset], self._ids[self._prefix_offset:]
+
+    def accept(self, prefix: str, full: str) -> None:
+        """Commit the text the newest id completed, given `push`'s windows decoded; nothing
+        while it ends inside a character."""
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        self._commit(full[len(prefix):])
 
     def flush(self) -> str:
         """The request ended: return all remaining text (an unfinished character decodes
@@ -78,19 +94,18 @@ class IncrementalDetokenizer:
             self._prefix_offset = self._read_offset = len(self._ids)
             self._commit(full[len(prefix):])
             self.finished = True
-        return self._emit()
+        return self.emit()
+
+    def emit(self) -> str:
+        """The committed text that is now safe to show (all of it once finished)."""
+        end = len(self._unsent) if self.finished else len(self._unsent) - self._hold
+        if end <= 0:
+            return ""
+        out, self._unsent = self._unsent[:end], self._unsent[end:]
+        return out
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=self._skip)
-
-    def _decode_next(self) -> str:
-        """Text completed by the newest id, or "" while it ends inside a character."""
-        prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
-        full = self._decode(self._ids[self._prefix_offset:])
-        if len(full) <= len(prefix) or full.endswith("\ufffd"):
-            return ""
-        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
-        return full[len(prefix):]
+        return self._tok.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def _commit(self, piece: str) -> None:
         """Append decoded text and cut it at the earliest stop string it completes."""
@@ -108,10 +123,3 @@ class IncrementalDetokenizer:
             self._unsent = self._unsent[:best[0]]
             self.stop_str = best[1]
             self.finished = True
-
-    def _emit(self) -> str:
-        end = len(self._unsent) if self.finished else len(self._unsent) - self._hold
-        if end <= 0:
-            return ""
-        out, self._unsent = self._unsent[:end], self._unsent[end:]
-        return out

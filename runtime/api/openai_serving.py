@@ -49,11 +49,12 @@ from runtime.messages import SamplingParams
 log = logging.getLogger(__name__)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DONE = b"data: [DONE]\n\n"
+_JSON = msgspec.json.Encoder()  # one encoder for every event of every stream
 
 
 def sse(payload: Any) -> bytes:
     """One server-sent event carrying `payload` as JSON."""
-    return b"data: " + msgspec.json.encode(payload) + b"\n\n"
+    return b"data: %b\n\n" % _JSON.encode(payload)
 
 
 @dataclass

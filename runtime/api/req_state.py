@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from runtime.api.chunk import Chunk
 from runtime.api.detokenize import IncrementalDetokenizer
@@ -39,14 +40,19 @@ class ReqState:
         self.completion_tokens = 0
         self.scheduler_done = False  # the scheduler finished it, or was told to abort it
         self.event = asyncio.Event()  # set when there is something to take
+        # called too, each time there is something new to take (a consumer with no task)
+        self.on_ready: Callable[[ReqState], None] | None = None
 
     @property
     def ended(self) -> bool:
         return self.finish_reason is not None or self.error is not None
 
-    def on_output(self, out: ReqOut) -> bool:
+    def on_output(self, out: ReqOut, text: str | None = None) -> bool:
         """Apply one ReqOut. True when a stop string ended the request here, so the
-        scheduler, which is still generating it, must be told to abort."""
+        scheduler, which is still generating it, must be told to abort.
+
+        `text`: the output of `detok` over `out.new_ids` when the caller already fed them
+        to it (a batched detokenize); None to feed them here."""
         if self.ended:
             return False
         if out.prompt_tokens:
@@ -59,9 +65,9 @@ class ReqState:
         if self.detok is None:
             text, taken = "", len(out.new_ids)
         else:
-            before = self.detok.num_tokens
-            text = self.detok.add(out.new_ids)
-            taken = self.detok.num_tokens - before
+            if text is None:
+                text = self.detok.add(out.new_ids)
+            taken = self.detok.num_tokens - self.completion_tokens  # ids it accepted
         self._text.append(text)
         self._ids.extend(out.new_ids[:taken])
         if self._want_logprobs:
@@ -76,20 +82,20 @@ class ReqState:
             self.finish_reason = "stop"
         elif out.finish_reason is not None:
             self._finish(out.finish_reason)
-        self.event.set()
+        self._wake()
         return must_abort
 
     def abort(self) -> None:
         """End the stream now with finish_reason "abort" (the caller tells the scheduler)."""
         if not self.ended:
             self._finish("abort")
-            self.event.set()
+            self._wake()
 
     def fail(self, error: BaseException) -> None:
         """End the stream with an error, raised to the consumer by `take`."""
         if not self.ended:
             self.error = error
-            self.event.set()
+            self._wake()
 
     def take(self) -> Chunk | None:
         """Everything pending as one chunk (None if nothing); raises the request's error."""
@@ -105,6 +111,11 @@ class ReqState:
         self._text, self._ids, self._logprobs = [], [], []
         self._input_logprobs, self._input_ids = [], []
         return chunk
+
+    def _wake(self) -> None:
+        self.event.set()
+        if self.on_ready is not None:
+            self.on_ready(self)
 
     def _finish(self, reason: str) -> None:
         if self.detok is not None:

@@ -1,24 +1,24 @@
 """`RpcServer`: the native streaming RPC front (ZMQ ROUTER, msgpack `RpcInput`/`RpcOutput`).
 
 Each DEALER client sends `RpcGenerate` / `RpcAbort` / `RpcGetModelInfo`; replies carry
-the client's rid, so one client can multiplex many requests. A request runs as one task over
-`TokenizerManager.generate`; `RpcAbort` cancels that task, which aborts the request in
-the scheduler. ROUTER_MANDATORY makes a send to a disconnected client fail, which we
-treat like an abort.
+the client's rid, so one client can multiplex many requests. A request runs as one task
+that opens it in the TokenizerManager and waits for its end, while `RpcOutbox` sends its
+output: all of a client's chunks from one scheduler step go out as one message.
+`RpcAbort` cancels the task, which aborts the request in the scheduler. ROUTER_MANDATORY
+makes a send to a disconnected client fail, which we treat like an abort.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import msgspec
 import zmq
 import zmq.asyncio
 
-from runtime.api.chunk import join_chunks
-from runtime.api.errors import Overloaded, ServerError
+from runtime.api.errors import ServerError
+from runtime.api.rpc_outbox import ClientGone, RpcOutbox, RpcStream, rpc_error
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.messages import (
     InvalidRequest,
@@ -34,22 +34,18 @@ from runtime.messages import (
 log = logging.getLogger(__name__)
 
 
-class _ClientGone(Exception):
-    """The client's connection is gone; nobody will read what we send."""
-
-
 class RpcServer:
     """Serves `TokenizerManager.generate` to RPC clients on a ROUTER socket at `addr`."""
 
     def __init__(self, tm: TokenizerManager, addr: str) -> None:
         self.tm = tm
         self.addr = addr
-        self._enc = msgspec.msgpack.Encoder()
         self._dec = msgspec.msgpack.Decoder(RpcInput)
         self._tasks: dict[tuple[bytes, str], asyncio.Task] = {}
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._serve_task: asyncio.Task | None = None
+        self._outbox: RpcOutbox | None = None
 
     async def start(self) -> None:
         """Bind the ROUTER socket and start serving."""
@@ -59,6 +55,7 @@ class RpcServer:
         self._sock.setsockopt(zmq.SNDHWM, 0)  # never drop a chunk for a slow reader
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.bind(self.addr)
+        self._outbox = RpcOutbox(self._sock)
         self._serve_task = asyncio.create_task(self._serve(), name="rpc-serve")
 
     @property
@@ -117,36 +114,27 @@ class RpcServer:
             del self._tasks[key]
 
     async def _run(self, identity: bytes, req: RpcGenerate) -> None:
-        """One request: stream (or aggregate) its chunks, or reply with one RpcError."""
+        """One request: open it, let the outbox send its output, release it at the end."""
         try:
-            async with contextlib.aclosing(self.tm.generate(req.prompt, req.params)) as chunks:
-                if req.stream:
-                    async for chunk in chunks:
-                        self._send(identity, join_chunks(req.rid, [chunk]))
-                else:
-                    self._send(identity, join_chunks(req.rid, [c async for c in chunks]))
-        except _ClientGone:
-            log.info("rpc: client of request %s is gone; aborted", req.rid)
-        except InvalidRequest as e:
-            self._reply(identity, RpcError(req.rid, str(e), "invalid_request"))
-        except Overloaded as e:
-            self._reply(identity, RpcError(req.rid, str(e), "overloaded"))
-        except ServerError as e:
-            self._reply(identity, RpcError(req.rid, str(e), "server_error"))
+            state = await self.tm.open(req.prompt, req.params)
         except Exception as e:
-            log.exception("rpc: request %s failed", req.rid)
-            self._reply(identity, RpcError(req.rid, f"internal error: {e!r}", "server_error"))
-
-    def _send(self, identity: bytes, msg: RpcOutput) -> None:
-        """Send now (no HWM, so it never waits); raise `_ClientGone` if unroutable."""
+            if not isinstance(e, (InvalidRequest, ServerError)):
+                log.exception("rpc: request %s failed", req.rid)
+            self._reply(identity, rpc_error(req.rid, e))
+            return
+        s = RpcStream(identity, req.rid, req.stream, state,
+                      asyncio.get_running_loop().create_future())
         try:
-            self._sock.send_multipart([identity, self._enc.encode(msg)], zmq.NOBLOCK).result()
-        except zmq.ZMQError as e:
-            raise _ClientGone from e
+            self._outbox.watch(s)
+            await s.done
+        except ClientGone:
+            log.info("rpc: client of request %s is gone; aborted", req.rid)
+        finally:
+            state.on_ready = None
+            self.tm.release(state)
 
     def _reply(self, identity: bytes, msg: RpcOutput) -> None:
-        with contextlib.suppress(_ClientGone):
-            self._send(identity, msg)
+        self._outbox.send(identity, msg)
 
 
 def _guess_rid(payload: bytes) -> str:

@@ -40,8 +40,9 @@ class Front(Protocol):
 def run_api_server(cfg: ServerConfig) -> None:
     """Entry point of the api process.
 
-    Sends `Ready(name="api")` to the supervisor once the RPC socket is bound, then serves
-    until SIGTERM/SIGINT or until the engine dies (a `ProcessDied` arrives). A startup
+    Waits for the scheduler's `Limits`, sends `Ready(name="api")` to the supervisor once
+    the RPC socket is bound, then serves until SIGTERM/SIGINT or until the engine dies
+    (a `ProcessDied` arrives). A startup
     failure is reported as `Ready(name="api", error=...)` and exits with status 1.
     """
     logging.basicConfig(level=cfg.log_level.upper(),
@@ -55,6 +56,8 @@ async def _serve(cfg: ServerConfig) -> int:
     try:
         tm = TokenizerManager(cfg, resolve_model(cfg.model))
         await tm.start()
+        # serve nothing before the scheduler's limits (context after every cap) arrive
+        limits = await tm.wait_limits(cfg.ready_timeout)
         monitor = Monitor(tm, cfg)
         http = HttpServer(tm, cfg, monitor)
         fronts += [RpcServer(tm, cfg.rpc_addr), monitor, http]
@@ -66,7 +69,8 @@ async def _serve(cfg: ServerConfig) -> int:
         return 1
     _send_ready(cfg, Ready(name="api", info={"rpc": cfg.rpc_addr, "http": http.url,
                                              "pid": str(os.getpid())}))
-    log.info("api ready: rpc on %s, http on %s", cfg.rpc_addr, http.url)
+    log.info("api ready: rpc on %s, http on %s; context %d tokens, prompts up to %d",
+             cfg.rpc_addr, http.url, limits.max_context, limits.max_req_input_len)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

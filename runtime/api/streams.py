@@ -18,13 +18,18 @@ _DONE = object()
 class MergedStreams:
     """Runs each `TokenizerManager.generate` stream in a task; yields `(index, chunk)` in
     arrival order. The first error of any stream is raised to the consumer; `aclose`
-    cancels the streams still running, which aborts their requests."""
+    cancels the streams still running, which aborts their requests.
+
+    A single stream (the usual request) is read directly, without a task and a queue:
+    its consumer wakes once per scheduler step, not twice."""
 
     def __init__(self, streams: Sequence[AsyncIterator[Chunk]]) -> None:
+        self._single = streams[0] if len(streams) == 1 else None
         self._queue: asyncio.Queue = asyncio.Queue()
         self._live = len(streams)
-        self._tasks = [asyncio.create_task(self._pump(i, s), name=f"choice-{i}")
-                       for i, s in enumerate(streams)]
+        self._tasks = [] if self._single is not None else [
+            asyncio.create_task(self._pump(i, s), name=f"choice-{i}")
+            for i, s in enumerate(streams)]
 
     async def _pump(self, index: int, stream: AsyncIterator[Chunk]) -> None:
         try:
@@ -40,6 +45,8 @@ class MergedStreams:
         return self
 
     async def __anext__(self) -> tuple[int, Chunk]:
+        if self._single is not None:
+            return 0, await anext(self._single)
         while self._live:
             index, item = await self._queue.get()
             if item is _DONE:
@@ -52,6 +59,8 @@ class MergedStreams:
 
     async def aclose(self) -> None:
         """Cancel every stream still running and wait for them to unwind."""
+        if self._single is not None:
+            await self._single.aclose()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -22,11 +22,13 @@ from runtime.api.aio_queue import AsyncPullQueue, AsyncPushQueue
 from runtime.api.chat import role_markers
 from runtime.api.chunk import Chunk
 from runtime.api.detokenize import IncrementalDetokenizer
-from runtime.api.errors import EngineDeadError, Overloaded, RequestFailed
+from runtime.api.detokenize_batch import BatchDecoder
+from runtime.api.dispatch import apply_batch
+from runtime.api.errors import EngineDeadError, Overloaded
+from runtime.api.prompt import prepare_prompt
 from runtime.api.req_state import ReqState
 from runtime.api.timing import RequestTimings
 from runtime.config import ServerConfig
-from runtime.grammar import check_regex
 from runtime.messages import (
     AbortReq,
     ApiInput,
@@ -34,6 +36,7 @@ from runtime.messages import (
     GenerateReq,
     GetStats,
     InvalidRequest,
+    Limits,
     ModelInfo,
     ProcessDied,
     SamplingParams,
@@ -64,6 +67,7 @@ class TokenizerManager:
             self.tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer_path)
             vocab = min(vocab, len(self.tokenizer))
         self.vocab_size: int = vocab
+        self._decoder = BatchDecoder(self.tokenizer) if self.tokenizer is not None else None
         self._reqs: dict[str, ReqState] = {}
         self._dead: EngineDeadError | None = None
         self._dead_event = asyncio.Event()
@@ -75,6 +79,8 @@ class TokenizerManager:
         self._stats_token = 0
         self.timings = RequestTimings()  # per-request timings; listeners get each record
         self._model_info: ModelInfo | None = None
+        self.limits: Limits | None = None  # the scheduler's, after every cap (see Limits)
+        self._limits_event = asyncio.Event()
 
     async def start(self) -> None:
         """Connect to the scheduler (`sched_in`), bind `api_in`, start the receive loop."""
@@ -83,11 +89,27 @@ class TokenizerManager:
         self._api_in = AsyncPullQueue(self._ctx, self.cfg.ipc("api_in"), ApiInput)
         self._recv_task = asyncio.create_task(self._recv_loop(), name="tm-recv")
 
+    async def wait_limits(self, timeout: float | None = None) -> Limits:
+        """Wait for the scheduler's `Limits` (sent once at its start-up); raise
+        `EngineDeadError` if the engine dies first, `TimeoutError` after `timeout` s."""
+        if self.limits is None:
+            dead = asyncio.ensure_future(self._dead_event.wait())
+            got = asyncio.ensure_future(self._limits_event.wait())
+            try:
+                await asyncio.wait({dead, got}, timeout=timeout,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                dead.cancel()
+                got.cancel()
+            self._check_alive()
+            if self.limits is None:
+                raise TimeoutError(f"the scheduler sent no limits within {timeout} s")
+        return self.limits
+
     @property
     def context_len(self) -> int:
-        """The longest prompt + output a request may have (a fixed KV pool bounds it too)."""
-        limit = self.spec.max_context
-        return min(limit, self.cfg.kv_slots) if self.cfg.kv_slots else limit
+        """The longest prompt + output a request may have (`Limits.max_context`)."""
+        return self._known_limits().max_context
 
     @property
     def num_inflight(self) -> int:
@@ -114,25 +136,8 @@ class TokenizerManager:
         died, `RequestFailed` if the scheduler failed this request.
         Closing the iterator early (or cancelling its task) aborts the request.
         """
-        arrival = time.monotonic()
-        self._check_alive()
-        input_ids = self._prepare(prompt, params)
-        rid = rid if rid is not None else uuid.uuid4().hex
-        if rid in self._reqs:
-            raise InvalidRequest(f"request id {rid!r} is already in flight")
-        if len(self._reqs) >= self.cfg.max_running + self.cfg.max_queue:
-            raise Overloaded(f"{len(self._reqs)} requests in flight: the queue is full "
-                             f"(max_running={self.cfg.max_running}, "
-                             f"max_queue={self.cfg.max_queue}); retry later")
-        detok = None
-        if self.tokenizer is not None:
-            detok = IncrementalDetokenizer(self.tokenizer, input_ids,
-                                           params.skip_special_tokens, params.stop)
-        state = ReqState(rid, detok, params.logprobs, input_ids, params.logprob_start_len)
-        self._reqs[rid] = state
-        self.timings.start(rid, arrival)
+        state = await self.open(prompt, params, rid)
         try:
-            self._sched.put(GenerateReq(rid, input_ids, params, self._stop_ids(params)))
             while True:
                 await state.event.wait()
                 state.event.clear()
@@ -143,12 +148,47 @@ class TokenizerManager:
                 if chunk.finish_reason is not None:
                     return
         finally:
-            if self._reqs.get(rid) is state:
-                del self._reqs[rid]
-            if not state.scheduler_done and self._dead is None:
-                self._sched.put(AbortReq(rid))  # consumer gone: free the KV now
-            outcome = "error" if state.error is not None else state.finish_reason or "abort"
-            self.timings.finish(rid, outcome, state.completion_tokens)
+            self.release(state)
+
+    async def open(self, prompt: str | list[int], params: SamplingParams,
+                   rid: str | None = None) -> ReqState:
+        """Validate, tokenize and submit one request (raising as `generate` does); its
+        output collects in the returned state: `take` chunks whenever its `event` is set
+        or its `on_ready` is called. Every opened request must be `release`d."""
+        arrival = time.monotonic()
+        self._check_alive()
+        limits = await self.wait_limits(self.cfg.ready_timeout)  # at once after the first
+        input_ids = self._prepare(prompt, params)
+        rid = rid if rid is not None else uuid.uuid4().hex
+        if rid in self._reqs:
+            raise InvalidRequest(f"request id {rid!r} is already in flight")
+        if len(self._reqs) >= limits.max_running + self.cfg.max_queue:
+            raise Overloaded(f"{len(self._reqs)} requests in flight: the queue is full "
+                             f"(max_running={limits.max_running}, "
+                             f"max_queue={self.cfg.max_queue}); retry later")
+        detok = None
+        if self.tokenizer is not None:
+            detok = IncrementalDetokenizer(self.tokenizer, input_ids,
+                                           params.skip_special_tokens, params.stop)
+        state = ReqState(rid, detok, params.logprobs, input_ids, params.logprob_start_len)
+        self._reqs[rid] = state
+        self.timings.start(rid, arrival)
+        try:
+            self._sched.put(GenerateReq(rid, input_ids, params, self._stop_ids(params)))
+        except BaseException:
+            self.release(state)
+            raise
+        return state
+
+    def release(self, state: ReqState) -> None:
+        """Forget an opened request; if the scheduler still runs it, abort it there (its
+        consumer is gone: free the KV now)."""
+        if self._reqs.get(state.rid) is state:
+            del self._reqs[state.rid]
+        if not state.scheduler_done and self._dead is None:
+            self._sched.put(AbortReq(state.rid))
+        outcome = "error" if state.error is not None else state.finish_reason or "abort"
+        self.timings.finish(state.rid, outcome, state.completion_tokens)
 
     def model_info(self) -> ModelInfo:
         """The served model's name, context length and chat role markers."""
@@ -205,46 +245,15 @@ class TokenizerManager:
         if self._recv_task is None:
             raise RuntimeError("TokenizerManager.start() was not awaited")
 
+    def _known_limits(self) -> Limits:
+        if self.limits is None:
+            raise RuntimeError("the scheduler has not sent its limits yet (see wait_limits)")
+        return self.limits
+
     def _prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
         """Validate a request and tokenize its prompt; raise `InvalidRequest` if bad."""
-        if not isinstance(params, SamplingParams):
-            raise InvalidRequest(f"params must be SamplingParams, got {type(params).__name__}")
-        params.validate()
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise InvalidRequest(f"model {self.spec.name!r} has no tokenizer: "
-                                     "send the prompt as token ids")
-            ids = self.tokenizer.encode(prompt) if prompt else []
-        elif isinstance(prompt, list):
-            ids = prompt
-            for t in ids:
-                if not isinstance(t, int) or isinstance(t, bool):
-                    raise InvalidRequest(f"prompt token ids must be ints, got {t!r}")
-                if not 0 <= t < self.vocab_size:
-                    raise InvalidRequest(f"prompt token id {t} is outside the vocabulary "
-                                         f"[0, {self.vocab_size})")
-        else:
-            raise InvalidRequest("prompt must be a string or a list of token ids, "
-                                 f"got {type(prompt).__name__}")
-        if not ids:
-            raise InvalidRequest("prompt is empty")
-        if params.stop and self.tokenizer is None:
-            raise InvalidRequest(f"model {self.spec.name!r} has no tokenizer: "
-                                 "stop strings are unsupported (use stop_token_ids)")
-        if params.regex is not None:
-            if self.tokenizer is None:
-                raise InvalidRequest(f"model {self.spec.name!r} has no tokenizer: "
-                                     "regex constraints are unsupported")
-            check_regex(params.regex)
-        n, limit = len(ids), self.context_len
-        if n > limit - 1:
-            raise InvalidRequest(f"prompt is {n} tokens; this model takes at most {limit - 1} "
-                                 f"prompt tokens (context length {limit})")
-        if n + params.max_tokens > limit:
-            raise InvalidRequest(f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = "
-                                 f"{n + params.max_tokens} exceeds the context length of "
-                                 f"{limit} tokens; set max_tokens <= {limit - n}")
-        return list(ids)
+        return prepare_prompt(prompt, params, self.tokenizer, self.spec.name, self.vocab_size,
+                              self._known_limits())
 
     def _stop_ids(self, params: SamplingParams) -> list[int]:
         ids = list(params.stop_token_ids)
@@ -269,26 +278,18 @@ class TokenizerManager:
                 return
             if isinstance(msg, BatchOut):
                 self._dispatch(msg)
+            elif isinstance(msg, Limits):
+                self.limits = msg
+                self._model_info = None
+                self._limits_event.set()
             elif isinstance(msg, SchedulerStats):
                 fut = self._stats_waiters.get(msg.token)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
 
     def _dispatch(self, batch: BatchOut) -> None:
-        for out in batch.outs:
-            state = self._reqs.get(out.rid)
-            if state is None:  # finished or aborted here already
-                continue
-            self.timings.on_output(out)
-            try:
-                if state.on_output(out):
-                    self._sched.put(AbortReq(out.rid, reason="stop"))
-            except Exception as e:  # e.g. a token id the tokenizer cannot decode
-                log.exception("request %s failed while detokenizing", out.rid)
-                state.fail(RequestFailed(f"detokenizing the output failed: {e!r}"))
-                if not state.scheduler_done:
-                    self._sched.put(AbortReq(out.rid, reason="error"))
-                    state.scheduler_done = True
+        for abort in apply_batch(batch, self._reqs, self._decoder, self.timings):
+            self._sched.put(abort)
 
     def _die(self, reason: str, *, quiet: bool = False) -> None:
         if self._dead is not None:

@@ -15,10 +15,12 @@ from runtime.messages import (
     ApiInput,
     BatchOut,
     GenerateReq,
+    Limits,
     ReqOut,
     SchedulerInput,
     Shutdown,
 )
+from runtime.model_config import resolve_model
 
 
 class FakeScheduler:
@@ -27,13 +29,15 @@ class FakeScheduler:
 
     It ends a request with "stop" at a stop id, "length" at max_tokens, and "stop" when
     the script runs out; `stall=True` accepts requests but never answers. Everything
-    received is kept in `received`.
+    received is kept in `received`. First it sends `limits`, as the real one does at
+    start-up (default: the model's context, capped by `cfg.kv_slots` if set).
     """
 
     def __init__(self, cfg: ServerConfig, script: Callable[[GenerateReq], list[int]], *,
                  per_msg: int = 3, step_s: float = 0.002, stall: bool = False,
-                 cached_tokens: int = 0) -> None:
+                 cached_tokens: int = 0, limits: Limits | None = None) -> None:
         self.cfg = cfg
+        self.limits = limits if limits is not None else default_limits(cfg)
         self.script = script
         self.per_msg = per_msg
         self.step_s = step_s
@@ -70,6 +74,7 @@ class FakeScheduler:
                                                      SchedulerInput, bind=True)
         outbox: PushQueue[ApiInput] = PushQueue(ctx, self.cfg.ipc("api_in"))
         active: dict[str, tuple[GenerateReq, list[int], int]] = {}  # rid -> (req, ids, sent)
+        outbox.put(self.limits)
         while not self._stop.is_set():
             first = inbox.get(timeout_ms=int(self.step_s * 1000) or 1)
             for msg in ([first] if first is not None else []) + inbox.drain():
@@ -110,3 +115,12 @@ class FakeScheduler:
         return ReqOut(rid, new, [-0.5] * len(new), finish,
                       prompt_tokens=len(req.input_ids) if first else 0,
                       cached_tokens=self.cached_tokens if first else 0)
+
+
+def default_limits(cfg: ServerConfig) -> Limits:
+    """What a real scheduler would report for `cfg` on a roomy device."""
+    model = resolve_model(cfg.model).max_context
+    context = min(model, cfg.kv_slots) if cfg.kv_slots else model
+    return Limits(max_context=context, max_req_input_len=context - 1,
+                  max_running=cfg.max_running, kv_slots=cfg.kv_slots or 4 * context,
+                  model_max_context=model)

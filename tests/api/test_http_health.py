@@ -83,6 +83,7 @@ def http_front(cfg: ServerConfig, spec):
     monitor = Monitor(tm, cfg)
     http = HttpServer(tm, cfg, monitor)
     lt.run(tm.start())
+    lt.run(tm.wait_limits(10))  # as the api process does before serving
     lt.run(monitor.start())
     lt.run(http.start())
     try:

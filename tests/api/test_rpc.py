@@ -38,6 +38,7 @@ def serving(cfg, spec):
     tm = TokenizerManager(cfg, spec)
     rpc = RpcServer(tm, cfg.rpc_addr)
     lt.run(tm.start())
+    lt.run(tm.wait_limits(10))  # as the api process does before serving
     lt.run(rpc.start())
     try:
         yield tm, rpc, lt

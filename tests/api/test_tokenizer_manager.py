@@ -9,12 +9,13 @@ import msgspec
 import pytest
 import zmq
 
-from runtime.api.errors import EngineDeadError, RequestFailed
+from runtime.api.errors import EngineDeadError, Overloaded, RequestFailed
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.messages import (
     AbortReq,
     GenerateReq,
     InvalidRequest,
+    Limits,
     ProcessDied,
     SamplingParams,
     Shutdown,
@@ -236,3 +237,53 @@ def test_model_without_tokenizer_streams_ids_only(cfg):
     assert [t for c in chunks for t in c.token_ids] == [10, 11, 12, 13, 14]
     assert all(c.text == "" for c in chunks)
     assert chunks[-1].finish_reason == "length"
+
+
+def test_the_schedulers_limits_govern_every_check(cfg, spec, script_ids):
+    """The limits the scheduler reports (a 256-token context, as a sliding window caps it)
+    are the ones the api checks and advertises, not the model's own 8192 or the config."""
+    limits = Limits(max_context=256, max_req_input_len=255, max_running=1, kv_slots=4096,
+                    model_max_context=spec.max_context)
+    cfg = cfg.replace(max_queue=1)  # with limits.max_running: two in flight at most
+
+    async def body(tm):
+        assert (await tm.wait_limits(5)) == limits
+        assert tm.context_len == 256 and tm.model_info().max_model_len == 256
+        with pytest.raises(InvalidRequest, match="at most 255 prompt tokens"):
+            await collect(tm.generate([5] * 256, SamplingParams(max_tokens=0)))
+        with pytest.raises(InvalidRequest, match="exceeds the context length of 256 tokens"):
+            await collect(tm.generate([5] * 100, SamplingParams(max_tokens=157)))
+        tasks = [asyncio.create_task(anext(tm.generate([5] * 100, SamplingParams(
+            max_tokens=156)))) for _ in range(2)]
+        while tm.num_inflight < 2:
+            await asyncio.sleep(0.01)
+        with pytest.raises(Overloaded, match="max_running=1, max_queue=1"):
+            await collect(tm.generate("hi", SamplingParams()))
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    with FakeScheduler(cfg, lambda r: script_ids, stall=True, limits=limits) as fake:
+        run(cfg, spec, body)
+    assert len(fake.of_type(GenerateReq)) == 2
+
+
+def test_requests_wait_for_the_limits_and_fail_if_the_engine_dies_first(cfg, spec):
+    async def body(tm):
+        task = asyncio.create_task(collect(tm.generate("hi", SamplingParams())))
+        await asyncio.sleep(0.1)
+        assert not task.done() and tm.limits is None
+        ctx = zmq.Context()
+        sup = ctx.socket(zmq.PUSH)
+        sup.connect(cfg.ipc("api_in"))
+        sup.send(msgspec.msgpack.encode(ProcessDied("scheduler", 1)))
+        try:
+            with pytest.raises(EngineDeadError, match="scheduler process died"):
+                await asyncio.wait_for(task, 5)
+            with pytest.raises(EngineDeadError):
+                await tm.wait_limits(5)
+        finally:
+            sup.close(linger=0)
+            ctx.term()
+
+    run(cfg, spec, body)  # no scheduler: no limits ever arrive
