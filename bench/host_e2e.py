@@ -79,8 +79,10 @@ def step_summary(path: str, offset: int) -> dict:
 
 
 def _warm_specs(specs: list[RequestSpec], n: int) -> list[RequestSpec]:
-    """The first `n` prompts with 8 output tokens: compiles prefill and full-batch decode."""
-    return [RequestSpec(s.prompt, 8) for s in specs[:n]]
+    """`n` prompts as long as the first `n`, 8 output tokens each: compiles prefill and
+    full-batch decode. Reversed, so the measured run finds none of them in the prefix
+    cache (a hit would skip its prefill and flatter whichever mode caches more)."""
+    return [RequestSpec(s.prompt[::-1], 8) for s in specs[:n]]
 
 
 def offline(model: str, args, specs: list[RequestSpec], concurrency: int, step_file: str,
