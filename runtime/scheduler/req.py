@@ -40,7 +40,7 @@ class Req:
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
         self.status = ReqStatus.WAITING
-        self.finished = False  # status is FINISHED (a plain flag: read on every step)
+        self.finished = False  # status is FINISHED: set only by `finish`, read every step
         self.finish_reason: str | None = None
         self.silent_finish = False  # the api already told the client (stop string)
         self.sent = 0  # output ids already streamed to the api
@@ -75,10 +75,7 @@ class Req:
 
     @property
     def total_len(self) -> int:
-        return self.known_len + self.pending
-
-    def token_at(self, pos: int) -> int:
-        return self.token_ids[pos]
+        return len(self.token_ids) + self.pending
 
     def tokens(self, start: int, end: int) -> list[int]:
         """Known tokens of positions [start, end): a copy of that range alone."""
@@ -114,7 +111,7 @@ class Req:
 
         A decoding request has KV for every token but the last (known or pending).
         """
-        return self.kv_len < self.total_len - 1
+        return self.kv_len < len(self.token_ids) + self.pending - 1  # total_len - 1
 
     @property
     def remaining_tokens(self) -> int:

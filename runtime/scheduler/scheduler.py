@@ -113,12 +113,11 @@ class Scheduler:
         self.running = [r for r in self.running if not r.finished]
         decode, last_prompt = [], []
         for r in self.running:
-            known, pending = len(r.token_ids), r.pending
-            if r.kv_len < known + pending - 1:  # in prefill
+            if r.in_prefill:
                 continue
-            if r.params.max_tokens > len(r.output_ids) + pending:  # remaining_tokens > 0
+            if r.remaining_tokens > 0:
                 decode.append(r)
-            elif r.prefill_only and r.kv_len < known:
+            elif r.prefill_only and r.kv_len < r.known_len:
                 # a prefill-only request whose last chunk left one position
                 last_prompt.append(r)
         if not self._reserve_decode(decode, last_prompt):

@@ -115,13 +115,9 @@ class BatchBuilder:
         prefixes' pages, then the pages the step's positions start."""
         new_pages = np.array(plan.new_pages, dtype=np.int64)  # [N]
         assert len(new_pages) == int(n_new.sum()), (len(new_pages), n_new)
-        if not len(new_pages) or n_new.max() == 1:  # e.g. decodes: one new page or none each
-            starts = n_new.astype(bool)
-            w_rows, w_cols = [rows[starts]], [first_new[starts]]
-        else:
-            offsets = _exclusive_cumsum(n_new)[:-1]
-            w_rows = [np.repeat(rows, n_new)]
-            w_cols = [np.repeat(first_new - offsets, n_new) + np.arange(len(new_pages))]
+        offsets = _exclusive_cumsum(n_new)[:-1]
+        w_rows = [np.repeat(rows, n_new)]
+        w_cols = [np.repeat(first_new - offsets, n_new) + np.arange(len(new_pages))]
         w_pages = [new_pages]
         for row, prefix in plan.prefix_writes:
             w_rows.append(np.full(len(prefix), row, dtype=np.int64))

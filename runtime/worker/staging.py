@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 RING = 3  # pinned buffers: the host plans at most two steps ahead of the device
+_TORCH = {np.int64: torch.int64, np.int32: torch.int32}
 
 
 class Staging:
@@ -67,6 +68,5 @@ class Staging:
             event = torch.cuda.Event()
             event.record()
             self.events[i] = event
-        torch_dtype = {np.int64: torch.int64, np.int32: torch.int32}
-        return {name: src[start:start + n * (8 if dtype is np.int64 else 4)].view(
-                    torch_dtype[dtype]) for name, (dtype, start, n) in spans.items()}
+        return {name: src[start:start + n * np.dtype(dtype).itemsize].view(_TORCH[dtype])
+                for name, (dtype, start, n) in spans.items()}
