@@ -10,7 +10,7 @@ Datasets (`make_dataset(name, ...)`):
 - `mixed`: the seeds' load-test mix by total length: 30% short (32-511 tokens), 60% medium
   (512-2047), 10% long (2048-`max_len`). max_tokens = min(cap, length / 4) (at least 16),
   and the client stops reading after 25-100% of it (an early stop the server cannot
-  foresee, like an EOS: variable-length streaming). Same mix as `bench/fragmentation.py`.
+  foresee, like an EOS: variable-length streaming). Same mix as `bench/studies/fragmentation.py`.
 - `long`: very long prompts (e.g. 32k) with short outputs: chunked prefill.
 - `shared-prefix`: few-shot: `num_prefixes` system prompts of `prefix_len` tokens, each
   request one of them plus its own `suffix_len` tokens.

@@ -1,4 +1,4 @@
-"""`bench.compare`'s report on a synthetic results dict: the claims come out of the numbers,
+"""`bench.studies.compare`'s report on a synthetic results dict: the claims come out of the numbers,
 missing and failed cells say so, and the plots are written."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from bench.compare_claims import claims, derived, seeds_rows, star_rows
-from bench.compare_matrix import FULL, budget_kv_slots, parse_bytes
-from bench.compare_plots import write_plots
-from bench.compare_report import write_markdown
 from bench.serving import LoadRun
 from bench.serving_metrics import RequestResult, finite
+from bench.studies.claims import claims, derived, seeds_rows, star_rows
+from bench.studies.matrix import FULL, budget_kv_slots, parse_bytes
+from bench.studies.plots import write_plots
+from bench.studies.report import write_markdown
 
 GiB = 1 << 30
 KVB = 512 * 1024  # the 7B shape's KV bytes per token
@@ -50,7 +50,8 @@ def _results() -> dict:
         modes[mode] = {"args": ["--kv", mode], "cells": cells, "start_s": 20.0, "warmup_s": 3.0}
     modes["token-no-overlap"] = {"args": ["--kv", "token"], "cells": {},
                                  "error": "server exited with 1 during start-up:\nTraceback"}
-    return {"meta": {"command": "python -m bench.compare", "date": "2026-11-29", "device": "H200",
+    return {"meta": {"command": "python -m bench.studies.compare", "date": "2026-11-29",
+                     "device": "H200",
                      "git": "abc", "profile": "full", "model": "dummy:llama-7b-32k",
                      "dtype": "float16", "kv_slots": 133507, "slo_ms": {"ttft": 5000.0},
                      "time_budget_s": 480.0, "elapsed_s": 470.0,

@@ -1,4 +1,4 @@
-"""The PNG plots of `bench.compare` (matplotlib, Agg): four files beside `<stem>.json`.
+"""The PNG plots of `bench.studies.compare` (matplotlib, Agg): four files beside `<stem>.json`.
 
 - `<stem>-throughput.png`: output tok/s vs concurrency, one line per mode;
 - `<stem>-p99-tpot.png`: P99 TPOT (solid) and P99 ITL (dotted) vs concurrency;
@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench.compare_claims import SEEDS_TABLE, derived, sweep_cells
+from bench.studies.claims import SEEDS_TABLE, derived, sweep_cells
 
 GiB = 1 << 30
 SEEDS_COL = {"mem_gib": 3, "tps": 4, "tpot99": 5}  # index in a SEEDS_TABLE row
@@ -88,9 +88,10 @@ def _fragmentation_plot(plt, res: dict, path: Path) -> None:
         ax.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=8)
         ax.legend(fontsize=8)
     else:
-        ax.text(0.5, 0.5, "bench.fragmentation did not run", ha="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, "bench.studies.fragmentation did not run", ha="center",
+                transform=ax.transAxes)
     ax.set(ylabel="internal fragmentation (%)", title="KV fragmentation by manager and block "
-           "size (bench.fragmentation replay, seeds' mixed workload)")
+           "size (bench.studies.fragmentation replay, seeds' mixed workload)")
     ax.title.set_fontsize(9)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()

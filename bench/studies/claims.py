@@ -1,4 +1,4 @@
-"""The seeds' claims, set against the measured cells of a `bench.compare` results dict.
+"""The seeds' claims, set against the measured cells of a `bench.studies.compare` results dict.
 
 Pure functions of the results dict: table rows (lists of strings) for the report. Missing
 cells (skipped, failed, another profile) give "n/m" rather than an error.

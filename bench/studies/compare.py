@@ -1,6 +1,6 @@
 """The serving matrix: KV modes x workloads on one model and one GPU, in one command.
 
-    python -m bench.compare [--quick | --cpu-smoke] [--gpu-memory-budget 80GiB]
+    python -m bench.studies.compare [--quick | --cpu-smoke] [--gpu-memory-budget 80GiB]
                             [--time-budget S] [--out-dir bench/results] [--tag h200]
 
 For each mode a fresh `sluice serve` (`bench/server_proc.py`) on the same model, a short
@@ -15,7 +15,7 @@ warm-up (Triton compiles, first prefill), then each workload through the load ge
 Workloads: a concurrency sweep (the seeds' 50 / 100 / 150 at ~2048-token sequences, one
 request per client), fixed-length at the HF peers' shape (64 x 512 in / 128 out), the
 seeds' mixed 30/60/10 load with early stops (variable-length streaming), long context
-(chunked prefill), and few-shot shared prefixes. `bench.fragmentation` (bookkeeping replay)
+(chunked prefill), and few-shot shared prefixes. `bench.studies.fragmentation` (bookkeeping replay)
 runs beside them for fragmentation by block size.
 
 `--gpu-memory-budget` mirrors the seeds' A100-80GB on a bigger GPU: the KV pool gets
@@ -23,8 +23,8 @@ runs beside them for fragmentation by block size.
 `--time-budget` bounds the whole matrix: each mode gets an equal share of what is left and
 each workload a deadline from its weight; a cut-off workload is marked truncated, a failed
 one (server died, refused) is recorded with the log's tail, and the matrix goes on. JSON and
-Markdown are rewritten after every workload (`bench/compare_report.py`), the PNGs written at
-the end (`bench/compare_plots.py`).
+Markdown are rewritten after every workload (`bench/studies/report.py`), the PNGs written at
+the end (`bench/studies/plots.py`).
 """
 
 from __future__ import annotations
@@ -42,9 +42,6 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.compare_matrix import MODES, PROFILES, Cell, Profile, budget_kv_slots, parse_bytes
-from bench.compare_plots import write_plots
-from bench.compare_report import write_markdown
 from bench.server_proc import (
     ROOT,
     ServerFailed,
@@ -56,6 +53,9 @@ from bench.server_proc import (
 from bench.serving import run_load
 from bench.serving_data import arrival_times, make_dataset
 from bench.serving_metrics import finite, parse_slo
+from bench.studies.matrix import MODES, PROFILES, Cell, Profile, budget_kv_slots, parse_bytes
+from bench.studies.plots import write_plots
+from bench.studies.report import write_markdown
 
 STOP_RESERVE_S = 8.0  # per mode: stopping the server
 MIN_CELL_S = 4.0  # a workload with less time left than this is skipped
@@ -211,11 +211,11 @@ def main() -> None:
     arith["used"] = "--kv-slots" if (args.kv_slots or p.kv_slots) else "--gpu-memory-budget"
     frag = None
     if not args.no_fragmentation:
-        frag = subprocess.Popen([sys.executable, "-m", "bench.fragmentation", "--requests",
+        frag = subprocess.Popen([sys.executable, "-m", "bench.studies.fragmentation", "--requests",
                                  str(p.frag_requests), "--out", str(work / "fragmentation")],
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     results = {"meta": {
-        "command": "python -m bench.compare " + " ".join(sys.argv[1:]), "date": date,
+        "command": "python -m bench.studies.compare " + " ".join(sys.argv[1:]), "date": date,
         "device": device_name(), "git": git_rev(), "profile": p.name, "model": p.model,
         "dtype": p.dtype, "kv_slots": kv_slots, "kv_budget": arith, "slo_ms": parse_slo(args.slo),
         "time_budget_s": end - t0, "modes": modes, "work_dir": str(work)}, "modes": {}}

@@ -12,7 +12,7 @@ holding KV. Reported at the peak of reserved memory and as a whole-run average (
 live over sum of reserved across steps). `stranded` (dynamic only) is free space inside
 superblocks split for another size class: not reserved, but unusable by other classes.
 
-    python -m bench.fragmentation [--requests 300] [--slots 65536] [--out PREFIX]
+    python -m bench.studies.fragmentation [--requests 300] [--slots 65536] [--out PREFIX]
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What `bench.compare` runs: the KV modes, the workloads of each profile, and the KV budget.
+"""What `bench.studies.compare` runs: the KV modes, the workloads of each profile, and the
+KV budget.
 
 Request counts are sized for the time budget on an H200 with a 7B model: in the sweep each
 client sends one ~2048-token request (1792 in + 256 out), so concurrency 100 and 150 already

@@ -1,9 +1,9 @@
-"""The Markdown report of `bench.compare`: the seeds' tables with our numbers beside theirs,
+"""The Markdown report of `bench.studies.compare`: the seeds' tables with our numbers beside theirs,
 each claim with its measured number and verdict, then every cell.
 
 Reads only the results dict (`<stem>.json`), so it can be re-rendered from a saved file:
 
-    python -m bench.compare_report bench/results/<stem>.json
+    python -m bench.studies.report bench/results/<stem>.json
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench.compare_claims import claims, fmt, get, seeds_rows, star_rows, sweep_cells
+from bench.studies.claims import claims, fmt, get, seeds_rows, star_rows, sweep_cells
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -74,9 +74,11 @@ def _fragmentation(res: dict) -> list[str]:
     frag = res.get("fragmentation") or {}
     lines = ["## Fragmentation by block size", ""]
     if "results" not in frag:
-        return lines + [f"bench.fragmentation did not run: {frag.get('error', 'skipped')}", ""]
+        error = frag.get("error", "skipped")
+        return lines + [f"bench.studies.fragmentation did not run: {error}", ""]
     m = frag["meta"]
-    lines += [f"`bench.fragmentation` (bookkeeping replay of the real schedulers, no model): "
+    lines += [f"`bench.studies.fragmentation` (bookkeeping replay of the real schedulers, "
+              f"no model): "
               f"{m['requests']} requests, {m['mix']}, {m['slots']} slots. Seeds: fixed block "
               f"32 -> 12.3%, dynamic -> 7.8%.", ""]
     rows = [[r["mode"], f"{r['frag_at_peak']:.2%}", f"{r['frag_avg']:.2%}", r["peak_running"],
