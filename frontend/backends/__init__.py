@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from frontend.backends.base import Backend, GenResult
+from frontend.backends.base import Backend
 from frontend.backends.engine import EngineBackend
 from frontend.backends.http import HttpBackend
 from frontend.backends.rpc import RpcBackend
@@ -17,5 +17,4 @@ def RuntimeEndpoint(url: str, timeout: float | None = 120.0) -> Backend:
     raise ValueError(f"unknown endpoint {url!r}: expected http(s):// or tcp:// / ipc://")
 
 
-__all__ = ["Backend", "EngineBackend", "GenResult", "HttpBackend", "RpcBackend",
-           "RuntimeEndpoint"]
+__all__ = ["Backend", "EngineBackend", "HttpBackend", "RpcBackend", "RuntimeEndpoint"]
