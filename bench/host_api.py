@@ -113,7 +113,7 @@ def _rpc_clients(addr: str, n: int, max_tokens: int, want: str, conn) -> None:
         for s in socks:
             while s.poll(0):
                 msg = dec.decode(s.recv())
-                for c in getattr(msg, "chunks", None) or [msg]:
+                for c in getattr(msg, "outputs", None) or [msg]:
                     texts[c.rid].append(getattr(c, "text", ""))
                     if getattr(c, "finish_reason", "error") is not None:
                         open_ -= 1

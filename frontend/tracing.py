@@ -15,11 +15,11 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from frontend.backends.base import Backend, GenResult, OnText
+from frontend.backends.base import Backend, OnText
 from frontend.interpreter import StreamExecutor
 from frontend.ir import Expr
 from frontend.state import ProgramState
-from runtime.messages import ModelInfo
+from runtime.messages import ModelInfo, RequestOutput
 
 
 class _StopTrace(Exception):
@@ -51,7 +51,7 @@ class _TracingBackend(Backend):
         self.real = real
 
     def generate(self, prompt: str, params: dict[str, Any],
-                 on_text: OnText | None = None) -> GenResult:
+                 on_text: OnText | None = None) -> RequestOutput:
         raise _StopTrace
 
     def _fetch_model_info(self) -> ModelInfo:

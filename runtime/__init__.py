@@ -3,14 +3,14 @@
 Names are imported lazily so that each server process loads only what it needs.
 """
 
-from runtime.messages import InvalidRequest, SamplingParams
+from runtime.messages import FinishReason, InvalidRequest, RequestOutput, SamplingParams
 
-__all__ = ["Engine", "RequestOutput", "SamplingParams", "InvalidRequest"]
+__all__ = ["Engine", "FinishReason", "RequestOutput", "SamplingParams", "InvalidRequest"]
 
 
 def __getattr__(name: str):
-    if name in ("Engine", "RequestOutput"):
-        from runtime import engine
+    if name == "Engine":
+        from runtime.engine import Engine
 
-        return getattr(engine, name)
+        return Engine
     raise AttributeError(f"module 'runtime' has no attribute {name!r}")

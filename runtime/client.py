@@ -1,11 +1,11 @@
 """`Client` / `AsyncClient`: the native RPC clients (ZMQ DEALER, msgpack).
 
     client = Client("tcp://127.0.0.1:30001")
-    out = client.generate("Hello", max_tokens=32, temperature=0)      # RpcChunk, whole text
-    for chunk in client.generate("Hello", stream=True, max_tokens=32):  # RpcChunk deltas
-        print(chunk.text, end="")
+    out = client.generate("Hello", max_tokens=32, temperature=0)  # the whole RequestOutput
+    for delta in client.generate("Hello", stream=True, max_tokens=32):  # RequestOutput deltas
+        print(delta.text, end="")
 
-Requests always stream over the wire, and non-streaming calls join the chunks here, so
+Requests always stream over the wire, and non-streaming calls join the deltas here, so
 `timeout` can bound the silence between two messages: a server that dies mid-request
 raises `ServerTimeout` instead of hanging, while long generations still work.
 One `Client` per thread; `AsyncClient` serves any number of tasks on one loop.
@@ -24,14 +24,13 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from runtime.api.chunk import join_chunks
 from runtime.api.errors import Overloaded, ServerError, ServerTimeout
 from runtime.messages import (
     InvalidRequest,
     ModelInfo,
+    RequestOutput,
     RpcAbort,
     RpcBatch,
-    RpcChunk,
     RpcError,
     RpcGenerate,
     RpcGetModelInfo,
@@ -57,16 +56,15 @@ class Client:
         self._inbox: dict[str, deque[RpcOutput]] = {}  # open requests' unread messages
 
     def generate(self, prompt: str | list[int], *, stream: bool = False,
-                 **sampling: Any) -> RpcChunk | Iterator[RpcChunk]:
+                 **sampling: Any) -> RequestOutput | Iterator[RequestOutput]:
         """Generate from `prompt` with `SamplingParams(**sampling)`.
 
-        stream=False: one RpcChunk with the whole text and token ids. stream=True: an
-        iterator of RpcChunk deltas, `finish_reason` on the last; leaving it early
-        aborts the request. Raises `InvalidRequest` or `ServerError` (`ServerTimeout`).
+        stream=False: the whole `RequestOutput`. stream=True: an iterator of its deltas,
+        `finish_reason` on the last; leaving it early aborts the request. Raises
+        `InvalidRequest` or `ServerError` (`ServerTimeout`).
         """
-        req = _request(prompt, sampling)
-        chunks = self._stream(req)
-        return chunks if stream else join_chunks(req.rid, list(chunks))
+        deltas = self._stream(_request(prompt, sampling))
+        return deltas if stream else RequestOutput.join(list(deltas))
 
     def model_info(self) -> ModelInfo:
         """The served model's name, context length and chat role markers."""
@@ -82,7 +80,7 @@ class Client:
         finally:
             del self._inbox[rid]
 
-    def _stream(self, req: RpcGenerate) -> Iterator[RpcChunk]:
+    def _stream(self, req: RpcGenerate) -> Iterator[RequestOutput]:
         self._inbox[req.rid] = deque()
         done = False
         try:
@@ -93,7 +91,7 @@ class Client:
                     from None
             while not done:
                 msg = self._recv(req.rid)
-                done = isinstance(msg, RpcError) or msg.finish_reason is not None
+                done = isinstance(msg, RpcError) or msg.finished
                 yield _check(msg)
         finally:
             del self._inbox[req.rid]
@@ -140,11 +138,10 @@ class AsyncClient:
         self._reader: asyncio.Task | None = None
 
     async def generate(self, prompt: str | list[int], *, stream: bool = False,
-                       **sampling: Any) -> RpcChunk | AsyncIterator[RpcChunk]:
-        """Like `Client.generate`; with stream=True, `async for c in await generate(...)`."""
-        req = _request(prompt, sampling)
-        chunks = self._stream(req)
-        return chunks if stream else join_chunks(req.rid, [c async for c in chunks])
+                       **sampling: Any) -> RequestOutput | AsyncIterator[RequestOutput]:
+        """Like `Client.generate`; with stream=True, `async for d in await generate(...)`."""
+        deltas = self._stream(_request(prompt, sampling))
+        return deltas if stream else RequestOutput.join([d async for d in deltas])
 
     async def model_info(self) -> ModelInfo:
         """The served model's name, context length and chat role markers."""
@@ -165,7 +162,7 @@ class AsyncClient:
         finally:
             del self._inbox[rid]
 
-    async def _stream(self, req: RpcGenerate) -> AsyncIterator[RpcChunk]:
+    async def _stream(self, req: RpcGenerate) -> AsyncIterator[RequestOutput]:
         if self._reader is None:
             self._reader = asyncio.create_task(self._read())
         inbox: asyncio.Queue[RpcOutput | ServerError] = asyncio.Queue()
@@ -184,7 +181,7 @@ class AsyncClient:
                         from None
                 if isinstance(msg, ServerError):
                     raise msg
-                done = isinstance(msg, RpcError) or msg.finish_reason is not None
+                done = isinstance(msg, RpcError) or msg.finished
                 yield _check(msg)
         finally:
             del self._inbox[req.rid]
@@ -260,8 +257,8 @@ def _decode(dec: msgspec.msgpack.Decoder, frame: bytes) -> RpcOutput:
 
 
 def _unbatch(msg: RpcOutput) -> list[RpcOutput]:
-    """The messages a reply carries (an `RpcBatch` holds several requests' chunks)."""
-    return msg.chunks if isinstance(msg, RpcBatch) else [msg]
+    """The messages a reply carries (an `RpcBatch` holds several requests' outputs)."""
+    return msg.outputs if isinstance(msg, RpcBatch) else [msg]
 
 
 def _info(msg: RpcOutput) -> ModelInfo:
@@ -271,8 +268,8 @@ def _info(msg: RpcOutput) -> ModelInfo:
     return msg.info
 
 
-def _check(msg: RpcOutput) -> RpcChunk:
-    """The chunk, or the server's error raised as a typed exception."""
+def _check(msg: RpcOutput) -> RequestOutput:
+    """The output, or the server's error raised as a typed exception."""
     if isinstance(msg, RpcError):
         if msg.kind == "invalid_request":
             raise InvalidRequest(msg.message)

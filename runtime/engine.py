@@ -8,33 +8,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 
-from runtime.api.chunk import Chunk
 from runtime.api.loop_thread import LoopThread
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ServerConfig
-from runtime.messages import ModelInfo, SamplingParams, SchedulerStats
+from runtime.messages import ModelInfo, RequestOutput, SamplingParams, SchedulerStats
 from runtime.model_config import resolve_model
 from runtime.process_group import ProcessGroup
 
 Prompt = str | list[int]
-
-
-@dataclass
-class RequestOutput:
-    """The whole output of one request."""
-
-    rid: str
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-    logprobs: list[float] = field(default_factory=list)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    input_logprobs: list[float] = field(default_factory=list)  # see SamplingParams
-    input_token_ids: list[int] = field(default_factory=list)  # the prompt tokens scored
 
 
 class Engine:
@@ -72,7 +54,8 @@ class Engine:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  params: SamplingParams | None = None) -> list[RequestOutput]:
-        """Run every prompt concurrently (one batch stream) and return their outputs in order.
+        """Run every prompt concurrently (one batch stream) and return their whole outputs
+        in order.
 
         `prompts` is a string, a list of token ids, or a list of either.
         """
@@ -82,23 +65,16 @@ class Engine:
 
     async def _generate_all(self, prompts: list[Prompt],
                             params: SamplingParams) -> list[RequestOutput]:
-        return list(await asyncio.gather(*(self._collect(p, params) for p in prompts)))
+        return list(await asyncio.gather(*(self._whole(p, params) for p in prompts)))
 
-    async def _collect(self, prompt: Prompt, params: SamplingParams) -> RequestOutput:
-        chunks: list[Chunk] = []
-        async for chunk in self._tm.generate(prompt, _copy(params)):
-            chunks.append(chunk)
-        last = chunks[-1]
-        return RequestOutput(
-            rid=last.rid, text="".join(c.text for c in chunks),
-            token_ids=[t for c in chunks for t in c.token_ids], finish_reason=last.finish_reason,
-            logprobs=[p for c in chunks for p in c.logprobs], prompt_tokens=last.prompt_tokens,
-            completion_tokens=last.completion_tokens, cached_tokens=last.cached_tokens,
-            input_logprobs=[p for c in chunks for p in c.input_logprobs],
-            input_token_ids=[t for c in chunks for t in c.input_token_ids])
+    async def _whole(self, prompt: Prompt, params: SamplingParams) -> RequestOutput:
+        gen = self._tm.generate(prompt, _copy(params), stream=False)
+        return RequestOutput.join([out async for out in gen])
 
-    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[Chunk]:
-        """Yield a request's output as it is produced; breaking out aborts the request."""
+    def stream(self, prompt: Prompt,
+               params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Yield a request's output as `RequestOutput` deltas as it is produced; breaking
+        out aborts the request."""
         params = params if params is not None else SamplingParams()
         return self._loop.iterate(self._tm.generate(prompt, _copy(params)))
 

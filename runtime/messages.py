@@ -1,20 +1,25 @@
 """Every message that crosses a process boundary, as msgspec Structs.
 
 Channels (each a tagged union, decoded by `runtime.ipc`):
-  api -> scheduler      `SchedulerInput`  = GenerateReq | AbortReq | GetStats | Shutdown
+  api -> scheduler      `SchedulerInput`  = GenerateReq | AbortReq | FinishReq | GetStats | Shutdown
   scheduler -> api      `ApiInput`        = BatchOut | SchedulerStats | ProcessDied | Limits
   scheduler -> worker   `WorkerInput`     = BatchPlan | Shutdown
   worker -> scheduler   `WorkerOutput`    = StepResult | WorkerReady | WorkerFailed
   any -> supervisor     `Ready`
   RPC client <-> api    `RpcInput` = RpcGenerate | RpcAbort | RpcGetModelInfo ;
-                        `RpcOutput` = RpcChunk | RpcBatch | RpcError | RpcModelInfo
+                        `RpcOutput` = RequestOutput | RpcBatch | RpcError | RpcModelInfo
+
+`RequestOutput` is a request's output on every surface: what the api's streams yield, what
+RPC carries, what `runtime.client`, `Engine` and the frontend backends return.
 
 Structs are array-like on the wire: new fields are only ever appended, with defaults.
 """
 
 from __future__ import annotations
 
+import enum
 import math
+from collections.abc import Sequence
 
 import msgspec
 
@@ -92,6 +97,19 @@ def _finite(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+class FinishReason(str, enum.Enum):
+    """Why a request ended. A member equals, prints and encodes as its value, which is
+    what HTTP and OpenAI responses say."""
+
+    STOP = "stop"  # a stop token or stop string
+    LENGTH = "length"  # max_tokens reached
+    ABORT = "abort"  # the client went away or aborted it
+    ERROR = "error"  # the server failed it
+
+    def __str__(self) -> str:
+        return self.value
+
+
 # ---------------------------------------------------------------- api -> scheduler
 class GenerateReq(msgspec.Struct, **_WIRE):
     """A tokenized request. `stop_ids` already includes EOS unless ignore_eos."""
@@ -103,10 +121,18 @@ class GenerateReq(msgspec.Struct, **_WIRE):
 
 
 class AbortReq(msgspec.Struct, **_WIRE):
-    """Stop a request (client gone, stop string matched, or user abort)."""
+    """End a request early: its client is gone or aborted it (ABORT), or the api failed
+    it (ERROR, its KV is not cached). The scheduler answers with that finish reason."""
 
     rid: str
-    reason: str = "abort"
+    reason: FinishReason = FinishReason.ABORT
+
+
+class FinishReq(msgspec.Struct, **_WIRE):
+    """The api finished a request itself (a stop string matched; its client already has
+    the whole output): the scheduler ends it as a normal stop and answers nothing."""
+
+    rid: str
 
 
 class Shutdown(msgspec.Struct, **_WIRE):
@@ -121,12 +147,17 @@ class GetStats(msgspec.Struct, **_WIRE):
 
 # ---------------------------------------------------------------- scheduler -> api
 class ReqOut(msgspec.Struct, **_WIRE):
-    """New tokens of one request since its last ReqOut; `finish_reason` set on the last."""
+    """New tokens of one request since its last ReqOut; `finish_reason` set on the last.
+
+    Not a `RequestOutput`: it carries sampled ids before detokenization (the api may drop
+    some past a stop string) and no text, once per request per step, on the hot path.
+    Fields it shares with `RequestOutput` have the same names and meanings.
+    """
 
     rid: str
-    new_ids: list[int] = []
+    token_ids: list[int] = []
     logprobs: list[float] = []
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
@@ -265,23 +296,50 @@ class RpcGetModelInfo(msgspec.Struct, **_WIRE):
     rid: str
 
 
-class RpcChunk(msgspec.Struct, **_WIRE):
+class RequestOutput(msgspec.Struct, kw_only=True, **_WIRE):
+    """Output of one request: a delta (a stream's piece) or the whole of it (`join`).
+
+    In a delta, `text`, `token_ids`, `logprobs` and the `input_*` lists are new since the
+    previous piece; the counters are totals so far; `finish_reason` is set on the last
+    piece only. `logprobs` only when asked for; with `logprob_start_len >= 0`,
+    `input_logprobs` score the prompt tokens `input_token_ids` from that position on.
+    """
+
     rid: str
-    text: str
-    token_ids: list[int]
+    text: str = ""
+    token_ids: list[int] = []
     logprobs: list[float] = []
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    input_logprobs: list[float] = []  # with logprob_start_len >= 0: prompt token logprobs
-    input_token_ids: list[int] = []  # the prompt tokens `input_logprobs` score
+    input_logprobs: list[float] = []
+    input_token_ids: list[int] = []
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @classmethod
+    def join(cls, pieces: Sequence[RequestOutput]) -> RequestOutput:
+        """One output carrying a run of consecutive pieces of a request (a lone piece is
+        returned as is): the lists concatenated, the counters and finish of the last."""
+        if len(pieces) == 1:
+            return pieces[0]
+        last = pieces[-1]
+        return cls(rid=last.rid, text="".join(p.text for p in pieces),
+                   token_ids=[t for p in pieces for t in p.token_ids],
+                   logprobs=[x for p in pieces for x in p.logprobs],
+                   finish_reason=last.finish_reason, prompt_tokens=last.prompt_tokens,
+                   completion_tokens=last.completion_tokens, cached_tokens=last.cached_tokens,
+                   input_logprobs=[x for p in pieces for x in p.input_logprobs],
+                   input_token_ids=[t for p in pieces for t in p.input_token_ids])
 
 
 class RpcBatch(msgspec.Struct, **_WIRE):
-    """Several requests' chunks to one client, sent together (those of one scheduler step)."""
+    """Several requests' outputs to one client, sent together (those of one scheduler step)."""
 
-    chunks: list[RpcChunk]
+    outputs: list[RequestOutput]
 
 
 class RpcModelInfo(msgspec.Struct, **_WIRE):
@@ -318,9 +376,9 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     chat_roles: dict[str, RoleMarkers] = {}  # "system" | "user" | "assistant"; {}: no template
 
 
-SchedulerInput = GenerateReq | AbortReq | GetStats | Shutdown
+SchedulerInput = GenerateReq | AbortReq | FinishReq | GetStats | Shutdown
 ApiInput = BatchOut | SchedulerStats | ProcessDied | Limits
 WorkerInput = BatchPlan | Shutdown
 WorkerOutput = StepResult | WorkerReady | WorkerFailed
 RpcInput = RpcGenerate | RpcAbort | RpcGetModelInfo
-RpcOutput = RpcChunk | RpcBatch | RpcError | RpcModelInfo
+RpcOutput = RequestOutput | RpcBatch | RpcError | RpcModelInfo

@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-from frontend.backends.base import Backend, GenResult
+from frontend.backends.base import Backend
+from frontend.backends.endpoint import RuntimeEndpoint
 from frontend.backends.engine import EngineBackend
 from frontend.backends.http import HttpBackend
 from frontend.backends.rpc import RpcBackend
 
-
-def RuntimeEndpoint(url: str, timeout: float | None = 120.0) -> Backend:
-    """A running `sluice serve`: `http://host:port` (HTTP) or `tcp://host:port` (RPC)."""
-    if url.startswith(("http://", "https://")):
-        return HttpBackend(url, timeout)
-    if url.startswith(("tcp://", "ipc://")):
-        return RpcBackend(url, timeout)
-    raise ValueError(f"unknown endpoint {url!r}: expected http(s):// or tcp:// / ipc://")
-
-
-__all__ = ["Backend", "EngineBackend", "GenResult", "HttpBackend", "RpcBackend",
-           "RuntimeEndpoint"]
+__all__ = ["Backend", "EngineBackend", "HttpBackend", "RpcBackend", "RuntimeEndpoint"]

@@ -4,37 +4,25 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from runtime.messages import ModelInfo
+from runtime.messages import ModelInfo, RequestOutput
 
 OnText = Callable[[str], None]
 C = TypeVar("C")  # a client with a close() method
 
 
-@dataclass
-class GenResult:
-    """The whole output of one request (`input_*` only with `logprob_start_len >= 0`)."""
-
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    input_logprobs: list[float] = field(default_factory=list)
-    input_token_ids: list[int] = field(default_factory=list)  # the prompt tokens scored
-
-    @classmethod
-    def from_chunks(cls, chunks: list) -> GenResult:
-        """Join a request's streamed chunks (runtime `Chunk` or `RpcChunk`) into one result."""
-        last = chunks[-1]
-        return cls("".join(c.text for c in chunks), last.finish_reason, last.prompt_tokens,
-                   last.completion_tokens, last.cached_tokens,
-                   [p for c in chunks for p in c.input_logprobs],
-                   [t for c in chunks for t in c.input_token_ids])
+def follow(deltas: Iterable[RequestOutput], on_text: OnText) -> RequestOutput:
+    """Consume a request's streamed deltas, calling `on_text` with each new piece of
+    text; return its whole output."""
+    seen = []
+    for delta in deltas:
+        seen.append(delta)
+        if delta.text:
+            on_text(delta.text)
+    return RequestOutput.join(seen)
 
 
 class PerThread(Generic[C]):
@@ -76,10 +64,12 @@ class Backend(ABC):
 
     @abstractmethod
     def generate(self, prompt: str, params: dict[str, Any],
-                 on_text: OnText | None = None) -> GenResult:
-        """Run one request; with `on_text`, stream: call it with each new piece of text."""
+                 on_text: OnText | None = None) -> RequestOutput:
+        """Run one request; return its whole output. With `on_text`, stream: call it with
+        each new piece of text."""
 
-    def generate_batch(self, prompts: list[str], params: dict[str, Any]) -> list[GenResult]:
+    def generate_batch(self, prompts: list[str],
+                       params: dict[str, Any]) -> list[RequestOutput]:
         """Run requests concurrently (one batch on the server); results in order."""
         return list(self._pool.map(lambda p: self.generate(p, params), prompts))
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from frontend.backends.base import Backend, GenResult, OnText
-from runtime.engine import Engine, RequestOutput
-from runtime.messages import ModelInfo, SamplingParams
+from frontend.backends.base import Backend, OnText, follow
+from runtime.engine import Engine
+from runtime.messages import ModelInfo, RequestOutput, SamplingParams
 
 
 class EngineBackend(Backend):
@@ -17,18 +17,14 @@ class EngineBackend(Backend):
         self.engine = engine
 
     def generate(self, prompt: str, params: dict[str, Any],
-                 on_text: OnText | None = None) -> GenResult:
+                 on_text: OnText | None = None) -> RequestOutput:
         if on_text is None:
-            return _result(self.engine.generate(prompt, SamplingParams(**params))[0])
-        chunks = []
-        for chunk in self.engine.stream(prompt, SamplingParams(**params)):
-            chunks.append(chunk)
-            if chunk.text:
-                on_text(chunk.text)
-        return GenResult.from_chunks(chunks)
+            return self.engine.generate(prompt, SamplingParams(**params))[0]
+        return follow(self.engine.stream(prompt, SamplingParams(**params)), on_text)
 
-    def generate_batch(self, prompts: list[str], params: dict[str, Any]) -> list[GenResult]:
-        return [_result(o) for o in self.engine.generate(prompts, SamplingParams(**params))]
+    def generate_batch(self, prompts: list[str],
+                       params: dict[str, Any]) -> list[RequestOutput]:
+        return self.engine.generate(prompts, SamplingParams(**params))
 
     def _fetch_model_info(self) -> ModelInfo:
         return self.engine.model_info()
@@ -36,8 +32,3 @@ class EngineBackend(Backend):
     def cache_stats(self) -> tuple[int, int]:
         stats = self.engine.stats()
         return stats.prefix_hit_tokens, stats.prefix_query_tokens
-
-
-def _result(out: RequestOutput) -> GenResult:
-    return GenResult(out.text, out.finish_reason, out.prompt_tokens, out.completion_tokens,
-                     out.cached_tokens, out.input_logprobs, out.input_token_ids)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import msgspec
 
-from frontend.backends.base import Backend, GenResult, OnText, PerThread
-from runtime.messages import InvalidRequest, ModelInfo
+from frontend.backends.base import Backend, OnText, PerThread, follow
+from runtime.messages import FinishReason, InvalidRequest, ModelInfo, RequestOutput
 
 
 class ServerError(RuntimeError):
@@ -30,13 +31,16 @@ class HttpBackend(Backend):
         return self._clients.get()
 
     def generate(self, prompt: str, params: dict[str, Any],
-                 on_text: OnText | None = None) -> GenResult:
+                 on_text: OnText | None = None) -> RequestOutput:
         body = {"text": prompt, "sampling_params": params, "stream": on_text is not None}
         if on_text is None:
             resp = self._http().post("/generate", json=body)
             _raise_for_error(resp.status_code, resp.content)
-            return _result([resp.json()])
-        events = []
+            return _output(resp.json())
+        return follow(self._stream(body), on_text)
+
+    def _stream(self, body: dict[str, Any]) -> Iterator[RequestOutput]:
+        """The deltas of a streamed `/generate`."""
         with self._http().stream("POST", "/generate", json=body) as resp:
             if resp.status_code != 200:
                 _raise_for_error(resp.status_code, resp.read())
@@ -46,10 +50,7 @@ class HttpBackend(Backend):
                 event = json.loads(line[len("data: "):])
                 if "error" in event:
                     raise ServerError(event["error"].get("message", str(event["error"])))
-                events.append(event)
-                if event["text"]:
-                    on_text(event["text"])
-        return _result(events)
+                yield _output(event)
 
     def _fetch_model_info(self) -> ModelInfo:
         resp = self._http().get("/get_model_info")
@@ -84,12 +85,13 @@ def _raise_for_error(status: int, content: bytes) -> None:
     raise ServerError(f"HTTP {status}: {message}")
 
 
-def _result(events: list[dict[str, Any]]) -> GenResult:
-    """One GenResult from a whole response or from the events of a stream (deltas)."""
-    last = events[-1]
-    usage = last["usage"]
-    return GenResult("".join(e["text"] for e in events), last["finish_reason"],
-                     usage["prompt_tokens"], usage["completion_tokens"],
-                     usage["cached_tokens"],
-                     [p for e in events for p in e.get("input_logprobs", [])],
-                     [t for e in events for t in e.get("input_token_ids", [])])
+def _output(body: dict[str, Any]) -> RequestOutput:
+    """The `RequestOutput` of a `/generate` response or streamed event."""
+    usage, reason = body["usage"], body["finish_reason"]
+    return RequestOutput(
+        rid=body["id"], text=body["text"], token_ids=body["output_ids"],
+        logprobs=body.get("logprobs", []),
+        finish_reason=None if reason is None else FinishReason(reason),
+        prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
+        cached_tokens=usage["cached_tokens"], input_logprobs=body.get("input_logprobs", []),
+        input_token_ids=body.get("input_token_ids", []))

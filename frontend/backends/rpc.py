@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from frontend.backends.base import Backend, GenResult, OnText, PerThread
+from frontend.backends.base import Backend, OnText, PerThread, follow
 from runtime.client import Client
-from runtime.messages import ModelInfo
+from runtime.messages import ModelInfo, RequestOutput
 
 
 class RpcBackend(Backend):
@@ -23,16 +23,10 @@ class RpcBackend(Backend):
         return self._clients.get()
 
     def generate(self, prompt: str, params: dict[str, Any],
-                 on_text: OnText | None = None) -> GenResult:
+                 on_text: OnText | None = None) -> RequestOutput:
         if on_text is None:
-            chunks = [self._client().generate(prompt, **params)]
-        else:
-            chunks = []
-            for chunk in self._client().generate(prompt, stream=True, **params):
-                chunks.append(chunk)
-                if chunk.text:
-                    on_text(chunk.text)
-        return GenResult.from_chunks(chunks)
+            return self._client().generate(prompt, **params)
+        return follow(self._client().generate(prompt, stream=True, **params), on_text)
 
     def _fetch_model_info(self) -> ModelInfo:
         return self._client().model_info()

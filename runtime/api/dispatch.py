@@ -14,15 +14,16 @@ from runtime.api.detokenize_batch import BatchDecoder, detokenize_batch
 from runtime.api.errors import RequestFailed
 from runtime.api.req_state import ReqState
 from runtime.api.timing import RequestTimings
-from runtime.messages import AbortReq, BatchOut
+from runtime.messages import AbortReq, BatchOut, FinishReason, FinishReq
 
 log = logging.getLogger(__name__)
 
 
 def apply_batch(batch: BatchOut, reqs: dict[str, ReqState], decoder: BatchDecoder | None,
-                timings: RequestTimings) -> list[AbortReq]:
-    """Feed each request in flight its ReqOut; return the aborts the scheduler must get
-    (a stop string ended a request here, or its output could not be detokenized)."""
+                timings: RequestTimings) -> list[AbortReq | FinishReq]:
+    """Feed each request in flight its ReqOut; return what the scheduler must be told: a
+    `FinishReq` for a request a stop string ended here, an `AbortReq` with reason ERROR
+    for one whose output could not be detokenized."""
     found = [(out, state) for out in batch.outs if (state := reqs.get(out.rid)) is not None]
     texts: dict[int, str | Exception] = {}  # index in `found` -> its batched detokenize
     if decoder is not None:
@@ -33,10 +34,10 @@ def apply_batch(batch: BatchOut, reqs: dict[str, ReqState], decoder: BatchDecode
             if state.detok is not None and not state.ended and out.rid not in seen:
                 seen.add(out.rid)
                 todo.append(i)
-        done = detokenize_batch(decoder, [(found[i][1].detok, found[i][0].new_ids)
+        done = detokenize_batch(decoder, [(found[i][1].detok, found[i][0].token_ids)
                                           for i in todo])
         texts = dict(zip(todo, done))
-    aborts: list[AbortReq] = []
+    ends: list[AbortReq | FinishReq] = []
     now = time.monotonic()  # every output of the batch arrived together
     for i, (out, state) in enumerate(found):
         timings.on_output(out, now)
@@ -45,11 +46,11 @@ def apply_batch(batch: BatchOut, reqs: dict[str, ReqState], decoder: BatchDecode
             if isinstance(text, Exception):
                 raise text
             if state.on_output(out, text):
-                aborts.append(AbortReq(out.rid, reason="stop"))
+                ends.append(FinishReq(out.rid))
         except Exception as e:  # e.g. a token id the tokenizer cannot decode
             log.exception("request %s failed while detokenizing", out.rid)
             state.fail(RequestFailed(f"detokenizing the output failed: {e!r}"))
             if not state.scheduler_done:
-                aborts.append(AbortReq(out.rid, reason="error"))
+                ends.append(AbortReq(out.rid, reason=FinishReason.ERROR))
                 state.scheduler_done = True
-    return aborts
+    return ends

@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from runtime.api.timing import RequestRecord, RequestTimings
-from runtime.messages import SchedulerStats
+from runtime.messages import FinishReason, SchedulerStats
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,8 @@ ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 
                0.75, 1.0, 2.5, 5.0)
 LATENCY_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                    50.0, 60.0, 120.0, 240.0, 480.0, 960.0)
-OUTCOMES = {"stop": "success", "length": "success", "abort": "abort", "error": "error"}
+OUTCOMES = {FinishReason.STOP: "success", FinishReason.LENGTH: "success",
+            FinishReason.ABORT: "abort", FinishReason.ERROR: "error"}
 
 
 class Metrics:

@@ -22,12 +22,11 @@ from typing import Any
 
 import msgspec
 
-from runtime.api.chunk import Chunk, join_chunks
 from runtime.api.openai_protocol import ApiError, api_error
 from runtime.api.openai_serving import DONE, sse
 from runtime.api.streams import EventStream, Guard, MergedStreams, collect, start_streams
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.messages import RpcChunk, SamplingParams
+from runtime.messages import RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
 _PARAM_NAMES = frozenset(SamplingParams.__struct_fields__)
@@ -78,22 +77,23 @@ class NativeServing:
         prompt = req.text if req.text is not None else req.input_ids
         params = to_params(req)
         rid = req.rid or uuid.uuid4().hex
-        streams, first = await start_streams([self.tm.generate(prompt, params, rid)], guard)
+        gen = self.tm.generate(prompt, params, rid, stream=req.stream)
+        streams, first = await start_streams([gen], guard)
         if req.stream:
             return EventStream(self._events(params, streams, first[1]), streams)
         try:
-            chunks = [first[1]] + [c for _, c in await guard(collect(streams))]
+            outs = [first[1]] + [o for _, o in await guard(collect(streams))]
         finally:
             await streams.aclose()
-        return _body(join_chunks(rid, chunks), params)
+        return _body(RequestOutput.join(outs), params)
 
     async def _events(self, params: SamplingParams, streams: MergedStreams,
-                      first: Chunk) -> AsyncIterator[bytes]:
+                      first: RequestOutput) -> AsyncIterator[bytes]:
         rid = first.rid
         try:
             yield sse(_body(first, params))
-            async for _, c in streams:
-                yield sse(_body(c, params))
+            async for _, out in streams:
+                yield sse(_body(out, params))
         except Exception as e:  # the response has started: the error is the last event
             log.warning("stream %s ended with an error: %r", rid, e)
             yield sse(api_error(e).body())
@@ -102,16 +102,17 @@ class NativeServing:
         yield DONE
 
 
-def _body(c: Chunk | RpcChunk, params: SamplingParams) -> dict[str, Any]:
-    """The JSON of a whole response or of one streamed event (`c` holds the deltas)."""
+def _body(out: RequestOutput, params: SamplingParams) -> dict[str, Any]:
+    """The JSON of a whole response or of one streamed event (`out` is a delta)."""
     body: dict[str, Any] = {
-        "id": c.rid, "text": c.text, "output_ids": c.token_ids,
-        "finish_reason": c.finish_reason,
-        "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
-                  "cached_tokens": c.cached_tokens}}
+        "id": out.rid, "text": out.text, "output_ids": out.token_ids,
+        "finish_reason": out.finish_reason,
+        "usage": {"prompt_tokens": out.prompt_tokens,
+                  "completion_tokens": out.completion_tokens,
+                  "cached_tokens": out.cached_tokens}}
     if params.logprobs:
-        body["logprobs"] = c.logprobs
+        body["logprobs"] = out.logprobs
     if params.logprob_start_len >= 0:
-        body["input_logprobs"] = c.input_logprobs
-        body["input_token_ids"] = c.input_token_ids
+        body["input_logprobs"] = out.input_logprobs
+        body["input_token_ids"] = out.input_token_ids
     return body

@@ -1,7 +1,7 @@
 """`OpenAIServing`: `/v1/completions` and `/v1/chat/completions` over the TokenizerManager.
 
 Each choice (n per prompt) runs as its own request (`rid = <response id>-<choice>`, seed
-+ choice when a seed is given); their streams are merged. The first chunk is awaited
++ choice when a seed is given); their streams are merged. The first output is awaited
 before anything is returned, so a request rejected by validation, by the queue limit or
 by the scheduler still gets a proper HTTP status; after that, a stream ends with an
 error event and `[DONE]`.
@@ -19,7 +19,6 @@ from typing import Any
 import msgspec
 
 from runtime.api.chat import chat_prompt_ids
-from runtime.api.chunk import Chunk
 from runtime.api.openai_protocol import (
     ApiError,
     AssistantMessage,
@@ -44,7 +43,7 @@ from runtime.api.openai_protocol import (
 )
 from runtime.api.streams import EventStream, Guard, MergedStreams, collect, start_streams
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.messages import SamplingParams
+from runtime.messages import RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -58,29 +57,11 @@ def sse(payload: Any) -> bytes:
 
 
 @dataclass
-class _Choice:
-    """Everything one choice produced so far."""
-
-    text: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-
-    def add(self, chunk: Chunk) -> None:
-        self.text.append(chunk.text)
-        self.token_ids += chunk.token_ids
-        self.logprobs += chunk.logprobs
-        self.finish_reason = chunk.finish_reason
-        self.prompt_tokens, self.cached_tokens = chunk.prompt_tokens, chunk.cached_tokens
-        self.completion_tokens = chunk.completion_tokens
-
-
-@dataclass
 class _Call:
-    """One OpenAI call in progress: `len(prompts) * n` choices."""
+    """One OpenAI call in progress: `len(prompts) * n` choices, each one request.
+
+    `outputs[i]` is choice i's latest output: the whole of it when not streamed, its last
+    delta in a stream (whose counters are totals all the same)."""
 
     id: str
     chat: bool
@@ -89,13 +70,13 @@ class _Call:
     logprobs: bool
     include_usage: bool
     created: int = field(default_factory=lambda: int(time.time()))
-    choices: list[_Choice] = field(default_factory=list)
+    outputs: list[RequestOutput] = field(default_factory=list)
 
     def usage(self) -> Usage:
         # a prompt counts once however many choices it has (as OpenAI bills it)
-        prompt = sum(c.prompt_tokens for c in self.choices[::self.n])
-        cached = sum(c.cached_tokens for c in self.choices[::self.n])
-        completion = sum(c.completion_tokens for c in self.choices)
+        prompt = sum(o.prompt_tokens for o in self.outputs[::self.n])
+        cached = sum(o.cached_tokens for o in self.outputs[::self.n])
+        completion = sum(o.completion_tokens for o in self.outputs)
         return Usage(prompt_tokens=prompt, completion_tokens=completion,
                      total_tokens=prompt + completion,
                      prompt_tokens_details={"cached_tokens": cached})
@@ -149,20 +130,21 @@ class OpenAIServing:
                 choice_params = msgspec.structs.replace(params)
                 if params.seed is not None:
                     choice_params.seed = params.seed + i
-                gens.append(self.tm.generate(prompt, choice_params, f"{call.id}-{p * call.n + i}"))
-        call.choices = [_Choice() for _ in gens]
+                rid = f"{call.id}-{p * call.n + i}"
+                gens.append(self.tm.generate(prompt, choice_params, rid, stream=stream))
+                call.outputs.append(RequestOutput(rid=rid))
         streams, first = await start_streams(gens, guard)
         if stream:
             return EventStream(self._events(call, streams, first), streams)
         try:
-            for index, chunk in [first] + await guard(collect(streams)):
-                call.choices[index].add(chunk)
+            for index, out in [first] + await guard(collect(streams)):
+                call.outputs[index] = out
         finally:
             await streams.aclose()
         return self._response(call)
 
     async def _events(self, call: _Call, streams: MergedStreams,
-                      first: tuple[int, Chunk]) -> AsyncIterator[bytes]:
+                      first: tuple[int, RequestOutput]) -> AsyncIterator[bytes]:
         """The SSE body: chunks as they come, the usage chunk if asked, then `[DONE]`."""
         try:
             if call.chat:  # the assistant's role first, for every choice
@@ -170,15 +152,15 @@ class OpenAIServing:
                                               choices=[ChatStreamChoice(
                                                   index=i, delta=ChatDelta(role="assistant",
                                                                            content=""))
-                                                  for i in range(len(call.choices))]))
-            index, chunk = first
+                                                  for i in range(len(call.outputs))]))
+            index, out = first
             while True:
-                call.choices[index].add(chunk)
-                yield sse(self._chunk(call, index, chunk))
+                call.outputs[index] = out
+                yield sse(self._chunk(call, index, out))
                 nxt = await anext(streams, None)
                 if nxt is None:
                     break
-                index, chunk = nxt
+                index, out = nxt
             if call.include_usage:
                 yield sse(self._usage_chunk(call))
         except Exception as e:  # the response has started: the error is the last event
@@ -189,22 +171,21 @@ class OpenAIServing:
         yield DONE
 
     # ------------------------------------------------------------ formatting
-    def _chunk(self, call: _Call, index: int, chunk: Chunk) -> msgspec.Struct:
+    def _chunk(self, call: _Call, index: int, delta: RequestOutput) -> msgspec.Struct:
+        """One streamed event, from one choice's delta."""
         if call.chat:
-            delta = ChatDelta(content=chunk.text) if chunk.text or not chunk.finish_reason \
+            content = ChatDelta(content=delta.text) if delta.text or not delta.finished \
                 else ChatDelta()
-            logprobs = self._chat_logprobs(chunk.token_ids, chunk.logprobs) \
-                if call.logprobs else None
+            logprobs = self._chat_logprobs(delta) if call.logprobs else None
             return ChatCompletionChunk(
                 id=call.id, created=call.created, model=call.model,
-                choices=[ChatStreamChoice(index=index, delta=delta, logprobs=logprobs,
-                                          finish_reason=chunk.finish_reason)])
-        logprobs = self._completion_logprobs(chunk.token_ids, chunk.logprobs) \
-            if call.logprobs else None
+                choices=[ChatStreamChoice(index=index, delta=content, logprobs=logprobs,
+                                          finish_reason=delta.finish_reason)])
+        logprobs = self._completion_logprobs(delta) if call.logprobs else None
         return CompletionResponse(
             id=call.id, created=call.created, model=call.model,
-            choices=[CompletionChoice(index=index, text=chunk.text, logprobs=logprobs,
-                                      finish_reason=chunk.finish_reason)])
+            choices=[CompletionChoice(index=index, text=delta.text, logprobs=logprobs,
+                                      finish_reason=delta.finish_reason)])
 
     def _usage_chunk(self, call: _Call) -> msgspec.Struct:
         cls = ChatCompletionChunk if call.chat else CompletionResponse
@@ -212,37 +193,37 @@ class OpenAIServing:
                    usage=call.usage())
 
     def _response(self, call: _Call) -> msgspec.Struct:
+        """The whole response, from every choice's whole output."""
         if call.chat:
             return ChatCompletionResponse(
                 id=call.id, created=call.created, model=call.model, usage=call.usage(),
                 choices=[ChatChoice(
-                    index=i, message=AssistantMessage(content="".join(c.text)),
-                    logprobs=self._chat_logprobs(c.token_ids, c.logprobs)
-                    if call.logprobs else None,
-                    finish_reason=c.finish_reason) for i, c in enumerate(call.choices)])
+                    index=i, message=AssistantMessage(content=o.text),
+                    logprobs=self._chat_logprobs(o) if call.logprobs else None,
+                    finish_reason=o.finish_reason) for i, o in enumerate(call.outputs)])
         return CompletionResponse(
             id=call.id, created=call.created, model=call.model, usage=call.usage(),
             choices=[CompletionChoice(
-                index=i, text="".join(c.text),
-                logprobs=self._completion_logprobs(c.token_ids, c.logprobs)
-                if call.logprobs else None,
-                finish_reason=c.finish_reason) for i, c in enumerate(call.choices)])
+                index=i, text=o.text,
+                logprobs=self._completion_logprobs(o) if call.logprobs else None,
+                finish_reason=o.finish_reason) for i, o in enumerate(call.outputs)])
 
     def _token_text(self, token_id: int) -> str:
         tok = self.tm.tokenizer
         return str(token_id) if tok is None else tok.decode([token_id])
 
-    def _completion_logprobs(self, ids: list[int], lps: list[float]) -> CompletionLogprobs:
-        tokens = [self._token_text(t) for t in ids]
+    def _completion_logprobs(self, out: RequestOutput) -> CompletionLogprobs:
+        tokens = [self._token_text(t) for t in out.token_ids]
         offsets, at = [], 0
         for t in tokens:
             offsets.append(at)
             at += len(t)
-        return CompletionLogprobs(tokens=tokens, token_logprobs=lps, text_offset=offsets)
+        return CompletionLogprobs(tokens=tokens, token_logprobs=out.logprobs,
+                                  text_offset=offsets)
 
-    def _chat_logprobs(self, ids: list[int], lps: list[float]) -> ChatLogprobs:
+    def _chat_logprobs(self, out: RequestOutput) -> ChatLogprobs:
         content = []
-        for t, lp in zip(ids, lps):
+        for t, lp in zip(out.token_ids, out.logprobs):
             text = self._token_text(t)
             content.append(TokenLogprob(token=text, logprob=lp, bytes=list(text.encode())))
         return ChatLogprobs(content=content)

@@ -1,44 +1,43 @@
-"""`ReqState`: the api side of one in-flight request, between the receive loop and its stream."""
+"""`ReqState`: the api side of one in-flight request, between the receive loop and its consumer."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 
-from runtime.api.chunk import Chunk
 from runtime.api.detokenize import IncrementalDetokenizer
 from runtime.api.errors import RequestFailed
-from runtime.messages import ReqOut
+from runtime.messages import FinishReason, ReqOut, RequestOutput
 
 
 class ReqState:
     """Output of one request not yet handed to its consumer.
 
     The receive loop applies each `ReqOut` as it arrives (so stop strings are found at
-    once, however slow the consumer); the consumer takes everything pending as one
-    `Chunk`, so a slow consumer gets fewer, larger chunks instead of a backlog.
+    once, however slow the consumer), turning it into a `RequestOutput` piece. The
+    consumer `take`s what is pending, joined: a streaming consumer (`stream=True`) a
+    delta whenever something is new, so a slow one gets fewer, larger deltas instead of a
+    backlog; any other consumer the whole output, once, when the request ended.
     `detok` is None for models without a tokenizer (token ids only, empty text).
     """
 
     def __init__(self, rid: str, detok: IncrementalDetokenizer | None, logprobs: bool,
-                 prompt_ids: list[int] | None = None, logprob_start_len: int = -1) -> None:
+                 prompt_ids: list[int] | None = None, logprob_start_len: int = -1,
+                 stream: bool = True) -> None:
         self.rid = rid
         self.detok = detok
+        self.stream = stream
         self._want_logprobs = logprobs
-        self._text: list[str] = []
-        self._ids: list[int] = []
-        self._logprobs: list[float] = []
+        self._pending: list[RequestOutput] = []
         # input logprobs score prompt tokens from max(logprob_start_len, 1) on, in order
         self._prompt_ids = prompt_ids or []
         self._next_scored = min(max(logprob_start_len, 1), len(self._prompt_ids))
-        self._input_logprobs: list[float] = []
-        self._input_ids: list[int] = []
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         self.error: BaseException | None = None
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.completion_tokens = 0
-        self.scheduler_done = False  # the scheduler finished it, or was told to abort it
+        self.scheduler_done = False  # the scheduler finished it, or was told to end it
         self.event = asyncio.Event()  # set when there is something to take
         # called too, each time there is something new to take (a consumer with no task)
         self.on_ready: Callable[[ReqState], None] | None = None
@@ -47,79 +46,98 @@ class ReqState:
     def ended(self) -> bool:
         return self.finish_reason is not None or self.error is not None
 
+    @property
+    def ready(self) -> bool:
+        """Whether `take` has something for the consumer: where delta vs whole is chosen."""
+        return self.error is not None or (
+            bool(self._pending) and (self.stream or self.finish_reason is not None))
+
     def on_output(self, out: ReqOut, text: str | None = None) -> bool:
         """Apply one ReqOut. True when a stop string ended the request here, so the
-        scheduler, which is still generating it, must be told to abort.
+        scheduler, which is still generating it, must be told to finish it.
 
-        `text`: the output of `detok` over `out.new_ids` when the caller already fed them
-        to it (a batched detokenize); None to feed them here."""
+        `text`: the output of `detok` over `out.token_ids` when the caller already fed
+        them to it (a batched detokenize); None to feed them here."""
         if self.ended:
             return False
         if out.prompt_tokens:
             self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
+        input_ids: list[int] = []
         if out.input_logprobs:
             n = len(out.input_logprobs)
-            self._input_logprobs.extend(out.input_logprobs)
-            self._input_ids.extend(self._prompt_ids[self._next_scored:self._next_scored + n])
+            input_ids = self._prompt_ids[self._next_scored:self._next_scored + n]
             self._next_scored += n
         if self.detok is None:
-            text, taken = "", len(out.new_ids)
+            text, taken = "", len(out.token_ids)
         else:
             if text is None:
-                text = self.detok.add(out.new_ids)
+                text = self.detok.add(out.token_ids)
             taken = self.detok.num_tokens - self.completion_tokens  # ids it accepted
-        self._text.append(text)
-        self._ids.extend(out.new_ids[:taken])
-        if self._want_logprobs:
-            self._logprobs.extend(out.logprobs[:taken])
+        ids = out.token_ids[:taken]
+        logprobs = out.logprobs[:taken] if self._want_logprobs else []
         self.completion_tokens += taken
         stopped = self.detok is not None and self.detok.stop_str is not None
-        must_abort = stopped and out.finish_reason is None
+        must_finish = stopped and out.finish_reason is None
         self.scheduler_done = self.scheduler_done or stopped or out.finish_reason is not None
-        if out.finish_reason == "error" and not stopped:
+        if out.finish_reason == FinishReason.ERROR and not stopped:
             self.error = RequestFailed(out.error or "the scheduler failed this request")
         elif stopped:
-            self.finish_reason = "stop"
+            self.finish_reason = FinishReason.STOP
         elif out.finish_reason is not None:
-            self._finish(out.finish_reason)
+            text += self._finish(out.finish_reason)
+        if self.error is None and (text or ids or out.input_logprobs or self.finish_reason):
+            self._pending.append(self._piece(text, ids, logprobs, out.input_logprobs,
+                                             input_ids))
         self._wake()
-        return must_abort
+        return must_finish
 
     def abort(self) -> None:
-        """End the stream now with finish_reason "abort" (the caller tells the scheduler)."""
+        """End the output now with finish reason ABORT (the caller tells the scheduler)."""
         if not self.ended:
-            self._finish("abort")
+            self._pending.append(self._piece(self._finish(FinishReason.ABORT)))
             self._wake()
 
     def fail(self, error: BaseException) -> None:
-        """End the stream with an error, raised to the consumer by `take`."""
+        """End the output with an error, raised to the consumer by `take`."""
         if not self.ended:
             self.error = error
             self._wake()
 
-    def take(self) -> Chunk | None:
-        """Everything pending as one chunk (None if nothing); raises the request's error."""
+    def take(self) -> RequestOutput | None:
+        """The pending output as one piece, or None if not `ready`; raises the request's
+        error."""
         if self.error is not None:
             raise self.error
-        text = "".join(self._text)
-        if (not text and not self._ids and not self._input_logprobs
-                and self.finish_reason is None):
+        if not self.ready:
             return None
-        chunk = Chunk(self.rid, text, self._ids, self._logprobs, self.finish_reason,
-                      self.prompt_tokens, self.completion_tokens, self.cached_tokens,
-                      self._input_logprobs, self._input_ids)
-        self._text, self._ids, self._logprobs = [], [], []
-        self._input_logprobs, self._input_ids = [], []
-        return chunk
+        out = RequestOutput.join(self._pending)
+        self._pending = []
+        return out
+
+    def _piece(self, text: str, ids: list[int] | None = None, logprobs: list[float] | None = None,
+               input_logprobs: list[float] | None = None,
+               input_ids: list[int] | None = None) -> RequestOutput:
+        return RequestOutput(rid=self.rid, text=text, token_ids=ids or [],
+                             logprobs=logprobs or [], finish_reason=self.finish_reason,
+                             prompt_tokens=self.prompt_tokens,
+                             completion_tokens=self.completion_tokens,
+                             cached_tokens=self.cached_tokens,
+                             input_logprobs=input_logprobs or [],
+                             input_token_ids=input_ids or [])
 
     def _wake(self) -> None:
+        if not self.ready:
+            return
         self.event.set()
         if self.on_ready is not None:
             self.on_ready(self)
 
-    def _finish(self, reason: str) -> None:
+    def _finish(self, reason: FinishReason) -> str:
+        """End with `reason`; return the text the detokenizer still held."""
+        tail = ""
         if self.detok is not None:
-            self._text.append(self.detok.flush())
+            tail = self.detok.flush()
             if self.detok.stop_str is not None:  # the flushed tail held a stop string
-                reason = "stop"
+                reason = FinishReason.STOP
         self.finish_reason = reason
+        return tail

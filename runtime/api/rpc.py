@@ -3,7 +3,7 @@
 Each DEALER client sends `RpcGenerate` / `RpcAbort` / `RpcGetModelInfo`; replies carry
 the client's rid, so one client can multiplex many requests. A request runs as one task
 that opens it in the TokenizerManager and waits for its end, while `RpcOutbox` sends its
-output: all of a client's chunks from one scheduler step go out as one message.
+output: all of a client's outputs from one scheduler step go out as one message.
 `RpcAbort` cancels the task, which aborts the request in the scheduler. ROUTER_MANDATORY
 makes a send to a disconnected client fail, which we treat like an abort.
 """
@@ -52,7 +52,7 @@ class RpcServer:
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.SNDHWM, 0)  # never drop a chunk for a slow reader
+        self._sock.setsockopt(zmq.SNDHWM, 0)  # never drop an output for a slow reader
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.bind(self.addr)
         self._outbox = RpcOutbox(self._sock)
@@ -116,14 +116,13 @@ class RpcServer:
     async def _run(self, identity: bytes, req: RpcGenerate) -> None:
         """One request: open it, let the outbox send its output, release it at the end."""
         try:
-            state = await self.tm.open(req.prompt, req.params)
+            state = await self.tm.open(req.prompt, req.params, stream=req.stream)
         except Exception as e:
             if not isinstance(e, (InvalidRequest, ServerError)):
                 log.exception("rpc: request %s failed", req.rid)
             self._reply(identity, rpc_error(req.rid, e))
             return
-        s = RpcStream(identity, req.rid, req.stream, state,
-                      asyncio.get_running_loop().create_future())
+        s = RpcStream(identity, req.rid, state, asyncio.get_running_loop().create_future())
         try:
             self._outbox.watch(s)
             await s.done

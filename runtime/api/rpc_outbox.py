@@ -2,7 +2,7 @@
 
 A request served over RPC has no task waking for each token: its `ReqState.on_ready`
 marks it ready here, and the first mark of a loop turn schedules `flush`. `flush` takes
-each ready request's chunk and sends every client one message, an `RpcChunk` or an
+each ready request's output and sends every client one message, a `RequestOutput` or an
 `RpcBatch` of several: after a `BatchOut`, one encode and one send per client.
 """
 
@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 import zmq
 import zmq.asyncio
 
-from runtime.api.chunk import Chunk, join_chunks
 from runtime.api.errors import Overloaded, ServerError
 from runtime.api.req_state import ReqState
-from runtime.messages import InvalidRequest, RpcBatch, RpcChunk, RpcError, RpcOutput
+from runtime.messages import InvalidRequest, RequestOutput, RpcBatch, RpcError, RpcOutput
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +30,13 @@ class ClientGone(Exception):
 @dataclass(eq=False)
 class RpcStream:
     """One RPC request in flight: whose it is, and `done` once its last reply is sent
-    (set to `ClientGone` if the client went away first)."""
+    (set to `ClientGone` if the client went away first). Its `state` hands out deltas
+    or, for a request not streamed, the whole output once."""
 
     identity: bytes
     rid: str
-    stream: bool
     state: ReqState
     done: asyncio.Future
-    unsent: list[Chunk] = field(default_factory=list)  # a non-streamed request's output
     marked: bool = False
 
 
@@ -71,7 +69,7 @@ class RpcOutbox:
         return True
 
     def watch(self, s: RpcStream) -> None:
-        """Send `s`'s output as it comes, until its last chunk or error is sent."""
+        """Send `s`'s output as it comes, until its last piece or error is sent."""
         s.state.on_ready = lambda _: self._mark(s)
         if s.state.event.is_set():
             self._mark(s)
@@ -89,30 +87,25 @@ class RpcOutbox:
         """Take every ready request's output; send each client its replies as one message."""
         self._scheduled = False
         ready, self._ready = self._ready, []
-        out: dict[bytes, list[tuple[RpcStream, RpcChunk]]] = {}
+        out: dict[bytes, list[tuple[RpcStream, RequestOutput]]] = {}
         for s in ready:
             s.marked = False
             if s.done.done():  # cancelled (aborted), or its client is gone
                 continue
             try:
-                chunk = s.state.take()
+                piece = s.state.take()
             except Exception as e:  # the request failed: its error is its last reply
                 self.send(s.identity, rpc_error(s.rid, e))
                 s.done.set_result(None)
                 continue
-            if chunk is None:
-                continue
-            if s.stream:
-                out.setdefault(s.identity, []).append((s, join_chunks(s.rid, [chunk])))
-            else:
-                s.unsent.append(chunk)
-                if chunk.finish_reason is not None:
-                    out.setdefault(s.identity, []).append((s, join_chunks(s.rid, s.unsent)))
+            if piece is not None:
+                piece.rid = s.rid  # the client's (the TokenizerManager's is server-wide)
+                out.setdefault(s.identity, []).append((s, piece))
         for identity, items in out.items():
             msgs = [m for _, m in items]
             sent = self.send(identity, msgs[0] if len(msgs) == 1 else RpcBatch(msgs))
             for s, msg in items:
                 if not sent:
                     s.done.set_exception(ClientGone())
-                elif msg.finish_reason is not None:
+                elif msg.finished:
                     s.done.set_result(None)

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from runtime.api.chunk import Chunk
+from runtime.messages import RequestOutput
 
 T = TypeVar("T")
 Guard = Callable[[Awaitable[T]], Awaitable[T]]  # awaits, or raises if the client leaves
@@ -16,14 +16,14 @@ _DONE = object()
 
 
 class MergedStreams:
-    """Runs each `TokenizerManager.generate` stream in a task; yields `(index, chunk)` in
+    """Runs each `TokenizerManager.generate` stream in a task; yields `(index, output)` in
     arrival order. The first error of any stream is raised to the consumer; `aclose`
     cancels the streams still running, which aborts their requests.
 
     A single stream (the usual request) is read directly, without a task and a queue:
     its consumer wakes once per scheduler step, not twice."""
 
-    def __init__(self, streams: Sequence[AsyncIterator[Chunk]]) -> None:
+    def __init__(self, streams: Sequence[AsyncIterator[RequestOutput]]) -> None:
         self._single = streams[0] if len(streams) == 1 else None
         self._queue: asyncio.Queue = asyncio.Queue()
         self._live = len(streams)
@@ -31,11 +31,11 @@ class MergedStreams:
             asyncio.create_task(self._pump(i, s), name=f"choice-{i}")
             for i, s in enumerate(streams)]
 
-    async def _pump(self, index: int, stream: AsyncIterator[Chunk]) -> None:
+    async def _pump(self, index: int, stream: AsyncIterator[RequestOutput]) -> None:
         try:
             async with contextlib.aclosing(stream):
-                async for chunk in stream:
-                    self._queue.put_nowait((index, chunk))
+                async for out in stream:
+                    self._queue.put_nowait((index, out))
         except Exception as e:  # InvalidRequest, Overloaded, ServerError: the consumer's call
             self._queue.put_nowait((index, e))
             return
@@ -44,7 +44,7 @@ class MergedStreams:
     def __aiter__(self) -> MergedStreams:
         return self
 
-    async def __anext__(self) -> tuple[int, Chunk]:
+    async def __anext__(self) -> tuple[int, RequestOutput]:
         if self._single is not None:
             return 0, await anext(self._single)
         while self._live:
@@ -66,9 +66,9 @@ class MergedStreams:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-async def start_streams(streams: Sequence[AsyncIterator[Chunk]],
-                        guard: Guard) -> tuple[MergedStreams, tuple[int, Chunk]]:
-    """Start the streams and await the first chunk under `guard`: a request rejected up
+async def start_streams(streams: Sequence[AsyncIterator[RequestOutput]],
+                        guard: Guard) -> tuple[MergedStreams, tuple[int, RequestOutput]]:
+    """Start the streams and await the first output under `guard`: a request rejected up
     front (invalid, overloaded, failed by the scheduler) raises here, before a response
     has started. On any error every stream is closed."""
     merged = MergedStreams(streams)
@@ -79,8 +79,8 @@ async def start_streams(streams: Sequence[AsyncIterator[Chunk]],
         raise
 
 
-async def collect(merged: MergedStreams) -> list[tuple[int, Chunk]]:
-    """Every remaining `(index, chunk)` of the streams, in arrival order."""
+async def collect(merged: MergedStreams) -> list[tuple[int, RequestOutput]]:
+    """Every remaining `(index, output)` of the streams, in arrival order."""
     return [item async for item in merged]
 
 

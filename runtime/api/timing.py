@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from runtime.messages import ReqOut
+from runtime.messages import FinishReason, ReqOut
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ class RequestRecord:
     """What one finished request looked like, as clients experienced it."""
 
     rid: str
-    outcome: str  # "stop" | "length" | "abort" | "error"
+    outcome: FinishReason
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
@@ -69,7 +69,7 @@ class RequestTimings:
             timer.queue_time = out.queue_time
             self.prompt_tokens += out.prompt_tokens
             self.cached_tokens += out.cached_tokens
-        n = len(out.new_ids)
+        n = len(out.token_ids)
         if not n:
             return
         self.generation_tokens += n
@@ -82,7 +82,7 @@ class RequestTimings:
         timer.itl.extend([gap] * n)
         timer.last_token = now
 
-    def finish(self, rid: str, outcome: str, completion_tokens: int,
+    def finish(self, rid: str, outcome: FinishReason, completion_tokens: int,
                now: float | None = None) -> None:
         """The request ended (or its consumer left): build its record, tell the listeners."""
         timer = self._timers.pop(rid, None)

@@ -4,7 +4,8 @@ It lives on one asyncio loop: uvloop in the api process, or a background loop th
 the offline `Engine` (see `runtime.api.loop_thread`). One receive task reads the
 scheduler's `BatchOut`s and feeds each request's `ReqState`; `generate` streams from
 that state. Stop strings end a request here (the scheduler only knows stop token ids),
-so this side tells the scheduler to abort it, as it does when a consumer goes away.
+so this side tells the scheduler to finish it (`FinishReq`); a consumer that goes away
+aborts it (`AbortReq`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import zmq.asyncio
 
 from runtime.api.aio_queue import AsyncPullQueue, AsyncPushQueue
 from runtime.api.chat import role_markers
-from runtime.api.chunk import Chunk
 from runtime.api.detokenize import IncrementalDetokenizer
 from runtime.api.detokenize_batch import BatchDecoder
 from runtime.api.dispatch import apply_batch
@@ -33,12 +33,14 @@ from runtime.messages import (
     AbortReq,
     ApiInput,
     BatchOut,
+    FinishReason,
     GenerateReq,
     GetStats,
     InvalidRequest,
     Limits,
     ModelInfo,
     ProcessDied,
+    RequestOutput,
     SamplingParams,
     SchedulerInput,
     SchedulerStats,
@@ -127,8 +129,10 @@ class TokenizerManager:
         return self._dead
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       rid: str | None = None) -> AsyncIterator[Chunk]:
-        """Stream the output of one request as `Chunk`s; the last has `finish_reason`.
+                       rid: str | None = None, *,
+                       stream: bool = True) -> AsyncIterator[RequestOutput]:
+        """The output of one request: with `stream`, `RequestOutput` deltas as they come;
+        otherwise the whole output, once. The last has `finish_reason`.
 
         Raises `InvalidRequest` (before anything reaches the scheduler), `Overloaded` when
         `max_running + max_queue` requests are already in flight (the queue of requests
@@ -136,25 +140,26 @@ class TokenizerManager:
         died, `RequestFailed` if the scheduler failed this request.
         Closing the iterator early (or cancelling its task) aborts the request.
         """
-        state = await self.open(prompt, params, rid)
+        state = await self.open(prompt, params, rid, stream=stream)
         try:
             while True:
                 await state.event.wait()
                 state.event.clear()
-                chunk = state.take()
-                if chunk is None:
+                out = state.take()
+                if out is None:
                     continue
-                yield chunk
-                if chunk.finish_reason is not None:
+                yield out
+                if out.finished:
                     return
         finally:
             self.release(state)
 
     async def open(self, prompt: str | list[int], params: SamplingParams,
-                   rid: str | None = None) -> ReqState:
+                   rid: str | None = None, *, stream: bool = True) -> ReqState:
         """Validate, tokenize and submit one request (raising as `generate` does); its
-        output collects in the returned state: `take` chunks whenever its `event` is set
-        or its `on_ready` is called. Every opened request must be `release`d."""
+        output collects in the returned state: `take` it whenever its `event` is set or
+        its `on_ready` is called (deltas with `stream`, else the whole output once).
+        Every opened request must be `release`d."""
         arrival = time.monotonic()
         self._check_alive()
         limits = await self.wait_limits(self.cfg.ready_timeout)  # at once after the first
@@ -170,7 +175,8 @@ class TokenizerManager:
         if self.tokenizer is not None:
             detok = IncrementalDetokenizer(self.tokenizer, input_ids,
                                            params.skip_special_tokens, params.stop)
-        state = ReqState(rid, detok, params.logprobs, input_ids, params.logprob_start_len)
+        state = ReqState(rid, detok, params.logprobs, input_ids, params.logprob_start_len,
+                         stream)
         self._reqs[rid] = state
         self.timings.start(rid, arrival)
         try:
@@ -187,7 +193,8 @@ class TokenizerManager:
             del self._reqs[state.rid]
         if not state.scheduler_done and self._dead is None:
             self._sched.put(AbortReq(state.rid))
-        outcome = "error" if state.error is not None else state.finish_reason or "abort"
+        outcome = FinishReason.ERROR if state.error is not None \
+            else state.finish_reason or FinishReason.ABORT
         self.timings.finish(state.rid, outcome, state.completion_tokens)
 
     def model_info(self) -> ModelInfo:
@@ -211,7 +218,7 @@ class TokenizerManager:
             self._stats_waiters.pop(token, None)
 
     def abort(self, rid: str) -> None:
-        """Stop a request: the scheduler frees it; its stream ends with "abort"."""
+        """Stop a request: the scheduler frees it; its output ends with finish reason ABORT."""
         state = self._reqs.get(rid)
         if state is None:
             return
@@ -288,8 +295,8 @@ class TokenizerManager:
                     fut.set_result(msg)
 
     def _dispatch(self, batch: BatchOut) -> None:
-        for abort in apply_batch(batch, self._reqs, self._decoder, self.timings):
-            self._sched.put(abort)
+        for msg in apply_batch(batch, self._reqs, self._decoder, self.timings):
+            self._sched.put(msg)
 
     def _die(self, reason: str, *, quiet: bool = False) -> None:
         if self._dead is not None:

@@ -17,6 +17,7 @@ from runtime.ipc import FanOutQueue, PullQueue, PushQueue
 from runtime.messages import (
     AbortReq,
     BatchOut,
+    FinishReq,
     GenerateReq,
     GetStats,
     Limits,
@@ -130,6 +131,8 @@ def run_scheduler(cfg: ServerConfig) -> None:
                 sched.add(msg)
             elif isinstance(msg, AbortReq):
                 sched.abort(msg.rid, msg.reason)
+            elif isinstance(msg, FinishReq):
+                sched.finish(msg.rid)
             elif isinstance(msg, GetStats):
                 to_api.put(stats(sched, msg.token))
             elif isinstance(msg, Shutdown):

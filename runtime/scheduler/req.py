@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from runtime.messages import GenerateReq, SamplingParams
+from runtime.messages import FinishReason, GenerateReq, SamplingParams
 
 _NO_SLOTS = np.zeros(0, dtype=np.int32)
 
@@ -41,7 +41,7 @@ class Req:
         self.logprobs: list[float] = []
         self.status = ReqStatus.WAITING
         self.finished = False  # status is FINISHED: set only by `finish`, read every step
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         self.silent_finish = False  # the api already told the client (stop string)
         self.sent = 0  # output ids already streamed to the api
         self.sent_header = False  # prompt/cached token counts sent
@@ -159,11 +159,11 @@ class Req:
         self.token_ids.append(token_id)
         self.logprobs.append(logprob)
         if token_id in self.stop_ids:
-            self.finish("stop")
+            self.finish(FinishReason.STOP)
         elif len(self.output_ids) >= self.params.max_tokens:
-            self.finish("length")
+            self.finish(FinishReason.LENGTH)
 
-    def finish(self, reason: str, *, silent: bool = False) -> None:
+    def finish(self, reason: FinishReason, *, silent: bool = False) -> None:
         if self.finish_reason is None:
             self.finish_reason = reason
             self.silent_finish = silent

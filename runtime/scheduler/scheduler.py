@@ -1,6 +1,6 @@
 """`Scheduler`: continuous batching with chunked prefill, retraction and delayed KV release.
 
-Pure state machine, no sockets: `add`/`abort` take requests, `plan` builds the next step,
+Pure state machine, no sockets: `add`/`abort`/`finish` take requests, `plan` builds the next step,
 `on_result` consumes the oldest step's sampled tokens, `take_outputs` drains what the api
 must stream. The process loop (`loop.py`) and in-process tests drive it the same way.
 """
@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from runtime.messages import BatchPlan, GenerateReq, ReqOut, StepResult
+from runtime.messages import BatchPlan, FinishReason, GenerateReq, ReqOut, StepResult
 from runtime.scheduler.batch import Batch
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.policy import PrefillAdder, retract_order
@@ -69,12 +69,20 @@ class Scheduler:
         self.reqs[req.rid] = req
         self.waiting.append(req)  # max_tokens == 0 too: prefill only (cache, input logprobs)
 
-    def abort(self, rid: str, reason: str = "abort") -> None:
-        """Finish a request now; `reason == "stop"` means the api already answered the client."""
+    def abort(self, rid: str, reason: FinishReason = FinishReason.ABORT) -> None:
+        """End a request now with `reason` (ABORT, or ERROR: its KV is not cached); the
+        api gets that finish reason."""
+        self._end(rid, reason, silent=False)
+
+    def finish(self, rid: str) -> None:
+        """End a request the api finished itself (a stop string matched) as a normal stop;
+        the api, which already answered its client, gets no finish reason."""
+        self._end(rid, FinishReason.STOP, silent=True)
+
+    def _end(self, rid: str, reason: FinishReason, silent: bool) -> None:
         req = self.reqs.get(rid)
         if req is None or req.finished:
             return
-        silent = reason == "stop"
         if req.status is ReqStatus.WAITING:
             self.waiting.remove(req)
             if req.row is not None:  # never the case: waiting requests hold no KV
@@ -168,7 +176,7 @@ class Scheduler:
         if self.kv.available() >= need():
             return True
         for req in decode + last_prompt:  # a single request longer than the whole pool
-            req.finish("error")
+            req.finish(FinishReason.ERROR)
             self._emit(req, error="request does not fit in the KV pool")
             self._finish_running(req)
         decode.clear()
@@ -198,7 +206,7 @@ class Scheduler:
             req.input_logprobs.extend(lps)
         for req in batch.prefilled:
             if not req.finished:
-                req.finish("length")
+                req.finish(FinishReason.LENGTH)
                 self._emit(req)
                 self._finish_running(req)
         lps = res.logprobs or itertools.repeat(0.0)  # empty: no request asked for them
@@ -218,7 +226,7 @@ class Scheduler:
         self.completed_batch_id = batch.batch_id
         for req in batch.reqs:
             if not req.finished:
-                req.finish("error")
+                req.finish(FinishReason.ERROR)
                 self._emit(req, error=message)
                 self._finish_running(req)
         self._release_deferred()
@@ -234,7 +242,7 @@ class Scheduler:
         for req in self.deferred:
             if req.last_batch_id <= self.completed_batch_id:
                 # cache only KV that was surely written: never after a failed batch
-                ok = req.finish_reason != "error" and 0 < req.kv_len <= req.known_len
+                ok = req.finish_reason != FinishReason.ERROR and 0 < req.kv_len <= req.known_len
                 self.kv.release(req, cache=ok)
                 req.row = None
                 self._drop(req)
@@ -255,8 +263,8 @@ class Scheduler:
         reason = req.finish_reason if req.finished and not req.silent_finish else None
         if not new and not input_lps and reason is None and req.sent_header:
             return
-        out = ReqOut(rid=req.rid, new_ids=new, logprobs=lps, finish_reason=reason, error=error,
-                     input_logprobs=input_lps)
+        out = ReqOut(rid=req.rid, token_ids=new, logprobs=lps, finish_reason=reason,
+                     error=error, input_logprobs=input_lps)
         if not req.sent_header:
             out.prompt_tokens, out.cached_tokens = len(req.prompt_ids), req.cached_len
             if req.scheduled_at is not None:
@@ -265,7 +273,7 @@ class Scheduler:
         self.outbox.append(out)
 
     def _emit_error(self, req: Req, message: str) -> None:
-        self.outbox.append(ReqOut(rid=req.rid, finish_reason="error", error=message))
+        self.outbox.append(ReqOut(rid=req.rid, finish_reason=FinishReason.ERROR, error=message))
 
     def take_outputs(self) -> list[ReqOut]:
         out, self.outbox = self.outbox, []

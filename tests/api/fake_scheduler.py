@@ -14,6 +14,8 @@ from runtime.messages import (
     AbortReq,
     ApiInput,
     BatchOut,
+    FinishReason,
+    FinishReq,
     GenerateReq,
     Limits,
     ReqOut,
@@ -27,10 +29,11 @@ class FakeScheduler:
     """Binds `sched_in`, connects to `api_in`, and answers every GenerateReq with the ids
     `script(req)` returns, `per_msg` ids per BatchOut, one BatchOut per step.
 
-    It ends a request with "stop" at a stop id, "length" at max_tokens, and "stop" when
-    the script runs out; `stall=True` accepts requests but never answers. Everything
-    received is kept in `received`. First it sends `limits`, as the real one does at
-    start-up (default: the model's context, capped by `cfg.kv_slots` if set).
+    It ends a request with STOP at a stop id, LENGTH at max_tokens, and STOP when the
+    script runs out; it drops one silently on `FinishReq`; `stall=True` accepts requests
+    but never answers. Everything received is kept in `received`. First it sends
+    `limits`, as the real one does at start-up (default: the model's context, capped by
+    `cfg.kv_slots` if set).
     """
 
     def __init__(self, cfg: ServerConfig, script: Callable[[GenerateReq], list[int]], *,
@@ -44,7 +47,7 @@ class FakeScheduler:
         self.stall = stall
         self.cached_tokens = cached_tokens
         self.received: list[object] = []
-        self.error: str | None = None  # set: finish every request with "error"
+        self.error: str | None = None  # set: finish every request with ERROR
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fake-scheduler", daemon=True)
 
@@ -82,7 +85,9 @@ class FakeScheduler:
                 if isinstance(msg, GenerateReq):
                     active[msg.rid] = (msg, self.script(msg), 0)
                 elif isinstance(msg, AbortReq) and active.pop(msg.rid, None) is not None:
-                    outbox.put(BatchOut([ReqOut(msg.rid, finish_reason="abort")]))
+                    outbox.put(BatchOut([ReqOut(msg.rid, finish_reason=msg.reason)]))
+                elif isinstance(msg, FinishReq):
+                    active.pop(msg.rid, None)
                 elif isinstance(msg, Shutdown):
                     self._stop.set()
             if not self.stall and active:
@@ -95,19 +100,19 @@ class FakeScheduler:
         req, ids, sent = active[rid]
         if self.error is not None:
             del active[rid]
-            return ReqOut(rid, finish_reason="error", error=self.error)
+            return ReqOut(rid, finish_reason=FinishReason.ERROR, error=self.error)
         new: list[int] = []
         finish = None
         while len(new) < self.per_msg and finish is None:
             if sent == len(ids):
-                finish = "stop"
+                finish = FinishReason.STOP
                 break
             new.append(ids[sent])
             sent += 1
             if new[-1] in req.stop_ids:
-                finish = "stop"
+                finish = FinishReason.STOP
             elif sent == req.params.max_tokens:
-                finish = "length"
+                finish = FinishReason.LENGTH
         active[rid] = (req, ids, sent)
         if finish is not None:
             del active[rid]

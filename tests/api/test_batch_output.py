@@ -4,8 +4,9 @@ and a thousand concurrent streams (HTTP-style generate and RPC) all complete cor
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import random
+
+import msgspec
 
 from runtime.api.detokenize import IncrementalDetokenizer
 from runtime.api.detokenize_batch import BatchDecoder, detokenize_batch
@@ -16,7 +17,7 @@ from runtime.api.rpc import RpcServer
 from runtime.api.timing import RequestTimings
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.client import AsyncClient
-from runtime.messages import AbortReq, BatchOut, ReqOut, SamplingParams
+from runtime.messages import AbortReq, BatchOut, FinishReason, FinishReq, ReqOut, SamplingParams
 from tests.api.conftest import SCRIPT_TEXT
 from tests.api.fake_scheduler import FakeScheduler
 
@@ -43,7 +44,7 @@ def workload(tok, rng: random.Random, n: int) -> list[dict]:
 
 
 def batches(rng: random.Random, reqs: list[dict]) -> list[BatchOut]:
-    """Each step: the next 1-4 ids of a random subset of the requests, "length" at the end."""
+    """Each step: the next 1-4 ids of a random subset of the requests, LENGTH at the end."""
     sent = {r["rid"]: 0 for r in reqs}
     out = []
     while any(sent[r["rid"]] < len(r["ids"]) for r in reqs):
@@ -55,14 +56,15 @@ def batches(rng: random.Random, reqs: list[dict]) -> list[BatchOut]:
             new = r["ids"][at:at + rng.randint(1, 4)]
             sent[r["rid"]] = at + len(new)
             done = sent[r["rid"]] == len(r["ids"])
-            outs.append(ReqOut(r["rid"], new, [-0.5] * len(new), "length" if done else None,
+            outs.append(ReqOut(r["rid"], new, [-0.5] * len(new),
+                               FinishReason.LENGTH if done else None,
                                prompt_tokens=len(r["prompt"]) if at == 0 else 0))
         if len(outs) > 2 and rng.random() < 0.2:  # a request twice in one batch
             first = outs[0]
-            if first.finish_reason is None and len(first.new_ids) > 1:
-                outs[0] = ReqOut(first.rid, first.new_ids[:1], first.logprobs[:1],
+            if first.finish_reason is None and len(first.token_ids) > 1:
+                outs[0] = ReqOut(first.rid, first.token_ids[:1], first.logprobs[:1],
                                  prompt_tokens=first.prompt_tokens)
-                outs.append(ReqOut(first.rid, first.new_ids[1:], first.logprobs[1:]))
+                outs.append(ReqOut(first.rid, first.token_ids[1:], first.logprobs[1:]))
         out.append(BatchOut(outs))
     return out
 
@@ -79,10 +81,10 @@ def test_batched_detokenize_equals_per_request(tok):
     for batch in batches(rng, reqs):
         outs = [o for o in batch.outs if o.rid not in failed]
         outs = list({o.rid: o for o in outs}.values())  # one output per request here
-        got = detokenize_batch(decoder, [(bat[o.rid], o.new_ids) for o in outs])
+        got = detokenize_batch(decoder, [(bat[o.rid], o.token_ids) for o in outs])
         for o, text in zip(outs, got):
             try:
-                want = per[o.rid].add(o.new_ids)
+                want = per[o.rid].add(o.token_ids)
             except OverflowError:
                 assert isinstance(text, OverflowError)
                 failed.add(o.rid)
@@ -113,12 +115,12 @@ def test_apply_batch_gives_the_same_chunks_as_per_request(tok):
                 except RequestFailed:
                     log.append((rid, "failed"))
                     continue
-                log.append(None if chunk is None else dataclasses.astuple(chunk))
+                log.append(None if chunk is None else msgspec.structs.astuple(chunk))
         runs.append(log)
     assert runs[0] == runs[1]
     aborts = [a for step in runs[0] if isinstance(step, list) for a in step]
-    assert AbortReq("r7", reason="error") in aborts
-    assert any(a.reason == "stop" for a in aborts)
+    assert AbortReq("r7", reason=FinishReason.ERROR) in aborts
+    assert any(isinstance(a, FinishReq) for a in aborts)
 
 
 def test_a_thousand_concurrent_streams_complete(cfg, spec, tok, script_ids):

@@ -19,10 +19,12 @@ from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.client import AsyncClient, Client
 from runtime.messages import (
     AbortReq,
+    FinishReason,
+    FinishReq,
     GenerateReq,
     InvalidRequest,
     ProcessDied,
-    RpcChunk,
+    RequestOutput,
     RpcError,
     RpcGenerate,
     RpcOutput,
@@ -77,14 +79,15 @@ def test_stream_and_non_stream_agree(cfg, spec, tok, script_ids):
     assert whole.prompt_tokens == len(tok.encode("Hi there")) and whole.completion_tokens == n
 
 
-def test_stop_string_over_rpc_aborts_scheduler(cfg, spec, tok, script_ids):
+def test_stop_string_over_rpc_finishes_it_in_the_scheduler(cfg, spec, tok, script_ids):
     full = tok.decode(script_ids)
     with FakeScheduler(cfg, lambda r: script_ids) as fake, serving(cfg, spec), \
             Client(cfg.rpc_addr, timeout=5) as client:
         out = client.generate("Hi", max_tokens=100, stop="END")
-        assert fake.wait_for(lambda: fake.of_type(AbortReq))
-    assert out.text == full[:full.index("END")] and out.finish_reason == "stop"
-    assert [a.reason for a in fake.of_type(AbortReq)] == ["stop"]
+        assert fake.wait_for(lambda: fake.of_type(FinishReq))
+    assert out.text == full[:full.index("END")] and out.finish_reason == FinishReason.STOP
+    assert [f.rid for f in fake.of_type(FinishReq)] == [fake.of_type(GenerateReq)[0].rid]
+    assert not fake.of_type(AbortReq)
     req = fake.of_type(GenerateReq)[0]
     assert req.params.stop == ["END"]
 
@@ -120,11 +123,11 @@ def test_malformed_messages_get_rpc_error(cfg, spec, script_ids):
         assert isinstance(err, RpcError) and err.rid == "r7" and err.kind == "invalid_request"
         sock.send_multipart([b"two", b"frames"])
         assert isinstance(dec.decode(sock.recv()), RpcError)
-        # the server still serves, and stream=False is one aggregated chunk
+        # the server still serves, and stream=False is one whole output
         sock.send(msgspec.msgpack.encode(
             RpcGenerate("ok", "hi", SamplingParams(max_tokens=7), stream=False)))
         out = dec.decode(sock.recv())
-        assert isinstance(out, RpcChunk) and out.rid == "ok" and len(out.token_ids) == 7
+        assert isinstance(out, RequestOutput) and out.rid == "ok" and len(out.token_ids) == 7
         assert out.finish_reason == "length" and out.text
         with pytest.raises(zmq.Again):
             sock.setsockopt(zmq.RCVTIMEO, 200)

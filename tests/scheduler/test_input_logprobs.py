@@ -40,7 +40,7 @@ def run(sched, worker, reqs):
         for o in s.take_outputs():
             rec = outs.setdefault(o.rid, {"ids": [], "input": [], "reason": None, "cached": 0})
             assert rec["reason"] is None, f"{o.rid} got output after finishing"
-            rec["ids"] += o.new_ids
+            rec["ids"] += o.token_ids
             rec["input"] += o.input_logprobs
             rec["reason"] = o.finish_reason
             rec["cached"] = max(rec["cached"], o.cached_tokens)

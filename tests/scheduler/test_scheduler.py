@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from runtime.messages import FinishReason
 from runtime.scheduler.scheduler import Scheduler
 from runtime.scheduler.token_kv import TokenKV
 from tests.scheduler.fake_worker import EOS, FakeWorker, drive, make_req, reference
@@ -24,7 +25,7 @@ def collect(sched, outs):
         for o in s.take_outputs():
             rec = outs.setdefault(o.rid, {"ids": [], "reason": None, "error": None})
             assert rec["reason"] is None, f"{o.rid} got output after finishing"
-            rec["ids"] += o.new_ids
+            rec["ids"] += o.token_ids
             rec["reason"], rec["error"] = o.finish_reason, o.error
     return on_step
 
@@ -98,7 +99,7 @@ def test_abort_mid_stream_frees_kv_and_reports_abort():
         collector(s, step)
         if step == 5:
             s.abort("a1")
-            s.abort("a2", reason="stop")  # the api already answered this client
+            s.finish("a2")  # a stop string: the api already answered this client
     for r in reqs:
         sched.add(r)
     drive(sched, worker, on_step=on_step)
@@ -107,6 +108,29 @@ def test_abort_mid_stream_frees_kv_and_reports_abort():
     assert outs["a0"]["reason"] == "length" and len(outs["a0"]["ids"]) == 200
     assert sched.kv.available() == sched.kv.total
     assert not sched.reqs
+
+
+def test_a_stop_string_finish_caches_its_kv_and_an_api_error_does_not():
+    sched, worker = build()
+    for rid, token in (("stopped", 3), ("failed", 4)):
+        sched.add(make_req(rid, [token] * 40, 200, ignore_eos=True, stop_token_ids=[]))
+    outs: dict = {}
+    collector = collect(sched, outs)
+
+    def on_step(s, step):
+        collector(s, step)
+        if step == 5:
+            s.finish("stopped")  # the api matched a stop string
+            s.abort("failed", reason=FinishReason.ERROR)  # the api could not detokenize
+    drive(sched, worker, on_step=on_step)
+    assert outs["stopped"]["reason"] is None and outs["failed"]["reason"] == FinishReason.ERROR
+    assert not sched.reqs and sched.kv.available() == sched.kv.total
+    again = {}
+    for rid, token in (("stopped-again", 3), ("failed-again", 4)):
+        sched.add(make_req(rid, [token] * 40, 1))
+    drive(sched, worker, on_step=lambda s, _: again.update(
+        {o.rid: o.cached_tokens for o in s.take_outputs() if o.prompt_tokens}))
+    assert again["stopped-again"] >= 32 and again["failed-again"] == 0
 
 
 @pytest.mark.parametrize("overlap, want", [(True, 2), (False, 1)])

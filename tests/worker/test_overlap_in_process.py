@@ -45,7 +45,7 @@ def serve(cfg: ServerConfig, prompts: list[list[int]], max_tokens: list[int]):
             sched.check_invariants()
         for out in sched.take_outputs():
             assert out.error is None, out.error
-            outs[out.rid] += out.new_ids
+            outs[out.rid] += out.token_ids
     return [outs[f"r{i}"] for i in range(len(prompts))], sched
 
 
