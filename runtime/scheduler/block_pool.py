@@ -116,8 +116,6 @@ class BlockPool:
         self.null_block = self.blocks[0]
         self.free_queue = FreeBlockQueue(self.blocks[1:])  # iterate: next allocated first
         self._cached: dict[BlockHash, Block] = {}
-        self.query_tokens = 0  # tokens looked up by match_prefix
-        self.hit_tokens = 0  # of which found in cached blocks
 
     @property
     def num_usable_blocks(self) -> int:
@@ -142,9 +140,8 @@ class BlockPool:
         """The block caching `block_hash`, held or free, or None."""
         return self._cached.get(block_hash)
 
-    def match_prefix(self, block_hashes: Sequence[BlockHash], num_tokens: int) -> list[Block]:
-        """Cached blocks for the longest run of leading `block_hashes` of a request with
-        `num_tokens` tokens (counted in `query_tokens` / `hit_tokens`). The blocks are not
+    def match_prefix(self, block_hashes: Sequence[BlockHash]) -> list[Block]:
+        """Cached blocks for the longest run of leading `block_hashes`. The blocks are not
         held yet: `touch` them before the next `allocate`, which may reuse free ones."""
         hits: list[Block] = []
         for block_hash in block_hashes:
@@ -152,8 +149,6 @@ class BlockPool:
             if block is None:
                 break
             hits.append(block)
-        self.query_tokens += num_tokens
-        self.hit_tokens += len(hits) * self.block_size
         return hits
 
     def touch(self, blocks: Sequence[Block]) -> None:

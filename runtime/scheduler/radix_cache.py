@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.scheduler.token_pool import TokenAllocator
+from runtime.scheduler.token_allocator import TokenAllocator
 
 _EMPTY = np.zeros(0, dtype=np.int32)
 
@@ -51,8 +51,6 @@ class RadixCache:
         self.allocator = allocator
         self._uids = itertools.count()
         self._clock = 0
-        self.hit_tokens = 0  # tokens served from the cache, summed over match_prefix calls
-        self.query_tokens = 0  # tokens asked for, summed over match_prefix calls
         self._reset_tree()
 
     def _reset_tree(self) -> None:
@@ -82,13 +80,10 @@ class RadixCache:
         free) and the node ending exactly there (the root if nothing matched).
 
         An edge the match ends inside is split so the returned node covers the prefix
-        exactly. Every node on the path becomes the most recently used. Counts
-        `query_tokens += len(key)` and `hit_tokens += len(slots)`.
+        exactly. Every node on the path becomes the most recently used.
         """
         key = np.asarray(key, dtype=np.int32)
-        node, matched, values = self._walk(key)
-        self.query_tokens += len(key)
-        self.hit_tokens += matched
+        node, _, values = self._walk(key)
         return (np.concatenate(values) if values else _EMPTY.copy()), node
 
     def _walk(self, key: np.ndarray) -> tuple[TreeNode, int, list[np.ndarray]]:

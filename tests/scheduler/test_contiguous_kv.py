@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.scheduler.contiguous_kv import ContiguousKV
+from runtime.scheduler.kv_study.contiguous_kv import ContiguousKV
 from runtime.scheduler.req import Req
 from tests.scheduler.fake_worker import make_req, reference
 from tests.scheduler.kv_modes import build_mode, no_eos
@@ -15,7 +15,7 @@ from tests.scheduler.test_scheduler import check_against_reference, random_reqs,
 
 def assert_all_free(sched) -> None:
     kv = sched.kv
-    assert kv.available() == kv.total and kv.used() == 0 and not kv.regions
+    assert kv.stats().used == 0 and not kv.tables
     kv.check_invariants([])
 
 
@@ -50,7 +50,7 @@ def test_admission_is_fcfs_behind_a_request_that_does_not_fit():
     sched.plan()
     assert [r.rid for r in sched.running] == ["a"]
     assert [r.rid for r in sched.waiting] == ["big", "small"]
-    region = sched.kv.regions["a"]
+    region = sched.kv.tables["a"]
     assert (region.start, region.size, region.num_tokens) == (1, 90, 40)
 
 
@@ -76,14 +76,15 @@ def test_region_slots_are_consecutive_and_invariants_catch_drift():
     kv = ContiguousKV(num_slots=100, num_rows=2, reserve="request", max_context=100)
     a, b = Req(make_req("a", [1] * 10, 20)), Req(make_req("b", [2] * 30, 40))  # 30 + 70
     assert kv.admit(a) and kv.admit(b)
-    np.testing.assert_array_equal(kv.alloc(a, 10), np.arange(1, 11))
+    np.testing.assert_array_equal(kv.try_alloc(a, 10), np.arange(1, 11))
     a.kv_len = 10
-    np.testing.assert_array_equal(kv.alloc(a, 1), [11])
+    np.testing.assert_array_equal(kv.try_alloc(a, 1), [11])
     a.kv_len = 11
-    np.testing.assert_array_equal(kv.alloc(b, 30), np.arange(31, 61))
+    np.testing.assert_array_equal(kv.try_alloc(b, 30), np.arange(31, 61))
     b.kv_len = 30
-    assert kv.occupancy() == (41, 100)
-    assert kv.room(a) == 19 and kv.decode_need([a, b]) == 0
+    stats = kv.stats()
+    assert (stats.live, stats.reserved, stats.free) == (41, 100, 0)
+    assert kv.room(a) == 19 and kv.can_decode([a, b])  # growth stays inside the regions
     assert not kv.admit(Req(make_req("c", [3], 1)))  # no row left
     kv.check_invariants([a, b])
     b.slots[0] += 1
@@ -91,4 +92,4 @@ def test_region_slots_are_consecutive_and_invariants_catch_drift():
         kv.check_invariants([a, b])
     kv.release(a, cache=True)
     kv.release(b, cache=False)
-    assert kv.available() == 100
+    assert kv.stats().free == 100
