@@ -31,15 +31,16 @@ def hash_block_tokens(parent_hash: BlockHash | None, tokens: Sequence[int]) -> B
     return digest.digest()
 
 
-def chain_block_hashes(tokens: Sequence[int], block_size: int,
-                       known: Sequence[BlockHash] = ()) -> list[BlockHash]:
+def chain_block_hashes(
+    tokens: Sequence[int], block_size: int, known: Sequence[BlockHash] = ()
+) -> list[BlockHash]:
     """Hashes of the full blocks of `tokens`, the tokens that follow the blocks already
     hashed in `known` (a request extends its chain with `hashes += chain_block_hashes(...)`,
     passing only its new tokens)."""
     hashes: list[BlockHash] = []
     parent = known[-1] if known else None
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = hash_block_tokens(parent, tokens[start:start + block_size])
+        parent = hash_block_tokens(parent, tokens[start : start + block_size])
         hashes.append(parent)
     return hashes
 
@@ -109,8 +110,9 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 2 or block_size < 1:
-            raise ValueError(f"need num_blocks >= 2 and block_size >= 1, "
-                             f"got {num_blocks}, {block_size}")
+            raise ValueError(
+                f"need num_blocks >= 2 and block_size >= 1, got {num_blocks}, {block_size}"
+            )
         self.block_size = block_size
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.null_block = self.blocks[0]
@@ -160,16 +162,18 @@ class BlockPool:
                 self.free_queue.remove(block)
             block.ref_cnt += 1
 
-    def cache_full_blocks(self, blocks: Sequence[Block], block_hashes: Sequence[BlockHash],
-                          start: int = 0) -> None:
+    def cache_full_blocks(
+        self, blocks: Sequence[Block], block_hashes: Sequence[BlockHash], start: int = 0
+    ) -> None:
         """Register `blocks[i]` as caching `block_hashes[i]` for `start <= i <
         len(block_hashes)`: pass only the hashes of full blocks whose KV is computed (or in
         a batch already sent). A block already cached keeps its hash; a hash already cached
         by another block leaves this duplicate uncached (reused like a plain block)."""
         if len(block_hashes) > len(blocks):
             raise ValueError(f"{len(block_hashes)} hashes for {len(blocks)} blocks")
-        for block, block_hash in zip(blocks[start:len(block_hashes)], block_hashes[start:],
-                                     strict=True):
+        for block, block_hash in zip(
+            blocks[start : len(block_hashes)], block_hashes[start:], strict=True
+        ):
             if block.block_hash is not None:
                 if block.block_hash != block_hash:
                     raise ValueError(f"block {block.block_id} already caches another hash")
@@ -215,15 +219,19 @@ class BlockPool:
         free = list(self.free_queue)
         free_ids = {b.block_id for b in free}
         assert len(free_ids) == len(free) == len(self.free_queue), (
-            "a block is in the free queue twice")
+            "a block is in the free queue twice"
+        )
         assert self.null_block.block_id not in free_ids and self.null_block.ref_cnt == 0, (
-            "the null block is in use")
+            "the null block is in use"
+        )
         for block in self.blocks[1:]:
             held, queued = block.ref_cnt > 0, block.block_id in free_ids
             assert held != queued, (
-                f"block {block.block_id}: ref_cnt {block.ref_cnt}, in free queue {queued}")
+                f"block {block.block_id}: ref_cnt {block.ref_cnt}, in free queue {queued}"
+            )
         for block_hash, block in self._cached.items():
             assert block.block_hash == block_hash, f"block {block.block_id} hash mismatch"
         hashed = sum(b.block_hash is not None for b in self.blocks)
         assert hashed == len(self._cached), (
-            f"{hashed} blocks carry a hash, {len(self._cached)} are in the cache map")
+            f"{hashed} blocks carry a hash, {len(self._cached)} are in the cache map"
+        )

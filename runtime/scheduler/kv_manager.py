@@ -123,13 +123,14 @@ class KVManager(ABC, Generic[Table]):
             self.rows.free(req.row)
 
     # ------------------------------------------------------------------ capacity
-    def can_admit(self, req: Req, n: int, reserve: Sequence[tuple[Req, int]] = (),
-                  ratio: float = 0.0) -> bool:
+    def can_admit(
+        self, req: Req, n: int, growth: Sequence[tuple[Req, int]] = (), ratio: float = 0.0
+    ) -> bool:
         """Whether the admitted `req` can take `n` more positions now and still leave
-        `ratio` x the space that each `(r, k)` of `reserve` needs for `k` more."""
+        `ratio` x the space that each `(r, k)` of `growth` needs for `k` more."""
         need = self._slots_needed(req, n)
-        if reserve:
-            need += int(ratio * sum(self._slots_needed(r, k) for r, k in reserve))
+        if growth:
+            need += int(ratio * sum(self._slots_needed(r, k) for r, k in growth))
         return self._available() >= need
 
     def can_decode(self, reqs: list[Req], spare: int = 0) -> bool:
@@ -146,10 +147,16 @@ class KVManager(ABC, Generic[Table]):
         total, available, cached = self.total, self._available(), self._cached()
         used = total - available
         live, reserved = self._occupancy(used)
-        return KVStats(total=total, free=available - cached, cached=cached, used=used,
-                       reserved=reserved, live=live,
-                       prefix_query_tokens=self.prefix_query_tokens,
-                       prefix_hit_tokens=self.prefix_hit_tokens)
+        return KVStats(
+            total=total,
+            free=available - cached,
+            cached=cached,
+            used=used,
+            reserved=reserved,
+            live=live,
+            prefix_query_tokens=self.prefix_query_tokens,
+            prefix_hit_tokens=self.prefix_hit_tokens,
+        )
 
     def check_invariants(self, live: list[Req]) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent (`live` hold KV)."""

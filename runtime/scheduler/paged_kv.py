@@ -151,15 +151,17 @@ class PagedKV(KVManager[BlockTable]):
             ids = [b.block_id for b in table.blocks]
             assert len(set(ids)) == len(ids), f"{req.rid} holds a block twice"
             assert len(ids) == -(-table.num_tokens // bs) and table.num_tokens == req.kv_len, (
-                f"{req.rid}: {len(ids)} blocks for {table.num_tokens} tokens (kv_len {req.kv_len})")
+                f"{req.rid}: {len(ids)} blocks for {table.num_tokens} tokens (kv_len {req.kv_len})"
+            )
             if k := len(table.hashes):  # the chain's last link (O(1): stats call this)
                 parent = table.hashes[k - 2] if k > 1 else None
                 tail = hash_block_tokens(parent, req.tokens((k - 1) * bs, k * bs))
                 assert tail == table.hashes[-1], f"{req.rid}: stale hash chain"
-            for block, block_hash in zip(table.blocks[:table.num_registered], table.hashes):
+            for block, block_hash in zip(table.blocks[: table.num_registered], table.hashes):
                 assert block.block_hash in (None, block_hash), f"{block} caches another hash"
             for i in ids:
                 refs[i] = refs.get(i, 0) + 1
         for block in self.pool.blocks[1:]:
             assert block.ref_cnt == refs.get(block.block_id, 0), (
-                f"{block}: {refs.get(block.block_id, 0)} tables hold it")
+                f"{block}: {refs.get(block.block_id, 0)} tables hold it"
+            )

@@ -39,8 +39,9 @@ class PrefillAdder:
     new_token_ratio).
     """
 
-    def __init__(self, init_ratio: float = 0.7, min_ratio: float = 0.1,
-                 decay_steps: int = 600) -> None:
+    def __init__(
+        self, init_ratio: float = 0.7, min_ratio: float = 0.1, decay_steps: int = 600
+    ) -> None:
         self.init_ratio = init_ratio
         self.min_ratio = min_ratio
         self.decay = (init_ratio - min_ratio) / decay_steps
@@ -77,8 +78,7 @@ class PrefillAdder:
                 return
             n = min(budget, req.known_len - req.kv_len)
             others = [r for r in sched.running if not r.finished]
-            if not kv.can_admit(req, n, self._growth(others + [req]) if others else (),
-                                self.ratio):
+            if not kv.can_admit(req, n, self._growth(others + [req]) if others else (), self.ratio):
                 kv.release(req, cache=False)
                 req.unadmit()
                 return

@@ -73,7 +73,8 @@ class TokenAllocator:
         lo, hi = int(slots.min()), int(slots.max())
         if lo < 1 or hi > self.total:
             raise AllocatorError(
-                f"free of slot outside 1..{self.total} (got min {lo}, max {hi}; 0 is the sink)")
+                f"free of slot outside 1..{self.total} (got min {lo}, max {hi}; 0 is the sink)"
+            )
         # duplicates within this call: scatter positions, a repeated slot keeps only one of them
         positions = np.arange(slots.size, dtype=np.int32)
         self._stamp[slots] = positions
@@ -84,4 +85,5 @@ class TokenAllocator:
         if not_held.any():
             raise AllocatorError(
                 f"double free: slot {int(slots[not_held][0])} is not allocated "
-                f"({int(not_held.sum())} of {slots.size} slots in this call)")
+                f"({int(not_held.sum())} of {slots.size} slots in this call)"
+            )

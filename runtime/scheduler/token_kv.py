@@ -55,11 +55,11 @@ class TokenKV(KVManager[TreeNode]):
     def _free(self, req: Req, node: TreeNode, cache: bool) -> None:
         """With `cache`, the computed KV goes to the radix tree."""
         if cache and req.kv_len > 0:
-            dup = self.cache.insert(req.tokens(0, req.kv_len), req.slots[:req.kv_len])
+            dup = self.cache.insert(req.tokens(0, req.kv_len), req.slots[: req.kv_len])
             # the tree already held [0, dup): our copies of [cached_len, dup) are duplicates
-            self.allocator.free(req.slots[req.cached_len:max(dup, req.cached_len)])
+            self.allocator.free(req.slots[req.cached_len : max(dup, req.cached_len)])
         else:
-            self.allocator.free(req.slots[req.cached_len:req.kv_len])
+            self.allocator.free(req.slots[req.cached_len : req.kv_len])
         self.cache.dec_lock(node)
 
     def _available(self) -> int:

@@ -31,8 +31,9 @@ def test_hash_chain_equal_for_identical_prefixes():
     assert chain_block_hashes([5, 1, 2, 3, 4, 5, 6, 7], BS)[1] != a[1]  # parent differs
     assert hash_block_tokens(None, [1, 2, 3, 4]) != hash_block_tokens(a[0], [1, 2, 3, 4])
     # extending a known chain gives the same hashes as hashing from scratch
-    assert a + chain_block_hashes(list(range(12))[len(a) * BS:], BS, a) == chain_block_hashes(
-        list(range(12)), BS)
+    assert a + chain_block_hashes(list(range(12))[len(a) * BS :], BS, a) == chain_block_hashes(
+        list(range(12)), BS
+    )
 
 
 def test_null_block_is_never_handed_out():
@@ -82,8 +83,14 @@ def test_eviction_order_from_the_free_queue():
     pool.free(b)
     order = [blk.block_id for blk in pool.free_queue]
     # a's blocks before b's, each request's tail first
-    assert order == [a[2].block_id, a[1].block_id, a[0].block_id,
-                     b[2].block_id, b[1].block_id, b[0].block_id]
+    assert order == [
+        a[2].block_id,
+        a[1].block_id,
+        a[0].block_id,
+        b[2].block_id,
+        b[1].block_id,
+        b[0].block_id,
+    ]
     got = pool.allocate(2)  # reuses a's last two blocks and drops their hashes
     assert [blk.block_id for blk in got] == order[:2]
     assert all(blk.block_hash is None for blk in got)
@@ -124,6 +131,7 @@ def test_randomized_no_block_double_counted():
         refs = sum(blk.ref_cnt for blk in pool.blocks)
         assert refs == held
         assert pool.num_free_blocks == pool.num_usable_blocks - sum(
-            blk.ref_cnt > 0 for blk in pool.blocks)
+            blk.ref_cnt > 0 for blk in pool.blocks
+        )
         pool.check_invariants()
     assert hits > 0

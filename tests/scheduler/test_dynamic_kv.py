@@ -12,7 +12,7 @@ from runtime.scheduler.kv_study.superblock_pool import SuperblockPool
 from runtime.scheduler.req import Req
 from runtime.scheduler.row_pool import AllocatorError
 from tests.scheduler.fake_worker import make_req, reference
-from tests.scheduler.kv_modes import build_mode, no_eos
+from tests.scheduler.kv_modes import build_mode, grow, no_eos
 from tests.scheduler.test_scheduler import check_against_reference, random_reqs, run_all
 
 
@@ -60,8 +60,7 @@ def test_decode_needs_a_superblock_only_when_a_class_runs_out():
     reqs = [Req(make_req(f"r{i}", [1] * 16, 10)) for i in range(5)]  # class 16
     for req in reqs:
         assert kv.admit(req)
-        kv.try_alloc(req, 16)
-        req.kv_len = 16
+        grow(kv, req, 16)
     # 5 blocks of 16 held: 3 free in the second superblock, 1 superblock whole
     assert kv.stats().free == 64 and kv.pool.num_free_blocks(16) == 3
     assert kv.can_decode(reqs[:3], spare=64)  # the split superblock's free blocks
@@ -74,20 +73,27 @@ def test_decode_needs_a_superblock_only_when_a_class_runs_out():
 
 def test_block_slots_map_positions_through_the_table():
     starts = [40, 8, 96]
-    np.testing.assert_array_equal(block_slots(starts, 8, 5, 7),
-                                  [45, 46, 47, 8, 9, 10, 11])
+    np.testing.assert_array_equal(block_slots(starts, 8, 5, 7), [45, 46, 47, 8, 9, 10, 11])
     np.testing.assert_array_equal(block_slots(starts, 8, 16, 2), [96, 97])
     assert block_slots(starts, 8, 0, 0).size == 0
 
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_mixed_classes_match_reference(overlap):
-    sched, worker = build_mode("paged", block_size="dynamic", max_context=4096, chunk_size=256,
-                               num_slots=16384, overlap=overlap)
+    sched, worker = build_mode(
+        "paged",
+        block_size="dynamic",
+        max_context=4096,
+        chunk_size=256,
+        num_slots=16384,
+        overlap=overlap,
+    )
     rng = random.Random(7)
     lengths = [(20, 30), (100, 12), (600, 20), (1500, 40), (2100, 10), (3000, 8)]
-    reqs = [make_req(f"d{i}", [rng.randrange(1, 97) for _ in range(p)], m)
-            for i, (p, m) in enumerate(lengths)]
+    reqs = [
+        make_req(f"d{i}", [rng.randrange(1, 97) for _ in range(p)], m)
+        for i, (p, m) in enumerate(lengths)
+    ]
     check_against_reference(reqs, run_all(sched, worker, reqs))
     assert sched.kv.stats().used == 0 and not sched.kv.tables
     sched.kv.check_invariants([])
@@ -103,8 +109,14 @@ def test_classes_seen_by_the_scheduler():
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_tiny_pool_preempts_and_keeps_outputs(overlap):
-    sched, worker = build_mode("paged", block_size="dynamic", num_slots=64 * 4 - 1,
-                               chunk_size=64, overlap=overlap, schedule_conservativeness=0.0)
+    sched, worker = build_mode(
+        "paged",
+        block_size="dynamic",
+        num_slots=64 * 4 - 1,
+        chunk_size=64,
+        overlap=overlap,
+        schedule_conservativeness=0.0,
+    )
     reqs = no_eos(random_reqs(12, seed=2, max_prompt=20), 50)
     outs = run_all(sched, worker, reqs)
     assert sched.num_retractions > 0

@@ -63,7 +63,8 @@ class ContiguousKV(KVManager[Region]):
     def _grow(self, req: Req, region: Region, n: int) -> np.ndarray:
         """The next `n` slots of the region (never fails: it was sized for the maximum)."""
         assert region.num_tokens == req.kv_len and req.kv_len + n <= region.size, (
-            f"{req} outgrows its region of {region.size}")
+            f"{req} outgrows its region of {region.size}"
+        )
         first = region.start + region.num_tokens
         region.num_tokens += n
         return np.arange(first, first + n, dtype=np.int32)
@@ -92,5 +93,5 @@ class ContiguousKV(KVManager[Region]):
             region = self.tables[req.rid]
             assert region.num_tokens == req.kv_len <= region.size, (req, region)
             want = np.arange(region.start, region.start + req.kv_len)
-            assert np.array_equal(req.slots[:req.kv_len], want), f"{req.rid}: slots != region"
+            assert np.array_equal(req.slots[: req.kv_len], want), f"{req.rid}: slots != region"
         assert self.pool.reserved == sum(r.size for r in self.tables.values())

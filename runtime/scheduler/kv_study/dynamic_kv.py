@@ -27,7 +27,7 @@ SIZE_CLASSES = ((512, 16), (2048, 32), (None, 64))  # (length below, block size)
 def block_slots(starts: list[int], block_size: int, pos: int, n: int) -> np.ndarray:
     """Slots of positions pos .. pos + n - 1 given each block's first slot: [n] int32."""
     p = np.arange(pos, pos + n)
-    first = np.asarray(starts[pos // block_size:(pos + n - 1) // block_size + 1], np.int64)
+    first = np.asarray(starts[pos // block_size : (pos + n - 1) // block_size + 1], np.int64)
     return (first[p // block_size - pos // block_size] + p % block_size).astype(np.int32)
 
 
@@ -118,8 +118,9 @@ class DynamicPagedKV(KVManager[SizedTable]):
         for req in live:
             table = self.tables[req.rid]
             assert table.num_tokens == req.kv_len and len(table.starts) == -(
-                -table.num_tokens // table.size), (req, table)
+                -table.num_tokens // table.size
+            ), (req, table)
             want = block_slots(table.starts, table.size, 0, req.kv_len)
-            assert np.array_equal(req.slots[:req.kv_len], want), f"{req.rid}: slots != blocks"
+            assert np.array_equal(req.slots[: req.kv_len], want), f"{req.rid}: slots != blocks"
         held = sum(len(t.starts) * t.size for t in self.tables.values())
         assert held == self.pool.reserved, f"tables hold {held} slots, pool {self.pool.reserved}"
