@@ -16,6 +16,8 @@ import textwrap
 import uuid
 from dataclasses import dataclass, field
 
+from runtime.kv_mode import KVMode
+
 KV_MODES = ("token", "paged", "contiguous")
 RESERVE_MODES = ("request", "max")  # contiguous: prompt + max_tokens, or the whole context
 DEVICES = ("auto", "cpu", "cuda")
@@ -160,15 +162,9 @@ class ServerConfig:
                               f"got {self.block_size!r}")
 
     @property
-    def fixed_block_size(self) -> int | None:
-        """The paged block size; None for `--block-size dynamic`."""
-        return None if self.block_size == "dynamic" else int(self.block_size)
-
-    @property
-    def use_overlap(self) -> bool:
-        """Overlap scheduling: as set, else on, except for paged KV, which is synchronous
-        by default like vLLM V1 (`--kv paged --overlap` turns it on)."""
-        return self.kv != "paged" if self.overlap is None else self.overlap
+    def kv_mode(self) -> KVMode:
+        """The KV layout and what follows from it (page size, overlap, prefix cache)."""
+        return KVMode.from_config(self)
 
     def replace(self, **changes) -> ServerConfig:
         """A copy with some fields changed (validated again)."""

@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         default = "auto" if f.default is None else f.default
         # argparse %-formats help strings
         text = f"{docs.get(f.name, '')} (default: {default})".replace("%", "%%").lstrip()
-        if f.type in ("bool", bool, "bool | None"):  # None: decided later (`use_overlap`)
+        if f.type in ("bool", bool, "bool | None"):  # None: decided later (`KVMode.overlap`)
             serve.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=f.default, help=text)
         else:

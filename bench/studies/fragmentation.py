@@ -101,9 +101,9 @@ def replay(mode: str, specs: list[Spec], slots: int, max_running: int, seed: int
     while sched.has_work:
         plan = sched.plan()
         assert plan is not None, f"{mode}: stalled"
-        live, reserved = sched.kv.occupancy()
-        sum_live, sum_reserved = sum_live + live, sum_reserved + reserved
-        peak = max(peak, (reserved, live, sched.kv.used() - reserved))
+        kv = sched.kv.stats()
+        sum_live, sum_reserved = sum_live + kv.live, sum_reserved + kv.reserved
+        peak = max(peak, (kv.reserved, kv.live, kv.used - kv.reserved))
         peak_running = max(peak_running, len(sched.running))
         sched.on_result(stub_step(plan))
         for req in list(sched.running):

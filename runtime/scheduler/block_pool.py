@@ -31,15 +31,16 @@ def hash_block_tokens(parent_hash: BlockHash | None, tokens: Sequence[int]) -> B
     return digest.digest()
 
 
-def chain_block_hashes(tokens: Sequence[int], block_size: int,
-                       known: Sequence[BlockHash] = ()) -> list[BlockHash]:
+def chain_block_hashes(
+    tokens: Sequence[int], block_size: int, known: Sequence[BlockHash] = ()
+) -> list[BlockHash]:
     """Hashes of the full blocks of `tokens`, the tokens that follow the blocks already
     hashed in `known` (a request extends its chain with `hashes += chain_block_hashes(...)`,
     passing only its new tokens)."""
     hashes: list[BlockHash] = []
     parent = known[-1] if known else None
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = hash_block_tokens(parent, tokens[start:start + block_size])
+        parent = hash_block_tokens(parent, tokens[start : start + block_size])
         hashes.append(parent)
     return hashes
 
@@ -109,15 +110,14 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 2 or block_size < 1:
-            raise ValueError(f"need num_blocks >= 2 and block_size >= 1, "
-                             f"got {num_blocks}, {block_size}")
+            raise ValueError(
+                f"need num_blocks >= 2 and block_size >= 1, got {num_blocks}, {block_size}"
+            )
         self.block_size = block_size
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.null_block = self.blocks[0]
         self.free_queue = FreeBlockQueue(self.blocks[1:])  # iterate: next allocated first
         self._cached: dict[BlockHash, Block] = {}
-        self.query_tokens = 0  # tokens looked up by match_prefix
-        self.hit_tokens = 0  # of which found in cached blocks
 
     @property
     def num_usable_blocks(self) -> int:
@@ -142,9 +142,8 @@ class BlockPool:
         """The block caching `block_hash`, held or free, or None."""
         return self._cached.get(block_hash)
 
-    def match_prefix(self, block_hashes: Sequence[BlockHash], num_tokens: int) -> list[Block]:
-        """Cached blocks for the longest run of leading `block_hashes` of a request with
-        `num_tokens` tokens (counted in `query_tokens` / `hit_tokens`). The blocks are not
+    def match_prefix(self, block_hashes: Sequence[BlockHash]) -> list[Block]:
+        """Cached blocks for the longest run of leading `block_hashes`. The blocks are not
         held yet: `touch` them before the next `allocate`, which may reuse free ones."""
         hits: list[Block] = []
         for block_hash in block_hashes:
@@ -152,8 +151,6 @@ class BlockPool:
             if block is None:
                 break
             hits.append(block)
-        self.query_tokens += num_tokens
-        self.hit_tokens += len(hits) * self.block_size
         return hits
 
     def touch(self, blocks: Sequence[Block]) -> None:
@@ -165,16 +162,18 @@ class BlockPool:
                 self.free_queue.remove(block)
             block.ref_cnt += 1
 
-    def cache_full_blocks(self, blocks: Sequence[Block], block_hashes: Sequence[BlockHash],
-                          start: int = 0) -> None:
+    def cache_full_blocks(
+        self, blocks: Sequence[Block], block_hashes: Sequence[BlockHash], start: int = 0
+    ) -> None:
         """Register `blocks[i]` as caching `block_hashes[i]` for `start <= i <
         len(block_hashes)`: pass only the hashes of full blocks whose KV is computed (or in
         a batch already sent). A block already cached keeps its hash; a hash already cached
         by another block leaves this duplicate uncached (reused like a plain block)."""
         if len(block_hashes) > len(blocks):
             raise ValueError(f"{len(block_hashes)} hashes for {len(blocks)} blocks")
-        for block, block_hash in zip(blocks[start:len(block_hashes)], block_hashes[start:],
-                                     strict=True):
+        for block, block_hash in zip(
+            blocks[start : len(block_hashes)], block_hashes[start:], strict=True
+        ):
             if block.block_hash is not None:
                 if block.block_hash != block_hash:
                     raise ValueError(f"block {block.block_id} already caches another hash")
@@ -220,15 +219,19 @@ class BlockPool:
         free = list(self.free_queue)
         free_ids = {b.block_id for b in free}
         assert len(free_ids) == len(free) == len(self.free_queue), (
-            "a block is in the free queue twice")
+            "a block is in the free queue twice"
+        )
         assert self.null_block.block_id not in free_ids and self.null_block.ref_cnt == 0, (
-            "the null block is in use")
+            "the null block is in use"
+        )
         for block in self.blocks[1:]:
             held, queued = block.ref_cnt > 0, block.block_id in free_ids
             assert held != queued, (
-                f"block {block.block_id}: ref_cnt {block.ref_cnt}, in free queue {queued}")
+                f"block {block.block_id}: ref_cnt {block.ref_cnt}, in free queue {queued}"
+            )
         for block_hash, block in self._cached.items():
             assert block.block_hash == block_hash, f"block {block.block_id} hash mismatch"
         hashed = sum(b.block_hash is not None for b in self.blocks)
         assert hashed == len(self._cached), (
-            f"{hashed} blocks carry a hash, {len(self._cached)} are in the cache map")
+            f"{hashed} blocks carry a hash, {len(self._cached)} are in the cache map"
+        )

@@ -14,6 +14,7 @@ import zmq
 
 from runtime.config import ServerConfig
 from runtime.ipc import FanOutQueue, PullQueue, PushQueue
+from runtime.kv_mode import KVMode
 from runtime.messages import (
     AbortReq,
     BatchOut,
@@ -32,9 +33,8 @@ from runtime.messages import (
 )
 from runtime.model_config import resolve_model
 from runtime.procutil import error_text, exit_with_parent, setup_logging
-from runtime.scheduler.contiguous_kv import ContiguousKV
-from runtime.scheduler.dynamic_kv import DynamicPagedKV
 from runtime.scheduler.kv_manager import KVManager
+from runtime.scheduler.kv_study import build_study_kv
 from runtime.scheduler.paged_kv import PagedKV
 from runtime.scheduler.policy import PrefillAdder, preempt_order
 from runtime.scheduler.scheduler import Scheduler
@@ -43,27 +43,26 @@ from runtime.scheduler.token_kv import TokenKV
 CHECK_INVARIANTS = os.environ.get("SLUICE_CHECK_INVARIANTS", "0") == "1"
 
 
-def build_kv(cfg: ServerConfig, ready: WorkerReady, max_context: int) -> KVManager:
-    """The KV manager of `cfg.kv` over the worker's slots (every layout uses the same pool)."""
-    if cfg.kv == "contiguous":
-        return ContiguousKV(ready.kv_slots, ready.max_rows, cfg.reserve,
-                            min(max_context, ready.kv_slots))
-    if cfg.kv == "paged" and cfg.fixed_block_size is None:
-        return DynamicPagedKV(ready.kv_slots, ready.max_rows)
-    if cfg.kv == "paged":
-        return PagedKV(ready.kv_slots, ready.max_rows, cfg.fixed_block_size)
-    return TokenKV(ready.kv_slots, ready.max_rows)
+def build_kv(mode: KVMode, ready: WorkerReady, max_context: int) -> KVManager:
+    """The KV manager of `mode` over the worker's slots (every layout uses the same pool)."""
+    if mode.kind == "token":
+        return TokenKV(ready.kv_slots, ready.max_rows)
+    if mode.kind == "paged":
+        return PagedKV(ready.kv_slots, ready.max_rows, mode.page_size)
+    return build_study_kv(mode, ready.kv_slots, ready.max_rows, max_context)
 
 
 def build_scheduler(cfg: ServerConfig, ready: WorkerReady, max_context: int) -> Scheduler:
+    mode = cfg.kv_mode
     max_context = min(max_context, ready.max_context)
-    kv = build_kv(cfg, ready, max_context)
-    # paged preempts like vLLM V1: the last admitted first, only as much as needed
-    preempt = dict(retract_key=preempt_order, retract_headroom=0) if cfg.kv == "paged" else {}
+    kv = build_kv(mode, ready, max_context)
+    preempt = {}
+    if mode.preempt_last_admitted:
+        preempt = dict(retract_key=preempt_order, retract_headroom=0)
     chunk = cfg.chunk_size or (8192 if ready.device.startswith("cuda") else 512)
     sched = Scheduler(kv, chunk_size=chunk, max_running=cfg.max_running,
                       max_context=min(max_context, kv.total),
-                      max_in_flight=2 if cfg.use_overlap else 1, **preempt,
+                      max_in_flight=2 if mode.overlap else 1, **preempt,
                       degrade_waiting=cfg.degrade_waiting,
                       degrade_max_tokens=cfg.degrade_max_tokens,
                       degrade_max_running=cfg.degrade_max_running)
@@ -81,18 +80,19 @@ def limits(sched: Scheduler, model_max_context: int) -> Limits:
 
 
 def stats(sched: Scheduler, token: int) -> SchedulerStats:
-    kv = sched.kv
     error = None
     if not sched.in_flight:
         try:
             sched.check_invariants()
         except AssertionError as exc:
             error = str(exc) or "allocator invariant violated"
+    kv = sched.kv.stats()
     return SchedulerStats(
         token=token, running=len(sched.running), waiting=len(sched.waiting),
-        kv_total=kv.total, kv_used=kv.used(), num_steps=sched.num_steps,
-        num_retractions=sched.num_retractions, invariant_error=error,
-        degraded=sched.degraded, **kv.stats_fields(),
+        kv_total=kv.total, kv_free=kv.free, kv_cached=kv.cached, kv_used=kv.used,
+        kv_held=kv.live, num_steps=sched.num_steps, num_retractions=sched.num_retractions,
+        prefix_hit_tokens=kv.prefix_hit_tokens, prefix_query_tokens=kv.prefix_query_tokens,
+        invariant_error=error, degraded=sched.degraded,
     )
 
 
@@ -119,8 +119,9 @@ def run_scheduler(cfg: ServerConfig) -> None:
         sys.exit(1)
     to_api.put(limits(sched, spec.max_context))  # before Ready: the api serves only after it
     ready.put(Ready("scheduler"))
+    mode = cfg.kv_mode
     log.info("KV pool %d slots, %d rows, kv=%s, overlap=%s, context %d tokens (model: %d)",
-             worker_ready.kv_slots, worker_ready.max_rows, cfg.kv, cfg.use_overlap,
+             worker_ready.kv_slots, worker_ready.max_rows, mode.kind, mode.overlap,
              sched.max_context, spec.max_context)
     poller = zmq.Poller()
     poller.register(inbox.sock, zmq.POLLIN)

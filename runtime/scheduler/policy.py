@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 from runtime.scheduler.req import Req, ReqStatus
 
 if TYPE_CHECKING:
-    from runtime.scheduler.kv_manager import KVManager
     from runtime.scheduler.scheduler import Scheduler
 
 
@@ -34,13 +33,15 @@ class PrefillAdder:
     """Chooses prefill chunks under a token budget and a KV reservation for running requests.
 
     Running requests will still grow; we reserve `new_token_ratio` x the KV their remaining
-    max_tokens need (`kv.slots_needed`) so admission does not immediately force retraction.
-    The ratio starts conservative, decays every step as requests tend to stop early, and
-    resets on a retraction (SGLang's new_token_ratio).
+    max_tokens need (`KVManager.can_admit` turns tokens into the layout's space) so
+    admission does not immediately force retraction. The ratio starts conservative, decays
+    every step as requests tend to stop early, and resets on a retraction (SGLang's
+    new_token_ratio).
     """
 
-    def __init__(self, init_ratio: float = 0.7, min_ratio: float = 0.1,
-                 decay_steps: int = 600) -> None:
+    def __init__(
+        self, init_ratio: float = 0.7, min_ratio: float = 0.1, decay_steps: int = 600
+    ) -> None:
         self.init_ratio = init_ratio
         self.min_ratio = min_ratio
         self.decay = (init_ratio - min_ratio) / decay_steps
@@ -49,10 +50,11 @@ class PrefillAdder:
     def on_retract(self) -> None:
         self.ratio = self.init_ratio
 
-    def _reserved(self, kv: KVManager, running: list[Req]) -> int:
-        # an open-ended max_tokens (e.g. "the rest of the context") counts as at most CLIP
-        need = sum(kv.slots_needed(r, min(r.remaining_tokens, RESERVE_CLIP)) for r in running)
-        return int(need * self.ratio)
+    @staticmethod
+    def _growth(reqs: list[Req]) -> list[tuple[Req, int]]:
+        """What `reqs` may still grow by: an open-ended max_tokens (e.g. "the rest of the
+        context") counts as at most RESERVE_CLIP."""
+        return [(r, min(r.remaining_tokens, RESERVE_CLIP)) for r in reqs]
 
     def fill(self, sched: Scheduler, budget: int) -> Iterator[tuple[Req, int]]:
         """Yield (request, new tokens) pairs; admitted requests move to `running`."""
@@ -76,8 +78,7 @@ class PrefillAdder:
                 return
             n = min(budget, req.known_len - req.kv_len)
             others = [r for r in sched.running if not r.finished]
-            need = kv.slots_needed(req, n) + (self._reserved(kv, others + [req]) if others else 0)
-            if kv.available() < need:
+            if not kv.can_admit(req, n, self._growth(others + [req]) if others else (), self.ratio):
                 kv.release(req, cache=False)
                 req.unadmit()
                 return

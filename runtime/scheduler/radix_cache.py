@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.scheduler.token_pool import TokenAllocator
+from runtime.scheduler.token_allocator import TokenAllocator
 
 _EMPTY = np.zeros(0, dtype=np.int32)
 
@@ -27,8 +27,9 @@ class TreeNode:
 
     __slots__ = ("key", "value", "parent", "children", "lock_ref", "last_access", "uid")
 
-    def __init__(self, key: np.ndarray, value: np.ndarray, parent: TreeNode | None,
-                 uid: int) -> None:
+    def __init__(
+        self, key: np.ndarray, value: np.ndarray, parent: TreeNode | None, uid: int
+    ) -> None:
         self.key = key  # [n] int32 token ids
         self.value = value  # [n] int32 slot ids
         self.parent = parent  # None for the root and for evicted (detached) nodes
@@ -51,8 +52,6 @@ class RadixCache:
         self.allocator = allocator
         self._uids = itertools.count()
         self._clock = 0
-        self.hit_tokens = 0  # tokens served from the cache, summed over match_prefix calls
-        self.query_tokens = 0  # tokens asked for, summed over match_prefix calls
         self._reset_tree()
 
     def _reset_tree(self) -> None:
@@ -82,13 +81,10 @@ class RadixCache:
         free) and the node ending exactly there (the root if nothing matched).
 
         An edge the match ends inside is split so the returned node covers the prefix
-        exactly. Every node on the path becomes the most recently used. Counts
-        `query_tokens += len(key)` and `hit_tokens += len(slots)`.
+        exactly. Every node on the path becomes the most recently used.
         """
         key = np.asarray(key, dtype=np.int32)
-        node, matched, values = self._walk(key)
-        self.query_tokens += len(key)
-        self.hit_tokens += matched
+        node, _, values = self._walk(key)
         return (np.concatenate(values) if values else _EMPTY.copy()), node
 
     def _walk(self, key: np.ndarray) -> tuple[TreeNode, int, list[np.ndarray]]:
@@ -223,11 +219,14 @@ class RadixCache:
             node = stack.pop()
             parent = node.parent
             assert len(node.key) == len(node.value) > 0, (
-                f"node {node.uid}: {len(node.key)} tokens, {len(node.value)} slots")
+                f"node {node.uid}: {len(node.key)} tokens, {len(node.value)} slots"
+            )
             assert parent is not None and parent.children.get(int(node.key[0])) is node, (
-                f"node {node.uid} is not linked from its parent under its first token")
+                f"node {node.uid} is not linked from its parent under its first token"
+            )
             assert parent is self._root or parent.lock_ref >= node.lock_ref >= 0, (
-                f"node {node.uid} has {node.lock_ref} locks, parent {parent.lock_ref}")
+                f"node {node.uid} has {node.lock_ref} locks, parent {parent.lock_ref}"
+            )
             if node.lock_ref:
                 protected += len(node.key)
             else:
@@ -237,23 +236,30 @@ class RadixCache:
             values.append(node.value)
             stack.extend(node.children.values())
         assert evictable == self._evictable, (
-            f"evictable_size {self._evictable}, but unlocked nodes hold {evictable}")
+            f"evictable_size {self._evictable}, but unlocked nodes hold {evictable}"
+        )
         assert protected == self._protected, (
-            f"protected_size {self._protected}, but locked nodes hold {protected}")
+            f"protected_size {self._protected}, but locked nodes hold {protected}"
+        )
         assert leaves == self._leaves, (
-            f"leaf set out of date: {len(self._leaves)} tracked, {len(leaves)} in the tree")
+            f"leaf set out of date: {len(self._leaves)} tracked, {len(leaves)} in the tree"
+        )
         cached = np.concatenate(values) if values else _EMPTY
         unique = np.unique(cached)
         assert unique.size == cached.size, (
-            f"{cached.size - unique.size} slots appear twice in the tree")
+            f"{cached.size - unique.size} slots appear twice in the tree"
+        )
         assert cached.size == 0 or (cached.min() >= 1 and cached.max() <= self.allocator.total), (
-            "tree holds a slot outside 1..total (slot 0 is the padding sink)")
+            "tree holds a slot outside 1..total (slot 0 is the padding sink)"
+        )
         free_cached = ~self.allocator.is_allocated(cached)
         assert not free_cached.any(), (
             f"{int(free_cached.sum())} cached slots are also on the free list, "
-            f"e.g. {int(cached[free_cached][0])}")
+            f"e.g. {int(cached[free_cached][0])}"
+        )
         alloc = self.allocator
         assert alloc.available + evictable + protected + in_use == alloc.total, (
             f"slot accounting: free {alloc.available} + evictable {evictable} + protected "
             f"{protected} + in use {in_use} = "
-            f"{alloc.available + evictable + protected + in_use} != total {alloc.total}")
+            f"{alloc.available + evictable + protected + in_use} != total {alloc.total}"
+        )

@@ -62,7 +62,6 @@ class Req:
         self.prefix_pages: list[int] = []  # pages of the cached prefix (page size 1: slots)
         self.kv_len = 0
         self.cached_len = 0
-        self.cache_node = None
         self.pending = 0
         self.needs_init = True  # the worker must (re)bind its row before the next forward
         self.last_batch_id = -1

@@ -134,13 +134,13 @@ class Scheduler:
         decode_pages = self.kv.alloc_decode(decode)
         extend_pages = []
         for req in last_prompt:
-            extend_pages.append(self.kv.alloc(req, 1))
+            extend_pages.append(self.kv.try_alloc(req, 1))
             batch.add(req, 1)
         budget = self.chunk_size - len(decode) - len(last_prompt)
         for req, n in self.adder.fill(self, budget):
             if req.scheduled_at is None:
                 req.scheduled_at = time.monotonic()
-            pages = self.kv.alloc(req, n)
+            pages = self.kv.try_alloc(req, n)
             assert pages is not None, "PrefillAdder admitted more than the pool holds"
             extend_pages.append(pages)
             batch.add(req, n)
@@ -159,21 +159,20 @@ class Scheduler:
         Victims are any running requests, chunked prefills included (they may hold the KV
         the decodes need); the last one is never retracted.
         """
-        need = lambda: self.kv.decode_need(decode) + self.kv.decode_need(last_prompt)
-        if self.kv.available() >= need():
+        kv = self.kv
+        if kv.can_decode(decode + last_prompt if last_prompt else decode):
             return True
         if self.in_flight:
             return False  # retract only when no batch in flight references a victim
         victims = sorted(self.running, key=self.retract_key)
-        growing = len(decode) + len(last_prompt)
-        while len(victims) > 1 and (self.kv.available() < need()
-                                    + self.retract_headroom * growing):
+        while len(victims) > 1 and not kv.can_decode(
+                decode + last_prompt, self.retract_headroom * (len(decode) + len(last_prompt))):
             victim = victims.pop(0)
             for group in (decode, last_prompt):
                 if victim in group:
                     group.remove(victim)
             self._retract(victim)
-        if self.kv.available() >= need():
+        if kv.can_decode(decode + last_prompt):
             return True
         for req in decode + last_prompt:  # a single request longer than the whole pool
             req.finish(FinishReason.ERROR)

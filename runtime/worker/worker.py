@@ -71,14 +71,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
-def page_size(cfg: ServerConfig) -> int:
-    """Slots per page of the attention page table: the block size of `--kv paged` with a
-    fixed block size (block b holds slots b * size onwards), else 1 (any slot anywhere)."""
-    if cfg.kv == "paged" and cfg.fixed_block_size is not None:
-        return cfg.fixed_block_size
-    return 1
-
-
 class _HostEvent:
     """Stands in for a CUDA event on the CPU, where work is already complete."""
 
@@ -117,7 +109,7 @@ class Worker:
         self.tp: TPGroup = init_tp(rank, cfg.tp, self.device,
                                    os.path.join(cfg.ipc_dir, f"{cfg.run_id}-tp-store"))
         self.max_rows = cfg.max_running + ROW_SLACK
-        self.page_size = page_size(cfg)
+        self.page_size = cfg.kv_mode.page_size
         self.runner = ModelRunner(spec, self.device, resolve_dtype(cfg.dtype, self.device),
                                   kv_slots=cfg.kv_slots, max_rows=self.max_rows, seed=cfg.seed,
                                   mem_fraction=cfg.mem_fraction, cuda_graph=cfg.cuda_graph,

@@ -4,21 +4,40 @@ from __future__ import annotations
 
 import tempfile
 
+import numpy as np
+
 from runtime.config import ServerConfig
 from runtime.messages import WorkerReady
+from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.loop import build_scheduler
+from runtime.scheduler.req import Req
 from runtime.scheduler.scheduler import Scheduler
 from tests.scheduler.fake_worker import FakeWorker
 
 
-def build_mode(kv: str, num_slots: int = 4096, rows: int = 80, max_context: int = 512,
-               **options) -> tuple[Scheduler, FakeWorker]:
+def build_mode(
+    kv: str, num_slots: int = 4096, rows: int = 80, max_context: int = 512, **options
+) -> tuple[Scheduler, FakeWorker]:
     """`options` are ServerConfig fields (chunk_size, block_size, overlap, reserve, ...)."""
     cfg = ServerConfig(kv=kv, ipc_dir=tempfile.gettempdir(), **options)
-    ready = WorkerReady(kv_slots=num_slots, max_rows=rows, max_context=max_context,
-                        kv_bytes_per_token=0, device="cpu")
+    ready = WorkerReady(
+        kv_slots=num_slots,
+        max_rows=rows,
+        max_context=max_context,
+        kv_bytes_per_token=0,
+        device="cpu",
+    )
     sched = build_scheduler(cfg, ready, max_context)
     return sched, FakeWorker(num_slots, rows, max_context, sched.kv.page_size)
+
+
+def grow(kv: KVManager, req: Req, n: int) -> np.ndarray:
+    """Give `req` its next `n` positions as a step does: `try_alloc`, then the `kv_len`
+    advance `Batch.to_plan` makes. Returns the new pages."""
+    pages = kv.try_alloc(req, n)
+    assert pages is not None, f"no room for {n} positions of {req}"
+    req.kv_len += n
+    return pages
 
 
 def no_eos(reqs: list, max_tokens: int) -> list:

@@ -13,7 +13,7 @@ BS = 4
 def run_request(pool: BlockPool, tokens: list[int]) -> tuple[list, list]:
     """Admit a request: reuse its cached prefix, allocate the rest, cache its full blocks."""
     hashes = chain_block_hashes(tokens, BS)
-    hits = pool.match_prefix(hashes, len(tokens))
+    hits = pool.match_prefix(hashes)
     pool.touch(hits)
     fresh = pool.allocate(-(-len(tokens) // BS) - len(hits))
     assert fresh is not None
@@ -31,8 +31,9 @@ def test_hash_chain_equal_for_identical_prefixes():
     assert chain_block_hashes([5, 1, 2, 3, 4, 5, 6, 7], BS)[1] != a[1]  # parent differs
     assert hash_block_tokens(None, [1, 2, 3, 4]) != hash_block_tokens(a[0], [1, 2, 3, 4])
     # extending a known chain gives the same hashes as hashing from scratch
-    assert a + chain_block_hashes(list(range(12))[len(a) * BS:], BS, a) == chain_block_hashes(
-        list(range(12)), BS)
+    assert a + chain_block_hashes(list(range(12))[len(a) * BS :], BS, a) == chain_block_hashes(
+        list(range(12)), BS
+    )
 
 
 def test_null_block_is_never_handed_out():
@@ -66,7 +67,6 @@ def test_cache_hit_after_free_reuses_block_via_touch():
     again, _ = run_request(pool, tokens[:8] + [50, 51, 52])
     assert [b.block_id for b in again[:2]] == [b.block_id for b in blocks[:2]]
     assert again[0].ref_cnt == 1 and again[0].block_hash == hashes[0]
-    assert (pool.hit_tokens, pool.query_tokens) == (8, 21)
     # a concurrent sharer takes a second reference on the same blocks
     shared, _ = run_request(pool, tokens[:4])
     assert shared[0] is again[0] and again[0].ref_cnt == 2
@@ -83,14 +83,20 @@ def test_eviction_order_from_the_free_queue():
     pool.free(b)
     order = [blk.block_id for blk in pool.free_queue]
     # a's blocks before b's, each request's tail first
-    assert order == [a[2].block_id, a[1].block_id, a[0].block_id,
-                     b[2].block_id, b[1].block_id, b[0].block_id]
+    assert order == [
+        a[2].block_id,
+        a[1].block_id,
+        a[0].block_id,
+        b[2].block_id,
+        b[1].block_id,
+        b[0].block_id,
+    ]
     got = pool.allocate(2)  # reuses a's last two blocks and drops their hashes
     assert [blk.block_id for blk in got] == order[:2]
     assert all(blk.block_hash is None for blk in got)
     hashes = chain_block_hashes(list(range(12)), BS)
     assert [blk is not None for blk in map(pool.get_cached_block, hashes)] == [True, False, False]
-    assert len(pool.match_prefix(hashes, 12)) == 1
+    assert len(pool.match_prefix(hashes)) == 1
     pool.check_invariants()
 
 
@@ -112,17 +118,20 @@ def test_randomized_no_block_double_counted():
     pool = BlockPool(40, BS)
     prefixes = [[rng.randrange(3) for _ in range(rng.randint(4, 20))] for _ in range(4)]
     live: list[list] = []
+    hits = 0
     for _ in range(2000):
         if live and (rng.random() < 0.45 or pool.num_free_blocks < 6):
             pool.free(live.pop(rng.randrange(len(live))))
         else:
             tokens = rng.choice(prefixes) + [rng.randrange(3) for _ in range(rng.randint(0, 9))]
             if tokens:
+                hits += len(pool.match_prefix(chain_block_hashes(tokens, BS)))
                 live.append(run_request(pool, tokens)[0])
         held = sum(len(blocks) for blocks in live)
         refs = sum(blk.ref_cnt for blk in pool.blocks)
         assert refs == held
         assert pool.num_free_blocks == pool.num_usable_blocks - sum(
-            blk.ref_cnt > 0 for blk in pool.blocks)
+            blk.ref_cnt > 0 for blk in pool.blocks
+        )
         pool.check_invariants()
-    assert pool.hit_tokens > 0
+    assert hits > 0

@@ -5,17 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.scheduler.contiguous_kv import ContiguousKV
+from runtime.scheduler.kv_study.contiguous_kv import ContiguousKV
 from runtime.scheduler.req import Req
 from tests.scheduler.fake_worker import make_req, reference
-from tests.scheduler.kv_modes import build_mode, no_eos
+from tests.scheduler.kv_modes import build_mode, grow, no_eos
 from tests.scheduler.test_paged_kv import run_watching
 from tests.scheduler.test_scheduler import check_against_reference, random_reqs, run_all
 
 
 def assert_all_free(sched) -> None:
     kv = sched.kv
-    assert kv.available() == kv.total and kv.used() == 0 and not kv.regions
+    assert kv.stats().used == 0 and not kv.tables
     kv.check_invariants([])
 
 
@@ -31,8 +31,9 @@ def test_outputs_match_reference_with_chunked_prefill(overlap):
 @pytest.mark.parametrize("overlap", [True, False])
 def test_admission_stops_when_no_region_fits_and_nothing_is_retracted(overlap):
     # every request reserves 20 + 60 = 80 slots: two regions fit in 200, never three
-    sched, worker = build_mode("contiguous", num_slots=200, chunk_size=64, overlap=overlap,
-                               schedule_conservativeness=0.0)
+    sched, worker = build_mode(
+        "contiguous", num_slots=200, chunk_size=64, overlap=overlap, schedule_conservativeness=0.0
+    )
     reqs = no_eos([make_req(f"c{i}", [1 + i] * 20, 60) for i in range(8)], 60)
     running = []
     outs = run_watching(sched, worker, reqs, lambda s: running.append(len(s.running)))
@@ -50,13 +51,14 @@ def test_admission_is_fcfs_behind_a_request_that_does_not_fit():
     sched.plan()
     assert [r.rid for r in sched.running] == ["a"]
     assert [r.rid for r in sched.waiting] == ["big", "small"]
-    region = sched.kv.regions["a"]
+    region = sched.kv.tables["a"]
     assert (region.start, region.size, region.num_tokens) == (1, 90, 40)
 
 
 def test_reserve_max_takes_the_context_per_request():
-    sched, worker = build_mode("contiguous", num_slots=1100, max_context=512, reserve="max",
-                               chunk_size=64)
+    sched, worker = build_mode(
+        "contiguous", num_slots=1100, max_context=512, reserve="max", chunk_size=64
+    )
     reqs = random_reqs(6, seed=3)
     running = []
     outs = run_watching(sched, worker, reqs, lambda s: running.append(len(s.running)))
@@ -76,14 +78,12 @@ def test_region_slots_are_consecutive_and_invariants_catch_drift():
     kv = ContiguousKV(num_slots=100, num_rows=2, reserve="request", max_context=100)
     a, b = Req(make_req("a", [1] * 10, 20)), Req(make_req("b", [2] * 30, 40))  # 30 + 70
     assert kv.admit(a) and kv.admit(b)
-    np.testing.assert_array_equal(kv.alloc(a, 10), np.arange(1, 11))
-    a.kv_len = 10
-    np.testing.assert_array_equal(kv.alloc(a, 1), [11])
-    a.kv_len = 11
-    np.testing.assert_array_equal(kv.alloc(b, 30), np.arange(31, 61))
-    b.kv_len = 30
-    assert kv.occupancy() == (41, 100)
-    assert kv.room(a) == 19 and kv.decode_need([a, b]) == 0
+    np.testing.assert_array_equal(grow(kv, a, 10), np.arange(1, 11))
+    np.testing.assert_array_equal(grow(kv, a, 1), [11])
+    np.testing.assert_array_equal(grow(kv, b, 30), np.arange(31, 61))
+    stats = kv.stats()
+    assert (stats.live, stats.reserved, stats.free) == (41, 100, 0)
+    assert kv.room(a) == 19 and kv.can_decode([a, b])  # growth stays inside the regions
     assert not kv.admit(Req(make_req("c", [3], 1)))  # no row left
     kv.check_invariants([a, b])
     b.slots[0] += 1
@@ -91,4 +91,4 @@ def test_region_slots_are_consecutive_and_invariants_catch_drift():
         kv.check_invariants([a, b])
     kv.release(a, cache=True)
     kv.release(b, cache=False)
-    assert kv.available() == 100
+    assert kv.stats().free == 100

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from runtime.scheduler.contiguous_pool import ContiguousPool
+from runtime.scheduler.kv_study.contiguous_pool import ContiguousPool
 from runtime.scheduler.row_pool import AllocatorError
 
 

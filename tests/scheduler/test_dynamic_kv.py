@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
-from runtime.scheduler.dynamic_kv import DynamicPagedKV, block_size_for
+from runtime.scheduler.kv_study.dynamic_kv import DynamicPagedKV, block_size_for, block_slots
+from runtime.scheduler.kv_study.superblock_pool import SuperblockPool
 from runtime.scheduler.req import Req
 from runtime.scheduler.row_pool import AllocatorError
-from runtime.scheduler.superblock_pool import SuperblockPool
 from tests.scheduler.fake_worker import make_req, reference
-from tests.scheduler.kv_modes import build_mode, no_eos
+from tests.scheduler.kv_modes import build_mode, grow, no_eos
 from tests.scheduler.test_scheduler import check_against_reference, random_reqs, run_all
 
 
-def test_size_classes_follow_the_seeds_thresholds():
+def test_size_classes_by_maximum_length():
     assert [block_size_for(n) for n in (1, 511, 512, 2047, 2048, 9000)] == [16, 16, 32, 32, 64, 64]
 
 
@@ -54,33 +55,47 @@ def test_randomized_superblock_accounting():
         pool.check_invariants()
 
 
-def test_decode_need_counts_superblocks_only_when_a_class_runs_out():
+def test_decode_needs_a_superblock_only_when_a_class_runs_out():
     kv = DynamicPagedKV(num_slots=64 * 4 - 1, num_rows=8)  # 3 usable superblocks
     reqs = [Req(make_req(f"r{i}", [1] * 16, 10)) for i in range(5)]  # class 16
     for req in reqs:
         assert kv.admit(req)
-        kv.alloc(req, 16)
-        req.kv_len = 16
+        grow(kv, req, 16)
     # 5 blocks of 16 held: 3 free in the second superblock, 1 superblock whole
-    assert kv.available() == 64 and kv.pool.num_free_blocks(16) == 3
-    assert kv.decode_need(reqs[:3]) == 0
-    assert kv.decode_need(reqs) == 64  # the fourth and fifth split the last superblock
+    assert kv.stats().free == 64 and kv.pool.num_free_blocks(16) == 3
+    assert kv.can_decode(reqs[:3], spare=64)  # the split superblock's free blocks
+    assert kv.can_decode(reqs) and not kv.can_decode(reqs, spare=1)  # splits the last one
     assert kv.room(reqs[0]) == 16 * (3 + 4)
-    live, reserved = kv.occupancy()
-    assert (live, reserved) == (80, 80)
+    stats = kv.stats()
+    assert (stats.live, stats.reserved, stats.used) == (80, 80, 128)  # 48 stranded
     kv.check_invariants(reqs)
+
+
+def test_block_slots_map_positions_through_the_table():
+    starts = [40, 8, 96]
+    np.testing.assert_array_equal(block_slots(starts, 8, 5, 7), [45, 46, 47, 8, 9, 10, 11])
+    np.testing.assert_array_equal(block_slots(starts, 8, 16, 2), [96, 97])
+    assert block_slots(starts, 8, 0, 0).size == 0
 
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_mixed_classes_match_reference(overlap):
-    sched, worker = build_mode("paged", block_size="dynamic", max_context=4096, chunk_size=256,
-                               num_slots=16384, overlap=overlap)
+    sched, worker = build_mode(
+        "paged",
+        block_size="dynamic",
+        max_context=4096,
+        chunk_size=256,
+        num_slots=16384,
+        overlap=overlap,
+    )
     rng = random.Random(7)
     lengths = [(20, 30), (100, 12), (600, 20), (1500, 40), (2100, 10), (3000, 8)]
-    reqs = [make_req(f"d{i}", [rng.randrange(1, 97) for _ in range(p)], m)
-            for i, (p, m) in enumerate(lengths)]
+    reqs = [
+        make_req(f"d{i}", [rng.randrange(1, 97) for _ in range(p)], m)
+        for i, (p, m) in enumerate(lengths)
+    ]
     check_against_reference(reqs, run_all(sched, worker, reqs))
-    assert sched.kv.available() == sched.kv.total and not sched.kv.tables
+    assert sched.kv.stats().used == 0 and not sched.kv.tables
     sched.kv.check_invariants([])
 
 
@@ -94,11 +109,17 @@ def test_classes_seen_by_the_scheduler():
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_tiny_pool_preempts_and_keeps_outputs(overlap):
-    sched, worker = build_mode("paged", block_size="dynamic", num_slots=64 * 4 - 1,
-                               chunk_size=64, overlap=overlap, schedule_conservativeness=0.0)
+    sched, worker = build_mode(
+        "paged",
+        block_size="dynamic",
+        num_slots=64 * 4 - 1,
+        chunk_size=64,
+        overlap=overlap,
+        schedule_conservativeness=0.0,
+    )
     reqs = no_eos(random_reqs(12, seed=2, max_prompt=20), 50)
     outs = run_all(sched, worker, reqs)
     assert sched.num_retractions > 0
     for r in reqs:
         assert outs[r.rid]["ids"] == reference(r.input_ids, 50, set()), r.rid
-    assert sched.kv.available() == sched.kv.total
+    assert sched.kv.stats().used == 0

@@ -7,8 +7,8 @@ import pytest
 
 from runtime.config import ConfigError, ServerConfig
 from runtime.launch import build_parser, config_from_args
-from runtime.scheduler.contiguous_kv import ContiguousKV
-from runtime.scheduler.dynamic_kv import DynamicPagedKV
+from runtime.scheduler.kv_study.contiguous_kv import ContiguousKV
+from runtime.scheduler.kv_study.dynamic_kv import DynamicPagedKV
 from runtime.scheduler.loop import stats
 from runtime.scheduler.paged_kv import PagedKV
 from runtime.scheduler.policy import preempt_order, retract_order
@@ -22,30 +22,43 @@ def parse(*flags: str) -> ServerConfig:
 
 
 def test_cli_block_size_reserve_and_overlap():
-    cfg = parse("--kv", "paged", "--block-size", "dynamic")
-    assert cfg.fixed_block_size is None and not cfg.use_overlap
-    assert parse("--kv", "paged", "--block-size", "32").fixed_block_size == 32
-    assert parse("--kv", "paged", "--overlap").use_overlap
-    assert not parse("--no-overlap").use_overlap
-    assert parse().use_overlap and parse().fixed_block_size == 16
-    assert parse("--kv", "contiguous", "--reserve", "max").reserve == "max"
+    dynamic = parse("--kv", "paged", "--block-size", "dynamic").kv_mode
+    assert dynamic.kind == "dynamic" and dynamic.page_size == 1 and not dynamic.overlap
+    assert not dynamic.serving and not dynamic.prefix_cache
+    paged = parse("--kv", "paged", "--block-size", "32").kv_mode
+    assert (paged.kind, paged.page_size, paged.overlap, paged.prefix_cache) == (
+        "paged",
+        32,
+        False,
+        True,
+    )
+    assert parse("--kv", "paged", "--overlap").kv_mode.overlap
+    assert not parse("--no-overlap").kv_mode.overlap
+    token = parse().kv_mode
+    assert (token.kind, token.page_size, token.overlap, token.serving) == ("token", 1, True, True)
+    contiguous = parse("--kv", "contiguous", "--reserve", "max").kv_mode
+    assert contiguous.reserve == "max" and not contiguous.serving and contiguous.overlap
 
 
-@pytest.mark.parametrize("bad", [{"block_size": 0}, {"block_size": "big"}, {"block_size": "-4"},
-                                 {"reserve": "all"}])
+@pytest.mark.parametrize(
+    "bad", [{"block_size": 0}, {"block_size": "big"}, {"block_size": "-4"}, {"reserve": "all"}]
+)
 def test_invalid_kv_options_are_rejected(bad):
     with pytest.raises(ConfigError):
         ServerConfig(ipc_dir="/tmp", **bad)
 
 
-@pytest.mark.parametrize("kv, options, manager, in_flight, key", [
-    ("token", {}, TokenKV, 2, retract_order),
-    ("paged", {}, PagedKV, 1, preempt_order),
-    ("paged", {"overlap": True}, PagedKV, 2, preempt_order),
-    ("paged", {"block_size": "dynamic"}, DynamicPagedKV, 1, preempt_order),
-    ("contiguous", {}, ContiguousKV, 2, retract_order),
-    ("contiguous", {"overlap": False}, ContiguousKV, 1, retract_order),
-])
+@pytest.mark.parametrize(
+    "kv, options, manager, in_flight, key",
+    [
+        ("token", {}, TokenKV, 2, retract_order),
+        ("paged", {}, PagedKV, 1, preempt_order),
+        ("paged", {"overlap": True}, PagedKV, 2, preempt_order),
+        ("paged", {"block_size": "dynamic"}, DynamicPagedKV, 1, preempt_order),
+        ("contiguous", {}, ContiguousKV, 2, retract_order),
+        ("contiguous", {"overlap": False}, ContiguousKV, 1, retract_order),
+    ],
+)
 def test_each_mode_gets_its_manager_and_scheduling(kv, options, manager, in_flight, key):
     sched, _ = build_mode(kv, **options)
     assert type(sched.kv) is manager
@@ -53,8 +66,10 @@ def test_each_mode_gets_its_manager_and_scheduling(kv, options, manager, in_flig
     assert sched.max_context <= sched.kv.total
 
 
-@pytest.mark.parametrize("kv, options", [("token", {}), ("paged", {}), ("contiguous", {}),
-                                         ("paged", {"block_size": "dynamic"})])
+@pytest.mark.parametrize(
+    "kv, options",
+    [("token", {}), ("paged", {}), ("contiguous", {}), ("paged", {"block_size": "dynamic"})],
+)
 def test_stats_in_every_mode(kv, options):
     sched, worker = build_mode(kv, **options)
     sched.add(make_req("a", list(range(1, 40)), 30, ignore_eos=True))

@@ -60,7 +60,7 @@ def test_outputs_match_reference_with_chunked_prefill(overlap):
     sched, worker = build(overlap=overlap, chunk_size=24)
     reqs = random_reqs(24, seed=1)
     check_against_reference(reqs, run_all(sched, worker, reqs))
-    assert sched.kv.available() == sched.kv.total  # everything free or evictable
+    assert sched.kv.stats().used == 0  # everything free or evictable
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -84,7 +84,7 @@ def test_prefix_cache_hits_keep_outputs(overlap):
     reqs = random_reqs(12, seed=4, prefix=shared, max_prompt=10)
     reqs.append(make_req("again", reqs[0].input_ids, reqs[0].params.max_tokens))
     check_against_reference(reqs, run_all(sched, worker, reqs))
-    assert sched.kv.cache.hit_tokens >= 50 * 8
+    assert sched.kv.stats().prefix_hit_tokens >= 50 * 8
 
 
 def test_abort_mid_stream_frees_kv_and_reports_abort():
@@ -106,7 +106,7 @@ def test_abort_mid_stream_frees_kv_and_reports_abort():
     assert outs["a1"]["reason"] == "abort"
     assert outs["a2"]["reason"] is None  # silent: no second finish to the client
     assert outs["a0"]["reason"] == "length" and len(outs["a0"]["ids"]) == 200
-    assert sched.kv.available() == sched.kv.total
+    assert sched.kv.stats().used == 0
     assert not sched.reqs
 
 
@@ -157,7 +157,7 @@ def test_finished_request_slots_released_only_after_last_batch():
     assert p1.input_ids == [-(p0.rows[0] + 1)]
     sched.on_result(worker.run(p0))
     sched.on_result(worker.run(p1))
-    assert sched.kv.available() == sched.kv.total
+    assert sched.kv.stats().used == 0
     # EOS case: request stops at batch N but batch N+1 already holds a slot for it
     sched.add(make_req("y", [4], 50))
     q0 = sched.plan()
@@ -167,10 +167,10 @@ def test_finished_request_slots_released_only_after_last_batch():
     sched.on_result(res0)
     req = sched.deferred[0]
     assert req.rid == "y" and req.row is not None
-    in_use_before = sched.kv.total - sched.kv.available()
+    in_use_before = sched.kv.stats().used
     assert in_use_before > 0  # N+1 still references the request's KV
     sched.on_result(worker.run(q1))
-    assert not sched.deferred and sched.kv.available() == sched.kv.total
+    assert not sched.deferred and sched.kv.stats().used == 0
 
 
 def test_bad_requests_get_errors_and_cost_nothing():
@@ -182,7 +182,7 @@ def test_bad_requests_get_errors_and_cost_nothing():
     assert outs["empty"]["reason"] == "error" and "empty" in outs["empty"]["error"]
     assert outs["long"]["reason"] == "error" and "512" in outs["long"]["error"]
     assert outs["ok"]["reason"] in ("stop", "length")
-    assert sched.kv.available() == sched.kv.total
+    assert sched.kv.stats().used == 0
 
 
 def test_priority_orders_admission():
@@ -207,4 +207,4 @@ def test_failed_batch_ends_its_requests_with_errors_and_caches_nothing():
     assert outs["a"].error == "device error"
     assert not sched.has_work and not sched.deferred
     assert sched.kv.cache.evictable_size == 0  # unwritten KV never enters the prefix cache
-    assert sched.kv.available() == sched.kv.total
+    assert sched.kv.stats().used == 0

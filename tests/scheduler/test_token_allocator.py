@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from runtime.scheduler.row_pool import AllocatorError, RowPool
-from runtime.scheduler.token_pool import TokenAllocator
+from runtime.scheduler.token_allocator import TokenAllocator
 
 
 def test_alloc_free_round_trip():

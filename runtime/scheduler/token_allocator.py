@@ -1,4 +1,4 @@
-"""Token-granular KV slot allocator (the `token` KV mode).
+"""`TokenAllocator`: token-granular KV slots (the `token` KV mode).
 
 The worker owns the KV tensors (per layer `[num_slots + 1, kv_heads, head_dim]`) and the
 per-row page table (page size 1 here: a page is a slot); the scheduler only hands out ids
@@ -24,18 +24,13 @@ class TokenAllocator:
     def __init__(self, num_slots: int) -> None:
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
-        self._total = num_slots
+        self.total = num_slots  # usable slots (excluding the padding sink)
         self._ring = np.arange(1, num_slots + 1, dtype=np.int32)  # [num_slots] free slot ids
         self._head = 0  # ring index of the next slot to hand out
         self._free_count = num_slots
         self._in_use = np.zeros(num_slots + 1, dtype=np.bool_)  # [num_slots + 1], by slot id
         self._in_use[0] = True  # the padding sink is permanently taken
         self._stamp = np.zeros(num_slots + 1, dtype=np.int32)  # scratch for duplicate checks
-
-    @property
-    def total(self) -> int:
-        """Usable slots (excluding the padding sink)."""
-        return self._total
 
     @property
     def available(self) -> int:
@@ -50,7 +45,7 @@ class TokenAllocator:
             return None
         idx = self._ring_positions(self._head, n)
         slots = self._ring[idx]
-        self._head = (self._head + n) % self._total
+        self._head = (self._head + n) % self.total
         self._free_count -= n
         self._in_use[slots] = True
         return slots
@@ -62,7 +57,7 @@ class TokenAllocator:
         if slots.size == 0:
             return
         self._check_allocated(slots)
-        tail = (self._head + self._free_count) % self._total
+        tail = (self._head + self._free_count) % self.total
         self._ring[self._ring_positions(tail, slots.size)] = slots
         self._free_count += slots.size
         self._in_use[slots] = False
@@ -72,13 +67,14 @@ class TokenAllocator:
         return self._in_use[np.asarray(slots, dtype=np.int64)]
 
     def _ring_positions(self, start: int, n: int) -> np.ndarray:
-        return (start + np.arange(n)) % self._total
+        return (start + np.arange(n)) % self.total
 
     def _check_allocated(self, slots: np.ndarray) -> None:
         lo, hi = int(slots.min()), int(slots.max())
-        if lo < 1 or hi > self._total:
+        if lo < 1 or hi > self.total:
             raise AllocatorError(
-                f"free of slot outside 1..{self._total} (got min {lo}, max {hi}; 0 is the sink)")
+                f"free of slot outside 1..{self.total} (got min {lo}, max {hi}; 0 is the sink)"
+            )
         # duplicates within this call: scatter positions, a repeated slot keeps only one of them
         positions = np.arange(slots.size, dtype=np.int32)
         self._stamp[slots] = positions
@@ -89,4 +85,5 @@ class TokenAllocator:
         if not_held.any():
             raise AllocatorError(
                 f"double free: slot {int(slots[not_held][0])} is not allocated "
-                f"({int(not_held.sum())} of {slots.size} slots in this call)")
+                f"({int(not_held.sum())} of {slots.size} slots in this call)"
+            )

@@ -105,14 +105,17 @@ class SuperblockPool:
         assert 0 not in free_super and 0 not in self._split, "superblock 0 is in use"
         assert not free_super & set(self._split), "a superblock is both free and split"
         assert len(free_super) + len(self._split) == self.total // self.superblock, (
-            "a superblock is lost")
+            "a superblock is lost"
+        )
         for sb, (size, held) in self._split.items():
             first = sb * self.superblock
             starts = range(first, first + self.superblock, size)
             n_held = sum(self._held.get(s) == size for s in starts)
             n_free = sum(s in self._free[size] for s in starts)
             assert n_held == held > 0 and n_held + n_free == len(starts), (
-                f"superblock {sb}: {n_held} held (recorded {held}), {n_free} free")
+                f"superblock {sb}: {n_held} held (recorded {held}), {n_free} free"
+            )
         split_blocks = sum(self.superblock // k for k, _ in self._split.values())
         assert len(self._held) + sum(map(len, self._free.values())) == split_blocks, (
-            "a block is outside its superblock")
+            "a block is outside its superblock"
+        )

@@ -105,6 +105,10 @@ class ContiguousPool:
         if not 0 <= live_tokens <= reserved:
             raise ValueError(f"{live_tokens} live tokens in {reserved} reserved slots")
         return ContiguousStats(
-            total=self.total, reserved=reserved, live=live_tokens, free=self.total - reserved,
+            total=self.total,
+            reserved=reserved,
+            live=live_tokens,
+            free=self.total - reserved,
             largest_free_region=max(self._free_lens, default=0),
-            num_free_regions=len(self._free_lens))
+            num_free_regions=len(self._free_lens),
+        )
