@@ -3,6 +3,8 @@ a ModelRunner."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -13,6 +15,8 @@ from runtime.worker.kv_pool import KVPool
 from runtime.worker.model_runner import ModelRunner, make_attention
 from tests.worker.batching import Chunk, attend, greedy, make_batch
 
+# the Triton interpreter runs on CPU tensors: on a CUDA host, tests/worker/test_gpu.py
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tests")
 Q_HEADS, KV_HEADS, HEAD_DIM, SEQS = 6, 2, 16, 3
 
 
@@ -59,3 +63,33 @@ def test_runner_picks_the_backend_and_both_decode_alike(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="CUDA"):
         make_attention("triton", runners["auto"].kv_pool, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_graph_buffers_replay_a_decode_batch(page_size):
+    """What a decode graph runs: the forward bound at capture to the backend's static
+    buffers, which `prepare_replay` fills from the real batch (padding rows: no keys)."""
+    torch.manual_seed(3)
+    pools = [KVPool(1, 96 * page_size, KV_HEADS, HEAD_DIM, torch.float32, "cpu")
+             for _ in range(2)]  # fmt: skip
+    for a, b in zip(pools[0].k + pools[0].v, pools[1].k + pools[1].v):
+        b.copy_(a.normal_())
+    triton = TritonAttention(pools[1])
+    triton.init_graph(8, 64, page_size)
+    longer = make_batch([Chunk(s, [0]) for s in range(4)], [30, 5, 9, 40], 4, page_size=page_size)
+    triton.prepare_replay(longer, 4)  # an earlier, larger batch leaves its page table behind
+    fb = make_batch([Chunk(s, [0]) for s in range(3)], [3, 17, 0], SEQS, page_size=page_size)
+    q = torch.randn(4, Q_HEADS, HEAD_DIM)  # row 3 pads the batch to the graph's 4 rows
+    k, v = torch.randn(4, KV_HEADS, HEAD_DIM), torch.randn(4, KV_HEADS, HEAD_DIM)
+    empty = torch.zeros(5, dtype=torch.int32)
+    captured = replace(
+        fb, out_slots=torch.cat([fb.out_slots, torch.zeros(1, dtype=torch.int64)]),
+        kv_indptr=empty, kv_indices=empty[:0].long(), seq_lens=empty[:4], prefix_lens=empty[:4],
+        seq_lens_cpu=[0] * 4, prefix_lens_cpu=[0] * 4, extend_lens_cpu=[1] * 4,
+    )  # fmt: skip
+    triton.prepare_capture(captured)
+    triton.prepare_replay(fb, 4)
+    got = triton.forward(0, q, k, v, captured)  # [4, Hq, D]
+    want = attend(TorchAttention(pools[0]), 0, q[:3], k[:3], v[:3], fb)
+    torch.testing.assert_close(got[:3], want, atol=2e-5, rtol=2e-5)
+    assert not got[3].any()  # the padding row read nothing
