@@ -45,6 +45,7 @@ class GraphRunner:
         self.out_slots = torch.zeros(n, **i64)  # [N] padding rows write slot 0
         self.arange = torch.arange(n + 1, dtype=torch.int32, device=device)  # qo_indptr, rows
         self.zeros = torch.zeros(n + 1, dtype=torch.int32, device=device)  # empty sequences
+        self.no_pages = torch.zeros(0, **i64)  # [0]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.pool = None
@@ -55,7 +56,7 @@ class GraphRunner:
         fb = ForwardBatch(
             input_ids=self.input_ids[:bs], positions=self.positions[:bs],
             out_slots=self.out_slots[:bs], qo_indptr=self.arange[: bs + 1],
-            kv_indptr=self.zeros[: bs + 1], kv_indices=self.input_ids[:0],
+            kv_indptr=self.zeros[: bs + 1], kv_indices=self.no_pages,
             seq_lens=self.zeros[:bs], prefix_lens=self.zeros[:bs],
             sample_idx=self.arange[:bs].long(), is_decode=True,
             seq_lens_cpu=[0] * bs, prefix_lens_cpu=[0] * bs, extend_lens_cpu=[1] * bs,
