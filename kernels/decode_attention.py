@@ -11,10 +11,10 @@ Decode is memory bound: each K/V byte is read once, so the ceiling is bytes / co
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.paging import page_slots
 from kernels.store_kv import QUANT_MAX, dequantize_ref
 
 H200_SMS = 132
@@ -288,20 +288,34 @@ def decode_attention_ref(
     *,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
 ) -> torch.Tensor:
-    """Torch reference of `decode_attention`: gather each sequence's KV, attend in float32."""
+    """Torch reference of `decode_attention`, in float32 (or q's wider dtype): one padded
+    SDPA call over every sequence's slots (padding reads slot 0 and is masked; an empty
+    sequence gives zeros).
+
+    `max_seq_len` (a host int, at least every seq_lens entry) sizes the padding; None reads
+    seq_lens.max(), a host sync.
+    """
     B, Hq, D = q.shape
-    group = Hq // k_buf.shape[1]
-    out = torch.zeros(B, Hq, D, dtype=torch.float32, device=q.device)
-    for b in range(B):
-        n = int(seq_lens[b])
-        if n == 0:
-            continue
-        slots = page_slots(kv_indptr, kv_indices, b, n, page_size)  # [n]
-        k = dequantize_ref(k_buf[slots], None if k_scale is None else k_scale[slots])  # [n, Hkv, D]
-        v = dequantize_ref(v_buf[slots], None if v_scale is None else v_scale[slots])  # [n, Hkv, D]
-        k = k.repeat_interleave(group, 1)  # [n, Hq, D]
-        v = v.repeat_interleave(group, 1)  # [n, Hq, D]
-        logits = torch.einsum("hd,nhd->hn", q[b].float(), k) * sm_scale  # [Hq, n]
-        out[b] = torch.einsum("hn,nhd->hd", logits.softmax(-1), v)  # [Hq, D]
-    return out.to(q.dtype)
+    Hkv = k_buf.shape[1]
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max()) if B else 0
+    if max_seq_len == 0:
+        return torch.zeros_like(q)
+    cols = torch.arange(max_seq_len, device=q.device)  # [L]
+    valid = cols[None, :] < seq_lens[:, None]  # [B, L]
+    entries = kv_indptr[:-1, None].long() + cols[None, :] // page_size  # [B, L] into kv_indices
+    entries = torch.where(valid, entries, 0)  # padding reads entry 0 (in range)
+    slots = kv_indices[entries].long() * page_size + cols[None, :] % page_size  # [B, L]
+    slots = torch.where(valid, slots, 0)  # [B, L]
+    acc = torch.promote_types(q.dtype, torch.float32)
+    k = dequantize_ref(k_buf[slots], None if k_scale is None else k_scale[slots]).to(acc)
+    v = dequantize_ref(v_buf[slots], None if v_scale is None else v_scale[slots]).to(acc)
+    # the G query heads sharing one KV head ride in SDPA's query-length dim: no K/V copy
+    qg = q.to(acc).reshape(B, Hkv, Hq // Hkv, D)  # [B, Hkv, G, D]
+    out = F.scaled_dot_product_attention(
+        qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=valid[:, None, None, :], scale=sm_scale
+    )  # [B, Hkv, G, D]
+    out = torch.where(seq_lens[:, None, None, None] > 0, out, 0.0)  # all-masked rows are NaN
+    return out.reshape(B, Hq, D).to(q.dtype)

@@ -9,10 +9,11 @@ over the prefix tiles, then over the new tiles up to the diagonal.
 """
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.paging import page_slots
+from kernels.paging import expand_pages
 from kernels.store_kv import QUANT_MAX, dequantize_ref
 
 LOG2E = 1.4426950408889634
@@ -222,22 +223,32 @@ def extend_attention_ref(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Torch reference of `extend_attention`, in float32 with an explicit mask."""
+    """Torch reference of `extend_attention`, in float32 (or q's wider dtype): one SDPA call
+    per sequence over its cached prefix (gathered through the page table) and its new
+    tokens. Reads the lengths on the host, a sync on a GPU."""
     T, Hq, D = q.shape
     group = Hq // k_new.shape[1]
-    out = torch.zeros(T, Hq, D, dtype=torch.float32, device=q.device)
-    for b in range(prefix_lens.shape[0]):
-        lo, hi, p = int(qo_indptr[b]), int(qo_indptr[b + 1]), int(prefix_lens[b])
+    acc = torch.promote_types(q.dtype, torch.float32)
+    out = torch.zeros(T, Hq, D, dtype=acc, device=q.device)
+    q_starts, page_starts = qo_indptr.tolist(), kv_indptr.tolist()
+    for b, prefix in enumerate(prefix_lens.tolist()):
+        lo, hi = q_starts[b], q_starts[b + 1]
         n = hi - lo
         if n == 0:
             continue
-        slots = page_slots(kv_indptr, kv_indices, b, p, page_size)  # [p]
-        k_pre = dequantize_ref(k_buf[slots], None if k_scale is None else k_scale[slots])
-        v_pre = dequantize_ref(v_buf[slots], None if v_scale is None else v_scale[slots])
-        k = torch.cat([k_pre, k_new[lo:hi].float()]).repeat_interleave(group, 1)  # [p+n, Hq, D]
-        v = torch.cat([v_pre, v_new[lo:hi].float()]).repeat_interleave(group, 1)  # [p+n, Hq, D]
-        logits = torch.einsum("thd,shd->hts", q[lo:hi].float(), k) * sm_scale  # [Hq, n, p+n]
-        allowed = torch.ones(n, p + n, dtype=torch.bool, device=q.device).tril(p)  # [n, p+n]
-        probs = logits.masked_fill(~allowed, float("-inf")).softmax(-1)
-        out[lo:hi] = torch.einsum("hts,shd->thd", probs, v)  # [n, Hq, D]
+        slots = expand_pages(kv_indices[page_starts[b] :], prefix, page_size)  # [P]
+        k_pre = dequantize_ref(k_buf[slots], None if k_scale is None else k_scale[slots]).to(acc)
+        v_pre = dequantize_ref(v_buf[slots], None if v_scale is None else v_scale[slots]).to(acc)
+        # K/V repeated per query head (not enable_gqa) so fused SDPA kernels stay eligible
+        k = torch.cat([k_pre, k_new[lo:hi].to(acc)]).repeat_interleave(group, 1)  # [P+n, Hq, D]
+        v = torch.cat([v_pre, v_new[lo:hi].to(acc)]).repeat_interleave(group, 1)  # [P+n, Hq, D]
+        qi = q[lo:hi].to(acc).transpose(0, 1)[None]  # [1, Hq, n, D]
+        ki, vi = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, Hq, P+n, D] x2
+        if prefix == 0:
+            oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=sm_scale)
+        else:  # new token j sees the prefix and new tokens up to itself
+            rows = torch.arange(n, device=q.device)[:, None] + prefix  # [n, 1]
+            cols = torch.arange(prefix + n, device=q.device)[None, :]  # [1, P+n]
+            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=cols <= rows, scale=sm_scale)
+        out[lo:hi] = oi[0].transpose(0, 1)  # [n, Hq, D]
     return out.to(q.dtype)

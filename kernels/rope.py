@@ -1,7 +1,7 @@
 """Rotary position embedding, NeoX / HF-Llama style: the two halves of head_dim rotate together.
 
 The cache row for position p is `[cos(p * f_0..f_{D/2-1}) | sin(p * f_0..f_{D/2-1})]`; the
-frequencies follow HF transformers for `rope_type` "default" and "llama3".
+frequencies follow HF transformers for each of `ROPE_TYPES`.
 """
 
 import math
@@ -9,6 +9,8 @@ import math
 import torch
 import triton
 import triton.language as tl
+
+ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @triton.jit
@@ -63,15 +65,22 @@ def _apply_rope_kernel(
     _rotate(k_ptr + t * stride_kt, stride_kh, cos, sin, K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
 
 
-def _inv_freq(head_dim: int, base: float, scaling: dict | None) -> torch.Tensor:
-    """Rotation frequencies `[head_dim / 2]` in float32, as HF's rope init functions."""
+def rope_inv_freq(head_dim: int, base: float, scaling: dict | None) -> torch.Tensor:
+    """Rotation frequencies `[head_dim / 2]` in float32 on the CPU, as HF's rope init functions.
+
+    `scaling` is a HF `rope_scaling` dict: None or rope_type (or type) "default"; "linear"
+    with factor (positions divided by it, so the frequencies are); "llama3" with factor,
+    low_freq_factor, high_freq_factor, original_max_position_embeddings.
+    """
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"unsupported rope_type {rope_type!r} {ROPE_TYPES}")
     if rope_type == "default":
         return inv_freq
-    if rope_type != "llama3":
-        raise ValueError(f"unsupported rope_type {rope_type!r} (default, llama3)")
     factor = scaling["factor"]
+    if rope_type == "linear":
+        return inv_freq / factor
     low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
     old_len = scaling["original_max_position_embeddings"]
     low_freq_wavelen, high_freq_wavelen = old_len / low, old_len / high
@@ -92,15 +101,14 @@ def rope_cos_sin_cache(
     device: torch.device | str,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """`[max_pos, head_dim]`: cos of every (position, frequency) in the first half, sin after.
-
-    `scaling` is a HF `rope_scaling` dict (None or rope_type "default", or "llama3" with
-    factor, low_freq_factor, high_freq_factor, original_max_position_embeddings).
+    """`[max_pos, head_dim]`: cos of every (position, frequency) in the first half, sin after,
+    computed on `device` as transformers computes them there. `scaling` as `rope_inv_freq`.
     """
     assert head_dim % 2 == 0, f"head_dim {head_dim} must be even"
-    inv_freq = _inv_freq(head_dim, base, scaling)  # [head_dim / 2]
-    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)  # [max_pos, D/2]
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device=device, dtype=dtype)
+    inv_freq = rope_inv_freq(head_dim, base, scaling).to(device)  # [head_dim / 2]
+    pos = torch.arange(max_pos, dtype=torch.float32, device=device)  # [max_pos]
+    freqs = torch.outer(pos, inv_freq)  # [max_pos, D/2]
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dtype)
 
 
 def apply_rope(

@@ -137,9 +137,10 @@ def quantize_ref(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, tor
 
 
 def dequantize_ref(q: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """`q [..., D]` times `scale [...]` in float32; a None scale means an unquantized pool."""
+    """`q [..., D]` times `scale [...]` in float32; a None scale means an unquantized pool,
+    read in float32 (or in its own dtype when that is wider)."""
     if scale is None:
-        return q.float()
+        return q.to(torch.promote_types(q.dtype, torch.float32))
     return q.float() * scale[..., None].float()
 
 

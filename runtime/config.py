@@ -23,6 +23,7 @@ RESERVE_MODES = ("request", "max")  # contiguous: prompt + max_tokens, or the wh
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_DTYPES = ("auto", "fp8", "int8")
+ATTENTION_BACKENDS = ("auto", "triton", "torch")
 
 
 class ConfigError(ValueError):
@@ -82,8 +83,12 @@ class ServerConfig:
     """CPU threads torch may use per process; 0: torch's default."""
     tp: int = 1
     """Tensor-parallel worker processes (one GPU each on CUDA, gloo on the CPU)."""
+    attention_backend: str = "auto"
+    """The attention kernels: `triton` (GPU; on the CPU only under TRITON_INTERPRET=1),
+    `torch` (the kernels' torch references; no CUDA graphs), or `auto` (triton on a GPU,
+    torch on the CPU)."""
     cuda_graph: bool = True
-    """Capture decode CUDA graphs at start-up (GPU only)."""
+    """Capture decode CUDA graphs at start-up (GPU, triton attention only)."""
     log_level: str = "info"
     """The log level of every process (debug, info, warning, error)."""
     ready_timeout: float = 300.0
@@ -123,6 +128,9 @@ class ServerConfig:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.kv_dtype not in KV_DTYPES:
             raise ConfigError(f"kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"attention_backend must be one of {ATTENTION_BACKENDS}, "
+                              f"got {self.attention_backend!r}")
         self._check_kv()
         if self.chunk_size < 0:
             raise ConfigError(f"chunk_size must be >= 0 (0: auto), got {self.chunk_size}")

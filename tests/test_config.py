@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from runtime.config import ServerConfig
+from runtime.config import ConfigError, ServerConfig
 from runtime.launch import _INTERNAL, build_parser
 
 
@@ -40,3 +40,11 @@ def test_help_prints_the_docstrings_of_boolean_flags_too(capsys):
     assert "--overlap, --no-overlap Overlap scheduling" in text
     assert "--cuda-graph, --no-cuda-graph Capture decode CUDA graphs" in text
     assert "Prefill tokens per step (chunked prefill)" in text  # --chunk-size
+
+
+def test_attention_backend_flag_is_validated():
+    args = build_parser().parse_args(["serve", "--attention-backend", "torch"])
+    assert args.attention_backend == "torch"
+    assert ServerConfig().attention_backend == "auto"  # triton on a GPU, torch on the CPU
+    with pytest.raises(ConfigError, match="attention_backend"):
+        ServerConfig(attention_backend="flash")

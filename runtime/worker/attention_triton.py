@@ -3,46 +3,101 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from kernels.decode_attention import decode_attention, decode_num_splits
 from kernels.extend_attention import extend_attention
 from kernels.store_kv import store_kv
+from runtime.worker.attention import AttentionBackend
 from runtime.worker.forward_batch import ForwardBatch
-from runtime.worker.kv_pool import KVPool
 
 
-class TritonAttention:
+@dataclass(frozen=True)
+class TritonAttentionMeta:
+    """The page table the kernels read (the batch's own, or a graph's static copy) and
+    their launch sizes."""
+
+    kv_indptr: torch.Tensor  # [B+1] int32
+    kv_indices: torch.Tensor  # [>= P] page ids
+    seq_lens: torch.Tensor  # [B] int32
+    num_splits: int  # decode: split-KV programs per sequence
+    max_new_len: int  # extend: the longest run of new tokens (sizes the grid)
+
+
+class TritonAttention(AttentionBackend):
     """Stores new K/V with `store_kv`, then split-KV decode or varlen extend attention.
 
     Decode reads every position through the page table (`kv_indices`, `fb.page_size`
     slots a page); extend reads the cached prefix through it and the new tokens straight
-    from k/v. Same interface as
-    `TorchAttention`, so the model does not know which one runs. A quantized pool
-    (fp8/int8) passes its per-(slot, head) scales to all three kernels: `store_kv` quantizes,
-    the attention kernels dequantize on load (the new tokens of an extend are read unquantized).
+    from k/v. A quantized pool (fp8/int8) passes its per-(slot, head) scales to all three
+    kernels: `store_kv` quantizes, the attention kernels dequantize on load (the new
+    tokens of an extend are read unquantized). Decode graphs read a static copy of the
+    page table, with the split count fixed for the longest context.
     """
 
-    def __init__(self, pool: KVPool) -> None:
-        self.pool = pool
-        self.sm_scale = 1.0 / math.sqrt(pool.head_dim)
-        self.num_sms = torch.cuda.get_device_properties(0).multi_processor_count \
-            if torch.cuda.is_available() else 132
+    supports_graphs = True
 
-    def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                fb: ForwardBatch) -> torch.Tensor:
+    def __init__(self, pool) -> None:
+        super().__init__(pool)
+        self.sm_scale = 1.0 / math.sqrt(pool.head_dim)
+        self.num_sms = (
+            torch.cuda.get_device_properties(0).multi_processor_count
+            if torch.cuda.is_available()
+            else 132
+        )
+
+    def prepare(self, fb: ForwardBatch) -> None:
+        decode = fb.is_decode
+        fb.attn_meta = TritonAttentionMeta(
+            fb.kv_indptr, fb.kv_indices, fb.seq_lens,
+            num_splits=self._splits(fb.batch_size, max(fb.seq_lens_cpu)) if decode else 0,
+            max_new_len=0 if decode else max(fb.extend_lens_cpu),
+        )  # fmt: skip
+
+    def _splits(self, batch: int, max_seq_len: int) -> int:
+        return decode_num_splits(batch, self.pool.kv_heads, max_seq_len, self.num_sms)
+
+    def forward(
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch
+    ) -> torch.Tensor:
+        meta: TritonAttentionMeta = fb.attn_meta
         k_buf, v_buf = self.pool.k[layer_id], self.pool.v[layer_id]  # [slots, Hkv, D]
         k_scale, v_scale = self.pool.scales(layer_id)  # [slots, Hkv] f32, or None x2
         k, v = k.contiguous(), v.contiguous()  # views of the fused QKV output otherwise
         store_kv(k, v, k_buf, v_buf, fb.out_slots, k_scale=k_scale, v_scale=v_scale)
         if fb.is_decode:
-            splits = fb.decode_splits or decode_num_splits(
-                fb.batch_size, self.pool.kv_heads, max(fb.seq_lens_cpu), self.num_sms)
-            return decode_attention(q, k_buf, v_buf, fb.kv_indptr, fb.kv_indices, fb.seq_lens,
-                                    fb.page_size, self.sm_scale, k_scale=k_scale, v_scale=v_scale,
-                                    num_splits=splits)  # [B, Hq, D]
-        return extend_attention(q, k, v, k_buf, v_buf, fb.qo_indptr, fb.prefix_lens,
-                                fb.kv_indptr, fb.kv_indices, fb.page_size, self.sm_scale,
-                                k_scale=k_scale, v_scale=v_scale,
-                                max_new_len=max(fb.extend_lens_cpu))  # [T, Hq, D]
+            return decode_attention(
+                q, k_buf, v_buf, meta.kv_indptr, meta.kv_indices, meta.seq_lens, fb.page_size,
+                self.sm_scale, k_scale=k_scale, v_scale=v_scale, num_splits=meta.num_splits,
+            )  # [B, Hq, D]  # fmt: skip
+        return extend_attention(
+            q, k, v, k_buf, v_buf, fb.qo_indptr, fb.prefix_lens, meta.kv_indptr,
+            meta.kv_indices, fb.page_size, self.sm_scale, k_scale=k_scale, v_scale=v_scale,
+            max_new_len=meta.max_new_len,
+        )  # [T, Hq, D]  # fmt: skip
+
+    def init_graph(self, max_bs: int, max_context: int, page_size: int) -> None:
+        device = self.pool.k[0].device
+        self.max_context = max_context
+        self.graph_seq_lens = torch.zeros(max_bs, dtype=torch.int32, device=device)  # [N]
+        self.graph_kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=device)  # [N+1]
+        pages = max_bs * -(-max_context // page_size)  # every row at full context
+        self.graph_kv_indices = torch.zeros(pages, dtype=torch.int64, device=device)  # [pages]
+
+    def prepare_capture(self, fb: ForwardBatch) -> None:
+        bs = fb.batch_size
+        fb.attn_meta = TritonAttentionMeta(
+            self.graph_kv_indptr[: bs + 1], self.graph_kv_indices, self.graph_seq_lens[:bs],
+            num_splits=self._splits(bs, self.max_context), max_new_len=0,
+        )  # fmt: skip
+
+    def prepare_replay(self, fb: ForwardBatch, padded: int) -> None:
+        bs, nnz = fb.batch_size, fb.kv_indices.shape[0]
+        self.graph_seq_lens[:bs].copy_(fb.seq_lens, non_blocking=True)
+        self.graph_kv_indptr[: bs + 1].copy_(fb.kv_indptr, non_blocking=True)
+        self.graph_kv_indices[:nnz].copy_(fb.kv_indices, non_blocking=True)
+        if padded > bs:  # padding rows: empty sequences
+            self.graph_seq_lens[bs:padded].zero_()
+            self.graph_kv_indptr[bs + 1 : padded + 1].fill_(nnz)

@@ -16,7 +16,8 @@ class ForwardBatch:
     (cached prefix and new tokens) lives in the pages kv_indices[kv_indptr[i]:kv_indptr[i+1]]:
     position p at slot kv_indices[kv_indptr[i] + p // page_size] * page_size + p % page_size
     (`kernels/paging.py`; page_size 1 lists every slot). The new tokens' K/V must be stored
-    at `out_slots` before attention reads them.
+    at `out_slots` before attention reads them. All of this is backend-neutral; what one
+    attention backend derives from it for its kernels is `attn_meta` (`AttentionBackend.prepare`).
     """
 
     input_ids: torch.Tensor  # [T] int64, placeholders already resolved
@@ -31,12 +32,12 @@ class ForwardBatch:
     # then the L positions whose input logprobs were asked (BatchPlan.input_logprobs)
     sample_idx: torch.Tensor
     is_decode: bool  # every sequence has exactly one new token
-    # host copies for loops that need Python ints (torch attention path)
+    # host copies, so backends size launches and loops without reading the device
     seq_lens_cpu: list[int]
     prefix_lens_cpu: list[int]
     extend_lens_cpu: list[int]
-    decode_splits: int = 0  # split-KV count for decode kernels; 0: choose from seq_lens_cpu
     page_size: int = 1  # slots per page of kv_indices
+    attn_meta: object = None  # the attention backend's metadata of this step, once prepared
 
     @property
     def batch_size(self) -> int:

@@ -1,8 +1,10 @@
 """`GraphRunner`: CUDA graphs of the decode forward, captured at start-up per batch size.
 
-A decode step of B sequences replays the graph of the smallest captured size >= B. Inputs
-are copied into static buffers; padded rows read nothing (sequence length 0) and write
-their K/V into slot 0, the padding sink. The logits of the first B rows are returned.
+A decode step of B sequences replays the graph of the smallest captured size >= B. The
+model's inputs are copied into static buffers here, the page table and lengths into the
+attention backend's (`AttentionBackend.prepare_replay`); padded rows read nothing
+(sequence length 0) and write their K/V into slot 0, the padding sink. The logits of the
+first B rows are returned.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import logging
 
 import torch
 
-from kernels.decode_attention import decode_num_splits
+from runtime.worker.attention import AttentionBackend
 from runtime.worker.forward_batch import ForwardBatch
 
 log = logging.getLogger("sluice.worker")
@@ -23,35 +25,45 @@ CAPTURE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 1
 class GraphRunner:
     """Captured decode graphs of one model, attention backend and KV pool."""
 
-    def __init__(self, model, attn, max_bs: int, max_context: int, kv_heads: int,
-                 device: torch.device, page_size: int = 1) -> None:
+    def __init__(
+        self,
+        model,
+        attn: AttentionBackend,
+        max_bs: int,
+        max_context: int,
+        device: torch.device,
+        page_size: int = 1,
+    ) -> None:
         self.model, self.attn, self.device = model, attn, device
         self.page_size = page_size
         self.sizes = [s for s in CAPTURE_SIZES if s <= max_bs] or [max_bs]
         n = self.sizes[-1]
+        attn.init_graph(n, max_context, page_size)
         i64 = dict(dtype=torch.int64, device=device)
-        i32 = dict(dtype=torch.int32, device=device)
         self.input_ids = torch.zeros(n, **i64)  # [N]
         self.positions = torch.zeros(n, **i64)  # [N]
         self.out_slots = torch.zeros(n, **i64)  # [N] padding rows write slot 0
-        self.seq_lens = torch.zeros(n, **i32)  # [N]
-        self.kv_indptr = torch.zeros(n + 1, **i32)  # [N+1]
-        self.kv_indices = torch.zeros(n * -(-max_context // page_size), **i64)  # [N * pages]
-        self.arange = torch.arange(n + 1, **i32)  # qo_indptr and sample rows
-        self.splits = {bs: decode_num_splits(bs, kv_heads, max_context) for bs in self.sizes}
+        self.arange = torch.arange(n + 1, dtype=torch.int32, device=device)  # qo_indptr, rows
+        self.zeros = torch.zeros(n + 1, dtype=torch.int32, device=device)  # empty sequences
+        self.no_pages = torch.zeros(0, **i64)  # [0]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.pool = None
 
     def _batch(self, bs: int) -> ForwardBatch:
-        return ForwardBatch(
+        """The batch a graph of `bs` rows is captured with: `bs` empty sequences, the
+        backend's metadata pointing at its static buffers."""
+        fb = ForwardBatch(
             input_ids=self.input_ids[:bs], positions=self.positions[:bs],
             out_slots=self.out_slots[:bs], qo_indptr=self.arange[: bs + 1],
-            kv_indptr=self.kv_indptr[: bs + 1], kv_indices=self.kv_indices,
-            seq_lens=self.seq_lens[:bs], prefix_lens=self.seq_lens[:bs],
+            kv_indptr=self.zeros[: bs + 1], kv_indices=self.no_pages,
+            seq_lens=self.zeros[:bs], prefix_lens=self.zeros[:bs],
             sample_idx=self.arange[:bs].long(), is_decode=True,
             seq_lens_cpu=[0] * bs, prefix_lens_cpu=[0] * bs, extend_lens_cpu=[1] * bs,
-            decode_splits=self.splits[bs], page_size=self.page_size)
+            page_size=self.page_size,
+        )  # fmt: skip
+        self.attn.prepare_capture(fb)
+        return fb
 
     def _forward(self, fb: ForwardBatch) -> torch.Tensor:
         hidden = self.model(fb, self.attn)  # [B, hidden]
@@ -77,25 +89,19 @@ class GraphRunner:
         log.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
     def can_run(self, fb: ForwardBatch) -> bool:
-        return (fb.is_decode and fb.batch_size <= self.sizes[-1]
-                and fb.page_size == self.page_size)
+        return fb.is_decode and fb.batch_size <= self.sizes[-1] and fb.page_size == self.page_size
 
     def replay(self, fb: ForwardBatch) -> torch.Tensor:
         """Run a decode batch through its graph; logits [B, vocab] fp32."""
         bs = fb.batch_size
         padded = self.sizes[bisect.bisect_left(self.sizes, bs)]
-        nnz = fb.kv_indices.shape[0]
         self.input_ids[:bs].copy_(fb.input_ids, non_blocking=True)
         self.positions[:bs].copy_(fb.positions, non_blocking=True)
         self.out_slots[:bs].copy_(fb.out_slots, non_blocking=True)
-        self.seq_lens[:bs].copy_(fb.seq_lens, non_blocking=True)
-        self.kv_indptr[: bs + 1].copy_(fb.kv_indptr, non_blocking=True)
-        self.kv_indices[:nnz].copy_(fb.kv_indices, non_blocking=True)
         if padded > bs:  # padding rows: empty sequences writing into the sink
             self.input_ids[bs:padded].zero_()
             self.positions[bs:padded].zero_()
             self.out_slots[bs:padded].zero_()
-            self.seq_lens[bs:padded].zero_()
-            self.kv_indptr[bs + 1: padded + 1].fill_(nnz)
+        self.attn.prepare_replay(fb, padded)
         self.graphs[padded].replay()
         return self.logits[padded][:bs]

@@ -4,16 +4,16 @@ The scheduler owns which slot holds which token; the worker only owns the tensor
 is a padding sink: it is never a real token, so batched gathers may point padding at it.
 
 `kv_dtype` "fp8" (float8_e4m3fn) or "int8" quantizes the pool: each (slot, kv_head) row of
-head_dim values keeps one float32 scale beside it (`k_scale`, `v_scale`), with the math of
-`kernels.store_kv` (`quantize_ref` here, the `store_kv` kernel on the GPU path), and readers
-dequantize on load. "auto" stores K/V in the model's dtype, unscaled.
+head_dim values keeps one float32 scale beside it (`k_scale`, `v_scale`); the attention
+backends write it with `kernels.store_kv` (or its torch reference), and readers dequantize
+on load. "auto" stores K/V in the model's dtype, unscaled.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.store_kv import QUANT_MAX, dequantize_ref, quantize_ref
+from kernels.store_kv import QUANT_MAX
 
 GiB = 1 << 30
 KV_STORAGE = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}  # kv_dtype -> pool element dtype
@@ -25,8 +25,9 @@ def kv_storage_dtype(kv_dtype: str, dtype: torch.dtype) -> torch.dtype:
     if kv_dtype == "auto":
         return dtype
     if kv_dtype not in KV_STORAGE:
-        raise ValueError(f"kv_dtype must be 'auto' or one of {sorted(KV_STORAGE)}, "
-                         f"got {kv_dtype!r}")
+        raise ValueError(
+            f"kv_dtype must be 'auto' or one of {sorted(KV_STORAGE)}, got {kv_dtype!r}"
+        )
     return KV_STORAGE[kv_dtype]
 
 
@@ -37,8 +38,9 @@ def kv_bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: tor
     return 2 * num_layers * kv_heads * (head_dim * dtype.itemsize + scale)
 
 
-def slots_for_memory(free_bytes: int, bytes_per_token: int, mem_fraction: float,
-                     reserve_bytes: int) -> int:
+def slots_for_memory(
+    free_bytes: int, bytes_per_token: int, mem_fraction: float, reserve_bytes: int
+) -> int:
     """Slots (padding slot included) that fit in `mem_fraction` of `free_bytes` less a reserve.
 
     `free_bytes` is measured after the weights are loaded; `reserve_bytes` is kept back for
@@ -49,7 +51,8 @@ def slots_for_memory(free_bytes: int, bytes_per_token: int, mem_fraction: float,
         raise MemoryError(
             f"no room for the KV pool: {free_bytes / GiB:.2f} GiB free x {mem_fraction} "
             f"less a {reserve_bytes / GiB:.2f} GiB reserve leaves {budget / GiB:.2f} GiB, "
-            f"and one token needs {bytes_per_token} bytes")
+            f"and one token needs {bytes_per_token} bytes"
+        )
     return budget // bytes_per_token
 
 
@@ -67,8 +70,16 @@ class KVPool:
     float32; an unquantized one has empty scale lists.
     """
 
-    def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str, kv_dtype: str = "auto") -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        kv_dtype: str = "auto",
+    ) -> None:
         if num_slots < 2:
             raise ValueError(f"num_slots must be >= 2 (slot 0 is padding), got {num_slots}")
         self.num_layers = num_layers
@@ -84,10 +95,12 @@ class KVPool:
         self.v = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(num_layers)]
         # ones: the scale `quantize_ref` gives an all-zero row, so unwritten slots read as 0
         n_scales = num_layers if self.quantized else 0
-        self.k_scale = [torch.ones(shape[:2], dtype=SCALE_DTYPE, device=device)
-                        for _ in range(n_scales)]
-        self.v_scale = [torch.ones(shape[:2], dtype=SCALE_DTYPE, device=device)
-                        for _ in range(n_scales)]
+        self.k_scale = [
+            torch.ones(shape[:2], dtype=SCALE_DTYPE, device=device) for _ in range(n_scales)
+        ]
+        self.v_scale = [
+            torch.ones(shape[:2], dtype=SCALE_DTYPE, device=device) for _ in range(n_scales)
+        ]
 
     @property
     def bytes_per_token(self) -> int:
@@ -103,23 +116,3 @@ class KVPool:
         if not self.quantized:
             return None, None
         return self.k_scale[layer_id], self.v_scale[layer_id]
-
-    def store(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor,
-              v: torch.Tensor) -> None:
-        """Write new tokens' K/V (`[T, kv_heads, head_dim]`) at `slots` (`[T]` int64),
-        quantized like `kernels.store_kv` when the pool is."""
-        for x, bufs, scales in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
-            if self.quantized:
-                x, scale = quantize_ref(x, self.dtype)  # [T, Hkv, D], [T, Hkv] f32
-                scales[layer_id].index_put_((slots,), scale)
-            # index_put_, not index_copy_: the CPU has no index_copy_ for float8
-            bufs[layer_id].index_put_((slots,), x.to(self.dtype))  # [slots, Hkv, D]
-
-    def gather(self, layer_id: int, slots: torch.Tensor,
-               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V at `slots` (any shape `[...]`), dequantized to `dtype`: `[..., Hkv, D]` x2."""
-        if not self.quantized:
-            return self.k[layer_id][slots].to(dtype), self.v[layer_id][slots].to(dtype)
-        k = dequantize_ref(self.k[layer_id][slots], self.k_scale[layer_id][slots])  # f32
-        v = dequantize_ref(self.v[layer_id][slots], self.v_scale[layer_id][slots])  # f32
-        return k.to(dtype), v.to(dtype)

@@ -3,10 +3,14 @@ on one device; `forward(fb)` turns a ForwardBatch into logits for the rows to sa
 
 from __future__ import annotations
 
+import logging
+import os
+
 import torch
 
 from runtime.model_config import ModelSpec
-from runtime.worker.attention import TorchAttention
+from runtime.worker.attention import AttentionBackend
+from runtime.worker.attention_torch import TorchAttention
 from runtime.worker.attention_triton import TritonAttention
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.graph_runner import GraphRunner
@@ -25,6 +29,27 @@ from runtime.worker.tp import TPGroup
 CPU_DEFAULT_SLOTS = 16384
 CPU_KV_BUDGET = 2 * GiB  # the CPU default never takes more than this
 ACTIVATION_RESERVE = 1 * GiB  # on top of the logits and sampler temporaries
+ATTENTION_BACKENDS = {"triton": TritonAttention, "torch": TorchAttention}
+
+log = logging.getLogger("sluice.worker")
+
+
+def make_attention(name: str, pool: KVPool, device: torch.device) -> AttentionBackend:
+    """The attention backend `name` (`ServerConfig.attention_backend`) over `pool`: "auto"
+    is triton on a CUDA device and torch elsewhere. Triton off CUDA runs only interpreted
+    (TRITON_INTERPRET=1, as the tests do)."""
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(
+            f"attention backend must be 'auto' or one of {sorted(ATTENTION_BACKENDS)}, got {name!r}"
+        )
+    if name == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            f"the triton attention backend needs a CUDA device, not {device} "
+            "(or TRITON_INTERPRET=1)"
+        )
+    return ATTENTION_BACKENDS[name](pool)
 
 
 class ModelRunner:
@@ -35,15 +60,28 @@ class ModelRunner:
     fit: the pool holds one more entry, slot 0, the padding sink. `kv_dtype` "fp8" or "int8"
     quantizes the pool (see `KVPool`); sizing and `kv_bytes_per_token` count the stored
     bytes, scales included, so a quantized pool fits about twice the fp16/bf16 tokens.
-    `page_size` is the page size of the decode batches the CUDA graphs are captured for.
+    `page_size` is the page size of the decode batches the CUDA graphs are captured for;
+    `attention_backend` names the attention kernels (`make_attention`), and CUDA graphs
+    are captured only for a backend that supports them.
     Under tensor parallelism (`tp`) the runner holds this rank's shard of the model and of
     the KV heads (`kv_bytes_per_token` is this rank's share); the logits are whole.
     """
 
-    def __init__(self, spec: ModelSpec, device: str | torch.device, dtype: torch.dtype,
-                 kv_slots: int, max_rows: int, seed: int = 0,
-                 mem_fraction: float = 0.85, cuda_graph: bool = True,
-                 kv_dtype: str = "auto", page_size: int = 1, tp: TPGroup | None = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        device: str | torch.device,
+        dtype: torch.dtype,
+        kv_slots: int,
+        max_rows: int,
+        seed: int = 0,
+        mem_fraction: float = 0.85,
+        cuda_graph: bool = True,
+        kv_dtype: str = "auto",
+        page_size: int = 1,
+        tp: TPGroup | None = None,
+        attention_backend: str = "auto",
+    ) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
         self.tp = tp = tp or TPGroup()
@@ -51,27 +89,35 @@ class ModelRunner:
         arch = self.model.arch
         self.vocab_size = arch.vocab_size
         kv_heads = arch.num_kv_heads // tp.size  # this rank's
-        self.kv_bytes_per_token = kv_bytes_per_token(arch.num_layers, kv_heads, arch.head_dim,
-                                                     kv_storage_dtype(kv_dtype, dtype))
+        self.kv_bytes_per_token = kv_bytes_per_token(
+            arch.num_layers, kv_heads, arch.head_dim, kv_storage_dtype(kv_dtype, dtype)
+        )
         if kv_slots == 0:
             # never more than every row at full context could use; every rank the same
-            kv_slots = tp.min_int(min(self._default_slots(max_rows, mem_fraction),
-                                      max_rows * spec.max_context))
+            kv_slots = tp.min_int(
+                min(self._default_slots(max_rows, mem_fraction), max_rows * spec.max_context)
+            )
         self.kv_slots = kv_slots
-        self.kv_pool = KVPool(arch.num_layers, kv_slots + 1, kv_heads, arch.head_dim,
-                              dtype, self.device, kv_dtype)
-        on_gpu = self.device.type == "cuda"
-        self.attn = TritonAttention(self.kv_pool) if on_gpu else TorchAttention(self.kv_pool)
+        self.kv_pool = KVPool(
+            arch.num_layers, kv_slots + 1, kv_heads, arch.head_dim, dtype, self.device, kv_dtype
+        )
+        self.attn = make_attention(attention_backend, self.kv_pool, self.device)
         self.sampler = Sampler(max_rows, self.vocab_size, self.device, seed)
         limits = [spec.max_context, kv_slots]
         if arch.sliding_window is not None:  # exact only while the window covers everything
             limits.append(arch.sliding_window)
         self.max_context = min(limits)
         self.graphs: GraphRunner | None = None
-        if on_gpu and cuda_graph:
-            self.graphs = GraphRunner(self.model, self.attn, max_rows, self.max_context,
-                                      kv_heads, self.device, page_size)
-            self.graphs.capture()
+        if self.device.type == "cuda" and cuda_graph:
+            if self.attn.supports_graphs:
+                self.graphs = GraphRunner(
+                    self.model, self.attn, max_rows, self.max_context, self.device, page_size
+                )
+                self.graphs.capture()
+            else:
+                log.warning(
+                    "no CUDA graphs: the %s backend does not run in them", type(self.attn).__name__
+                )
 
     def _default_slots(self, max_rows: int, mem_fraction: float) -> int:
         per_token = self.kv_bytes_per_token
@@ -86,5 +132,6 @@ class ModelRunner:
         """Run one step; store the new tokens' KV; logits of rows `fb.sample_idx`: [S, V] fp32."""
         if self.graphs is not None and self.graphs.can_run(fb):
             return self.graphs.replay(fb)  # [B, vocab]
+        self.attn.prepare(fb)
         hidden = self.model(fb, self.attn)  # [T, hidden]
         return self.model.compute_logits(hidden[fb.sample_idx])  # [S, vocab]

@@ -113,7 +113,8 @@ class Worker:
         self.runner = ModelRunner(spec, self.device, resolve_dtype(cfg.dtype, self.device),
                                   kv_slots=cfg.kv_slots, max_rows=self.max_rows, seed=cfg.seed,
                                   mem_fraction=cfg.mem_fraction, cuda_graph=cfg.cuda_graph,
-                                  kv_dtype=cfg.kv_dtype, page_size=self.page_size, tp=self.tp)
+                                  kv_dtype=cfg.kv_dtype, page_size=self.page_size, tp=self.tp,
+                                  attention_backend=cfg.attention_backend)
         self.builder = BatchBuilder(self.max_rows, self.runner.max_context, self.device,
                                     self.page_size)
         compiler = None

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels.rope import apply_rope, apply_rope_ref, rope_cos_sin_cache
+from kernels.rope import apply_rope, apply_rope_ref, rope_cos_sin_cache, rope_inv_freq
 from tests.kernels.cases import DEVICE, DTYPES, ELEMENTWISE_TOL, randn
 
 LLAMA3 = {
@@ -11,6 +11,8 @@ LLAMA3 = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }
+LINEAR = {"rope_type": "linear", "factor": 4.0}
+SCALINGS = [None, {"rope_type": "default"}, LINEAR, {"type": "linear", "factor": 2.0}, LLAMA3]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -33,7 +35,23 @@ def test_matches_reference(dtype, heads, pos_dtype):
     assert torch.equal(qkv[:, Hq + Hkv :], v_before)
 
 
-@pytest.mark.parametrize("scaling", [None, {"rope_type": "default"}, LLAMA3], ids=str)
+@pytest.mark.parametrize("scaling", SCALINGS, ids=str)
+def test_inv_freq_matches_transformers_exactly(scaling):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = transformers.LlamaConfig(
+        hidden_size=8 * 16, num_attention_heads=8, rope_theta=500000.0, rope_scaling=scaling
+    )
+    want = LlamaRotaryEmbedding(config=config).inv_freq
+    rope_type = config.rope_parameters["rope_type"]
+    got = rope_inv_freq(16, 500000.0, scaling)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    if rope_type != "default":
+        assert not torch.equal(got, rope_inv_freq(16, 500000.0, None))
+
+
+@pytest.mark.parametrize("scaling", SCALINGS, ids=str)
 def test_matches_transformers(scaling):
     transformers = pytest.importorskip("transformers")
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb

@@ -14,6 +14,7 @@ from itertools import accumulate
 
 import torch
 
+from runtime.worker.attention import AttentionBackend
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.model_runner import ModelRunner
 
@@ -35,9 +36,14 @@ def slot(num_seqs: int, seq: int, pos: int, page_size: int = 1) -> int:
     return page(num_seqs, seq, pos // page_size) * page_size + pos % page_size
 
 
-def make_batch(chunks: list[Chunk], prefix_lens: list[int], num_seqs: int,
-               sample_all: bool = False, device: str = "cpu",
-               page_size: int = 1) -> ForwardBatch:
+def make_batch(
+    chunks: list[Chunk],
+    prefix_lens: list[int],
+    num_seqs: int,
+    sample_all: bool = False,
+    device: str = "cpu",
+    page_size: int = 1,
+) -> ForwardBatch:
     """One step: chunk i extends sequence chunks[i].seq, which has prefix_lens[i] cached.
 
     `sample_all` returns logits of every new token instead of each sampled chunk's last.
@@ -62,15 +68,31 @@ def make_batch(chunks: list[Chunk], prefix_lens: list[int], num_seqs: int,
         out_slots=tensor([slot(num_seqs, s, p, page_size) for s, p in zip(seqs, positions)]),
         qo_indptr=tensor([0, *ends], torch.int32),
         kv_indptr=tensor([0, *accumulate(num_pages)], torch.int32),
-        kv_indices=tensor([page(num_seqs, c.seq, j) for c, n in zip(chunks, num_pages)
-                           for j in range(n)]),
+        kv_indices=tensor(
+            [page(num_seqs, c.seq, j) for c, n in zip(chunks, num_pages) for j in range(n)]
+        ),
         seq_lens=tensor(seq_lens, torch.int32),
         prefix_lens=tensor(prefix_lens, torch.int32),
         sample_idx=tensor(sample_idx),
         is_decode=all(e == 1 for e in ext),
-        seq_lens_cpu=seq_lens, prefix_lens_cpu=list(prefix_lens), extend_lens_cpu=ext,
+        seq_lens_cpu=seq_lens,
+        prefix_lens_cpu=list(prefix_lens),
+        extend_lens_cpu=ext,
         page_size=page_size,
     )
+
+
+def attend(
+    backend: AttentionBackend,
+    layer_id: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    fb: ForwardBatch,
+) -> torch.Tensor:
+    """One layer's attention of an eager step, as the model runs it: prepare, then forward."""
+    backend.prepare(fb)
+    return backend.forward(layer_id, q, k, v, fb)
 
 
 class Driver:
@@ -91,8 +113,12 @@ class Driver:
         return self.runner.forward(fb)
 
 
-def greedy(runner: ModelRunner, prompts: list[list[int]], new_tokens: int,
-           forced: list[list[int] | None] | None = None) -> tuple[list[list[int]], torch.Tensor]:
+def greedy(
+    runner: ModelRunner,
+    prompts: list[list[int]],
+    new_tokens: int,
+    forced: list[list[int] | None] | None = None,
+) -> tuple[list[list[int]], torch.Tensor]:
     """Greedy decoding of every prompt in one batch: argmax tokens `[P][new_tokens]` and the
     logits they were taken from, `[P, new_tokens, V]`.
 
@@ -104,8 +130,8 @@ def greedy(runner: ModelRunner, prompts: list[list[int]], new_tokens: int,
     forced = forced or [None] * len(prompts)
     assert all(len(p) >= 2 for p in prompts), "each prompt needs two chunks"
     driver = Driver(runner, len(prompts))
-    driver.step([Chunk(s, p[:len(p) // 2], sample=False) for s, p in enumerate(prompts)])
-    logits = driver.step([Chunk(s, p[len(p) // 2:]) for s, p in enumerate(prompts)])  # [P, V]
+    driver.step([Chunk(s, p[: len(p) // 2], sample=False) for s, p in enumerate(prompts)])
+    logits = driver.step([Chunk(s, p[len(p) // 2 :]) for s, p in enumerate(prompts)])  # [P, V]
     steps = [logits]
     for t in range(new_tokens - 1):
         top = logits.argmax(-1).tolist()  # [P]

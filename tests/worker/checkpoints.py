@@ -11,13 +11,26 @@ from transformers import (
     Qwen3Config,
 )
 
-BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=256, max_position_embeddings=512)
-LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                   original_max_position_embeddings=16)
+BASE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    max_position_embeddings=512,
+)
+LLAMA3_ROPE = dict(
+    rope_type="llama3",
+    factor=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=16,
+)
 FAMILIES = {
     "llama": (LlamaConfig, dict(num_key_value_heads=4, attention_bias=True, mlp_bias=True)),
     "llama3-rope": (LlamaConfig, dict(rope_theta=500000.0, rope_scaling=LLAMA3_ROPE)),
+    "linear-rope": (LlamaConfig, dict(rope_scaling=dict(rope_type="linear", factor=4.0))),
     "qwen2-tied": (Qwen2Config, dict(tie_word_embeddings=True)),
     "qwen3": (Qwen3Config, dict(head_dim=32, num_key_value_heads=1)),
     "mistral": (MistralConfig, dict(sliding_window=None)),

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from kernels.paging import page_slots
-from runtime.worker.attention import TorchAttention
+from runtime.worker.attention_torch import TorchAttention
 from runtime.worker.kv_pool import GiB, KVPool, kv_bytes_per_token, slots_for_memory
-from tests.worker.batching import Chunk, make_batch, slot
+from tests.worker.batching import Chunk, attend, make_batch, slot
 
 Q_HEADS, KV_HEADS, HEAD_DIM, SEQS = 6, 2, 8, 3
 
@@ -23,7 +23,7 @@ def reference(q, k_cache, v_cache, fb):
             slots = page_slots(fb.kv_indptr, fb.kv_indices, i, prefix + j + 1, fb.page_size)
             for h in range(Q_HEADS):
                 keys = k_cache[slots, h // group]  # [L, D]
-                weights = torch.softmax(keys @ q[t, h] / HEAD_DIM ** 0.5, dim=0)  # [L]
+                weights = torch.softmax(keys @ q[t, h] / HEAD_DIM**0.5, dim=0)  # [L]
                 out[t, h] = weights @ v_cache[slots, h // group]
             t += 1
     return out
@@ -43,7 +43,7 @@ def test_torch_attention_matches_reference(extend, prefix, page_size):
     q = torch.randn(tokens, Q_HEADS, HEAD_DIM, dtype=torch.float64)
     k = torch.randn(tokens, KV_HEADS, HEAD_DIM, dtype=torch.float64)
     v = torch.randn(tokens, KV_HEADS, HEAD_DIM, dtype=torch.float64)
-    out = TorchAttention(pool).forward(1, q, k, v, fb)
+    out = attend(TorchAttention(pool), 1, q, k, v, fb)
     assert torch.equal(pool.k[1][fb.out_slots], k) and torch.equal(pool.v[1][fb.out_slots], v)
     assert not torch.equal(pool.k[0][fb.out_slots], k)  # other layers untouched
     torch.testing.assert_close(out, reference(q, pool.k[1], pool.v[1], fb))
@@ -56,8 +56,8 @@ def test_decode_padding_reads_slot_zero_harmlessly():
     fb = make_batch([Chunk(0, [0]), Chunk(1, [0])], [0, 12], 2)  # lengths 1 and 13: padding
     assert fb.is_decode and slot(2, 1, 12) == fb.out_slots[1]
     q = torch.randn(2, Q_HEADS, HEAD_DIM)
-    out = TorchAttention(pool).forward(0, q, torch.randn(2, KV_HEADS, HEAD_DIM),
-                                       torch.randn(2, KV_HEADS, HEAD_DIM), fb)
+    k, v = torch.randn(2, KV_HEADS, HEAD_DIM), torch.randn(2, KV_HEADS, HEAD_DIM)
+    out = attend(TorchAttention(pool), 0, q, k, v, fb)
     # a single key attends to itself only: the output is that token's V
     torch.testing.assert_close(out[0], pool.v[0][fb.out_slots[0]].repeat_interleave(3, 0))
     assert torch.isfinite(out).all()

@@ -1,36 +1,95 @@
-"""The Triton attention backend (interpreted on CPU) equals the torch backend."""
+"""The Triton attention backend (interpreted on CPU) equals the torch backend, alone and in
+a ModelRunner."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
 
-from runtime.worker.attention import TorchAttention
+from runtime.model_config import resolve_model
+from runtime.worker.attention_torch import TorchAttention
 from runtime.worker.attention_triton import TritonAttention
 from runtime.worker.kv_pool import KVPool
-from tests.worker.batching import Chunk, make_batch
+from runtime.worker.model_runner import ModelRunner, make_attention
+from tests.worker.batching import Chunk, attend, greedy, make_batch
 
+# the Triton interpreter runs on CPU tensors: on a CUDA host, tests/worker/test_gpu.py
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tests")
 Q_HEADS, KV_HEADS, HEAD_DIM, SEQS = 6, 2, 16, 3
 
 
-@pytest.mark.parametrize("extend, prefix", [([5, 3, 1], [0, 0, 0]), ([4, 1, 7], [3, 9, 1]),
-                                            ([1, 1, 1], [3, 17, 0])])
+@pytest.mark.parametrize(
+    "extend, prefix", [([5, 3, 1], [0, 0, 0]), ([4, 1, 7], [3, 9, 1]), ([1, 1, 1], [3, 17, 0])]
+)
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_triton_backend_matches_torch_backend(extend, prefix, page_size):
     torch.manual_seed(1)
-    pools = [KVPool(1, 96 * page_size, KV_HEADS, HEAD_DIM, torch.float32, "cpu")
-             for _ in range(2)]
+    pools = [KVPool(1, 96 * page_size, KV_HEADS, HEAD_DIM, torch.float32, "cpu") for _ in range(2)]
     for cache in pools[0].k + pools[0].v:
         cache.normal_()
     for a, b in zip(pools[0].k + pools[0].v, pools[1].k + pools[1].v):
         b.copy_(a)
-    fb = make_batch([Chunk(s, [0] * n) for s, n in enumerate(extend)], prefix, SEQS,
-                    page_size=page_size)
+    fb = make_batch(
+        [Chunk(s, [0] * n) for s, n in enumerate(extend)], prefix, SEQS, page_size=page_size
+    )
     tokens = sum(extend)
     q = torch.randn(tokens, Q_HEADS, HEAD_DIM)
     k = torch.randn(tokens, KV_HEADS, HEAD_DIM)
     v = torch.randn(tokens, KV_HEADS, HEAD_DIM)
-    want = TorchAttention(pools[0]).forward(0, q, k, v, fb)
-    got = TritonAttention(pools[1]).forward(0, q, k, v, fb)
+    want = attend(TorchAttention(pools[0]), 0, q, k, v, fb)
+    got = attend(TritonAttention(pools[1]), 0, q, k, v, fb)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(pools[1].k[0], pools[0].k[0])
+
+
+def test_runner_picks_the_backend_and_both_decode_alike(monkeypatch):
+    """`attention_backend`: auto is torch on the CPU; the interpreted triton backend gives
+    the same greedy tokens and logits through a two-chunk prefill and decode steps."""
+    spec = resolve_model("dummy:tiny")
+    runners = {
+        name: ModelRunner(
+            spec, "cpu", torch.float32, kv_slots=128, max_rows=4, attention_backend=name
+        )
+        for name in ("auto", "triton")
+    }
+    assert isinstance(runners["auto"].attn, TorchAttention)
+    assert isinstance(runners["triton"].attn, TritonAttention)
+    prompts = [[5, 17, 300, 2, 9, 44, 8], [7, 7, 100]]
+    (want_ids, want), (got_ids, got) = (greedy(r, prompts, 4) for r in runners.values())
+    assert got_ids == want_ids
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="CUDA"):
+        make_attention("triton", runners["auto"].kv_pool, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_graph_buffers_replay_a_decode_batch(page_size):
+    """What a decode graph runs: the forward bound at capture to the backend's static
+    buffers, which `prepare_replay` fills from the real batch (padding rows: no keys)."""
+    torch.manual_seed(3)
+    pools = [KVPool(1, 96 * page_size, KV_HEADS, HEAD_DIM, torch.float32, "cpu")
+             for _ in range(2)]  # fmt: skip
+    for a, b in zip(pools[0].k + pools[0].v, pools[1].k + pools[1].v):
+        b.copy_(a.normal_())
+    triton = TritonAttention(pools[1])
+    triton.init_graph(8, 64, page_size)
+    longer = make_batch([Chunk(s, [0]) for s in range(4)], [30, 5, 9, 40], 4, page_size=page_size)
+    triton.prepare_replay(longer, 4)  # an earlier, larger batch leaves its page table behind
+    fb = make_batch([Chunk(s, [0]) for s in range(3)], [3, 17, 0], SEQS, page_size=page_size)
+    q = torch.randn(4, Q_HEADS, HEAD_DIM)  # row 3 pads the batch to the graph's 4 rows
+    k, v = torch.randn(4, KV_HEADS, HEAD_DIM), torch.randn(4, KV_HEADS, HEAD_DIM)
+    empty = torch.zeros(5, dtype=torch.int32)
+    captured = replace(
+        fb, out_slots=torch.cat([fb.out_slots, torch.zeros(1, dtype=torch.int64)]),
+        kv_indptr=empty, kv_indices=empty[:0].long(), seq_lens=empty[:4], prefix_lens=empty[:4],
+        seq_lens_cpu=[0] * 4, prefix_lens_cpu=[0] * 4, extend_lens_cpu=[1] * 4,
+    )  # fmt: skip
+    triton.prepare_capture(captured)
+    triton.prepare_replay(fb, 4)
+    got = triton.forward(0, q, k, v, captured)  # [4, Hq, D]
+    want = attend(TorchAttention(pools[0]), 0, q[:3], k[:3], v[:3], fb)
+    torch.testing.assert_close(got[:3], want, atol=2e-5, rtol=2e-5)
+    assert not got[3].any()  # the padding row read nothing

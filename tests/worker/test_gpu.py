@@ -22,7 +22,7 @@ import torch
 from runtime import Engine, SamplingParams
 from runtime.model_config import resolve_model
 from runtime.worker.model_runner import ModelRunner
-from tests.worker.batching import Chunk, make_batch
+from tests.worker.batching import Chunk, greedy, make_batch
 
 pytestmark = pytest.mark.gpu
 DEVICE = "cuda"
@@ -73,6 +73,24 @@ def test_bf16_prefill_and_graph_decode_logits_match_hf():
             for ref in (want, exact):
                 torch.testing.assert_close(got, ref, atol=0.05 * scale, rtol=0)
                 assert (got - ref).abs().mean().item() < 0.01 * scale
+
+
+def test_torch_backend_runs_eagerly_and_matches_triton_backend():
+    """`attention_backend="torch"` on CUDA: no graphs, and the logits of the triton backend
+    (graph decode) fed the same tokens, within TF32 rounding."""
+    spec = resolve_model("dummy:tiny")
+    runners = {
+        name: ModelRunner(spec, DEVICE, torch.float32, kv_slots=1024, max_rows=8, seed=0,
+                          attention_backend=name)
+        for name in ("torch", "triton")
+    }  # fmt: skip
+    assert runners["torch"].graphs is None and runners["triton"].graphs is not None
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 1024, (n,), generator=gen).tolist() for n in (9, 40, 2)]
+    tokens, want = greedy(runners["torch"], prompts, 8)
+    _, got = greedy(runners["triton"], prompts, 8, forced=tokens)
+    scale = want.abs().max().item()
+    torch.testing.assert_close(got, want, atol=0.01 * scale, rtol=0)
 
 
 # ---------------------------------------------------------------- fp32 engine vs HF greedy

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM
 
 from runtime.model_config import resolve_model
 from runtime.worker.loader import load_model
 from runtime.worker.model_runner import ModelRunner
-from runtime.worker.models.llama import LlamaArch, rope_inv_freq
 from tests.worker.batching import Chunk, Driver
-from tests.worker.checkpoints import BASE, FAMILIES, LLAMA3_ROPE, tiny_checkpoint
+from tests.worker.checkpoints import BASE, FAMILIES, tiny_checkpoint
 
 # chunk sizes of each sequence per step: extend, extend after a prefix, then decode steps
 SCHEDULE = [[25, 10, 1, 1], [12] + [1] * 8]
@@ -26,7 +25,7 @@ def run_schedule(runner: ModelRunner, seqs: list[list[int]]) -> list[torch.Tenso
         for seq, sizes in enumerate(SCHEDULE):
             if step < len(sizes):
                 start = sum(sizes[:step])
-                chunks.append(Chunk(seq, seqs[seq][start:start + sizes[step]]))
+                chunks.append(Chunk(seq, seqs[seq][start : start + sizes[step]]))
         logits = driver.step(chunks, sample_all=True)  # [T, V]
         for chunk, part in zip(chunks, logits.split([len(c.ids) for c in chunks])):
             out[chunk.seq].append(part)
@@ -36,27 +35,18 @@ def run_schedule(runner: ModelRunner, seqs: list[list[int]]) -> list[torch.Tenso
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_matches_transformers(family, tmp_path):
     hf = tiny_checkpoint(family, tmp_path)
-    runner = ModelRunner(resolve_model(str(tmp_path)), "cpu", torch.float32, kv_slots=128,
-                         max_rows=4)
+    runner = ModelRunner(
+        resolve_model(str(tmp_path)), "cpu", torch.float32, kv_slots=128, max_rows=4
+    )
     gen = torch.Generator().manual_seed(1)
-    seqs = [torch.randint(0, BASE["vocab_size"], (sum(s),), generator=gen).tolist()
-            for s in SCHEDULE]
+    seqs = [
+        torch.randint(0, BASE["vocab_size"], (sum(s),), generator=gen).tolist() for s in SCHEDULE
+    ]
     ours = run_schedule(runner, seqs)
     with torch.no_grad():
         for seq, got in zip(seqs, ours):
             want = hf(torch.tensor([seq])).logits[0]  # [n, V]
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-
-
-def test_llama3_inv_freq_matches_transformers():
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    config = LlamaConfig(**BASE, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE)
-    arch = LlamaArch.from_hf(config)
-    want, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
-    got = rope_inv_freq(arch.rope, arch.head_dim)
-    torch.testing.assert_close(got, want, atol=0, rtol=0)
-    assert not torch.equal(got, rope_inv_freq({**arch.rope, "rope_type": "default"}, 16))
 
 
 def test_dummy_is_seeded_and_matches_transformers():
@@ -73,8 +63,10 @@ def test_dummy_is_seeded_and_matches_transformers():
     assert abs(params[qkv].std().item() - 0.02) < 0.002
     # the same weights in a transformers model give the same logits
     hf = AutoModelForCausalLM.from_config(spec.hf_config(), dtype=torch.float32).eval()
-    state = {name: params[p].narrow(0, start, rows)
-             for name, (p, start, rows) in model.checkpoint_targets().items()}
+    state = {
+        name: params[p].narrow(0, start, rows)
+        for name, (p, start, rows) in model.checkpoint_targets().items()
+    }
     hf.load_state_dict(state, strict=True)
     runner = ModelRunner(spec, "cpu", torch.float32, kv_slots=64, max_rows=2, seed=3)
     ids = torch.randint(0, 1024, (1, 19), generator=torch.Generator().manual_seed(2))

@@ -17,14 +17,14 @@ from kernels.store_kv import dequantize_ref, store_kv_ref
 from runtime.config import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.worker import model_runner
-from runtime.worker.attention import TorchAttention
+from runtime.worker.attention_torch import TorchAttention
 from runtime.worker.attention_triton import TritonAttention
 from runtime.worker.kv_pool import KVPool, kv_bytes_per_token
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.worker import Worker
 from tests.kernels.cases import DEVICE
 from tests.kernels.test_store_kv import assert_quantized_close
-from tests.worker.batching import Chunk, greedy, make_batch
+from tests.worker.batching import Chunk, attend, greedy, make_batch
 
 Q_HEADS, KV_HEADS, HEAD_DIM, SEQS = 6, 2, 48, 3
 NEW_TOKENS = 256
@@ -56,28 +56,26 @@ def test_bytes_per_token_count_scales():
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8", "int8"])
-def test_pool_store_and_gather_use_the_kernel_math(kv_dtype):
-    """`KVPool.store` equals `store_kv_ref` bit for bit; `gather` is `dequantize_ref`."""
+def test_torch_backend_stores_with_the_kernel_math(kv_dtype):
+    """The torch backend writes `store_kv_ref`'s entries bit for bit, in its layer only;
+    slots never written read as zeros."""
     gen = torch.Generator().manual_seed(0)
     pool = KVPool(2, 16, KV_HEADS, HEAD_DIM, torch.float32, "cpu", kv_dtype=kv_dtype)
-    slots = torch.tensor([3, 9, 4, 15])
+    fb = make_batch([Chunk(0, [0] * 4)], [0], 1)  # slots 1..4
+    q = torch.randn(4, Q_HEADS, HEAD_DIM, generator=gen)
     k = torch.randn(4, KV_HEADS, HEAD_DIM, generator=gen) * 5  # [T, Hkv, D]
     v = torch.randn(4, KV_HEADS, HEAD_DIM, generator=gen)
     k[1, 0] = 0  # an all-zero row keeps scale 1
-    pool.store(1, slots, k, v)
+    attend(TorchAttention(pool), 1, q, k, v, fb)
     bufs = [torch.zeros_like(pool.k[1]) for _ in range(2)]
     scales = [torch.ones_like(pool.k_scale[1]) for _ in range(2)]
-    store_kv_ref(k, v, *bufs, slots, k_scale=scales[0], v_scale=scales[1])
-    for got, want in zip((pool.k[1], pool.v[1], pool.k_scale[1], pool.v_scale[1]),
-                         (*bufs, *scales)):
+    store_kv_ref(k, v, *bufs, fb.out_slots, k_scale=scales[0], v_scale=scales[1])
+    for got, want in zip(
+        (pool.k[1], pool.v[1], pool.k_scale[1], pool.v_scale[1]), (*bufs, *scales)
+    ):
         assert torch.equal(bits(got), bits(want))
     assert not pool.k[0].float().any() and (pool.k_scale[0] == 1).all()  # layer 0 untouched
-    table = torch.tensor([[3, 0], [15, 9]])  # [2, 2], slot 0 never written
-    k_got, v_got = pool.gather(1, table, torch.float64)  # [2, 2, Hkv, D]
-    assert k_got.dtype == torch.float64 and k_got.shape == (2, 2, KV_HEADS, HEAD_DIM)
-    torch.testing.assert_close(k_got, dequantize_ref(bufs[0][table], scales[0][table]).double())
-    torch.testing.assert_close(v_got, dequantize_ref(bufs[1][table], scales[1][table]).double())
-    assert not k_got[0, 1].any()  # the padding sink reads as zeros
+    assert not dequantize_ref(pool.k[1][:1], pool.k_scale[1][:1]).any()  # the padding sink
 
 
 @pytest.mark.parametrize("kv_dtype", TRITON_KV)
@@ -86,35 +84,45 @@ def test_triton_backend_matches_torch_backend(kv_dtype, extend, prefix):
     """Both backends on a quantized pool holding the same cached prefixes: the same new
     entries (one quantization step apart at most on a GPU) and the same attention output."""
     torch.manual_seed(2)
-    pools = [KVPool(1, 96, KV_HEADS, HEAD_DIM, torch.float32, DEVICE, kv_dtype=kv_dtype)
-             for _ in range(2)]
+    pools = [
+        KVPool(1, 96, KV_HEADS, HEAD_DIM, torch.float32, DEVICE, kv_dtype=kv_dtype)
+        for _ in range(2)
+    ]
     cached = torch.arange(1, 96, device=DEVICE)
     k0 = torch.randn(95, KV_HEADS, HEAD_DIM, device=DEVICE) * 2  # [slots-1, Hkv, D]
     v0 = torch.randn(95, KV_HEADS, HEAD_DIM, device=DEVICE)
     for pool in pools:
-        pool.store(0, cached, k0, v0)
-    fb = make_batch([Chunk(s, [0] * n) for s, n in enumerate(extend)], prefix, SEQS,
-                    device=DEVICE)
+        store_kv_ref(
+            k0, v0, pool.k[0], pool.v[0], cached, k_scale=pool.k_scale[0], v_scale=pool.v_scale[0]
+        )
+    fb = make_batch([Chunk(s, [0] * n) for s, n in enumerate(extend)], prefix, SEQS, device=DEVICE)
     tokens = sum(extend)
     q = torch.randn(tokens, Q_HEADS, HEAD_DIM, device=DEVICE)
     k = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEVICE)
     v = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEVICE)
-    want = TorchAttention(pools[0]).forward(0, q, k, v, fb)
-    got = TritonAttention(pools[1]).forward(0, q, k, v, fb)
+    want = attend(TorchAttention(pools[0]), 0, q, k, v, fb)
+    got = attend(TritonAttention(pools[1]), 0, q, k, v, fb)
     # fp32 tl.dot runs in TF32 on a GPU
     tol = 2e-5 if DEVICE == "cpu" else 2e-3
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
     new, ref, ours = fb.out_slots, pools[0], pools[1]
-    for buf, scale, ref_buf, ref_scale in ((ours.k[0], ours.k_scale[0], ref.k[0], ref.k_scale[0]),
-                                           (ours.v[0], ours.v_scale[0], ref.v[0], ref.v_scale[0])):
-        assert_quantized_close(buf[new], scale[new], ref_buf[new], ref_scale[new],
-                               QUANT[kv_dtype])
+    for buf, scale, ref_buf, ref_scale in (
+        (ours.k[0], ours.k_scale[0], ref.k[0], ref.k_scale[0]),
+        (ours.v[0], ours.v_scale[0], ref.v[0], ref.v_scale[0]),
+    ):
+        assert_quantized_close(buf[new], scale[new], ref_buf[new], ref_scale[new], QUANT[kv_dtype])
 
 
 def test_worker_reports_quantized_bytes_and_sizes_by_them(monkeypatch, tmp_path):
     """The ready message carries the quantized bytes; a memory budget fits more tokens."""
-    cfg = ServerConfig(model="dummy:tiny", device="cpu", kv_dtype="fp8", kv_slots=64,
-                       max_running=2, ipc_dir=str(tmp_path))
+    cfg = ServerConfig(
+        model="dummy:tiny",
+        device="cpu",
+        kv_dtype="fp8",
+        kv_slots=64,
+        max_running=2,
+        ipc_dir=str(tmp_path),
+    )
     worker = Worker(cfg, resolve_model(cfg.model))
     assert worker.runner.kv_pool.dtype == torch.float8_e4m3fn
     # dummy:tiny: 2 layers x 2 kv heads x head_dim 32 -> 2 x 2 x 2 x (32 + 4) bytes
@@ -122,10 +130,11 @@ def test_worker_reports_quantized_bytes_and_sizes_by_them(monkeypatch, tmp_path)
     assert worker.runner.kv_pool.bytes_per_token == 288
     monkeypatch.setattr(model_runner, "CPU_KV_BUDGET", 1 << 20)  # 1 MiB of KV
     spec = resolve_model("dummy:tiny")
-    slots = {kv: ModelRunner(spec, "cpu", torch.float32, kv_slots=0, max_rows=8,
-                             kv_dtype=kv).kv_slots for kv in ("auto", "fp8", "int8")}
-    assert slots == {"auto": (1 << 20) // 1024, "fp8": (1 << 20) // 288,
-                     "int8": (1 << 20) // 288}
+    slots = {
+        kv: ModelRunner(spec, "cpu", torch.float32, kv_slots=0, max_rows=8, kv_dtype=kv).kv_slots
+        for kv in ("auto", "fp8", "int8")
+    }
+    assert slots == {"auto": (1 << 20) // 1024, "fp8": (1 << 20) // 288, "int8": (1 << 20) // 288}
 
 
 @pytest.fixture(scope="module")
@@ -144,12 +153,16 @@ def slots_for(prompts: list[list[int]]) -> int:
     return 2 * len(prompts) * (max(map(len, prompts)) + NEW_TOKENS) + 1
 
 
-@pytest.mark.parametrize("kv_dtype, max_err, min_top1, min_greedy", [
-    ("fp8", 4.0, 0.95, 0.1),
-    ("int8", 2.0, 0.96, 0.1),
-])
-def test_smollm2_quantized_kv_tracks_fp32(smollm2_reference, kv_dtype, max_err, min_top1,
-                                          min_greedy):
+@pytest.mark.parametrize(
+    "kv_dtype, max_err, min_top1, min_greedy",
+    [
+        ("fp8", 4.0, 0.95, 0.1),
+        ("int8", 2.0, 0.96, 0.1),
+    ],
+)
+def test_smollm2_quantized_kv_tracks_fp32(
+    smollm2_reference, kv_dtype, max_err, min_top1, min_greedy
+):
     """SmolLM2 on the CPU in fp32, an fp8/int8 pool against the fp32 pool: 3 prompts, each
     prefilled in two chunks, then 256 tokens (bench/results/2026-11-29-kv-quant-cpu.md).
 
@@ -164,8 +177,9 @@ def test_smollm2_quantized_kv_tracks_fp32(smollm2_reference, kv_dtype, max_err, 
     and the logit error and top-1 agreement carry the signal.
     """
     spec, prompts, ref_tokens, ref_logits = smollm2_reference
-    runner = ModelRunner(spec, "cpu", torch.float32, kv_slots=slots_for(prompts), max_rows=ROWS,
-                         kv_dtype=kv_dtype)
+    runner = ModelRunner(
+        spec, "cpu", torch.float32, kv_slots=slots_for(prompts), max_rows=ROWS, kv_dtype=kv_dtype
+    )
     got = compare(runner, prompts, ref_tokens, ref_logits, NEW_TOKENS)
     assert 0 < got["max_abs_logit_err"] <= max_err, got  # nonzero: the pool really quantizes
     assert got["top1_agreement"] >= min_top1, got
@@ -173,10 +187,13 @@ def test_smollm2_quantized_kv_tracks_fp32(smollm2_reference, kv_dtype, max_err, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kv_dtype, max_rel_err, min_top1, min_greedy", [
-    ("fp8", 0.07, 0.75, 0.03),
-    ("int8", 0.015, 0.95, 0.1),
-])
+@pytest.mark.parametrize(
+    "kv_dtype, max_rel_err, min_top1, min_greedy",
+    [
+        ("fp8", 0.07, 0.75, 0.03),
+        ("int8", 0.015, 0.95, 0.1),
+    ],
+)
 def test_dummy_quantized_kv_tracks_fp16_on_gpu(kv_dtype, max_rel_err, min_top1, min_greedy):
     """dummy:tiny in fp16 on CUDA (Triton kernels, decode through CUDA graphs), an fp8/int8
     pool against the fp16 pool: the bench's 3 random prompts, two-chunk prefill, 256 tokens.
@@ -189,8 +206,12 @@ def test_dummy_quantized_kv_tracks_fp16_on_gpu(kv_dtype, max_rel_err, min_top1, 
     """
     spec = resolve_model("dummy:tiny")
     prompts = make_prompts(spec, spec.hf_config().vocab_size)
-    runners = {kv: ModelRunner(spec, "cuda", torch.float16, kv_slots=slots_for(prompts),
-                               max_rows=ROWS, kv_dtype=kv) for kv in ("auto", kv_dtype)}
+    runners = {
+        kv: ModelRunner(
+            spec, "cuda", torch.float16, kv_slots=slots_for(prompts), max_rows=ROWS, kv_dtype=kv
+        )
+        for kv in ("auto", kv_dtype)
+    }
     assert runners[kv_dtype].graphs is not None, "CUDA graphs were not captured"
     tokens, logits = greedy(runners["auto"], prompts + prompts, NEW_TOKENS)
     n = len(prompts)

@@ -12,13 +12,13 @@ O and down row-parallel (all-reduced), the embedding and the LM head by vocabula
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.rope import ROPE_TYPES, rope_cos_sin_cache
 from runtime.worker.attention import AttentionBackend
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.models.parallel import RowParallelLinear, VocabParallelEmbedding
@@ -28,10 +28,8 @@ from runtime.worker.tp import TPGroup
 Ops = TorchOps | TritonOps
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-ROPE_TYPES = ("default", "linear", "llama3")
 # checkpoint modules cut along their output rows (dim 0) or input columns (dim 1) under TP
-COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens",
-                   "lm_head")
+COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")
 ROW_PARALLEL = ("o_proj", "down_proj")
 
 
@@ -77,59 +75,46 @@ class LlamaArch:
             raise NotImplementedError(f"hidden_act {config.hidden_act!r}; only silu")
         heads = config.num_attention_heads
         bias = bool(getattr(config, "attention_bias", False))
-        rope = dict(getattr(config, "rope_parameters", None)
-                    or getattr(config, "rope_scaling", None) or {})
+        rope = dict(
+            getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        )
         rope.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
         rope["rope_type"] = rope.get("rope_type", rope.get("type", "default"))
         if rope["rope_type"] not in ROPE_TYPES or rope.get("partial_rotary_factor", 1.0) != 1.0:
             raise NotImplementedError(f"rope {rope}; supported types: {ROPE_TYPES}")
         window = getattr(config, "sliding_window", None)
-        windowed = (kind == "mistral" or getattr(config, "use_sliding_window", False)
-                    or "sliding_attention" in (getattr(config, "layer_types", None) or []))
+        windowed = (
+            kind == "mistral"
+            or getattr(config, "use_sliding_window", False)
+            or "sliding_attention" in (getattr(config, "layer_types", None) or [])
+        )
         return cls(
-            vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size, num_layers=config.num_hidden_layers,
-            num_heads=heads, num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
             head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
             rms_norm_eps=config.rms_norm_eps,
-            qkv_bias=bias or kind == "qwen2", o_bias=bias and kind != "qwen2",
-            mlp_bias=bool(getattr(config, "mlp_bias", False)), qk_norm=kind == "qwen3",
+            qkv_bias=bias or kind == "qwen2",
+            o_bias=bias and kind != "qwen2",
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            qk_norm=kind == "qwen3",
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            rope=rope, sliding_window=window if windowed else None,
-            max_position=getattr(config, "max_position_embeddings", 4096))
-
-
-def rope_inv_freq(rope: dict, head_dim: int) -> torch.Tensor:
-    """RoPE inverse frequencies `[head_dim / 2]` float32 (on CPU, as transformers computes them)."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim  # [D/2]
-    inv_freq = 1.0 / (rope["rope_theta"] ** exponents)  # [D/2]
-    if rope["rope_type"] == "linear":
-        return inv_freq / rope["factor"]
-    if rope["rope_type"] == "llama3":
-        # long wavelengths are stretched by `factor`, short ones kept, the band between blended
-        factor, old_len = rope["factor"], rope["original_max_position_embeddings"]
-        low, high = rope["low_freq_factor"], rope["high_freq_factor"]
-        wavelen = 2 * math.pi / inv_freq  # [D/2]
-        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)  # [D/2]
-        smooth = (old_len / wavelen - low) / (high - low)  # [D/2]
-        blended = (1 - smooth) * scaled / factor + smooth * scaled  # [D/2]
-        in_band = (wavelen >= old_len / high) & (wavelen <= old_len / low)  # [D/2]
-        return torch.where(in_band, blended, scaled)
-    return inv_freq
+            rope=rope,
+            sliding_window=window if windowed else None,
+            max_position=getattr(config, "max_position_embeddings", 4096),
+        )
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm with fp32 statistics and the scale applied in the input dtype (as transformers)."""
+    """The weight and epsilon of one RMSNorm; the model applies it with `ops.rmsnorm`."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()  # [..., dim]
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)  # [..., dim]
-        return self.weight * xf.to(x.dtype)
 
 
 class LlamaAttention(nn.Module):
@@ -148,15 +133,17 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
         self.qk_norm = arch.qk_norm
 
-    def forward(self, x: torch.Tensor, ops: Ops, fb: ForwardBatch,
-                attn: AttentionBackend) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, ops: Ops, fb: ForwardBatch, attn: AttentionBackend
+    ) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)  # [T, Hq*D], [T, Hkv*D] x2
         q = q.reshape(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+        if self.qk_norm:  # per head, over head_dim
+            q = ops.rmsnorm(q, self.q_norm.weight, self.q_norm.eps)  # [T, Hq, D]
+            k = ops.rmsnorm(k, self.k_norm.weight, self.k_norm.eps)  # [T, Hkv, D]
         q, k = ops.rope(q, k, fb.positions)
         out = attn.forward(self.layer_id, q, k, v, fb)  # [T, Hq, D]
         return self.o_proj(out.reshape(tokens, -1))  # [T, hidden]
@@ -181,8 +168,14 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp = LlamaMLP(arch, tp)
 
-    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, ops: Ops,
-                fb: ForwardBatch, attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        ops: Ops,
+        fb: ForwardBatch,
+        attn: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's MLP output, the residual stream before it): [T, hidden] each."""
         norm = self.input_layernorm
         if residual is None:
@@ -200,8 +193,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.arch = arch
         self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, tp)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(arch, i, tp)
-                                    for i in range(arch.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(arch, i, tp) for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.ops: Ops | None = None  # set by init_buffers once the device is known
 
@@ -223,8 +215,9 @@ class LlamaForCausalLM(nn.Module):
         self.tp = tp = tp or TPGroup()
         self.model = LlamaModel(arch, tp)
         if not arch.tie_word_embeddings:
-            self.lm_head = nn.Linear(arch.hidden_size, tp.shard(arch.vocab_size, "the vocabulary"),
-                                     bias=False)
+            self.lm_head = nn.Linear(
+                arch.hidden_size, tp.shard(arch.vocab_size, "the vocabulary"), bias=False
+            )
 
     def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Final-normed hidden states of every new token: [T, hidden]."""
@@ -239,13 +232,11 @@ class LlamaForCausalLM(nn.Module):
     def init_buffers(self) -> None:
         """Fill non-persistent buffers (RoPE) after the model left the meta device."""
         device = self.model.embed_tokens.weight.device
-        inv_freq = rope_inv_freq(self.arch.rope, self.arch.head_dim).to(device)  # [D/2] fp32
-        if device.type == "cuda":
-            pos = torch.arange(self.arch.max_position, dtype=torch.float32, device=device)
-            freqs = torch.outer(pos, inv_freq)  # [max_pos, D/2]
-            self.model.ops = TritonOps(torch.cat([freqs.cos(), freqs.sin()], dim=-1))
-        else:
-            self.model.ops = TorchOps(inv_freq)
+        a = self.arch
+        cache = rope_cos_sin_cache(
+            a.head_dim, a.max_position, a.rope["rope_theta"], a.rope, device
+        )  # [max_pos, D] fp32
+        self.model.ops = TritonOps(cache) if device.type == "cuda" else TorchOps(cache)
 
     def checkpoint_targets(self) -> dict[str, tuple[str, int, int]]:
         """Every tensor a transformers checkpoint must provide, by its name there:
@@ -254,8 +245,10 @@ class LlamaForCausalLM(nn.Module):
         a, attn = self.arch, self.model.layers[0].self_attn
         q, kv = attn.num_heads * a.head_dim, attn.num_kv_heads * a.head_dim
         inter = self.model.layers[0].mlp.down_proj.weight.shape[1]
-        fused = {"qkv_proj": [("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)],
-                 "gate_up_proj": [("gate_proj", 0, inter), ("up_proj", inter, inter)]}
+        fused = {
+            "qkv_proj": [("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)],
+            "gate_up_proj": [("gate_proj", 0, inter), ("up_proj", inter, inter)],
+        }
         targets: dict[str, tuple[str, int, int]] = {}
         for name, param in self.named_parameters():
             *parent, module, leaf = name.split(".")
