@@ -80,6 +80,9 @@ class ServerConfig:
     """CPU threads torch may use per process; 0: torch's default."""
     tp: int = 1
     """Tensor-parallel worker processes (one GPU each on CUDA, gloo on the CPU)."""
+    grammar_cache_size: int = 64
+    """Compiled regexes each worker keeps (least recently used evicted first; a large one
+    takes a few MB); a request with a regex not kept waits for its compile."""
     cuda_graph: bool = True
     """Capture decode CUDA graphs at start-up (GPU only)."""
     log_level: str = "info"
@@ -124,7 +127,7 @@ class ServerConfig:
         self._check_kv()
         if self.chunk_size < 0:
             raise ConfigError(f"chunk_size must be >= 0 (0: auto), got {self.chunk_size}")
-        for name in ("max_running", "max_queue", "tp"):
+        for name in ("max_running", "max_queue", "tp", "grammar_cache_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.schedule_conservativeness < 0:
