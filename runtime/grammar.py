@@ -6,9 +6,9 @@ tokens that keep the text a prefix of a match. Parsing alone is cheap and catche
 syntax error, so the api checks regexes with `check_regex` before a request is queued.
 
 Compiling is not cheap: from a few ms to seconds for a new regex on SmolLM2's 49k
-vocabulary (`[A-Za-z ]{1,200}[.]` takes about 2 s and 3 MB). It runs ahead of the step
-that needs it, on `RegexCompiler`'s background thread in every worker (the TP ranks
-each need their own), which xgrammar releases the GIL on, so steps go on meanwhile:
+vocabulary (`[A-Za-z ]{1,200}[.]` takes about 2 s on a CPU core and 3 MB). It runs ahead
+of the step that needs it, on `RegexCompiler`'s background thread in every worker (each
+TP rank needs its own); xgrammar releases the GIL meanwhile, so steps go on:
 
   1. a request with a regex the workers lack waits in the scheduler (`GrammarGate`),
      which sends a `RegexCacheUpdate` asking every rank to compile it;
@@ -18,13 +18,15 @@ each need their own), which xgrammar releases the GIL on, so steps go on meanwhi
   3. the admitted row's matcher is built from the ready grammar: no step waits.
 
 The alternative, compiling in the scheduler and shipping `CompiledGrammar.serialize_json`
-with the row, costs more than it saves: the JSON of a 110 ms grammar is about 1 MB per
-rank, takes 45 ms to write and 20 ms to read back, and that read would land on the
-worker's step loop. The scheduler owns the cache's LRU order and size bound
-(`--grammar-cache-size`) and tells the workers what to evict, so it always knows which
-regexes a row can use at once; a live row keeps its matcher (and grammar) after an
-eviction.
+with the row, costs more than it saves: the JSON of a grammar that compiles in 110 ms is
+about 1 MB per rank and takes 45 ms to write and 20 ms to read back, and that read would
+land on the worker's step loop (or need the same readiness protocol to avoid it).
+
+The scheduler owns the cache's LRU order and size bound (`--grammar-cache-size`) and
+tells the workers what to evict, so it always knows which regexes a row can use at
+once; a live row keeps its matcher (and grammar) after an eviction.
 """
+
 from __future__ import annotations
 
 import os
@@ -91,11 +93,13 @@ class RegexCompiler:
 
             tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
             info = xgrammar.TokenizerInfo.from_huggingface(
-                tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_ids)
+                tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_ids
+            )
             threads = min(4, os.cpu_count() or 1)
             # no cache of xgrammar's own: ours is the only one, bounded by the scheduler
-            self._compiler = xgrammar.GrammarCompiler(info, max_threads=threads,
-                                                      cache_enabled=False)
+            self._compiler = xgrammar.GrammarCompiler(
+                info, max_threads=threads, cache_enabled=False
+            )
         return self._compiler.compile_regex(regex)
 
     def close(self) -> None:

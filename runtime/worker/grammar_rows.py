@@ -61,8 +61,13 @@ class GrammarRows:
     """Regex matchers of the constrained rows; `compiler` is None for models without a
     tokenizer (the api refuses regexes for them)."""
 
-    def __init__(self, compiler: RegexCompiler | None, vocab_size: int, stop_ids: list[int],
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        compiler: RegexCompiler | None,
+        vocab_size: int,
+        stop_ids: list[int],
+        device: torch.device,
+    ) -> None:
         self.compiler = compiler
         self.vocab_size = vocab_size
         self.device = device
@@ -123,7 +128,7 @@ class GrammarRows:
         if self.device.type == "cuda":
             bitmask = bitmask.pin_memory().to(self.device, non_blocking=True)
         bits = (bitmask[:, :, None] >> self._shifts) & 1  # [S, W, 32], token 32w+b at (w, b)
-        return bits.bool().reshape(len(rows), -1)[:, :self.vocab_size]  # [S, V]
+        return bits.bool().reshape(len(rows), -1)[:, : self.vocab_size]  # [S, V]
 
     def advance(self, rows: Sequence[int], ids: torch.Tensor) -> None:
         """Feed the tokens just sampled for `rows` ([S]) to their matchers."""

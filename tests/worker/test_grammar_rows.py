@@ -117,7 +117,8 @@ def test_eviction_leaves_a_live_row_working(smollm2):
     compiler = RegexCompiler(spec.tokenizer_path, vocab, eos)
     g = GrammarRows(compiler, vocab, eos, torch.device("cpu"))
     try:
-        assert prepare_and_wait(g, DATE) is None and len(compiler) == 1
+        assert prepare_and_wait(g, DATE) is None
+        assert len(compiler) == 1
         g.init_row(2, DATE, ids_of(tokenizer, "2024-"))
         g.evict([DATE])
         gc.collect()
