@@ -87,6 +87,9 @@ class ServerConfig:
     """The attention kernels: `triton` (GPU; on the CPU only under TRITON_INTERPRET=1),
     `torch` (the kernels' torch references; no CUDA graphs), or `auto` (triton on a GPU,
     torch on the CPU)."""
+    grammar_cache_size: int = 64
+    """Compiled regexes each worker keeps (least recently used evicted first; a large one
+    takes a few MB); a request with a regex not kept waits for its compile."""
     cuda_graph: bool = True
     """Capture decode CUDA graphs at start-up (GPU, triton attention only)."""
     log_level: str = "info"
@@ -134,7 +137,7 @@ class ServerConfig:
         self._check_kv()
         if self.chunk_size < 0:
             raise ConfigError(f"chunk_size must be >= 0 (0: auto), got {self.chunk_size}")
-        for name in ("max_running", "max_queue", "tp"):
+        for name in ("max_running", "max_queue", "tp", "grammar_cache_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.schedule_conservativeness < 0:

@@ -3,8 +3,9 @@
 Channels (each a tagged union, decoded by `runtime.ipc`):
   api -> scheduler      `SchedulerInput`  = GenerateReq | AbortReq | FinishReq | GetStats | Shutdown
   scheduler -> api      `ApiInput`        = BatchOut | SchedulerStats | ProcessDied | Limits
-  scheduler -> worker   `WorkerInput`     = BatchPlan | Shutdown
+  scheduler -> worker   `WorkerInput`     = BatchPlan | RegexCacheUpdate | Shutdown
   worker -> scheduler   `WorkerOutput`    = StepResult | WorkerReady | WorkerFailed
+                                            | RegexCompiled
   any -> supervisor     `Ready`
   RPC client <-> api    `RpcInput` = RpcGenerate | RpcAbort | RpcGetModelInfo ;
                         `RpcOutput` = RequestOutput | RpcBatch | RpcError | RpcModelInfo
@@ -250,6 +251,15 @@ class BatchPlan(msgspec.Struct, **_WIRE):
     input_logprobs: list[tuple[int, int, list[int]]] = []
 
 
+class RegexCacheUpdate(msgspec.Struct, **_WIRE):
+    """Change the workers' compiled-regex cache (every TP rank): drop the regexes of
+    `evict`, then start compiling those of `compile`; each rank answers every regex of
+    `compile` with one `RegexCompiled`, once it is ready or has failed."""
+
+    compile: list[str] = []
+    evict: list[str] = []
+
+
 # ---------------------------------------------------------------- worker -> scheduler
 class WorkerReady(msgspec.Struct, **_WIRE):
     kv_slots: int
@@ -269,6 +279,15 @@ class StepResult(msgspec.Struct, **_WIRE):
 class WorkerFailed(msgspec.Struct, **_WIRE):
     batch_id: int
     error: str
+
+
+class RegexCompiled(msgspec.Struct, **_WIRE):
+    """TP rank `rank` finished compiling `regex` (a `RegexCacheUpdate.compile` entry):
+    a row may now use it without waiting, or, with `error`, it failed."""
+
+    regex: str
+    rank: int = 0
+    error: str | None = None
 
 
 # ---------------------------------------------------------------- readiness
@@ -378,7 +397,7 @@ class ModelInfo(msgspec.Struct, kw_only=True):
 
 SchedulerInput = GenerateReq | AbortReq | FinishReq | GetStats | Shutdown
 ApiInput = BatchOut | SchedulerStats | ProcessDied | Limits
-WorkerInput = BatchPlan | Shutdown
-WorkerOutput = StepResult | WorkerReady | WorkerFailed
+WorkerInput = BatchPlan | RegexCacheUpdate | Shutdown
+WorkerOutput = StepResult | WorkerReady | WorkerFailed | RegexCompiled
 RpcInput = RpcGenerate | RpcAbort | RpcGetModelInfo
 RpcOutput = RequestOutput | RpcBatch | RpcError | RpcModelInfo

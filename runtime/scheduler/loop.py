@@ -3,6 +3,8 @@
 With overlap, up to two batches are in flight: while the worker runs batch N the loop
 has already planned and sent N+1 (its decode inputs refer to N's samples by placeholder),
 and only then waits for N's result. Without overlap the same loop keeps one in flight.
+Regex compiles the scheduler asks for go out before the plans that may need them; their
+reports arrive on the results socket, so an idle loop wakes for them too.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from runtime.messages import (
     GetStats,
     Limits,
     Ready,
+    RegexCompiled,
     SchedulerInput,
     SchedulerStats,
     Shutdown,
@@ -33,6 +36,7 @@ from runtime.messages import (
 )
 from runtime.model_config import resolve_model
 from runtime.procutil import error_text, exit_with_parent, setup_logging
+from runtime.scheduler.grammar_gate import GrammarGate
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.kv_study import build_study_kv
 from runtime.scheduler.paged_kv import PagedKV
@@ -68,6 +72,7 @@ def build_scheduler(cfg: ServerConfig, ready: WorkerReady, max_context: int) -> 
                       degrade_max_running=cfg.degrade_max_running)
     sched.adder = PrefillAdder(init_ratio=0.7 * cfg.schedule_conservativeness,
                                min_ratio=0.1 * cfg.schedule_conservativeness)
+    sched.grammars = GrammarGate(cfg.grammar_cache_size, cfg.tp)
     return sched
 
 
@@ -88,7 +93,7 @@ def stats(sched: Scheduler, token: int) -> SchedulerStats:
             error = str(exc) or "allocator invariant violated"
     kv = sched.kv.stats()
     return SchedulerStats(
-        token=token, running=len(sched.running), waiting=len(sched.waiting),
+        token=token, running=len(sched.running), waiting=sched.num_waiting,
         kv_total=kv.total, kv_free=kv.free, kv_cached=kv.cached, kv_used=kv.used,
         kv_held=kv.live, num_steps=sched.num_steps, num_retractions=sched.num_retractions,
         prefix_hit_tokens=kv.prefix_hit_tokens, prefix_query_tokens=kv.prefix_query_tokens,
@@ -139,11 +144,15 @@ def run_scheduler(cfg: ServerConfig) -> None:
             elif isinstance(msg, Shutdown):
                 to_workers.put(Shutdown())
                 return
+        if update := sched.take_regex_update():
+            to_workers.put(update)
         while sched.can_plan():
             plan = sched.plan()
             if plan is None:
                 break
             to_workers.put(plan)
+        if update := sched.take_regex_update():  # a retraction may need a compile
+            to_workers.put(update)
         if outs := sched.take_outputs():
             to_api.put(BatchOut(outs))
         # block until a result or a request arrives; no busy polling
@@ -155,6 +164,8 @@ def run_scheduler(cfg: ServerConfig) -> None:
             elif isinstance(res, WorkerFailed):
                 log.error("worker failed batch %d: %s", res.batch_id, res.error)
                 sched.fail_in_flight(res.error)
+            elif isinstance(res, RegexCompiled):
+                sched.on_regex_compiled(res)
             if CHECK_INVARIANTS and not sched.in_flight:
                 sched.check_invariants()
             if outs := sched.take_outputs():

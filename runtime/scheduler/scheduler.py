@@ -2,7 +2,9 @@
 
 Pure state machine, no sockets: `add`/`abort`/`finish` take requests, `plan` builds the next step,
 `on_result` consumes the oldest step's sampled tokens, `take_outputs` drains what the api
-must stream. The process loop (`loop.py`) and in-process tests drive it the same way.
+must stream. A request with a regex waits in `grammars` until the workers compiled it:
+`take_regex_update` says what they must compile, `on_regex_compiled` takes their answers.
+The process loop (`loop.py`) and in-process tests drive it the same way.
 """
 
 from __future__ import annotations
@@ -12,8 +14,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from runtime.messages import BatchPlan, FinishReason, GenerateReq, ReqOut, StepResult
+from runtime.messages import (
+    BatchPlan,
+    FinishReason,
+    GenerateReq,
+    RegexCacheUpdate,
+    RegexCompiled,
+    ReqOut,
+    StepResult,
+)
 from runtime.scheduler.batch import Batch
+from runtime.scheduler.grammar_gate import GrammarGate
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.policy import PrefillAdder, retract_order
 from runtime.scheduler.req import Req, ReqStatus
@@ -46,6 +57,7 @@ class Scheduler:
         self.next_batch_id = 0
         self.completed_batch_id = -1
         self.adder = PrefillAdder()
+        self.grammars = GrammarGate()
         self.num_retractions = 0
         self.num_steps = 0
 
@@ -67,7 +79,8 @@ class Scheduler:
         if self.degraded:
             req.params.max_tokens = min(req.params.max_tokens, self.degrade_max_tokens)
         self.reqs[req.rid] = req
-        self.waiting.append(req)  # max_tokens == 0 too: prefill only (cache, input logprobs)
+        if self.grammars.admissible(req):
+            self.waiting.append(req)  # max_tokens == 0 too: prefill only (cache, input logprobs)
 
     def abort(self, rid: str, reason: FinishReason = FinishReason.ABORT) -> None:
         """End a request now with `reason` (ABORT, or ERROR: its KV is not cached); the
@@ -84,7 +97,8 @@ class Scheduler:
         if req is None or req.finished:
             return
         if req.status is ReqStatus.WAITING:
-            self.waiting.remove(req)
+            if not self.grammars.release(req):
+                self.waiting.remove(req)
             if req.row is not None:  # never the case: waiting requests hold no KV
                 self.kv.release(req, cache=False)
             req.finish(reason, silent=silent)
@@ -95,11 +109,34 @@ class Scheduler:
         self._emit(req)
         self._finish_running(req)
 
+    # ------------------------------------------------------------------ regexes
+    def take_regex_update(self) -> RegexCacheUpdate | None:
+        """What every worker must compile or evict now (None: nothing); send it before
+        the next plan."""
+        return self.grammars.take_update(self.waiting)
+
+    def on_regex_compiled(self, msg: RegexCompiled) -> None:
+        """A worker's report of a compile: once every rank has one, the requests waiting
+        for that regex join the queue, or finish with the compiler's error."""
+        released, error = self.grammars.on_compiled(msg)
+        for req in released:
+            if error is None:
+                self.waiting.append(req)
+                continue
+            req.finish(FinishReason.ERROR)
+            self._emit(req, error=error)
+            self._drop(req)
+
     # ------------------------------------------------------------------ load
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting for admission, their regex's compile included."""
+        return len(self.waiting) + len(self.grammars.held)
+
     @property
     def degraded(self) -> bool:
         """Overloaded: requests arriving now get max_tokens capped, the batch size is capped."""
-        return 0 < self.degrade_waiting <= len(self.waiting)
+        return 0 < self.degrade_waiting <= self.num_waiting
 
     @property
     def max_running(self) -> int:
@@ -186,7 +223,8 @@ class Scheduler:
         self.kv.release(req, cache=False)
         self.running.remove(req)
         req.retract()
-        self.waiting.insert(0, req)
+        if self.grammars.admissible(req):  # its regex may have left the cache meanwhile
+            self.waiting.insert(0, req)
         self.num_retractions += 1
         self.adder.on_retract()
 

@@ -10,50 +10,47 @@ a constrained row (unconstrained steps never sync). When a match is complete and
 nothing may follow, the mask allows only the stop tokens (EOS), which ends the request.
 
 A row's matcher is built from its RowInit (on admission and on re-admission after a
-retraction, replaying the outputs so far). Compilation runs on `RegexCompiler`'s
-thread while the prompt is prefilled; only a first step that outruns it waits.
+retraction, replaying the outputs so far), from a grammar `prepare` compiled ahead: the
+scheduler admits a constrained request only once every worker reports its regex ready
+(see `runtime.grammar`), so the step never waits. A row whose regex was not prepared
+(only a caller that skips the scheduler) waits for the compile, counted in
+`compile_waits`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 import numpy as np
 import torch
 
-from runtime.grammar import RegexCompiler
+from runtime.grammar import RegexCompiler, error_message
 
 log = logging.getLogger(__name__)
 
+NO_TOKENIZER = "regex constraints need the model's tokenizer"
+
 
 class _RowMatcher:
-    """One row's matcher, created once its grammar is compiled, replaying `replay` first."""
+    """One row's matcher, built from its compiled grammar and fed `replay` first; None
+    when the compile failed (the row may then only stop)."""
 
     def __init__(self, compiled: Future, replay: list[int]) -> None:
-        self._compiled = compiled
-        self._replay = replay
-        self._matcher = None
-        self.failed = False
+        import xgrammar
 
-    def get(self):
-        """The xgrammar GrammarMatcher (waits for compilation), or None if that failed."""
-        if self._matcher is None and not self.failed:
-            import xgrammar
-
-            try:
-                self._matcher = xgrammar.GrammarMatcher(self._compiled.result())
-            except Exception:
-                log.exception("regex compilation failed; the row may only stop")
-                self.failed = True
-                return None
-            for tok in self._replay:
-                self.accept(tok)
-        return self._matcher
+        self.matcher = None
+        try:
+            self.matcher = xgrammar.GrammarMatcher(compiled.result())
+        except Exception:
+            log.exception("regex compilation failed; the row may only stop")
+        for tok in replay:
+            self.accept(tok)
 
     def accept(self, token: int) -> None:
-        m = self.get()
+        m = self.matcher
         if m is None or m.is_terminated():
             return  # a token sampled after the end (discarded by the scheduler)
         if not m.accept_token(token):
@@ -64,18 +61,41 @@ class GrammarRows:
     """Regex matchers of the constrained rows; `compiler` is None for models without a
     tokenizer (the api refuses regexes for them)."""
 
-    def __init__(self, compiler: RegexCompiler | None, vocab_size: int, stop_ids: list[int],
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        compiler: RegexCompiler | None,
+        vocab_size: int,
+        stop_ids: list[int],
+        device: torch.device,
+    ) -> None:
         self.compiler = compiler
         self.vocab_size = vocab_size
         self.device = device
         self.words = (vocab_size + 31) // 32
         self.rows: dict[int, _RowMatcher] = {}
+        self.compile_waits = 0  # rows bound before their regex was compiled: a stalled step
         stop = np.zeros(self.words, dtype=np.uint32)
         for t in stop_ids:
             stop[t // 32] |= np.uint32(1 << (t % 32))
         self._stop_only = torch.from_numpy(stop.view(np.int32))  # [W] int32 bitmask
         self._shifts = torch.arange(32, dtype=torch.int32, device=device)  # [32]
+
+    def prepare(self, regexes: Sequence[str], notify: Callable[[str, str | None], None]) -> None:
+        """Start compiling `regexes` (those not held yet) without waiting; `notify(regex,
+        error)` is called once per regex when it is ready (`error` None) or has failed,
+        from the compile thread."""
+        for regex in regexes:
+            if self.compiler is None:
+                notify(regex, NO_TOKENIZER)
+                continue
+            fut = self.compiler.submit(regex)
+            fut.add_done_callback(functools.partial(_report, regex, notify))
+
+    def evict(self, regexes: Sequence[str]) -> None:
+        """Drop `regexes` from the compiled cache; rows bound to them keep their matchers."""
+        if self.compiler is not None:
+            for regex in regexes:
+                self.compiler.evict(regex)
 
     def init_row(self, row: int, regex: str | None, output_ids: list[int]) -> None:
         """Bind `row` to a new request: a fresh matcher for `regex` (fed `output_ids`)."""
@@ -83,8 +103,12 @@ class GrammarRows:
         if regex is None:
             return
         if self.compiler is None:
-            raise ValueError("regex constraints need the model's tokenizer")
-        self.rows[row] = _RowMatcher(self.compiler.submit(regex), list(output_ids))
+            raise ValueError(NO_TOKENIZER)
+        compiled = self.compiler.submit(regex)
+        if not compiled.done():
+            self.compile_waits += 1
+            log.warning("regex %r was not compiled ahead: this step waits for it", regex)
+        self.rows[row] = _RowMatcher(compiled, list(output_ids))
 
     def allowed(self, rows: Sequence[int]) -> torch.Tensor | None:
         """Tokens each of `rows` may sample: [S, V] bool on the device, or None when no
@@ -96,7 +120,7 @@ class GrammarRows:
             return None
         bitmask = torch.full((len(rows), self.words), -1, dtype=torch.int32)  # [S, W]
         for i, rm in constrained:
-            m = rm.get()
+            m = rm.matcher
             if m is None or m.is_terminated():
                 bitmask[i] = self._stop_only
             else:
@@ -104,7 +128,7 @@ class GrammarRows:
         if self.device.type == "cuda":
             bitmask = bitmask.pin_memory().to(self.device, non_blocking=True)
         bits = (bitmask[:, :, None] >> self._shifts) & 1  # [S, W, 32], token 32w+b at (w, b)
-        return bits.bool().reshape(len(rows), -1)[:, :self.vocab_size]  # [S, V]
+        return bits.bool().reshape(len(rows), -1)[:, : self.vocab_size]  # [S, V]
 
     def advance(self, rows: Sequence[int], ids: torch.Tensor) -> None:
         """Feed the tokens just sampled for `rows` ([S]) to their matchers."""
@@ -118,3 +142,13 @@ class GrammarRows:
     def close(self) -> None:
         if self.compiler is not None:
             self.compiler.close()
+
+
+def _report(regex: str, notify: Callable[[str, str | None], None], compiled: Future) -> None:
+    if compiled.cancelled():
+        return  # the worker is shutting down
+    error = compiled.exception()
+    if error is None:
+        notify(regex, None)
+    else:
+        notify(regex, f"regex compilation failed: {error_message(error)}")

@@ -7,6 +7,10 @@ the sampled ids (and any input logprobs) to pinned host memory without blocking;
 sender thread waits on that event and sends the StepResult. On the CPU the event is a
 no-op and the same code path runs synchronously.
 
+Nor does it wait for a regex compile: the scheduler asks for one ahead
+(`RegexCacheUpdate`), a background thread compiles it, and the sender thread reports it
+done (`RegexCompiled`, from every rank, since each needs the grammar).
+
 With `--tp N` there are N worker processes (`worker_targets`). The scheduler sends every
 plan to each; they run it in lockstep (the collectives inside the model pair them up),
 sample the same ids from the same whole logits, and only rank 0 reports results.
@@ -32,6 +36,8 @@ from runtime.ipc import PullQueue, PushQueue
 from runtime.messages import (
     BatchPlan,
     Ready,
+    RegexCacheUpdate,
+    RegexCompiled,
     RowInit,
     SamplingParams,
     Shutdown,
@@ -208,10 +214,11 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     return host
 
 
-def _send_results(out: PushQueue | None, pending: queue.Queue,
-                  timer: StepTimer | None) -> None:
-    """Sender thread: wait for each launched batch in order and send its result (to
-    nowhere on TP ranks other than 0: they only wait, so their buffers retire in order)."""
+def _send_results(out: PushQueue, pending: queue.Queue, timer: StepTimer | None,
+                  report_steps: bool) -> None:
+    """Sender thread: wait for each launched batch in order and send its result, and
+    send each `RegexCompiled` queued by the compile thread. Only rank 0 reports steps
+    (`report_steps`): the other ranks only wait, so their buffers retire in order."""
     while True:
         item = pending.get()
         if item is None:
@@ -221,7 +228,7 @@ def _send_results(out: PushQueue | None, pending: queue.Queue,
             if item.timing is not None:  # the batch completed: its marks can be read
                 timer.log(item.batch_id, item.timing)
             item = result
-        if out is not None:
+        if report_steps or isinstance(item, RegexCompiled):
             out.put(item)
 
 
@@ -241,7 +248,7 @@ def run_worker(cfg: ServerConfig, rank: int = 0) -> None:
     log = setup_logging(name, cfg.log_level)
     ctx = zmq.Context()
     inbox: PullQueue = PullQueue(ctx, cfg.worker_channel(rank), WorkerInput, bind=True)
-    out: PushQueue | None = PushQueue(ctx, cfg.ipc("sched_res")) if rank == 0 else None
+    out: PushQueue = PushQueue(ctx, cfg.ipc("sched_res"))
     ready: PushQueue = PushQueue(ctx, cfg.ipc("ready"))
     try:
         worker = Worker(cfg, resolve_model(cfg.model), rank)
@@ -251,20 +258,25 @@ def run_worker(cfg: ServerConfig, rank: int = 0) -> None:
         log.exception("%s failed to start", name)
         ready.put(Ready(name, error=error_text(exc)))
         sys.exit(1)
-    if out is not None:
+    if rank == 0:
         out.put(worker.ready_message())
     log.info("model %s on %s (TP rank %d of %d), KV pool %d tokens of %s (%d bytes/token "
              "on this rank)", cfg.model, worker.device, rank, cfg.tp, worker.runner.kv_slots,
              worker.runner.kv_pool.dtype, worker.runner.kv_bytes_per_token)
     ready.put(Ready(name))
     pending: queue.Queue = queue.Queue()
-    sender = threading.Thread(target=_send_results, args=(out, pending, worker.timer),
-                              daemon=True)
+    sender = threading.Thread(target=_send_results,
+                              args=(out, pending, worker.timer, rank == 0), daemon=True)
     sender.start()
+    compiled = lambda regex, error: pending.put(RegexCompiled(regex, rank, error))
     while True:
         msg = inbox.get()
         if isinstance(msg, Shutdown):
             break
+        if isinstance(msg, RegexCacheUpdate):
+            worker.grammar.evict(msg.evict)
+            worker.grammar.prepare(msg.compile, compiled)
+            continue
         try:
             pending.put(worker.launch(msg))
         except Exception as exc:

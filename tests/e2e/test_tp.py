@@ -7,11 +7,14 @@ at start-up with a message that says so.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from runtime import Engine, SamplingParams
 from runtime.process_group import StartupError
 from tests.e2e.hf_reference import PROMPTS, HFReference, assert_matches
+from tests.e2e.test_engine_api import wait_idle
 
 MAX_TOKENS = 16
 SUBSET = [PROMPTS[i] for i in (0, 1, 3, 6, 7, 13, 15)]  # shared prefixes, a long prompt
@@ -33,6 +36,22 @@ def test_tp3_equals_tp1_and_hf(overlap):
     for prompt, ids in zip(SUBSET, split, strict=True):
         ref, gaps = hf.greedy(hf.tokenizer.encode(prompt), MAX_TOKENS)
         assert_matches(ids, ref, gaps, repr(prompt[:40]))
+
+
+def test_tp3_regexes_are_compiled_by_every_rank_and_evicted_across_processes():
+    """Each rank compiles a new regex and reports it; the scheduler admits the request
+    only once all three did. A cache of one regex evicts on every change of regex."""
+    date, number = r"\d{4}-\d{2}-\d{2}", r"[1-9]\d{0,3}"
+    with Engine(model="smollm2", tp=3, chunk_size=64, torch_threads=1,
+                grammar_cache_size=1) as eng:
+        for prompt, regex in [("Today's date is ", date), ("A number: ", number),
+                              ("Tomorrow's date is ", date)]:
+            outs = eng.generate([prompt, prompt + "an "],
+                                SamplingParams(max_tokens=16, temperature=0.0, regex=regex))
+            for out in outs:
+                assert out.finish_reason == "stop" and re.fullmatch(regex, out.text), out
+        stats = wait_idle(eng)  # a batch planned past the EOS may still be in flight
+    assert stats.invariant_error is None and stats.kv_used == 0 and stats.waiting == 0
 
 
 def test_tp_that_does_not_divide_the_heads_fails_clearly():

@@ -124,7 +124,7 @@ def test_a_stop_string_finish_caches_its_kv_and_an_api_error_does_not():
             s.abort("failed", reason=FinishReason.ERROR)  # the api could not detokenize
     drive(sched, worker, on_step=on_step)
     assert outs["stopped"]["reason"] is None and outs["failed"]["reason"] == FinishReason.ERROR
-    assert not sched.reqs and sched.kv.available() == sched.kv.total
+    assert not sched.reqs and sched.kv.stats().used == 0
     again = {}
     for rid, token in (("stopped-again", 3), ("failed-again", 4)):
         sched.add(make_req(rid, [token] * 40, 1))

@@ -1,7 +1,10 @@
-"""Regex masks on the worker: per-row matchers, replay on re-admission, the sampler's mask."""
+"""Regex masks on the worker: per-row matchers, replay on re-admission, the sampler's mask,
+compiles ahead of the step and eviction from the compiled cache."""
 
 from __future__ import annotations
 
+import gc
+import queue
 import re
 
 import pytest
@@ -85,3 +88,58 @@ def test_sampler_draws_only_allowed_tokens():
         # logprobs stay those of the raw distribution
         assert torch.allclose(lps, torch.log_softmax(logits, -1).gather(1, ids[:, None])[:, 0])
     assert seen <= {5, 17, 40} and len(seen) > 1
+
+
+def prepare_and_wait(g: GrammarRows, regex: str) -> str | None:
+    """Ask `g` to compile `regex` ahead; the error its report carries (None: ready)."""
+    reports: queue.SimpleQueue = queue.SimpleQueue()
+    g.prepare([regex], lambda rx, error: reports.put((rx, error)))
+    rx, error = reports.get(timeout=120)
+    assert rx == regex
+    return error
+
+
+def test_a_row_bound_to_a_prepared_regex_never_waits_for_a_compile(smollm2):
+    tokenizer, *_ = smollm2
+    g = rows_for(smollm2)
+    g.init_row(0, r"[a-z]{3}-\d{5}", [])  # not prepared: this step waits for the compile
+    assert g.compile_waits == 1
+    assert prepare_and_wait(g, r"[a-z]{2}_\d{6}") is None
+    g.init_row(1, r"[a-z]{2}_\d{6}", [])
+    assert g.compile_waits == 1
+    first = allowed_texts(tokenizer, g.allowed([1])[0])
+    assert first and all(re.fullmatch(r"[a-z]{1,2}", t) for t in first), first
+
+
+def test_eviction_leaves_a_live_row_working(smollm2):
+    tokenizer, vocab, eos, _ = smollm2
+    spec = resolve_model("smollm2")
+    compiler = RegexCompiler(spec.tokenizer_path, vocab, eos)
+    g = GrammarRows(compiler, vocab, eos, torch.device("cpu"))
+    try:
+        assert prepare_and_wait(g, DATE) is None
+        assert len(compiler) == 1
+        g.init_row(2, DATE, ids_of(tokenizer, "2024-"))
+        g.evict([DATE])
+        gc.collect()
+        assert len(compiler) == 0 and g.compile_waits == 0
+        for tok in ids_of(tokenizer, "01-15"):
+            assert g.allowed([2])[0, tok], tokenizer.decode([tok])
+            g.advance([2], torch.tensor([tok]))
+        assert g.allowed([2])[0].nonzero()[:, 0].tolist() == eos
+        g.init_row(3, DATE, [])  # evicted for real: a new row compiles it again
+        assert g.compile_waits == 1 and len(compiler) == 1
+    finally:
+        compiler.close()
+
+
+def test_a_compile_that_fails_is_reported_not_raised(smollm2):
+    _, vocab, eos, _ = smollm2
+    broken = RegexCompiler("/nonexistent/tokenizer", vocab, eos)
+    try:
+        error = prepare_and_wait(GrammarRows(broken, vocab, eos, torch.device("cpu")), DATE)
+        assert error is not None and error.startswith("regex compilation failed")
+    finally:
+        broken.close()
+    without_tokenizer = GrammarRows(None, vocab, eos, torch.device("cpu"))
+    assert "tokenizer" in prepare_and_wait(without_tokenizer, DATE)
