@@ -96,6 +96,9 @@ class ServerConfig:
     """The log level of every process (debug, info, warning, error)."""
     ready_timeout: float = 300.0
     """Seconds to wait for every process to report ready at start-up."""
+    shutdown_grace: float = 5.0
+    """On SIGTERM or Ctrl-C: seconds the requests in flight get to finish before each gets
+    an error (new requests are refused meanwhile)."""
     # monitoring: /health, /metrics and the periodic log line (api process)
     stats_interval: float = 1.0
     """Seconds between polls of the scheduler's stats (monitoring)."""
@@ -149,6 +152,8 @@ class ServerConfig:
         for name in ("port", "rpc_port"):
             if not 0 <= getattr(self, name) < 65536:
                 raise ConfigError(f"{name} must be a TCP port, got {getattr(self, name)}")
+        if self.shutdown_grace < 0:
+            raise ConfigError(f"shutdown_grace must be >= 0, got {self.shutdown_grace}")
         self._check_monitoring()
 
     def _check_monitoring(self) -> None:

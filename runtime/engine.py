@@ -7,6 +7,8 @@ process; the scheduler and worker are child processes, exactly as under `sluice 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import weakref
 from collections.abc import Iterator, Sequence
 
 from runtime.api.loop_thread import LoopThread
@@ -29,8 +31,8 @@ class Engine:
         from runtime.scheduler.loop import run_scheduler
         from runtime.worker.worker import worker_targets
 
-        self.config = ServerConfig(model=model, **options)
         self.spec = resolve_model(model)
+        self.config = ServerConfig(model=model, **options)
         self._loop = LoopThread("sluice-engine")
         self._tm = TokenizerManager(self.config, self.spec)
         self._loop.run(self._tm.start())
@@ -47,6 +49,7 @@ class Engine:
             raise
         self._group.watch()
         self._closed = False
+        _running.add(self)
 
     @property
     def tokenizer(self):
@@ -106,6 +109,17 @@ class Engine:
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self.shutdown()
+
+
+_running: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_running() -> None:
+    """At interpreter exit, while the loop threads still run: stop the engines a script
+    left running (after this, module teardown is too late to stop them cleanly)."""
+    for engine in list(_running):
+        engine.shutdown()
 
 
 def _is_single(prompts) -> bool:

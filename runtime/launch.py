@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import signal
 import sys
+import tempfile
 import threading
 
 from runtime.config import ConfigError, ServerConfig
@@ -24,8 +25,11 @@ log = logging.getLogger("sluice.launch")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sluice", description="Sluice LLM serving runtime")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="start the server (api, scheduler, worker)",
-                           description="Start the api, scheduler and worker processes.")
+    serve = sub.add_parser(
+        "serve",
+        help="start the server (api, scheduler, worker)",
+        description="Start the api, scheduler and worker processes.",
+    )
     docs = ServerConfig.field_docs()
     for f in dataclasses.fields(ServerConfig):
         if f.name in _INTERNAL:
@@ -43,14 +47,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(args: argparse.Namespace) -> ServerConfig:
+def config_from_args(args: argparse.Namespace, **internal) -> ServerConfig:
+    """The ServerConfig of the parsed flags; `internal`: fields that are not flags."""
     fields = {f.name for f in dataclasses.fields(ServerConfig)} - _INTERNAL
-    return ServerConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    return ServerConfig(**{k: v for k, v in vars(args).items() if k in fields}, **internal)
 
 
-def serve(cfg: ServerConfig) -> int:
-    """Run the server until a signal (exit 0) or until a process dies (exit 1)."""
-    from runtime.api.server import run_api_server
+def run_server(cfg: ServerConfig) -> int:
+    """Run the server until SIGTERM or Ctrl-C (exit 0) or until a process dies (exit 1).
+
+    On a signal the api stops first: new requests are refused, those in flight get
+    `cfg.shutdown_grace` seconds to finish, the rest get an error each.
+    """
+    from runtime.api.server import run_api
     from runtime.scheduler.loop import run_scheduler
     from runtime.worker.worker import worker_targets
 
@@ -59,8 +68,7 @@ def serve(cfg: ServerConfig) -> int:
     except ModelNotFound as exc:
         log.error("%s", exc)
         return 2
-    group = ProcessGroup(cfg, {**worker_targets(cfg), "scheduler": run_scheduler,
-                               "api": run_api_server})
+    group = ProcessGroup(cfg, {**worker_targets(cfg), "scheduler": run_scheduler, "api": run_api})
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -79,21 +87,28 @@ def serve(cfg: ServerConfig) -> int:
         log.error("%s process exited (code %s); shutting down", died, code)
         group.stop_after_notice(died)
         return 1
-    log.info("shutting down")
+    log.info("shutting down (requests in flight get %.1f s)", cfg.shutdown_grace)
     group.stop()
     return 0
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s [launch] %(message)s",
-                        datefmt="%H:%M:%S")
+    """The `sluice` command."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s [launch] %(message)s", datefmt="%H:%M:%S"
+    )
     args = build_parser().parse_args(argv)
-    try:
-        cfg = config_from_args(args)
-    except ConfigError as exc:
-        print(f"sluice: {exc}", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(serve(cfg))
+    # the server's IPC sockets live in a folder of its own, gone however this ends (when
+    # this process is killed, its children remove it: see runtime.server_process)
+    with tempfile.TemporaryDirectory(prefix="sluice-", ignore_cleanup_errors=True) as ipc_dir:
+        try:
+            cfg = config_from_args(args, ipc_dir=ipc_dir)
+        except ConfigError as exc:
+            print(f"sluice: {exc}", file=sys.stderr)
+            code = 2
+        else:
+            code = run_server(cfg)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import threading
 import time
 from collections.abc import Callable
@@ -13,6 +12,10 @@ import zmq
 from runtime.config import ServerConfig
 from runtime.ipc import PullQueue, PushQueue
 from runtime.messages import ProcessDied, Ready
+from runtime.procutil import remove_ipc_files
+from runtime.server_process import Entry, ServerProcess
+
+STOP_TIMEOUT_S = 5.0  # a process told to stop gets this long (beyond the api's drain)
 
 
 class StartupError(RuntimeError):
@@ -20,16 +23,15 @@ class StartupError(RuntimeError):
 
 
 class ProcessGroup:
-    """The server's child processes (spawned, so CUDA and threads start clean)."""
+    """The server's child processes (fresh interpreters, so CUDA and threads start clean)."""
 
-    def __init__(self, cfg: ServerConfig, targets: dict[str, Callable[[ServerConfig], None]]):
+    def __init__(self, cfg: ServerConfig, targets: dict[str, Entry]):
         self.cfg = cfg
         self.ctx = zmq.Context.instance()
         self._ready: PullQueue = PullQueue(self.ctx, cfg.ipc("ready"), Ready, bind=True)
-        spawn = mp.get_context("spawn")
-        self.procs = {name: spawn.Process(target=fn, args=(cfg,), name=f"sluice-{name}")
-                      for name, fn in targets.items()}
+        self.procs = {name: ServerProcess(name, fn, cfg) for name, fn in targets.items()}
         self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
         self.died: tuple[str, int | None] | None = None
 
     def start(self) -> None:
@@ -72,7 +74,8 @@ class ProcessGroup:
                         on_death(*self.died)
                     return
 
-        threading.Thread(target=run, name="process-watch", daemon=True).start()
+        self._watcher = threading.Thread(target=run, name="process-watch", daemon=True)
+        self._watcher.start()
 
     def notify_api(self, msg: ProcessDied) -> None:
         q: PushQueue = PushQueue(self.ctx, self.cfg.ipc("api_in"))
@@ -93,16 +96,29 @@ class ProcessGroup:
             api.join(grace)  # the api answers its clients with errors meanwhile
         self.stop()
 
-    def stop(self, grace: float = 5.0) -> None:
-        """Terminate every process that is still alive; kill those that do not exit."""
+    def stop(self) -> None:
+        """Stop every process, the api first: it refuses new requests and gives those in
+        flight `cfg.shutdown_grace` seconds before failing them, while the scheduler and
+        worker still run. A process that does not exit in time is killed. Then the
+        server's IPC files go."""
         self._stopping.set()
+        api = [p for name, p in self.procs.items() if name == "api"]
+        _terminate(api, self.cfg.shutdown_grace + STOP_TIMEOUT_S)
+        _terminate([p for p in self.procs.values() if p not in api], STOP_TIMEOUT_S)
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join()  # it waits on the sentinels closed next
         for proc in self.procs.values():
-            if proc.is_alive():
-                proc.terminate()
-        deadline = time.monotonic() + grace
-        for proc in self.procs.values():
-            if proc.pid is not None:
-                proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.kill()
-                proc.join(1.0)
+            proc.close()
+        remove_ipc_files(self.cfg.ipc_dir, self.cfg.run_id)
+
+
+def _terminate(procs: list[ServerProcess], timeout: float) -> None:
+    """SIGTERM each process still alive; SIGKILL those still alive after `timeout` s."""
+    for proc in procs:
+        proc.terminate()
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join(1.0)

@@ -1,25 +1,12 @@
-"""Helpers every server process uses: dying with its parent, logging setup, errors to text."""
+"""Helpers every server process uses: logging setup, errors to text, IPC files removed."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import logging
 import os
-import threading
-import time
 import traceback
-
-
-def exit_with_parent(poll_s: float = 0.5) -> None:
-    """Exit this process (hard) when the process that started it is gone: no orphans."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(poll_s)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def setup_logging(name: str, level: str) -> logging.Logger:
@@ -33,3 +20,13 @@ def setup_logging(name: str, level: str) -> logging.Logger:
 
 def error_text(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def remove_ipc_files(ipc_dir: str, run_id: str) -> None:
+    """Remove one server's IPC socket files (`<run_id>-*`; a closed ZMQ socket leaves its
+    file behind), then `ipc_dir` itself once nothing else is in it."""
+    for path in glob.glob(os.path.join(glob.escape(ipc_dir), f"{glob.escape(run_id)}-*")):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    with contextlib.suppress(OSError):  # not empty: another server's, or someone's files
+        os.rmdir(ipc_dir)

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 STATS_TIMEOUT_S = 1.0  # /metrics and /health wait this long for fresh scheduler stats
-SHUTDOWN_GRACE_S = 1.0  # open responses get this long to finish when the server stops
+CLOSE_MARGIN_S = 2.0  # beyond the shutdown grace: for the last responses to be written
 
 
 class ClientGone(Exception):
@@ -217,7 +217,8 @@ class HttpServer:
         sock = socket.create_server((self.cfg.host, self.cfg.port), family=family)
         config = uvicorn.Config(self.app, log_config=None, log_level=self.cfg.log_level,
                                 access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+                                timeout_graceful_shutdown=self.cfg.shutdown_grace
+                                + CLOSE_MARGIN_S)
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http")
         while not self._server.started:
@@ -227,8 +228,14 @@ class HttpServer:
                 raise RuntimeError("the HTTP server stopped during start-up")
             await asyncio.sleep(0.01)
 
+    def stop_accepting(self) -> None:
+        """Close the listening socket; open responses go on (until `close`)."""
+        if self._server is not None:
+            self._server.should_exit = True
+
     async def close(self) -> None:
-        """Stop accepting; give open responses a moment, then cancel them (aborting)."""
+        """Stop accepting; give open responses the shutdown grace and a moment more, then
+        cancel them (aborting)."""
         if self._task is None:
             return
         self._server.should_exit = True

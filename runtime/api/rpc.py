@@ -32,6 +32,7 @@ from runtime.messages import (
 )
 
 log = logging.getLogger(__name__)
+CLOSE_LINGER_MS = 1000  # replies still queued at close (the shutdown errors) get this long
 
 
 class RpcServer:
@@ -71,7 +72,7 @@ class RpcServer:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._serve_task = None
-        self._sock.close(linger=0)
+        self._sock.close(linger=CLOSE_LINGER_MS)
         self._ctx.term()
 
     async def _serve(self) -> None:

@@ -28,8 +28,6 @@ from runtime.model_config import resolve_model
 
 log = logging.getLogger(__name__)
 
-DEAD_GRACE_S = 0.5  # after the engine died: time for error replies to reach clients
-
 
 class Front(Protocol):
     async def start(self) -> None: ...
@@ -37,16 +35,17 @@ class Front(Protocol):
     async def close(self) -> None: ...
 
 
-def run_api_server(cfg: ServerConfig) -> None:
+def run_api(cfg: ServerConfig) -> None:
     """Entry point of the api process.
 
     Waits for the scheduler's `Limits`, sends `Ready(name="api")` to the supervisor once
-    the RPC socket is bound, then serves until SIGTERM/SIGINT or until the engine dies
-    (a `ProcessDied` arrives). A startup
-    failure is reported as `Ready(name="api", error=...)` and exits with status 1.
+    the RPC socket is bound, then serves until SIGTERM or until the engine dies (a
+    `ProcessDied` arrives). A startup failure is reported as `Ready(name="api", error=...)`
+    and exits with status 1.
     """
-    logging.basicConfig(level=cfg.log_level.upper(),
-                        format="%(asctime)s api %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=cfg.log_level.upper(), format="%(asctime)s api %(levelname)s %(name)s: %(message)s"
+    )
     if uvloop.run(_serve(cfg)) != 0:
         sys.exit(1)
 
@@ -67,22 +66,30 @@ async def _serve(cfg: ServerConfig) -> int:
         log.exception("api startup failed")
         _send_ready(cfg, Ready(name="api", error=f"{type(e).__name__}: {e}"))
         return 1
-    _send_ready(cfg, Ready(name="api", info={"rpc": cfg.rpc_addr, "http": http.url,
-                                             "pid": str(os.getpid())}))
-    log.info("api ready: rpc on %s, http on %s; context %d tokens, prompts up to %d",
-             cfg.rpc_addr, http.url, limits.max_context, limits.max_req_input_len)
+    _send_ready(
+        cfg,
+        Ready(name="api", info={"rpc": cfg.rpc_addr, "http": http.url, "pid": str(os.getpid())}),
+    )
+    log.info(
+        "api ready: rpc on %s, http on %s; context %d tokens, prompts up to %d",
+        cfg.rpc_addr,
+        http.url,
+        limits.max_context,
+        limits.max_req_input_len,
+    )
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)  # SIGINT: the supervisor decides
     stopped = asyncio.create_task(stop.wait())
     died = asyncio.create_task(tm.wait_dead())
     await asyncio.wait({stopped, died}, return_when=asyncio.FIRST_COMPLETED)
-    if died.done():
-        await asyncio.sleep(DEAD_GRACE_S)
     stopped.cancel()
     died.cancel()
+    # new requests are refused from here on; those in flight finish, or fail after the
+    # grace (at once if the engine died), and their clients get the error before we close
+    http.stop_accepting()
+    await tm.drain(cfg.shutdown_grace)
     for front in reversed(fronts):
         await front.close()
     await tm.close()

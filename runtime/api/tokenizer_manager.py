@@ -49,6 +49,7 @@ from runtime.messages import (
 from runtime.model_config import ModelSpec
 
 log = logging.getLogger(__name__)
+DRAIN_POLL_S = 0.02  # how often `drain` looks whether the requests in flight have ended
 
 
 class TokenizerManager:
@@ -73,6 +74,7 @@ class TokenizerManager:
         self._reqs: dict[str, ReqState] = {}
         self._dead: EngineDeadError | None = None
         self._dead_event = asyncio.Event()
+        self._refusing: EngineDeadError | None = None  # draining: no new requests
         self._ctx: zmq.asyncio.Context | None = None
         self._sched: AsyncPushQueue[SchedulerInput] | None = None
         self._api_in: AsyncPullQueue[ApiInput] | None = None
@@ -227,6 +229,16 @@ class TokenizerManager:
             state.scheduler_done = True
         state.abort()
 
+    async def drain(self, grace: float) -> None:
+        """Refuse new requests; give those in flight up to `grace` seconds to end, then
+        fail the rest with `EngineDeadError` (the server is shutting down)."""
+        self._refusing = EngineDeadError("the server is shutting down")
+        log.info("shutting down: %d requests in flight get up to %.1f s", len(self._reqs), grace)
+        deadline = time.monotonic() + grace
+        while self._reqs and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        self._die(str(self._refusing), quiet=True)
+
     async def close(self, *, shutdown_scheduler: bool = False) -> None:
         """Fail in-flight requests, stop the receive loop, close the sockets.
 
@@ -249,6 +261,8 @@ class TokenizerManager:
     def _check_alive(self) -> None:
         if self._dead is not None:
             raise self._dead
+        if self._refusing is not None:
+            raise self._refusing
         if self._recv_task is None:
             raise RuntimeError("TokenizerManager.start() was not awaited")
 

@@ -35,7 +35,7 @@ from runtime.messages import (
     WorkerReady,
 )
 from runtime.model_config import resolve_model
-from runtime.procutil import error_text, exit_with_parent, setup_logging
+from runtime.procutil import error_text, setup_logging
 from runtime.scheduler.grammar_gate import GrammarGate
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.kv_study import build_study_kv
@@ -103,7 +103,6 @@ def stats(sched: Scheduler, token: int) -> SchedulerStats:
 
 def run_scheduler(cfg: ServerConfig) -> None:
     """Entry point of the scheduler process."""
-    exit_with_parent()
     log = setup_logging("scheduler", cfg.log_level)
     ctx = zmq.Context()
     inbox: PullQueue = PullQueue(ctx, cfg.ipc("sched_in"), SchedulerInput, bind=True)

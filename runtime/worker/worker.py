@@ -47,7 +47,7 @@ from runtime.messages import (
     WorkerReady,
 )
 from runtime.model_config import ModelSpec, resolve_model
-from runtime.procutil import error_text, exit_with_parent, setup_logging
+from runtime.procutil import error_text, setup_logging
 from runtime.worker.batch_builder import BatchBuilder, SampleInputs
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.grammar_rows import GrammarRows
@@ -243,7 +243,6 @@ def worker_targets(cfg: ServerConfig) -> dict[str, Callable[[ServerConfig], None
 
 def run_worker(cfg: ServerConfig, rank: int = 0) -> None:
     """Entry point of the worker process of TP rank `rank`."""
-    exit_with_parent()
     name = worker_name(rank)
     log = setup_logging(name, cfg.log_level)
     ctx = zmq.Context()

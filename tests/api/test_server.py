@@ -1,4 +1,4 @@
-"""The api process entry (`run_api_server`) in a real subprocess: Ready, serving, shutdown."""
+"""The api process entry (`run_api`) in a real subprocess: Ready, serving, shutdown."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import signal
 import msgspec
 import zmq
 
-from runtime.api.server import run_api_server
+from runtime.api.server import run_api
 from runtime.client import Client
 from runtime.messages import ProcessDied, Ready
 from tests.api.fake_scheduler import FakeScheduler
@@ -22,7 +22,7 @@ def api_process(cfg):
     ctx = zmq.Context()
     ready = ctx.socket(zmq.PULL)
     ready.bind(cfg.ipc("ready"))
-    proc = mp.get_context("spawn").Process(target=run_api_server, args=(cfg,), daemon=True)
+    proc = mp.get_context("spawn").Process(target=run_api, args=(cfg,), daemon=True)
     proc.start()
     try:
         assert ready.poll(60_000), "the api process never reported"

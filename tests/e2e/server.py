@@ -19,18 +19,25 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`python -m runtime.launch serve ...`, its log lines, and the pids of its processes."""
+    """`python -m runtime.launch serve ...`, its log lines, and the pids of its processes.
 
-    def __init__(self, *args: str, ready_timeout: float = 240.0) -> None:
+    It runs in a session of its own, as under a terminal (`interrupt` is Ctrl-C there);
+    `tmpdir` is its TMPDIR, where its IPC folder goes.
+    """
+
+    def __init__(self, *args: str, ready_timeout: float = 240.0,
+                 tmpdir: str | None = None) -> None:
         self.port, self.rpc_port = free_port(), free_port()
         cmd = [sys.executable, "-m", "runtime.launch", "serve", "--port", str(self.port),
                "--rpc-port", str(self.rpc_port), "--torch-threads", "2", *args]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"TMPDIR": tmpdir} if tmpdir else {})}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     text=True, env=env, start_new_session=True)
         self.lines: list[str] = []
         self.pids: dict[str, int] = {}
         self._serving = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         if not self._serving.wait(ready_timeout):
             self.stop()
             raise RuntimeError("server did not start:\n" + "".join(self.lines[-40:]))
@@ -50,6 +57,15 @@ class ServerProcess:
     @property
     def http_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def output(self, timeout: float = 30.0) -> str:
+        """Everything the server printed, once all its processes are gone (or `timeout`)."""
+        self._reader.join(timeout)
+        return "".join(self.lines)
+
+    def interrupt(self) -> None:
+        """Ctrl-C: SIGINT to every process of the server's process group."""
+        os.killpg(self.proc.pid, signal.SIGINT)
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout)
