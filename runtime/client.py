@@ -9,12 +9,15 @@ Requests always stream over the wire, and non-streaming calls join the chunks he
 `timeout` can bound the silence between two messages: a server that dies mid-request
 raises `ServerTimeout` instead of hanging, while long generations still work.
 One `Client` per thread; `AsyncClient` serves any number of tasks on one loop.
+Both send `api_key` (default: the SLUICE_API_KEY environment variable) with every
+request; a server with another key raises `Unauthorized`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
@@ -25,7 +28,7 @@ import zmq
 import zmq.asyncio
 
 from runtime.api.chunk import join_chunks
-from runtime.api.errors import Overloaded, ServerError, ServerTimeout
+from runtime.api.errors import Overloaded, ServerError, ServerTimeout, Unauthorized
 from runtime.messages import (
     InvalidRequest,
     ModelInfo,
@@ -41,14 +44,18 @@ from runtime.messages import (
 )
 
 DEFAULT_ADDR = "tcp://127.0.0.1:30001"
+API_KEY_ENV = "SLUICE_API_KEY"
 
 
 class Client:
-    """Blocking RPC client. `timeout`: seconds to wait for each message (None: forever)."""
+    """Blocking RPC client. `timeout`: seconds to wait for each message (None: forever);
+    `api_key`: the server's key (None: SLUICE_API_KEY, if set)."""
 
-    def __init__(self, addr: str = DEFAULT_ADDR, timeout: float | None = 60.0) -> None:
+    def __init__(self, addr: str = DEFAULT_ADDR, timeout: float | None = 60.0,
+                 api_key: str | None = None) -> None:
         self.addr = addr
         self.timeout = timeout
+        self.api_key = api_key_or_env(api_key)
         self._ctx = zmq.Context()
         self._sock = _dealer(self._ctx, addr)
         self._sock.setsockopt(zmq.SNDTIMEO, -1 if timeout is None else int(timeout * 1000))
@@ -64,7 +71,7 @@ class Client:
         iterator of RpcChunk deltas, `finish_reason` on the last; leaving it early
         aborts the request. Raises `InvalidRequest` or `ServerError` (`ServerTimeout`).
         """
-        req = _request(prompt, sampling)
+        req = _request(prompt, sampling, self.api_key)
         chunks = self._stream(req)
         return chunks if stream else join_chunks(req.rid, list(chunks))
 
@@ -74,7 +81,7 @@ class Client:
         self._inbox[rid] = deque()
         try:
             try:
-                self._sock.send(self._enc.encode(RpcGetModelInfo(rid)))
+                self._sock.send(self._enc.encode(RpcGetModelInfo(rid, self.api_key)))
             except zmq.Again:
                 raise ServerTimeout(f"could not send to {self.addr} in {self.timeout} s") \
                     from None
@@ -129,9 +136,11 @@ class Client:
 class AsyncClient:
     """asyncio RPC client; `await generate(...)`, or `async for` over a stream."""
 
-    def __init__(self, addr: str = DEFAULT_ADDR, timeout: float | None = 60.0) -> None:
+    def __init__(self, addr: str = DEFAULT_ADDR, timeout: float | None = 60.0,
+                 api_key: str | None = None) -> None:
         self.addr = addr
         self.timeout = timeout
+        self.api_key = api_key_or_env(api_key)
         self._ctx = zmq.asyncio.Context()
         self._sock = _dealer(self._ctx, addr)
         self._enc = msgspec.msgpack.Encoder()
@@ -142,7 +151,7 @@ class AsyncClient:
     async def generate(self, prompt: str | list[int], *, stream: bool = False,
                        **sampling: Any) -> RpcChunk | AsyncIterator[RpcChunk]:
         """Like `Client.generate`; with stream=True, `async for c in await generate(...)`."""
-        req = _request(prompt, sampling)
+        req = _request(prompt, sampling, self.api_key)
         chunks = self._stream(req)
         return chunks if stream else join_chunks(req.rid, [c async for c in chunks])
 
@@ -154,7 +163,7 @@ class AsyncClient:
         inbox: asyncio.Queue[RpcOutput | ServerError] = asyncio.Queue()
         self._inbox[rid] = inbox
         try:
-            self._send_nowait(RpcGetModelInfo(rid))
+            self._send_nowait(RpcGetModelInfo(rid, self.api_key))
             try:
                 msg = await asyncio.wait_for(inbox.get(), self.timeout)
             except asyncio.TimeoutError:
@@ -228,6 +237,11 @@ class AsyncClient:
 
 
 # ------------------------------------------------------------ shared helpers
+def api_key_or_env(api_key: str | None) -> str:
+    """`api_key`, or the SLUICE_API_KEY environment variable when it is None."""
+    return api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")
+
+
 def _dealer(ctx: zmq.Context, addr: str) -> zmq.Socket:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -235,7 +249,7 @@ def _dealer(ctx: zmq.Context, addr: str) -> zmq.Socket:
     return sock
 
 
-def _request(prompt: str | list[int], sampling: dict[str, Any]) -> RpcGenerate:
+def _request(prompt: str | list[int], sampling: dict[str, Any], api_key: str) -> RpcGenerate:
     """Build and validate a request client-side (the server checks again)."""
     try:
         params = SamplingParams(**sampling)
@@ -249,7 +263,7 @@ def _request(prompt: str | list[int], sampling: dict[str, Any]) -> RpcGenerate:
         raise InvalidRequest("prompt must be a non-empty string or list of token ids")
     elif not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         raise InvalidRequest("prompt token ids must be ints")
-    return RpcGenerate(uuid.uuid4().hex, prompt, params, stream=True)
+    return RpcGenerate(uuid.uuid4().hex, prompt, params, stream=True, api_key=api_key)
 
 
 def _decode(dec: msgspec.msgpack.Decoder, frame: bytes) -> RpcOutput:
@@ -278,5 +292,7 @@ def _check(msg: RpcOutput) -> RpcChunk:
             raise InvalidRequest(msg.message)
         if msg.kind == "overloaded":
             raise Overloaded(msg.message)
+        if msg.kind == "unauthorized":
+            raise Unauthorized(msg.message)
         raise ServerError(f"{msg.kind}: {msg.message}")
     return msg

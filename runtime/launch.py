@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import threading
@@ -44,8 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """The flags' config; without `--api-key`, the key comes from SLUICE_API_KEY."""
     fields = {f.name for f in dataclasses.fields(ServerConfig)} - _INTERNAL
-    return ServerConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    options = {k: v for k, v in vars(args).items() if k in fields}
+    options["api_key"] = options.get("api_key") or os.environ.get("SLUICE_API_KEY", "")
+    return ServerConfig(**options)
 
 
 def serve(cfg: ServerConfig) -> int:

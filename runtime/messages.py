@@ -253,6 +253,7 @@ class RpcGenerate(msgspec.Struct, **_WIRE):
     prompt: str | list[int]
     params: SamplingParams
     stream: bool = True
+    api_key: str = ""  # the server's `--api-key`, when it has one
 
 
 class RpcAbort(msgspec.Struct, **_WIRE):
@@ -263,6 +264,7 @@ class RpcGetModelInfo(msgspec.Struct, **_WIRE):
     """Ask for the served model's `ModelInfo` (answered with `RpcModelInfo`)."""
 
     rid: str
+    api_key: str = ""  # the server's `--api-key`, when it has one
 
 
 class RpcChunk(msgspec.Struct, **_WIRE):
@@ -292,7 +294,8 @@ class RpcModelInfo(msgspec.Struct, **_WIRE):
 class RpcError(msgspec.Struct, **_WIRE):
     rid: str
     message: str
-    kind: str = "invalid_request"  # "invalid_request" | "overloaded" | "server_error"
+    # "invalid_request" | "overloaded" | "server_error" | "unauthorized"
+    kind: str = "invalid_request"
 
 
 # ---------------------------------------------------------------- model info (HTTP and RPC)

@@ -1,10 +1,11 @@
 """`OpenAIServing`: `/v1/completions` and `/v1/chat/completions` over the TokenizerManager.
 
 Each choice (n per prompt) runs as its own request (`rid = <response id>-<choice>`, seed
-+ choice when a seed is given); their streams are merged. The first chunk is awaited
-before anything is returned, so a request rejected by validation, by the queue limit or
-by the scheduler still gets a proper HTTP status; after that, a stream ends with an
-error event and `[DONE]`.
++ choice when a seed is given); their streams are merged. A call is admitted whole: all
+its choices count against the per-request cap and the queue (see `api/admission.py`).
+The first chunk is awaited before anything is returned, so a request rejected by
+validation, by the queue limit or by the scheduler still gets a proper HTTP status;
+after that, a stream ends with an error event and `[DONE]`.
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ class _Choice:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    chars: int = 0  # the length of the text so far
 
     def add(self, chunk: Chunk) -> None:
         self.text.append(chunk.text)
+        self.chars += len(chunk.text)
         self.token_ids += chunk.token_ids
         self.logprobs += chunk.logprobs
         self.finish_reason = chunk.finish_reason
@@ -143,6 +146,7 @@ class OpenAIServing:
     # ------------------------------------------------------------ running
     async def _run(self, call: _Call, prompts: list[str | list[int]], params: SamplingParams,
                    stream: bool, guard: Guard) -> msgspec.Struct | EventStream:
+        await self.tm.admit(len(prompts) * call.n)
         gens = []
         for p, prompt in enumerate(prompts):
             for i in range(call.n):
@@ -199,7 +203,9 @@ class OpenAIServing:
                 id=call.id, created=call.created, model=call.model,
                 choices=[ChatStreamChoice(index=index, delta=delta, logprobs=logprobs,
                                           finish_reason=chunk.finish_reason)])
-        logprobs = self._completion_logprobs(chunk.token_ids, chunk.logprobs) \
+        # offsets run over the whole completion: this chunk starts where the text so far ends
+        start = call.choices[index].chars - len(chunk.text)
+        logprobs = self._completion_logprobs(chunk.token_ids, chunk.logprobs, start) \
             if call.logprobs else None
         return CompletionResponse(
             id=call.id, created=call.created, model=call.model,
@@ -232,9 +238,12 @@ class OpenAIServing:
         tok = self.tm.tokenizer
         return str(token_id) if tok is None else tok.decode([token_id])
 
-    def _completion_logprobs(self, ids: list[int], lps: list[float]) -> CompletionLogprobs:
+    def _completion_logprobs(self, ids: list[int], lps: list[float],
+                             start: int = 0) -> CompletionLogprobs:
+        """`text_offset[i]`: where token i starts in the completion's text (each token's
+        own decoded text counted from `start`, the offset of the first one)."""
         tokens = [self._token_text(t) for t in ids]
-        offsets, at = [], 0
+        offsets, at = [], start
         for t in tokens:
             offsets.append(at)
             at += len(t)

@@ -18,11 +18,16 @@ class ReqState:
     once, however slow the consumer); the consumer takes everything pending as one
     `Chunk`, so a slow consumer gets fewer, larger chunks instead of a backlog.
     `detok` is None for models without a tokenizer (token ids only, empty text).
+    `rid` is the caller's id (its chunks carry it), `key` the scheduler's (default: rid);
+    `report_cached=False` reports 0 cached tokens (see `ServerConfig.cache_report`).
     """
 
     def __init__(self, rid: str, detok: IncrementalDetokenizer | None, logprobs: bool,
-                 prompt_ids: list[int] | None = None, logprob_start_len: int = -1) -> None:
+                 prompt_ids: list[int] | None = None, logprob_start_len: int = -1, *,
+                 key: str | None = None, report_cached: bool = True) -> None:
         self.rid = rid
+        self.key = rid if key is None else key
+        self._report_cached = report_cached
         self.detok = detok
         self._want_logprobs = logprobs
         self._text: list[str] = []
@@ -56,7 +61,8 @@ class ReqState:
         if self.ended:
             return False
         if out.prompt_tokens:
-            self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
+            self.prompt_tokens = out.prompt_tokens
+            self.cached_tokens = out.cached_tokens if self._report_cached else 0
         if out.input_logprobs:
             n = len(out.input_logprobs)
             self._input_logprobs.extend(out.input_logprobs)
