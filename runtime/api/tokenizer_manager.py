@@ -5,10 +5,8 @@ the offline `Engine` (see `runtime.api.loop_thread`). One receive task reads the
 scheduler's `BatchOut`s and feeds each request's `ReqState`; `generate` streams from
 that state. Stop strings end a request here (the scheduler only knows stop token ids),
 so this side tells the scheduler to abort it, as it does when a consumer goes away.
-
-The scheduler knows each request by a key the api gives it (unique in this process), not
-by the caller's rid: a caller may reuse a rid as soon as its previous request was
-released here, while the scheduler may still be freeing that one.
+The scheduler knows a request by a key unique in this process, not by the caller's rid,
+which may be reused once released here, while the scheduler may still be freeing it.
 """
 
 from __future__ import annotations
@@ -139,11 +137,10 @@ class TokenizerManager:
                        rid: str | None = None) -> AsyncIterator[Chunk]:
         """Stream the output of one request as `Chunk`s; the last has `finish_reason`.
 
-        Raises `InvalidRequest` (before anything reaches the scheduler; also for a `rid`
-        already in flight), `Overloaded` when `max_running + max_queue` requests are
-        already in flight (the queue of requests waiting beyond the running capacity is
-        full), `EngineDeadError` if a server process died, `RequestFailed` if the
-        scheduler failed this request.
+        Raises `InvalidRequest` (before anything reaches the scheduler), `Overloaded` when
+        `max_running + max_queue` requests are already in flight (the queue of requests
+        waiting beyond the running capacity is full), `EngineDeadError` if a server process
+        died, `RequestFailed` if the scheduler failed this request.
         Closing the iterator early (or cancelling its task) aborts the request.
         """
         state = await self.open(prompt, params, rid)
@@ -168,8 +165,8 @@ class TokenizerManager:
         arrival = time.monotonic()
         self._check_alive()
         limits = await self.wait_limits(self.cfg.ready_timeout)  # at once after the first
-        input_ids = self._prepare(prompt, params)
         rid = check_rid(rid) if rid is not None else uuid.uuid4().hex
+        input_ids = self._prepare(prompt, params)
         if rid in self._by_rid:
             raise InvalidRequest(f"request id {rid!r} is already in flight")
         check_admission(len(self._reqs), 1, limits, self.cfg)

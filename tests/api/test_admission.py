@@ -103,9 +103,10 @@ def test_a_rid_in_flight_cannot_be_used_twice(cfg, spec, script_ids):
 def test_context_overflow_has_the_openai_error_code(cfg, spec, script_ids):
     with FakeScheduler(cfg, lambda r: script_ids), fronts(cfg, spec) as f:
         for path, body in (
-                ("/v1/completions", {"prompt": "Hi", "max_tokens": spec.max_context}),
-                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 9000}]}),
-                ("/v1/completions", {"prompt": [5] * spec.max_context, "max_tokens": 1})):
+            ("/v1/completions", {"prompt": "Hi", "max_tokens": spec.max_context}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 9000}]}),
+            ("/v1/completions", {"prompt": [5] * spec.max_context, "max_tokens": 1}),
+        ):
             r = httpx.post(f"{f.url}{path}", json={"model": "smollm2", **body}, timeout=30)
             assert r.status_code == 400, r.text
             assert r.json()["error"]["code"] == "context_length_exceeded"
@@ -113,11 +114,13 @@ def test_context_overflow_has_the_openai_error_code(cfg, spec, script_ids):
 
 
 def test_streamed_completion_text_offsets_run_over_the_whole_text(cfg, spec, script_ids):
-    body = {"model": "smollm2", "prompt": "Hi", "max_tokens": 12, "logprobs": 0,
-            "stream": True}
-    with FakeScheduler(cfg, lambda r: script_ids, per_msg=2), fronts(cfg, spec) as f, \
-            httpx.Client(timeout=30) as http, \
-            http.stream("POST", f"{f.url}/v1/completions", json=body) as r:
+    body = {"model": "smollm2", "prompt": "Hi", "max_tokens": 12, "logprobs": 0, "stream": True}
+    with (
+        FakeScheduler(cfg, lambda r: script_ids, per_msg=2),
+        fronts(cfg, spec) as f,
+        httpx.Client(timeout=30) as http,
+        http.stream("POST", f"{f.url}/v1/completions", json=body) as r,
+    ):
         events, done = sse_json(list(r.iter_lines()))
     assert done
     chunks = [e["choices"][0] for e in events if e["choices"][0]["logprobs"]["tokens"]]

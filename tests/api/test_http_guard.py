@@ -33,12 +33,18 @@ def completion(**extra) -> dict:
 def test_api_key_guards_every_http_route_but_health(cfg, spec, script_ids):
     cfg = cfg.replace(api_key=KEY)
     good = {"Authorization": f"Bearer {KEY}"}
-    with FakeScheduler(cfg, lambda r: script_ids), fronts(cfg, spec) as f, \
-            httpx.Client(base_url=f.url, timeout=30) as http:
-        for method, path, body in [("POST", "/v1/completions", completion()),
-                                   ("POST", "/generate", {"text": "Hi"}),
-                                   ("GET", "/v1/models", None), ("GET", "/metrics", None),
-                                   ("GET", "/get_model_info", None)]:
+    with (
+        FakeScheduler(cfg, lambda r: script_ids),
+        fronts(cfg, spec) as f,
+        httpx.Client(base_url=f.url, timeout=30) as http,
+    ):
+        for method, path, body in [
+            ("POST", "/v1/completions", completion()),
+            ("POST", "/generate", {"text": "Hi"}),
+            ("GET", "/v1/models", None),
+            ("GET", "/metrics", None),
+            ("GET", "/get_model_info", None),
+        ]:
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
                 r = http.request(method, path, json=body, headers=headers)
                 assert r.status_code == 401, (path, headers)
@@ -70,28 +76,42 @@ def test_api_key_guards_rpc(cfg, spec, script_ids, monkeypatch):
 
 def test_post_needs_a_json_content_type(cfg, spec, script_ids):
     body = httpx.Request("POST", "/", json=completion()).content
-    with FakeScheduler(cfg, lambda r: script_ids) as fake, fronts(cfg, spec) as f, \
-            httpx.Client(base_url=f.url, timeout=30) as http:
+    with (
+        FakeScheduler(cfg, lambda r: script_ids) as fake,
+        fronts(cfg, spec) as f,
+        httpx.Client(base_url=f.url, timeout=30) as http,
+    ):
         for ctype in ("text/plain", "application/x-www-form-urlencoded", None):
             headers = {} if ctype is None else {"Content-Type": ctype}
             r = http.post("/v1/completions", content=body, headers=headers)
             assert r.status_code == 415, ctype
             assert r.json()["error"]["code"] == "unsupported_media_type"
         assert not fake.of_type(GenerateReq)
-        r = http.post("/v1/completions", content=body,
-                      headers={"Content-Type": "Application/JSON; charset=utf-8"})
+        r = http.post(
+            "/v1/completions",
+            content=body,
+            headers={"Content-Type": "Application/JSON; charset=utf-8"},
+        )
         assert r.status_code == 200
 
 
 def test_host_header_must_name_this_server(cfg, spec, script_ids):
     cfg = cfg.replace(allowed_hosts="api.example.com")
-    with FakeScheduler(cfg, lambda r: script_ids), fronts(cfg, spec) as f, \
-            httpx.Client(base_url=f.url, timeout=30) as http:
+    with (
+        FakeScheduler(cfg, lambda r: script_ids),
+        fronts(cfg, spec) as f,
+        httpx.Client(base_url=f.url, timeout=30) as http,
+    ):
         for host in ("attacker.example", "127.0.0.1.attacker.example", "example.com"):
             r = http.get("/v1/models", headers={"Host": f"{host}:{cfg.port}"})
             assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_host", host
-        for host in (f"localhost:{cfg.port}", f"127.0.0.1:{cfg.port}", f"[::1]:{cfg.port}",
-                     "API.example.com", "api.example.com.:443"):
+        for host in (
+            f"localhost:{cfg.port}",
+            f"127.0.0.1:{cfg.port}",
+            f"[::1]:{cfg.port}",
+            "API.example.com",
+            "api.example.com.:443",
+        ):
             assert http.get("/v1/models", headers={"Host": host}).status_code == 200, host
 
 
@@ -121,8 +141,10 @@ def test_slow_requests_are_cut_off_and_others_still_served(cfg, spec, script_ids
         slow_headers = socket.create_connection(addr)
         slow_headers.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         slow_body = socket.create_connection(addr)
-        slow_body.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                          b"Content-Type: application/json\r\nContent-Length: 500\r\n\r\n{")
+        slow_body.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 500\r\n\r\n{"
+        )
         for sock in (silent, slow_headers, slow_body):
             with sock:
                 assert b"200 OK" not in _wait_closed(sock)
@@ -152,17 +174,24 @@ def test_connections_beyond_the_cap_are_closed(cfg, spec, script_ids):
 
 def test_rid_is_bounded_and_logged_escaped(cfg, spec, script_ids, caplog):
     caplog.set_level(logging.INFO, logger="sluice.requests")
-    with FakeScheduler(cfg, lambda r: script_ids) as fake, fronts(cfg, spec) as f, \
-            httpx.Client(base_url=f.url, timeout=30) as http:
+    with (
+        FakeScheduler(cfg, lambda r: script_ids) as fake,
+        fronts(cfg, spec) as f,
+        httpx.Client(base_url=f.url, timeout=30) as http,
+    ):
         r = http.post("/generate", json={"text": "Hi", "rid": "x" * (MAX_RID_LEN + 1)})
         assert r.status_code == 400 and str(MAX_RID_LEN) in r.json()["error"]["message"]
         forged = "r1\n2030-01-01 api INFO forged line"
-        r = http.post("/generate", json={"text": "Hi", "rid": forged,
-                                         "sampling_params": {"max_tokens": 2}})
+        r = http.post(
+            "/generate", json={"text": "Hi", "rid": forged, "sampling_params": {"max_tokens": 2}}
+        )
         assert r.status_code == 200 and r.json()["id"] == forged
         assert forged not in [g.rid for g in fake.of_type(GenerateReq)]  # the api's own id
-        wait_until(lambda: any("r1" in m for m in caplog.messages), SOCKET_BOUND_S,
-                   "the request's log line")
+        wait_until(
+            lambda: any("r1" in m for m in caplog.messages),
+            SOCKET_BOUND_S,
+            "the request's log line",
+        )
     assert not any("\n" in m for m in caplog.messages)
     assert loggable(forged) == "r1\\n2030-01-01 api INFO forged line"
     assert loggable("y" * 10_000) == "y" * 64 + "..."
@@ -171,8 +200,11 @@ def test_rid_is_bounded_and_logged_escaped(cfg, spec, script_ids, caplog):
 def test_no_cache_report_hides_cached_tokens(cfg, spec, script_ids):
     for report, want in ((True, 5), (False, 0)):
         c = cfg.replace(cache_report=report)
-        with FakeScheduler(c, lambda r: script_ids, cached_tokens=5), fronts(c, spec) as f, \
-                httpx.Client(base_url=f.url, timeout=30) as http:
+        with (
+            FakeScheduler(c, lambda r: script_ids, cached_tokens=5),
+            fronts(c, spec) as f,
+            httpx.Client(base_url=f.url, timeout=30) as http,
+        ):
             native = http.post("/generate", json={"text": "Hi"}).json()
             openai = http.post("/v1/completions", json=completion()).json()
             with Client(f.rpc_addr, timeout=30) as client:
@@ -194,8 +226,11 @@ def test_exposed_without_a_key_warns(caplog):
 def test_flags_env_key_and_rpc_host(monkeypatch):
     monkeypatch.setenv("SLUICE_API_KEY", KEY)
     env = config_from_args(build_parser().parse_args(["serve", "--host", "0.0.0.0"]))
-    flags = config_from_args(build_parser().parse_args(
-        ["serve", "--api-key", "other", "--rpc-host", "0.0.0.0", "--no-cache-report"]))
+    flags = config_from_args(
+        build_parser().parse_args(
+            ["serve", "--api-key", "other", "--rpc-host", "0.0.0.0", "--no-cache-report"]
+        )
+    )
     for c in (env, flags):
         shutil.rmtree(c.ipc_dir, ignore_errors=True)
     assert env.api_key == KEY and KEY not in repr(env)
