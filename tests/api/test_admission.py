@@ -116,7 +116,7 @@ def test_context_overflow_has_the_openai_error_code(cfg, spec, script_ids):
 def test_streamed_completion_text_offsets_run_over_the_whole_text(cfg, spec, script_ids):
     body = {"model": "smollm2", "prompt": "Hi", "max_tokens": 12, "logprobs": 0, "stream": True}
     with (
-        FakeScheduler(cfg, lambda r: script_ids, per_msg=2),
+        FakeScheduler(cfg, lambda r: script_ids, per_msg=1, step_s=0.02),
         fronts(cfg, spec) as f,
         httpx.Client(timeout=30) as http,
         http.stream("POST", f"{f.url}/v1/completions", json=body) as r,
@@ -124,7 +124,7 @@ def test_streamed_completion_text_offsets_run_over_the_whole_text(cfg, spec, scr
         events, done = sse_json(list(r.iter_lines()))
     assert done
     chunks = [e["choices"][0] for e in events if e["choices"][0]["logprobs"]["tokens"]]
-    assert len(chunks) > 2
+    assert len(chunks) >= 2  # however a slow reader merges them, offsets must run on
     before = 0
     for c in chunks:
         offsets = c["logprobs"]["text_offset"]
