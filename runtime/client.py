@@ -9,12 +9,15 @@ Requests always stream over the wire, and non-streaming calls join the deltas he
 `timeout` can bound the silence between two messages: a server that dies mid-request
 raises `ServerTimeout` instead of hanging, while long generations still work.
 One `Client` per thread; `AsyncClient` serves any number of tasks on one loop.
+Both send `api_key` (default: the SLUICE_API_KEY environment variable) with every
+request; a server with another key raises `Unauthorized`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
@@ -24,7 +27,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from runtime.api.errors import Overloaded, ServerError, ServerTimeout
+from runtime.api.errors import Overloaded, ServerError, ServerTimeout, Unauthorized
 from runtime.messages import (
     InvalidRequest,
     ModelInfo,
@@ -40,14 +43,18 @@ from runtime.messages import (
 )
 
 DEFAULT_ADDR = "tcp://127.0.0.1:30001"
+API_KEY_ENV = "SLUICE_API_KEY"
 
 
 class Client:
-    """Blocking RPC client. `timeout`: seconds to wait for each message (None: forever)."""
+    """Blocking RPC client. `timeout`: seconds to wait for each message (None: forever);
+    `api_key`: the server's key (None: SLUICE_API_KEY, if set)."""
 
-    def __init__(self, addr: str = DEFAULT_ADDR, timeout: float | None = 60.0) -> None:
+    def __init__(self, addr: str = DEFAULT_ADDR, timeout: float | None = 60.0,
+                 api_key: str | None = None) -> None:
         self.addr = addr
         self.timeout = timeout
+        self.api_key = api_key_or_env(api_key)
         self._ctx = zmq.Context()
         self._sock = _dealer(self._ctx, addr)
         self._sock.setsockopt(zmq.SNDTIMEO, -1 if timeout is None else int(timeout * 1000))
@@ -63,7 +70,7 @@ class Client:
         `finish_reason` on the last; leaving it early aborts the request. Raises
         `InvalidRequest` or `ServerError` (`ServerTimeout`).
         """
-        deltas = self._stream(_request(prompt, sampling))
+        deltas = self._stream(_request(prompt, sampling, self.api_key))
         return deltas if stream else RequestOutput.join(list(deltas))
 
     def model_info(self) -> ModelInfo:
@@ -72,7 +79,7 @@ class Client:
         self._inbox[rid] = deque()
         try:
             try:
-                self._sock.send(self._enc.encode(RpcGetModelInfo(rid)))
+                self._sock.send(self._enc.encode(RpcGetModelInfo(rid, self.api_key)))
             except zmq.Again:
                 raise ServerTimeout(f"could not send to {self.addr} in {self.timeout} s") \
                     from None
@@ -127,9 +134,11 @@ class Client:
 class AsyncClient:
     """asyncio RPC client; `await generate(...)`, or `async for` over a stream."""
 
-    def __init__(self, addr: str = DEFAULT_ADDR, timeout: float | None = 60.0) -> None:
+    def __init__(self, addr: str = DEFAULT_ADDR, timeout: float | None = 60.0,
+                 api_key: str | None = None) -> None:
         self.addr = addr
         self.timeout = timeout
+        self.api_key = api_key_or_env(api_key)
         self._ctx = zmq.asyncio.Context()
         self._sock = _dealer(self._ctx, addr)
         self._enc = msgspec.msgpack.Encoder()
@@ -140,7 +149,7 @@ class AsyncClient:
     async def generate(self, prompt: str | list[int], *, stream: bool = False,
                        **sampling: Any) -> RequestOutput | AsyncIterator[RequestOutput]:
         """Like `Client.generate`; with stream=True, `async for d in await generate(...)`."""
-        deltas = self._stream(_request(prompt, sampling))
+        deltas = self._stream(_request(prompt, sampling, self.api_key))
         return deltas if stream else RequestOutput.join([d async for d in deltas])
 
     async def model_info(self) -> ModelInfo:
@@ -151,7 +160,7 @@ class AsyncClient:
         inbox: asyncio.Queue[RpcOutput | ServerError] = asyncio.Queue()
         self._inbox[rid] = inbox
         try:
-            self._send_nowait(RpcGetModelInfo(rid))
+            self._send_nowait(RpcGetModelInfo(rid, self.api_key))
             try:
                 msg = await asyncio.wait_for(inbox.get(), self.timeout)
             except asyncio.TimeoutError:
@@ -225,6 +234,11 @@ class AsyncClient:
 
 
 # ------------------------------------------------------------ shared helpers
+def api_key_or_env(api_key: str | None) -> str:
+    """`api_key`, or the SLUICE_API_KEY environment variable when it is None."""
+    return api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")
+
+
 def _dealer(ctx: zmq.Context, addr: str) -> zmq.Socket:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -232,7 +246,7 @@ def _dealer(ctx: zmq.Context, addr: str) -> zmq.Socket:
     return sock
 
 
-def _request(prompt: str | list[int], sampling: dict[str, Any]) -> RpcGenerate:
+def _request(prompt: str | list[int], sampling: dict[str, Any], api_key: str) -> RpcGenerate:
     """Build and validate a request client-side (the server checks again)."""
     try:
         params = SamplingParams(**sampling)
@@ -246,7 +260,7 @@ def _request(prompt: str | list[int], sampling: dict[str, Any]) -> RpcGenerate:
         raise InvalidRequest("prompt must be a non-empty string or list of token ids")
     elif not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         raise InvalidRequest("prompt token ids must be ints")
-    return RpcGenerate(uuid.uuid4().hex, prompt, params, stream=True)
+    return RpcGenerate(uuid.uuid4().hex, prompt, params, stream=True, api_key=api_key)
 
 
 def _decode(dec: msgspec.msgpack.Decoder, frame: bytes) -> RpcOutput:
@@ -275,5 +289,7 @@ def _check(msg: RpcOutput) -> RequestOutput:
             raise InvalidRequest(msg.message)
         if msg.kind == "overloaded":
             raise Overloaded(msg.message)
+        if msg.kind == "unauthorized":
+            raise Unauthorized(msg.message)
         raise ServerError(f"{msg.kind}: {msg.message}")
     return msg

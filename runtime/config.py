@@ -38,11 +38,30 @@ class ServerConfig:
     """The model: `smollm2` (the bundled SmolLM2-135M-Instruct), `dummy:<preset>` (random
     weights), a Hugging Face folder (config.json, safetensors, tokenizer) or a .gguf file."""
     host: str = "127.0.0.1"
-    """The address the HTTP and RPC servers listen on."""
+    """The address the HTTP server listens on."""
+    rpc_host: str = "127.0.0.1"
+    """The address the RPC server listens on (apart from host: exposing HTTP does not
+    expose RPC)."""
     port: int = 30000
     """The HTTP port (OpenAI-compatible API, /generate, /metrics, /health)."""
     rpc_port: int = 30001
     """The TCP port of the native ZeroMQ RPC server (`runtime.client.Client`)."""
+    api_key: str = field(default="", repr=False)
+    """The key every HTTP route but /health requires as `Authorization: Bearer <key>`,
+    and every RPC request carries; empty: none. `sluice serve` reads SLUICE_API_KEY
+    when the flag is not given (the environment keeps it out of `ps`)."""
+    allowed_hosts: str = ""
+    """Comma-separated Host names HTTP requests may address besides host (and the
+    loopback names when host is loopback or a wildcard), against DNS rebinding; `*`: any.
+    With a wildcard host and no names, any Host is accepted."""
+    cache_report: bool = True
+    """Report cached_tokens (prefix-cache hits) to clients; --no-cache-report reports 0,
+    so one client cannot probe another's prompts. /metrics keeps the hit counters."""
+    read_timeout: float = 30.0
+    """Seconds a client may take to send one request's headers and body (HTTP) or to
+    finish its connection handshake (RPC); slower connections are closed."""
+    max_connections: int = 2048
+    """The most open HTTP connections; one beyond it is closed at once."""
     kv: str = "token"
     """The KV cache layout: `token` (token slots, radix prefix cache),
     `paged` (fixed-size blocks, hashed prefix blocks) or `contiguous` (one region per
@@ -64,6 +83,9 @@ class ServerConfig:
     (CPU). It also caps the context length."""
     max_queue: int = 1024
     """The most requests waiting beyond max_running; more get HTTP 429 (overloaded)."""
+    max_request_seqs: int = 64
+    """The most sequences (prompts x n) one request may run, further capped at a quarter
+    of max_running + max_queue so one request leaves room for others; more is a 400."""
     schedule_conservativeness: float = 1.0
     """Scales the KV reserved for the future tokens of running requests at admission
     (higher: fewer retractions, smaller batches)."""
@@ -140,7 +162,8 @@ class ServerConfig:
         self._check_kv()
         if self.chunk_size < 0:
             raise ConfigError(f"chunk_size must be >= 0 (0: auto), got {self.chunk_size}")
-        for name in ("max_running", "max_queue", "tp", "grammar_cache_size"):
+        for name in ("max_running", "max_queue", "tp", "grammar_cache_size", "max_request_seqs",
+                     "max_connections"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.schedule_conservativeness < 0:
@@ -155,6 +178,16 @@ class ServerConfig:
         if self.shutdown_grace < 0:
             raise ConfigError(f"shutdown_grace must be >= 0, got {self.shutdown_grace}")
         self._check_monitoring()
+        self._check_exposure()
+
+    def _check_exposure(self) -> None:
+        if not self.host or not self.rpc_host:
+            raise ConfigError("host and rpc_host must be set")
+        if self.api_key and not (self.api_key.isascii() and self.api_key.isprintable()
+                                 and " " not in self.api_key):
+            raise ConfigError("api_key must be printable ASCII without spaces")
+        if not self.read_timeout > 0:
+            raise ConfigError(f"read_timeout must be > 0, got {self.read_timeout}")
 
     def _check_monitoring(self) -> None:
         for name in ("stats_interval", "stall_timeout"):
@@ -196,7 +229,7 @@ class ServerConfig:
 
     @property
     def rpc_addr(self) -> str:
-        return f"tcp://{self.host}:{self.rpc_port}"
+        return f"tcp://{self.rpc_host}:{self.rpc_port}"
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -48,9 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace, **internal) -> ServerConfig:
-    """The ServerConfig of the parsed flags; `internal`: fields that are not flags."""
+    """The ServerConfig of the parsed flags (without `--api-key`, the key comes from
+    SLUICE_API_KEY); `internal`: fields that are not flags."""
     fields = {f.name for f in dataclasses.fields(ServerConfig)} - _INTERNAL
-    return ServerConfig(**{k: v for k, v in vars(args).items() if k in fields}, **internal)
+    options = {k: v for k, v in vars(args).items() if k in fields}
+    options["api_key"] = options.get("api_key") or os.environ.get("SLUICE_API_KEY", "")
+    return ServerConfig(**options, **internal)
+
 
 
 def run_server(cfg: ServerConfig) -> int:

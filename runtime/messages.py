@@ -303,6 +303,7 @@ class RpcGenerate(msgspec.Struct, **_WIRE):
     prompt: str | list[int]
     params: SamplingParams
     stream: bool = True
+    api_key: str = ""  # the server's `--api-key`, when it has one
 
 
 class RpcAbort(msgspec.Struct, **_WIRE):
@@ -313,6 +314,7 @@ class RpcGetModelInfo(msgspec.Struct, **_WIRE):
     """Ask for the served model's `ModelInfo` (answered with `RpcModelInfo`)."""
 
     rid: str
+    api_key: str = ""  # the server's `--api-key`, when it has one
 
 
 class RequestOutput(msgspec.Struct, kw_only=True, **_WIRE):
@@ -369,7 +371,8 @@ class RpcModelInfo(msgspec.Struct, **_WIRE):
 class RpcError(msgspec.Struct, **_WIRE):
     rid: str
     message: str
-    kind: str = "invalid_request"  # "invalid_request" | "overloaded" | "server_error"
+    # "invalid_request" | "overloaded" | "server_error" | "unauthorized"
+    kind: str = "invalid_request"
 
 
 # ---------------------------------------------------------------- model info (HTTP and RPC)

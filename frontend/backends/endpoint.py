@@ -12,15 +12,17 @@ from runtime.messages import ModelInfo, RequestOutput
 
 class RuntimeEndpoint(Backend):
     """The server at `url`: `http(s)://host:port` over HTTP, `tcp://` or `ipc://` over the
-    native RPC. `transport` is the backend that does the talking."""
+    native RPC. `transport` is the backend that does the talking; `api_key`: the server's
+    key (None: SLUICE_API_KEY, if set)."""
 
-    def __init__(self, url: str, timeout: float | None = 120.0) -> None:
+    def __init__(self, url: str, timeout: float | None = 120.0,
+                 api_key: str | None = None) -> None:
         super().__init__()
         self.url = url
         if url.startswith(("http://", "https://")):
-            self.transport: Backend = HttpBackend(url, timeout)
+            self.transport: Backend = HttpBackend(url, timeout, api_key)
         elif url.startswith(("tcp://", "ipc://")):
-            self.transport = RpcBackend(url, timeout)
+            self.transport = RpcBackend(url, timeout, api_key)
         else:
             raise ValueError(f"unknown endpoint {url!r}: expected http(s):// or tcp:// / ipc://")
 

@@ -10,6 +10,8 @@ import httpx
 import msgspec
 
 from frontend.backends.base import Backend, OnText, PerThread, follow
+from runtime.api.errors import Unauthorized
+from runtime.client import api_key_or_env
 from runtime.messages import FinishReason, InvalidRequest, ModelInfo, RequestOutput
 
 
@@ -18,14 +20,18 @@ class ServerError(RuntimeError):
 
 
 class HttpBackend(Backend):
-    """Talks to `url` (e.g. http://127.0.0.1:30000); one connection pool per thread."""
+    """Talks to `url` (e.g. http://127.0.0.1:30000); one connection pool per thread.
+    `api_key`: the server's key, sent as a Bearer token (None: SLUICE_API_KEY, if set)."""
 
-    def __init__(self, url: str, timeout: float | None = 120.0) -> None:
+    def __init__(self, url: str, timeout: float | None = 120.0,
+                 api_key: str | None = None) -> None:
         super().__init__()
         self.url = url.rstrip("/")
         self.timeout = timeout
+        key = api_key_or_env(api_key)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._clients: PerThread[httpx.Client] = PerThread(
-            lambda: httpx.Client(base_url=self.url, timeout=self.timeout))
+            lambda: httpx.Client(base_url=self.url, timeout=self.timeout, headers=headers))
 
     def _http(self) -> httpx.Client:
         return self._clients.get()
@@ -82,6 +88,8 @@ def _raise_for_error(status: int, content: bytes) -> None:
         message = content.decode(errors="replace")
     if status == 400:
         raise InvalidRequest(message)
+    if status == 401:
+        raise Unauthorized(message)
     raise ServerError(f"HTTP {status}: {message}")
 
 

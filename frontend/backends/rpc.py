@@ -10,14 +10,16 @@ from runtime.messages import ModelInfo, RequestOutput
 
 
 class RpcBackend(Backend):
-    """One `runtime.client.Client` per thread (a Client is not thread-safe)."""
+    """One `runtime.client.Client` per thread (a Client is not thread-safe); `api_key`:
+    the server's key (None: SLUICE_API_KEY, if set)."""
 
-    def __init__(self, addr: str, timeout: float | None = 120.0) -> None:
+    def __init__(self, addr: str, timeout: float | None = 120.0,
+                 api_key: str | None = None) -> None:
         super().__init__()
         self.addr = addr
         self.timeout = timeout
         self._clients: PerThread[Client] = PerThread(
-            lambda: Client(self.addr, timeout=self.timeout))
+            lambda: Client(self.addr, timeout=self.timeout, api_key=api_key))
 
     def _client(self) -> Client:
         return self._clients.get()

@@ -1,7 +1,7 @@
 """Errors the serving front raises, shared by the api process and its clients.
 
-`InvalidRequest` (the caller's fault) lives in `runtime.messages`; everything here is the
-server's fault, so a client can retry elsewhere or report it.
+`InvalidRequest` (the caller's fault) lives in `runtime.messages`; everything here but
+`Unauthorized` is the server's fault, so a client can retry elsewhere or report it.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ class RequestFailed(ServerError):
 
 class Overloaded(ServerError):
     """Too many requests in flight; retry later."""
+
+
+class Unauthorized(PermissionError):
+    """The server refused the client's API key (HTTP 401, RPC "unauthorized")."""
 
 
 class ServerTimeout(ServerError, TimeoutError):

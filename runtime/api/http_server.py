@@ -5,7 +5,9 @@ and `/health`.
 use it directly); `HttpServer` serves that app with uvicorn on the api process's loop, as
 one of its fronts. Errors are OpenAI error JSON with the matching status: 400 for a bad
 request, 404 for an unknown model or path, 429 when the queue is full, 503 when the
-engine is gone, 500 when the scheduler failed the request.
+engine is gone, 500 when the scheduler failed the request. Before any route, `HttpGuard`
+checks the Host, the API key and the Content-Type (400, 401, 415); the protocol closes
+connections that are slow to send a request or beyond `max_connections` (`http_conn`).
 
 A client that disconnects aborts its requests: while an SSE response streams, Starlette
 stops it and the response closes the request streams behind it; before that (waiting for
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import time
@@ -27,11 +30,15 @@ import msgspec
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from runtime.api.auth import warn_if_exposed
+from runtime.api.http_conn import GuardedH11Protocol, raise_fd_limit
+from runtime.api.http_guard import HttpGuard
 from runtime.api.metrics import CONTENT_TYPE
 from runtime.api.monitor import Monitor
 from runtime.api.native_api import GenerateRequest, NativeServing
@@ -71,7 +78,10 @@ def build_app(tm: TokenizerManager, cfg: ServerConfig, monitor: Monitor) -> Star
         Route("/metrics", api.metrics, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+    refused = monitor.metrics.http_errors
+    guard = Middleware(HttpGuard, cfg=cfg, on_refuse=lambda s: refused.labels(str(s)).inc())
+    return Starlette(routes=routes, middleware=[guard],
+                     exception_handlers={HTTPException: _http_exception})
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
@@ -132,7 +142,7 @@ class _Endpoints:
         try:
             req = decode_request(await request.body(), typ)
             result = await handler(req, _guard(request))
-        except ClientGone:
+        except (ClientGone, ClientDisconnect):  # e.g. cut off while sending its body
             return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
         except Exception as e:
             return self._error(e)
@@ -213,10 +223,17 @@ class HttpServer:
 
     async def start(self) -> None:
         """Bind the port (raising OSError if it is taken), then serve in a task."""
+        warn_if_exposed("HTTP", self.cfg.host, self.cfg.api_key)
+        fds = raise_fd_limit()
+        if fds < self.cfg.max_connections + 256:  # room for the ZMQ sockets and RPC peers
+            log.warning("the open-file limit (%d) is low for max_connections=%d", fds,
+                        self.cfg.max_connections)
         family = socket.AF_INET6 if ":" in self.cfg.host else socket.AF_INET
         sock = socket.create_server((self.cfg.host, self.cfg.port), family=family)
+        protocol = functools.partial(GuardedH11Protocol, read_timeout=self.cfg.read_timeout,
+                                     max_connections=self.cfg.max_connections)
         config = uvicorn.Config(self.app, log_config=None, log_level=self.cfg.log_level,
-                                access_log=False, lifespan="off",
+                                access_log=False, lifespan="off", http=protocol,
                                 timeout_graceful_shutdown=self.cfg.shutdown_grace
                                 + CLOSE_MARGIN_S)
         self._server = _Server(config)

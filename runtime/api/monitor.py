@@ -16,6 +16,7 @@ import time
 from runtime.api.errors import ServerError
 from runtime.api.health import HealthReport, HealthTracker
 from runtime.api.metrics import Metrics
+from runtime.api.rid import loggable
 from runtime.api.timing import RequestRecord
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ServerConfig
@@ -89,6 +90,6 @@ def log_request(rec: RequestRecord) -> None:
         return "-" if x is None else f"{x:.3f}"
 
     request_log.info("rid=%s finish=%s prompt_tokens=%d cached_tokens=%d "
-                     "completion_tokens=%d queue_s=%s ttft_s=%s e2e_s=%s", rec.rid, rec.outcome,
-                     rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens,
+                     "completion_tokens=%d queue_s=%s ttft_s=%s e2e_s=%s", loggable(rec.rid),
+                     rec.outcome, rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens,
                      secs(rec.queue_time), secs(rec.ttft), secs(rec.e2e))

@@ -24,6 +24,7 @@ import msgspec
 
 from runtime.api.openai_protocol import ApiError, api_error
 from runtime.api.openai_serving import DONE, sse
+from runtime.api.rid import loggable
 from runtime.api.streams import EventStream, Guard, MergedStreams, collect, start_streams
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.messages import RequestOutput, SamplingParams
@@ -95,7 +96,7 @@ class NativeServing:
             async for _, out in streams:
                 yield sse(_body(out, params))
         except Exception as e:  # the response has started: the error is the last event
-            log.warning("stream %s ended with an error: %r", rid, e)
+            log.warning("stream %s ended with an error: %r", loggable(rid), e)
             yield sse(api_error(e).body())
         finally:
             await streams.aclose()

@@ -39,8 +39,8 @@ def api_error(exc: Exception) -> ApiError:
     """The HTTP status and OpenAI error of an exception raised while serving a request."""
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, InvalidRequest):
-        return ApiError(400, str(exc))
+    if isinstance(exc, InvalidRequest):  # a subclass may name an OpenAI error code
+        return ApiError(400, str(exc), code=getattr(exc, "code", None))
     if isinstance(exc, Overloaded):
         return ApiError(429, str(exc), "rate_limit_error", "server_overloaded")
     if isinstance(exc, EngineDeadError):

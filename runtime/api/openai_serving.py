@@ -1,10 +1,11 @@
 """`OpenAIServing`: `/v1/completions` and `/v1/chat/completions` over the TokenizerManager.
 
 Each choice (n per prompt) runs as its own request (`rid = <response id>-<choice>`, seed
-+ choice when a seed is given); their streams are merged. The first output is awaited
-before anything is returned, so a request rejected by validation, by the queue limit or
-by the scheduler still gets a proper HTTP status; after that, a stream ends with an
-error event and `[DONE]`.
++ choice when a seed is given); their streams are merged. A call is admitted whole: all
+its choices count against the per-request cap and the queue (see `api/admission.py`).
+The first chunk is awaited before anything is returned, so a request rejected by
+validation, by the queue limit or by the scheduler still gets a proper HTTP status;
+after that, a stream ends with an error event and `[DONE]`.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class _Call:
     include_usage: bool
     created: int = field(default_factory=lambda: int(time.time()))
     outputs: list[RequestOutput] = field(default_factory=list)
+    chars: list[int] = field(default_factory=list)  # each choice's streamed text length
 
     def usage(self) -> Usage:
         # a prompt counts once however many choices it has (as OpenAI bills it)
@@ -124,6 +126,7 @@ class OpenAIServing:
     # ------------------------------------------------------------ running
     async def _run(self, call: _Call, prompts: list[str | list[int]], params: SamplingParams,
                    stream: bool, guard: Guard) -> msgspec.Struct | EventStream:
+        await self.tm.admit(len(prompts) * call.n)
         gens = []
         for p, prompt in enumerate(prompts):
             for i in range(call.n):
@@ -133,6 +136,7 @@ class OpenAIServing:
                 rid = f"{call.id}-{p * call.n + i}"
                 gens.append(self.tm.generate(prompt, choice_params, rid, stream=stream))
                 call.outputs.append(RequestOutput(rid=rid))
+                call.chars.append(0)
         streams, first = await start_streams(gens, guard)
         if stream:
             return EventStream(self._events(call, streams, first), streams)
@@ -181,7 +185,10 @@ class OpenAIServing:
                 id=call.id, created=call.created, model=call.model,
                 choices=[ChatStreamChoice(index=index, delta=content, logprobs=logprobs,
                                           finish_reason=delta.finish_reason)])
-        logprobs = self._completion_logprobs(delta) if call.logprobs else None
+        # offsets run over the whole completion: this delta starts where the text so far ends
+        start = call.chars[index]
+        call.chars[index] += len(delta.text)
+        logprobs = self._completion_logprobs(delta, start) if call.logprobs else None
         return CompletionResponse(
             id=call.id, created=call.created, model=call.model,
             choices=[CompletionChoice(index=index, text=delta.text, logprobs=logprobs,
@@ -212,9 +219,11 @@ class OpenAIServing:
         tok = self.tm.tokenizer
         return str(token_id) if tok is None else tok.decode([token_id])
 
-    def _completion_logprobs(self, out: RequestOutput) -> CompletionLogprobs:
+    def _completion_logprobs(self, out: RequestOutput, start: int = 0) -> CompletionLogprobs:
+        """`text_offset[i]`: where token i starts in the completion's text (each token's
+        own decoded text counted from `start`, the offset of the first one)."""
         tokens = [self._token_text(t) for t in out.token_ids]
-        offsets, at = [], 0
+        offsets, at = [], start
         for t in tokens:
             offsets.append(at)
             at += len(t)

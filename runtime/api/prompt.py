@@ -8,6 +8,12 @@ from runtime.grammar import check_regex
 from runtime.messages import InvalidRequest, Limits, SamplingParams
 
 
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt, or the prompt plus max_tokens, does not fit the context."""
+
+    code = "context_length_exceeded"  # the OpenAI error code
+
+
 def prepare_prompt(prompt: str | list[int], params: SamplingParams, tokenizer: Any,
                    model: str, vocab_size: int, limits: Limits) -> list[int]:
     """The prompt's token ids, or `InvalidRequest` naming what is wrong: the params, the
@@ -45,11 +51,11 @@ def prepare_prompt(prompt: str | list[int], params: SamplingParams, tokenizer: A
     n = len(ids)
     limit = limits.max_context
     if n > limits.max_req_input_len:
-        raise InvalidRequest(f"prompt is {n} tokens; this model takes at most "
+        raise ContextLengthExceeded(f"prompt is {n} tokens; this model takes at most "
                              f"{limits.max_req_input_len} prompt tokens "
                              f"(context length {limit})")
     if n + params.max_tokens > limit:
-        raise InvalidRequest(f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = "
+        raise ContextLengthExceeded(f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = "
                              f"{n + params.max_tokens} exceeds the context length of "
                              f"{limit} tokens; set max_tokens <= {limit - n}")
     return list(ids)

@@ -19,12 +19,17 @@ class ReqState:
     delta whenever something is new, so a slow one gets fewer, larger deltas instead of a
     backlog; any other consumer the whole output, once, when the request ended.
     `detok` is None for models without a tokenizer (token ids only, empty text).
+    `rid` is the caller's id (its chunks carry it), `key` the scheduler's (default: rid);
+    `report_cached=False` reports 0 cached tokens (see `ServerConfig.cache_report`).
     """
 
     def __init__(self, rid: str, detok: IncrementalDetokenizer | None, logprobs: bool,
                  prompt_ids: list[int] | None = None, logprob_start_len: int = -1,
-                 stream: bool = True) -> None:
+                 stream: bool = True, *, key: str | None = None,
+                 report_cached: bool = True) -> None:
         self.rid = rid
+        self.key = rid if key is None else key
+        self._report_cached = report_cached
         self.detok = detok
         self.stream = stream
         self._want_logprobs = logprobs
@@ -61,7 +66,8 @@ class ReqState:
         if self.ended:
             return False
         if out.prompt_tokens:
-            self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
+            self.prompt_tokens = out.prompt_tokens
+            self.cached_tokens = out.cached_tokens if self._report_cached else 0
         input_ids: list[int] = []
         if out.input_logprobs:
             n = len(out.input_logprobs)

@@ -6,6 +6,10 @@ that opens it in the TokenizerManager and waits for its end, while `RpcOutbox` s
 output: all of a client's outputs from one scheduler step go out as one message.
 `RpcAbort` cancels the task, which aborts the request in the scheduler. ROUTER_MANDATORY
 makes a send to a disconnected client fail, which we treat like an abort.
+
+With an API key, `RpcGenerate` and `RpcGetModelInfo` must carry it (else an "unauthorized"
+`RpcError`); an `RpcAbort` needs none, as it reaches only its own connection's requests.
+A connection that does not finish its ZMTP handshake within `read_timeout` is closed.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from runtime.api.auth import key_matches, warn_if_exposed
 from runtime.api.errors import ServerError
+from runtime.api.rid import check_rid, loggable
 from runtime.api.rpc_outbox import ClientGone, RpcOutbox, RpcStream, rpc_error
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.messages import (
@@ -36,11 +42,13 @@ CLOSE_LINGER_MS = 1000  # replies still queued at close (the shutdown errors) ge
 
 
 class RpcServer:
-    """Serves `TokenizerManager.generate` to RPC clients on a ROUTER socket at `addr`."""
+    """Serves `TokenizerManager.generate` to RPC clients on a ROUTER socket at `addr`,
+    to those that send the key of the TokenizerManager's config (`api_key`), if any."""
 
     def __init__(self, tm: TokenizerManager, addr: str) -> None:
         self.tm = tm
         self.addr = addr
+        self._api_key = tm.cfg.api_key
         self._dec = msgspec.msgpack.Decoder(RpcInput)
         self._tasks: dict[tuple[bytes, str], asyncio.Task] = {}
         self._ctx: zmq.asyncio.Context | None = None
@@ -50,11 +58,14 @@ class RpcServer:
 
     async def start(self) -> None:
         """Bind the ROUTER socket and start serving."""
+        warn_if_exposed("RPC", self.tm.cfg.rpc_host, self._api_key)
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 0)  # never drop an output for a slow reader
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.setsockopt(zmq.HANDSHAKE_IVL, int(self.tm.cfg.read_timeout * 1000))
+        self._sock.setsockopt(zmq.TCP_KEEPALIVE, 1)  # reap peers that vanished
         self._sock.bind(self.addr)
         self._outbox = RpcOutbox(self._sock)
         self._serve_task = asyncio.create_task(self._serve(), name="rpc-serve")
@@ -95,18 +106,28 @@ class RpcServer:
             self._reply(identity, RpcError(_guess_rid(frames[1]), f"malformed message: {e}"))
             return
         key = (identity, msg.rid)
-        if isinstance(msg, RpcGetModelInfo):
-            self._reply(identity, RpcModelInfo(msg.rid, self.tm.model_info()))
-            return
         if isinstance(msg, RpcAbort):
             if (task := self._tasks.get(key)) is not None:
                 task.cancel()
+            return
+        if not key_matches(msg.api_key, self._api_key):
+            self._reply(identity, RpcError(msg.rid, "missing or incorrect API key "
+                                                    "(Client(api_key=...) or SLUICE_API_KEY)",
+                                           "unauthorized"))
+            return
+        try:
+            check_rid(msg.rid)
+        except InvalidRequest as e:
+            self._reply(identity, RpcError(msg.rid, str(e)))
+            return
+        if isinstance(msg, RpcGetModelInfo):
+            self._reply(identity, RpcModelInfo(msg.rid, self.tm.model_info()))
             return
         if key in self._tasks:
             self._reply(identity, RpcError(msg.rid, f"request id {msg.rid!r} is already "
                                                     "in flight on this connection"))
             return
-        task = asyncio.create_task(self._run(identity, msg), name=f"rpc-{msg.rid}")
+        task = asyncio.create_task(self._run(identity, msg), name=f"rpc-{loggable(msg.rid)}")
         self._tasks[key] = task
         task.add_done_callback(lambda t: self._forget(key, t))
 
@@ -120,7 +141,7 @@ class RpcServer:
             state = await self.tm.open(req.prompt, req.params, stream=req.stream)
         except Exception as e:
             if not isinstance(e, (InvalidRequest, ServerError)):
-                log.exception("rpc: request %s failed", req.rid)
+                log.exception("rpc: request %s failed", loggable(req.rid))
             self._reply(identity, rpc_error(req.rid, e))
             return
         s = RpcStream(identity, req.rid, state, asyncio.get_running_loop().create_future())
@@ -128,7 +149,7 @@ class RpcServer:
             self._outbox.watch(s)
             await s.done
         except ClientGone:
-            log.info("rpc: client of request %s is gone; aborted", req.rid)
+            log.info("rpc: client of request %s is gone; aborted", loggable(req.rid))
         finally:
             state.on_ready = None
             self.tm.release(state)

@@ -36,6 +36,7 @@ class RequestRecord:
 @dataclass(slots=True)
 class _Timer:
     arrival: float
+    rid: str
     prompt_tokens: int = 0
     cached_tokens: int = 0
     queue_time: float | None = None
@@ -54,9 +55,11 @@ class RequestTimings:
         self.generation_tokens = 0  # output tokens the scheduler produced
         self.listeners: list[Callable[[RequestRecord], None]] = []
 
-    def start(self, rid: str, arrival: float) -> None:
-        """A request was accepted; `arrival` is when it reached the api (monotonic)."""
-        self._timers[rid] = _Timer(arrival)
+    def start(self, key: str, arrival: float, rid: str | None = None) -> None:
+        """A request was accepted; `arrival` is when it reached the api (monotonic).
+        `key` is the request's id on the scheduler's wire (its ReqOuts carry it), `rid`
+        the caller's (its record carries it; default: key)."""
+        self._timers[key] = _Timer(arrival, key if rid is None else rid)
 
     def on_output(self, out: ReqOut, now: float | None = None) -> None:
         """Account for one ReqOut of a request in flight."""
@@ -82,15 +85,15 @@ class RequestTimings:
         timer.itl.extend([gap] * n)
         timer.last_token = now
 
-    def finish(self, rid: str, outcome: FinishReason, completion_tokens: int,
+    def finish(self, key: str, outcome: FinishReason, completion_tokens: int,
                now: float | None = None) -> None:
         """The request ended (or its consumer left): build its record, tell the listeners."""
-        timer = self._timers.pop(rid, None)
+        timer = self._timers.pop(key, None)
         if timer is None:
             return
         now = time.monotonic() if now is None else now
         ttft = None if timer.first_token is None else timer.first_token - timer.arrival
-        record = RequestRecord(rid, outcome, timer.prompt_tokens, timer.cached_tokens,
+        record = RequestRecord(timer.rid, outcome, timer.prompt_tokens, timer.cached_tokens,
                                completion_tokens, timer.queue_time, ttft, now - timer.arrival,
                                timer.itl)
         for listener in self.listeners:

@@ -6,11 +6,14 @@ scheduler's `BatchOut`s and feeds each request's `ReqState`; `generate` streams 
 that state. Stop strings end a request here (the scheduler only knows stop token ids),
 so this side tells the scheduler to finish it (`FinishReq`); a consumer that goes away
 aborts it (`AbortReq`).
+The scheduler knows a request by a key unique in this process, not by the caller's rid,
+which may be reused once released here, while the scheduler may still be freeing it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 import uuid
@@ -19,14 +22,16 @@ from collections.abc import AsyncIterator
 import msgspec
 import zmq.asyncio
 
+from runtime.api.admission import check_admission
 from runtime.api.aio_queue import AsyncPullQueue, AsyncPushQueue
 from runtime.api.chat import role_markers
 from runtime.api.detokenize import IncrementalDetokenizer
 from runtime.api.detokenize_batch import BatchDecoder
 from runtime.api.dispatch import apply_batch
-from runtime.api.errors import EngineDeadError, Overloaded
+from runtime.api.errors import EngineDeadError
 from runtime.api.prompt import prepare_prompt
 from runtime.api.req_state import ReqState
+from runtime.api.rid import check_rid
 from runtime.api.timing import RequestTimings
 from runtime.config import ServerConfig
 from runtime.messages import (
@@ -71,7 +76,9 @@ class TokenizerManager:
             vocab = min(vocab, len(self.tokenizer))
         self.vocab_size: int = vocab
         self._decoder = BatchDecoder(self.tokenizer) if self.tokenizer is not None else None
-        self._reqs: dict[str, ReqState] = {}
+        self._reqs: dict[str, ReqState] = {}  # by the key the scheduler knows it by
+        self._by_rid: dict[str, ReqState] = {}  # by the caller's rid
+        self._keys = itertools.count()
         self._dead: EngineDeadError | None = None
         self._dead_event = asyncio.Event()
         self._refusing: EngineDeadError | None = None  # draining: no new requests
@@ -165,39 +172,47 @@ class TokenizerManager:
         arrival = time.monotonic()
         self._check_alive()
         limits = await self.wait_limits(self.cfg.ready_timeout)  # at once after the first
+        rid = check_rid(rid) if rid is not None else uuid.uuid4().hex
         input_ids = self._prepare(prompt, params)
-        rid = rid if rid is not None else uuid.uuid4().hex
-        if rid in self._reqs:
+        if rid in self._by_rid:
             raise InvalidRequest(f"request id {rid!r} is already in flight")
-        if len(self._reqs) >= limits.max_running + self.cfg.max_queue:
-            raise Overloaded(f"{len(self._reqs)} requests in flight: the queue is full "
-                             f"(max_running={limits.max_running}, "
-                             f"max_queue={self.cfg.max_queue}); retry later")
+        check_admission(len(self._reqs), 1, limits, self.cfg)
         detok = None
         if self.tokenizer is not None:
             detok = IncrementalDetokenizer(self.tokenizer, input_ids,
                                            params.skip_special_tokens, params.stop)
+        key = format(next(self._keys), "x")
         state = ReqState(rid, detok, params.logprobs, input_ids, params.logprob_start_len,
-                         stream)
-        self._reqs[rid] = state
-        self.timings.start(rid, arrival)
+                         stream, key=key, report_cached=self.cfg.cache_report)
+        self._reqs[key] = state
+        self._by_rid[rid] = state
+        self.timings.start(key, arrival, rid)
         try:
-            self._sched.put(GenerateReq(rid, input_ids, params, self._stop_ids(params)))
+            self._sched.put(GenerateReq(key, input_ids, params, self._stop_ids(params)))
         except BaseException:
             self.release(state)
             raise
         return state
 
+    async def admit(self, seqs: int) -> None:
+        """Check that a request of `seqs` sequences (prompts x n) may be opened now:
+        raise `InvalidRequest` if it never could, `Overloaded` if the queue is too full."""
+        self._check_alive()
+        limits = await self.wait_limits(self.cfg.ready_timeout)
+        check_admission(len(self._reqs), seqs, limits, self.cfg)
+
     def release(self, state: ReqState) -> None:
         """Forget an opened request; if the scheduler still runs it, abort it there (its
-        consumer is gone: free the KV now)."""
-        if self._reqs.get(state.rid) is state:
-            del self._reqs[state.rid]
+        consumer is gone: free the KV now). Its rid may be used again at once."""
+        if self._reqs.get(state.key) is state:
+            del self._reqs[state.key]
+        if self._by_rid.get(state.rid) is state:
+            del self._by_rid[state.rid]
         if not state.scheduler_done and self._dead is None:
-            self._sched.put(AbortReq(state.rid))
+            self._sched.put(AbortReq(state.key))
         outcome = FinishReason.ERROR if state.error is not None \
             else state.finish_reason or FinishReason.ABORT
-        self.timings.finish(state.rid, outcome, state.completion_tokens)
+        self.timings.finish(state.key, outcome, state.completion_tokens)
 
     def model_info(self) -> ModelInfo:
         """The served model's name, context length and chat role markers."""
@@ -221,11 +236,11 @@ class TokenizerManager:
 
     def abort(self, rid: str) -> None:
         """Stop a request: the scheduler frees it; its output ends with finish reason ABORT."""
-        state = self._reqs.get(rid)
+        state = self._by_rid.get(rid)
         if state is None:
             return
         if not state.scheduler_done and self._dead is None:
-            self._sched.put(AbortReq(rid))
+            self._sched.put(AbortReq(state.key))
             state.scheduler_done = True
         state.abort()
 

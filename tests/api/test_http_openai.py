@@ -166,7 +166,8 @@ BAD = [
 
 @pytest.mark.parametrize("path,body,status,needle", BAD)
 def test_bad_input_gets_openai_error_json(server, path, body, status, needle):
-    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    kw = {"content": body, "headers": {"Content-Type": "application/json"}} \
+        if isinstance(body, bytes) else {"json": body}
     r = httpx.post(f"{server.url}{path}", timeout=30, **kw)
     assert r.status_code == status
     err = r.json()["error"]
@@ -256,7 +257,7 @@ def test_non_stream_disconnect_aborts(server):
     body = (b'{"model": "smollm2", "prompt": "Count:", "max_tokens": 4000, '
             b'"ignore_eos": true}')
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                      b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
         wait_until(lambda: server.metrics()["sluice_num_requests_running"] == 1,
                    what="the request to run")

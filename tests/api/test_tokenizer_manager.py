@@ -75,8 +75,8 @@ def test_stop_string_trims_and_finishes_it_in_the_scheduler(cfg, spec, tok, scri
     with FakeScheduler(cfg, lambda r: script_ids) as fake:
         chunks = run(cfg, spec, lambda tm: collect(
             tm.generate("hi", SamplingParams(max_tokens=200, stop=["END", "nope"]))))
-        rid = chunks[0].rid
-        assert fake.wait_for(lambda: any(f.rid == rid for f in fake.of_type(FinishReq)))
+        key = fake.of_type(GenerateReq)[0].rid  # the scheduler's id of the request
+        assert fake.wait_for(lambda: any(f.rid == key for f in fake.of_type(FinishReq)))
     text = "".join(c.text for c in chunks)
     assert text == full[:full.index("END")]
     ids = [t for c in chunks for t in c.token_ids]
@@ -120,15 +120,15 @@ def test_invalid_requests_never_reach_the_scheduler(cfg, spec, script_ids):
 def test_closing_the_stream_early_aborts(cfg, spec, script_ids):
     async def body(tm):
         agen = tm.generate("hi", SamplingParams(max_tokens=500))
-        first = await agen.__anext__()
+        await agen.__anext__()
         await agen.aclose()
         assert tm.num_inflight == 0
-        return first.rid
 
     with FakeScheduler(cfg, lambda r: script_ids * 20, step_s=0.02) as fake:
-        rid = run(cfg, spec, body)
+        run(cfg, spec, body)
         assert fake.wait_for(lambda: fake.of_type(AbortReq))
-    assert [(a.rid, a.reason) for a in fake.of_type(AbortReq)] == [(rid, "abort")]
+    key = fake.of_type(GenerateReq)[0].rid  # the scheduler's id of the request
+    assert [(a.rid, a.reason) for a in fake.of_type(AbortReq)] == [(key, "abort")]
 
 
 def test_cancelling_the_consumer_task_aborts(cfg, spec, script_ids):
@@ -158,8 +158,8 @@ def test_abort_by_rid(cfg, spec, script_ids):
     with FakeScheduler(cfg, lambda r: script_ids, stall=True) as fake:
         chunks = run(cfg, spec, body)
         assert fake.wait_for(lambda: fake.of_type(AbortReq))
-    assert chunks[-1].finish_reason == "abort"
-    assert [a.rid for a in fake.of_type(AbortReq)] == ["r1"]
+    assert chunks[-1].finish_reason == "abort" and chunks[-1].rid == "r1"
+    assert [a.rid for a in fake.of_type(AbortReq)] == [fake.of_type(GenerateReq)[0].rid]
 
 
 def test_process_died_fails_inflight_fast_and_later_calls(cfg, spec, script_ids):
