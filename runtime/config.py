@@ -21,6 +21,8 @@ RESERVE_MODES = ("request", "max")  # contiguous: prompt + max_tokens, or the wh
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_DTYPES = ("auto", "fp8", "int8")
+REQUEST_BYTES_PER_TOKEN = 64  # JSON token ids take <= 8, text far less per token
+MIN_REQUEST_BYTES = 1 << 20
 
 
 class ConfigError(ValueError):
@@ -61,6 +63,10 @@ class ServerConfig:
     (CPU). It also caps the context length."""
     max_queue: int = 1024
     """The most requests waiting beyond max_running; more get HTTP 429 (overloaded)."""
+    max_request_bytes: int = 0
+    """The largest HTTP request body or RPC message, in bytes: a larger body gets HTTP 413,
+    a larger RPC message drops the client's connection; 0: 64 bytes per token of the
+    context length, at least 1 MiB."""
     schedule_conservativeness: float = 1.0
     """Scales the KV reserved for the future tokens of running requests at admission
     (higher: fewer retractions, smaller batches)."""
@@ -131,6 +137,9 @@ class ServerConfig:
             raise ConfigError("schedule_conservativeness must be >= 0")
         if self.kv_slots < 0:
             raise ConfigError(f"kv_slots must be >= 0, got {self.kv_slots}")
+        if self.max_request_bytes < 0:
+            raise ConfigError(f"max_request_bytes must be >= 0 (0: from the context length), "
+                              f"got {self.max_request_bytes}")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise ConfigError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
         for name in ("port", "rpc_port"):
@@ -169,6 +178,11 @@ class ServerConfig:
         """Overlap scheduling: as set, else on, except for paged KV, which is synchronous
         by default like vLLM V1 (`--kv paged --overlap` turns it on)."""
         return self.kv != "paged" if self.overlap is None else self.overlap
+
+    def request_bytes_limit(self, max_context: int) -> int:
+        """`max_request_bytes`, or its default for a context of `max_context` tokens."""
+        return self.max_request_bytes or max(MIN_REQUEST_BYTES,
+                                             REQUEST_BYTES_PER_TOKEN * max_context)
 
     def replace(self, **changes) -> ServerConfig:
         """A copy with some fields changed (validated again)."""

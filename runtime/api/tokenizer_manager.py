@@ -26,6 +26,7 @@ from runtime.api.detokenize_batch import BatchDecoder
 from runtime.api.dispatch import apply_batch
 from runtime.api.errors import EngineDeadError, Overloaded
 from runtime.api.prompt import prepare_prompt
+from runtime.api.prompt_tokenizer import PromptTokenizer
 from runtime.api.req_state import ReqState
 from runtime.api.timing import RequestTimings
 from runtime.config import ServerConfig
@@ -68,6 +69,7 @@ class TokenizerManager:
             vocab = min(vocab, len(self.tokenizer))
         self.vocab_size: int = vocab
         self._decoder = BatchDecoder(self.tokenizer) if self.tokenizer is not None else None
+        self._prompts = PromptTokenizer(self.tokenizer) if self.tokenizer is not None else None
         self._reqs: dict[str, ReqState] = {}
         self._dead: EngineDeadError | None = None
         self._dead_event = asyncio.Event()
@@ -110,6 +112,11 @@ class TokenizerManager:
     def context_len(self) -> int:
         """The longest prompt + output a request may have (`Limits.max_context`)."""
         return self._known_limits().max_context
+
+    @property
+    def max_request_bytes(self) -> int:
+        """The largest HTTP body or RPC message a request may take (from the context)."""
+        return self.cfg.request_bytes_limit(self._known_limits().max_context)
 
     @property
     def num_inflight(self) -> int:
@@ -158,7 +165,9 @@ class TokenizerManager:
         arrival = time.monotonic()
         self._check_alive()
         limits = await self.wait_limits(self.cfg.ready_timeout)  # at once after the first
-        input_ids = self._prepare(prompt, params)
+        input_ids = await prepare_prompt(prompt, params, self._prompts, self.spec.name,
+                                         self.vocab_size, limits)
+        self._check_alive()  # the engine may have died while the prompt was tokenized
         rid = rid if rid is not None else uuid.uuid4().hex
         if rid in self._reqs:
             raise InvalidRequest(f"request id {rid!r} is already in flight")
@@ -189,6 +198,15 @@ class TokenizerManager:
             self._sched.put(AbortReq(state.rid))
         outcome = "error" if state.error is not None else state.finish_reason or "abort"
         self.timings.finish(state.rid, outcome, state.completion_tokens)
+
+    async def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """The token ids of prompt text, computed off the event loop when it is long;
+        `InvalidRequest` without tokenizing when it is far longer than a prompt may be."""
+        if self._prompts is None:
+            raise InvalidRequest(f"model {self.spec.name!r} has no tokenizer: "
+                                 "send the prompt as token ids")
+        return await self._prompts.encode(text, self._known_limits().max_req_input_len,
+                                          add_special_tokens=add_special_tokens)
 
     def model_info(self) -> ModelInfo:
         """The served model's name, context length and chat role markers."""
@@ -234,6 +252,8 @@ class TokenizerManager:
         self._recv_task.cancel()
         await asyncio.gather(self._recv_task, return_exceptions=True)
         self._recv_task = None
+        if self._prompts is not None:
+            self._prompts.close()
         self._sched.close(linger_ms=1000 if shutdown_scheduler else 0)
         self._api_in.close()
         self._ctx.term()
@@ -249,11 +269,6 @@ class TokenizerManager:
         if self.limits is None:
             raise RuntimeError("the scheduler has not sent its limits yet (see wait_limits)")
         return self.limits
-
-    def _prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
-        """Validate a request and tokenize its prompt; raise `InvalidRequest` if bad."""
-        return prepare_prompt(prompt, params, self.tokenizer, self.spec.name, self.vocab_size,
-                              self._known_limits())
 
     def _stop_ids(self, params: SamplingParams) -> list[int]:
         ids = list(params.stop_token_ids)
