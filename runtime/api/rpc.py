@@ -5,7 +5,8 @@ the client's rid, so one client can multiplex many requests. A request runs as o
 that opens it in the TokenizerManager and waits for its end, while `RpcOutbox` sends its
 output: all of a client's chunks from one scheduler step go out as one message.
 `RpcAbort` cancels the task, which aborts the request in the scheduler. ROUTER_MANDATORY
-makes a send to a disconnected client fail, which we treat like an abort.
+makes a send to a disconnected client fail, which we treat like an abort. A message over
+`--max-request-bytes` (MAXMSGSIZE) is never read: zmq drops that client's connection.
 """
 
 from __future__ import annotations
@@ -48,12 +49,15 @@ class RpcServer:
         self._outbox: RpcOutbox | None = None
 
     async def start(self) -> None:
-        """Bind the ROUTER socket and start serving."""
+        """Bind the ROUTER socket and start serving (once the TokenizerManager has the
+        scheduler's limits: they size MAXMSGSIZE)."""
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 0)  # never drop a chunk for a slow reader
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # a larger message is never read: zmq drops the sender's connection instead
+        self._sock.setsockopt(zmq.MAXMSGSIZE, self.tm.max_request_bytes)
         self._sock.bind(self.addr)
         self._outbox = RpcOutbox(self._sock)
         self._serve_task = asyncio.create_task(self._serve(), name="rpc-serve")
@@ -90,7 +94,7 @@ class RpcServer:
             return
         try:
             msg = self._dec.decode(frames[1])
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
             self._reply(identity, RpcError(_guess_rid(frames[1]), f"malformed message: {e}"))
             return
         key = (identity, msg.rid)
@@ -142,7 +146,7 @@ def _guess_rid(payload: bytes) -> str:
     (array-like tagged structs encode as [tag, rid, ...])."""
     try:
         raw = msgspec.msgpack.decode(payload)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return ""
     if isinstance(raw, list) and len(raw) > 1 and isinstance(raw[1], str):
         return raw[1]
