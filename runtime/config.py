@@ -24,6 +24,8 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_DTYPES = ("auto", "fp8", "int8")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
+REQUEST_BYTES_PER_TOKEN = 64  # JSON token ids take <= 8, text far less per token
+MIN_REQUEST_BYTES = 1 << 20
 
 
 class ConfigError(ValueError):
@@ -86,6 +88,10 @@ class ServerConfig:
     max_request_seqs: int = 64
     """The most sequences (prompts x n) one request may run, further capped at a quarter
     of max_running + max_queue so one request leaves room for others; more is a 400."""
+    max_request_bytes: int = 0
+    """The largest HTTP request body or RPC message, in bytes: a larger body gets HTTP 413,
+    a larger RPC message drops the client's connection; 0: 64 bytes per token of the
+    context length, at least 1 MiB."""
     schedule_conservativeness: float = 1.0
     """Scales the KV reserved for the future tokens of running requests at admission
     (higher: fewer retractions, smaller batches)."""
@@ -170,6 +176,9 @@ class ServerConfig:
             raise ConfigError("schedule_conservativeness must be >= 0")
         if self.kv_slots < 0:
             raise ConfigError(f"kv_slots must be >= 0, got {self.kv_slots}")
+        if self.max_request_bytes < 0:
+            raise ConfigError(f"max_request_bytes must be >= 0 (0: from the context length), "
+                              f"got {self.max_request_bytes}")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise ConfigError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
         for name in ("port", "rpc_port"):
@@ -214,6 +223,11 @@ class ServerConfig:
     def kv_mode(self) -> KVMode:
         """The KV layout and what follows from it (page size, overlap, prefix cache)."""
         return KVMode.from_config(self)
+
+    def request_bytes_limit(self, max_context: int) -> int:
+        """`max_request_bytes`, or its default for a context of `max_context` tokens."""
+        return self.max_request_bytes or max(MIN_REQUEST_BYTES,
+                                             REQUEST_BYTES_PER_TOKEN * max_context)
 
     def replace(self, **changes) -> ServerConfig:
         """A copy with some fields changed (validated again)."""

@@ -21,10 +21,17 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Sequence
+from typing import Annotated
 
 import msgspec
 
 _WIRE = dict(tag=True, array_like=True, omit_defaults=True, gc=False)
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+# an int the scheduler and worker can hold: decoding a wider one is a validation error
+Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+MAX_STOP_STRINGS = 16  # per request (OpenAI allows 4)
+MAX_STOP_CHARS = 1024  # the stop strings of a request together
 
 
 class InvalidRequest(ValueError):
@@ -34,25 +41,25 @@ class InvalidRequest(ValueError):
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     """How to sample one request. `temperature=0` is greedy."""
 
-    max_tokens: int = 128
+    max_tokens: Int64 = 128
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1  # -1 or 0: disabled
+    top_k: Int64 = -1  # -1 or 0: disabled
     min_p: float = 0.0
-    seed: int | None = None
+    seed: Int64 | None = None
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    stop: list[str] = []
-    stop_token_ids: list[int] = []
+    stop: list[str] = []  # at most MAX_STOP_STRINGS, MAX_STOP_CHARS in all
+    stop_token_ids: list[Int64] = []
     ignore_eos: bool = False
     logprobs: bool = False
     skip_special_tokens: bool = True
-    priority: int = 0
+    priority: Int64 = 0
     # Input (prompt) logprobs: the logprob of every prompt token from this position on,
     # given the tokens before it (-1: off). Position 0 has no logprob (nothing precedes
     # it): 0 means the same as 1. The prefix cache is not used from here on.
-    logprob_start_len: int = -1
+    logprob_start_len: Int64 = -1
     # Constrain the output to a full match of this regex (ends with EOS once complete).
     regex: str | None = None
 
@@ -60,6 +67,13 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         """Raise `InvalidRequest` naming the first bad field."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        for name in ("max_tokens", "top_k", "seed", "priority", "logprob_start_len"):
+            value = getattr(self, name)
+            if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+                raise InvalidRequest(f"{name} must be a 64-bit int (in [-2**63, 2**63 - 1])")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings are allowed, "
+                                 f"got {len(self.stop)}")
         checks = [
             (isinstance(self.max_tokens, int) and self.max_tokens >= 0, "max_tokens must be >= 0"),
             (_finite(self.temperature) and self.temperature >= 0, "temperature must be >= 0"),
@@ -73,8 +87,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             (_finite(self.repetition_penalty) and self.repetition_penalty > 0,
              "repetition_penalty must be > 0"),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty"),
-            (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
-             "stop_token_ids must be non-negative ints"),
+            (sum(len(s) for s in self.stop if isinstance(s, str)) <= MAX_STOP_CHARS,
+             f"stop strings may have at most {MAX_STOP_CHARS} characters in all"),
+            (all(isinstance(t, int) and 0 <= t <= INT64_MAX for t in self.stop_token_ids),
+             "stop_token_ids must be non-negative 64-bit ints"),
             (isinstance(self.logprob_start_len, int) and self.logprob_start_len >= -1,
              "logprob_start_len must be -1 (off) or >= 0"),
             (self.regex is None or (isinstance(self.regex, str) and self.regex != ""),

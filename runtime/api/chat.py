@@ -1,4 +1,4 @@
-"""Chat messages to prompt token ids, and role markers, from the model's own chat template."""
+"""Chat messages to prompt text, and role markers, from the model's own chat template."""
 
 from __future__ import annotations
 
@@ -28,9 +28,10 @@ def message_text(msg: ChatMessage) -> str:
     return "\n".join(texts)
 
 
-def chat_prompt_ids(tokenizer: Any, messages: list[ChatMessage]) -> list[int]:
+def chat_prompt_text(tokenizer: Any, messages: list[ChatMessage]) -> str:
     """Render `messages` with the tokenizer's chat template (plus the assistant's turn
-    header) and tokenize the result as is: the template already holds special tokens."""
+    header); tokenize the result as is (no special tokens added): the template already
+    holds them."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ApiError(400, "this model has no chat template; use /v1/completions")
     if not messages:
@@ -45,12 +46,11 @@ def chat_prompt_ids(tokenizer: Any, messages: list[ChatMessage]) -> list[int]:
             turn["name"] = msg.name
         conversation.append(turn)
     try:
-        text = tokenizer.apply_chat_template(conversation, tokenize=False,
+        return tokenizer.apply_chat_template(conversation, tokenize=False,
                                              add_generation_prompt=True)
     except Exception as e:  # the template rejects the conversation (e.g. role order)
         raise ApiError(400, f"the chat template rejected the messages: {e}",
                        param="messages") from None
-    return tokenizer.encode(text, add_special_tokens=False)
 
 
 _SENTINELS = {"system": "\x1esluice-system\x1e", "user": "\x1esluice-user\x1e",

@@ -9,7 +9,8 @@ the token before. So, as vLLM and SGLang do, we decode a short window of tokens 
 held back while it ends in U+FFFD (an unfinished UTF-8 sequence). The window starts with
 a few prompt tokens so the first output token decodes in context.
 
-Stop strings are searched in the committed text (also across token boundaries); while
+Stop strings are searched in the committed text (also across token boundaries) by a
+`StopMatcher`, so a token costs the same however many stop strings a request has; while
 any are set, the last `max(len(stop)) - 1` characters stay unsent, so a stream never
 shows the start of a stop string that a later token completes.
 """
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+from runtime.api.stop_matcher import StopMatcher
 
 PROMPT_CONTEXT = 5  # prompt tokens decoded ahead of the output (vLLM uses 5 too)
 
@@ -36,6 +39,7 @@ class IncrementalDetokenizer:
         self.skip_special_tokens = skip_special_tokens
         self.stop = list(stop)
         self._hold = max((len(s) for s in self.stop), default=1) - 1
+        self._matcher = StopMatcher(self.stop) if self.stop else None
         context = list(prompt_ids[-PROMPT_CONTEXT:])
         if "\ufffd" in self._decode(context):  # prompt ends inside a character: no context
             context = []
@@ -113,13 +117,9 @@ class IncrementalDetokenizer:
             return
         start = len(self._unsent)
         self._unsent += piece
-        best: tuple[int, str] | None = None
-        for s in self.stop:
-            # a new match ends inside `piece`; `_unsent` keeps len(s) - 1 chars before it
-            i = self._unsent.find(s, max(0, start - len(s) + 1))
-            if i != -1 and (best is None or i < best[0]):
-                best = (i, s)
-        if best is not None:
-            self._unsent = self._unsent[:best[0]]
-            self.stop_str = best[1]
+        found = self._matcher.feed(piece) if self._matcher is not None else None
+        if found is not None:
+            # a match starts at most len(stop) - 1 chars before `piece`: `_unsent` holds them
+            offset, self.stop_str = found
+            self._unsent = self._unsent[:start + offset]
             self.finished = True

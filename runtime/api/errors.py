@@ -1,10 +1,13 @@
 """Errors the serving front raises, shared by the api process and its clients.
 
 `InvalidRequest` (the caller's fault) lives in `runtime.messages`; everything here but
-`Unauthorized` is the server's fault, so a client can retry elsewhere or report it.
+`Unauthorized` and `ContextLengthExceeded` is the server's fault, so a client can retry
+elsewhere or report it.
 """
 
 from __future__ import annotations
+
+from runtime.messages import InvalidRequest
 
 
 class ServerError(RuntimeError):
@@ -29,3 +32,9 @@ class Unauthorized(PermissionError):
 
 class ServerTimeout(ServerError, TimeoutError):
     """A client heard nothing from the server for longer than its timeout."""
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt, or the prompt plus max_tokens, does not fit the context."""
+
+    code = "context_length_exceeded"  # the OpenAI error code

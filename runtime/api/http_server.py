@@ -4,15 +4,17 @@ and `/health`.
 `build_app` makes the Starlette app over a running TokenizerManager and Monitor (tests
 use it directly); `HttpServer` serves that app with uvicorn on the api process's loop, as
 one of its fronts. Errors are OpenAI error JSON with the matching status: 400 for a bad
-request, 404 for an unknown model or path, 429 when the queue is full, 503 when the
-engine is gone, 500 when the scheduler failed the request. Before any route, `HttpGuard`
-checks the Host, the API key and the Content-Type (400, 401, 415); the protocol closes
-connections that are slow to send a request or beyond `max_connections` (`http_conn`).
+request, 404 for an unknown model or path, 413 for a body over `--max-request-bytes`,
+429 when the queue is full, 503 when the engine is gone, 500 when the scheduler failed
+the request. Before any route, `HttpGuard` checks the Host, the API key and the
+Content-Type (400, 401, 415); the protocol closes connections that are slow to send
+a request or beyond `max_connections` (`http_conn`).
 
 A client that disconnects aborts its requests: while an SSE response streams, Starlette
 stops it and the response closes the request streams behind it; before that (waiting for
 the first token, or for a whole non-streamed response) a watcher on the ASGI `receive`
-channel cancels the work.
+channel cancels the work. One that disconnects while sending its body gets the same
+499 as one that leaves before its response: a client abort, not a server error.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from runtime.api.openai_protocol import (
     decode_request,
 )
 from runtime.api.openai_serving import OpenAIServing
+from runtime.api.request_body import read_body
 from runtime.api.streams import EventStream
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ServerConfig
@@ -140,7 +143,7 @@ class _Endpoints:
                      handler: Callable[[Any, Any], Awaitable[Any]]) -> Response:
         """Decode, run, and answer: JSON, an SSE stream, or an error."""
         try:
-            req = decode_request(await request.body(), typ)
+            req = decode_request(await read_body(request, self.tm.max_request_bytes), typ)
             result = await handler(req, _guard(request))
         except (ClientGone, ClientDisconnect):  # e.g. cut off while sending its body
             return Response(status_code=499)  # nginx's "client closed request"; nobody reads it

@@ -125,6 +125,8 @@ def decode_request(body: bytes, typ: type[msgspec.Struct]) -> Any:
         raise ApiError(400, f"invalid request: {e}") from None
     except msgspec.DecodeError as e:
         raise ApiError(400, f"malformed JSON body: {e}") from None
+    except RecursionError:
+        raise ApiError(400, "malformed JSON body: nested too deeply") from None
 
 
 def prompt_list(prompt: str | list[Any]) -> list[str | list[int]]:

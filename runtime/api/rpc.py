@@ -5,7 +5,8 @@ the client's rid, so one client can multiplex many requests. A request runs as o
 that opens it in the TokenizerManager and waits for its end, while `RpcOutbox` sends its
 output: all of a client's outputs from one scheduler step go out as one message.
 `RpcAbort` cancels the task, which aborts the request in the scheduler. ROUTER_MANDATORY
-makes a send to a disconnected client fail, which we treat like an abort.
+makes a send to a disconnected client fail, which we treat like an abort. A message over
+`--max-request-bytes` (MAXMSGSIZE) is never read: zmq drops that client's connection.
 
 With an API key, `RpcGenerate` and `RpcGetModelInfo` must carry it (else an "unauthorized"
 `RpcError`); an `RpcAbort` needs none, as it reaches only its own connection's requests.
@@ -57,7 +58,8 @@ class RpcServer:
         self._outbox: RpcOutbox | None = None
 
     async def start(self) -> None:
-        """Bind the ROUTER socket and start serving."""
+        """Bind the ROUTER socket and start serving (once the TokenizerManager has the
+        scheduler's limits: they size MAXMSGSIZE)."""
         warn_if_exposed("RPC", self.tm.cfg.rpc_host, self._api_key)
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -66,6 +68,8 @@ class RpcServer:
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.HANDSHAKE_IVL, int(self.tm.cfg.read_timeout * 1000))
         self._sock.setsockopt(zmq.TCP_KEEPALIVE, 1)  # reap peers that vanished
+        # a larger message is never read: zmq drops the sender's connection instead
+        self._sock.setsockopt(zmq.MAXMSGSIZE, self.tm.max_request_bytes)
         self._sock.bind(self.addr)
         self._outbox = RpcOutbox(self._sock)
         self._serve_task = asyncio.create_task(self._serve(), name="rpc-serve")
@@ -102,7 +106,7 @@ class RpcServer:
             return
         try:
             msg = self._dec.decode(frames[1])
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
             self._reply(identity, RpcError(_guess_rid(frames[1]), f"malformed message: {e}"))
             return
         key = (identity, msg.rid)
@@ -163,7 +167,7 @@ def _guess_rid(payload: bytes) -> str:
     (array-like tagged structs encode as [tag, rid, ...])."""
     try:
         raw = msgspec.msgpack.decode(payload)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return ""
     if isinstance(raw, list) and len(raw) > 1 and isinstance(raw[1], str):
         return raw[1]

@@ -30,6 +30,7 @@ from runtime.api.detokenize_batch import BatchDecoder
 from runtime.api.dispatch import apply_batch
 from runtime.api.errors import EngineDeadError
 from runtime.api.prompt import prepare_prompt
+from runtime.api.prompt_tokenizer import PromptTokenizer
 from runtime.api.req_state import ReqState
 from runtime.api.rid import check_rid
 from runtime.api.timing import RequestTimings
@@ -76,6 +77,7 @@ class TokenizerManager:
             vocab = min(vocab, len(self.tokenizer))
         self.vocab_size: int = vocab
         self._decoder = BatchDecoder(self.tokenizer) if self.tokenizer is not None else None
+        self._prompts = PromptTokenizer(self.tokenizer) if self.tokenizer is not None else None
         self._reqs: dict[str, ReqState] = {}  # by the key the scheduler knows it by
         self._by_rid: dict[str, ReqState] = {}  # by the caller's rid
         self._keys = itertools.count()
@@ -121,6 +123,11 @@ class TokenizerManager:
     def context_len(self) -> int:
         """The longest prompt + output a request may have (`Limits.max_context`)."""
         return self._known_limits().max_context
+
+    @property
+    def max_request_bytes(self) -> int:
+        """The largest HTTP body or RPC message a request may take (from the context)."""
+        return self.cfg.request_bytes_limit(self._known_limits().max_context)
 
     @property
     def num_inflight(self) -> int:
@@ -173,7 +180,9 @@ class TokenizerManager:
         self._check_alive()
         limits = await self.wait_limits(self.cfg.ready_timeout)  # at once after the first
         rid = check_rid(rid) if rid is not None else uuid.uuid4().hex
-        input_ids = self._prepare(prompt, params)
+        input_ids = await prepare_prompt(prompt, params, self._prompts, self.spec.name,
+                                         self.vocab_size, limits)
+        self._check_alive()  # the engine may have died while the prompt was tokenized
         if rid in self._by_rid:
             raise InvalidRequest(f"request id {rid!r} is already in flight")
         check_admission(len(self._reqs), 1, limits, self.cfg)
@@ -213,6 +222,15 @@ class TokenizerManager:
         outcome = FinishReason.ERROR if state.error is not None \
             else state.finish_reason or FinishReason.ABORT
         self.timings.finish(state.key, outcome, state.completion_tokens)
+
+    async def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """The token ids of prompt text, computed off the event loop when it is long;
+        `InvalidRequest` without tokenizing when it is far longer than a prompt may be."""
+        if self._prompts is None:
+            raise InvalidRequest(f"model {self.spec.name!r} has no tokenizer: "
+                                 "send the prompt as token ids")
+        return await self._prompts.encode(text, self._known_limits().max_req_input_len,
+                                          add_special_tokens=add_special_tokens)
 
     def model_info(self) -> ModelInfo:
         """The served model's name, context length and chat role markers."""
@@ -268,6 +286,8 @@ class TokenizerManager:
         self._recv_task.cancel()
         await asyncio.gather(self._recv_task, return_exceptions=True)
         self._recv_task = None
+        if self._prompts is not None:
+            self._prompts.close()
         self._sched.close(linger_ms=1000 if shutdown_scheduler else 0)
         self._api_in.close()
         self._ctx.term()
@@ -285,11 +305,6 @@ class TokenizerManager:
         if self.limits is None:
             raise RuntimeError("the scheduler has not sent its limits yet (see wait_limits)")
         return self.limits
-
-    def _prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
-        """Validate a request and tokenize its prompt; raise `InvalidRequest` if bad."""
-        return prepare_prompt(prompt, params, self.tokenizer, self.spec.name, self.vocab_size,
-                              self._known_limits())
 
     def _stop_ids(self, params: SamplingParams) -> list[int]:
         ids = list(params.stop_token_ids)
