@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
@@ -14,14 +15,16 @@ OnText = Callable[[str], None]
 C = TypeVar("C")  # a client with a close() method
 
 
-def follow(deltas: Iterable[RequestOutput], on_text: OnText) -> RequestOutput:
+def follow(deltas: Generator[RequestOutput, None, None], on_text: OnText) -> RequestOutput:
     """Consume a request's streamed deltas, calling `on_text` with each new piece of
-    text; return its whole output."""
+    text; return its whole output. If `on_text` raises, the stream is closed at once
+    (which aborts the request)."""
     seen = []
-    for delta in deltas:
-        seen.append(delta)
-        if delta.text:
-            on_text(delta.text)
+    with contextlib.closing(deltas):
+        for delta in deltas:
+            seen.append(delta)
+            if delta.text:
+                on_text(delta.text)
     return RequestOutput.join(seen)
 
 
