@@ -93,6 +93,15 @@ class ServerProcess:
         return total
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def wait_for(pred, timeout: float, poll: float = 0.05) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -12,7 +12,7 @@ import pytest
 from runtime.api.errors import ServerError
 from runtime.client import Client
 from runtime.messages import InvalidRequest
-from tests.e2e.server import ServerProcess, wait_for
+from tests.e2e.server import ServerProcess, process_alive, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -84,14 +84,6 @@ def test_killing_the_worker_fails_requests_and_exits_nonzero():
         t.join(30)
         assert not t.is_alive() and errors, "the in-flight request did not fail"
         assert srv.wait(30) != 0
-        assert wait_for(lambda: all(not _alive(p) for p in srv.pids.values()), 15)
+        assert wait_for(lambda: all(not process_alive(p) for p in srv.pids.values()), 15)
     finally:
         srv.stop()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

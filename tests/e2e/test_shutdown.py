@@ -14,17 +14,18 @@ import pytest
 
 from runtime.api.errors import ServerError, ServerTimeout
 from runtime.client import Client
-from tests.e2e.server import ServerProcess, wait_for
+from tests.e2e.server import ServerProcess, process_alive, wait_for
 
 LONG = dict(max_tokens=2000, ignore_eos=True, temperature=0.0)  # never ends within a test
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+def _assert_stopped_cleanly(srv: ServerProcess, tmp_path, wait_s: float) -> None:
+    """The server exited 0 within `wait_s`, printed no traceback, and left no process and
+    no IPC folder behind."""
+    assert srv.wait(wait_s) == 0
+    assert "Traceback" not in srv.output()
+    assert wait_for(lambda: not any(process_alive(p) for p in srv.pids.values()), 15)
+    assert _ipc_folders(tmp_path) == []
 
 
 def _port_open(port: int) -> bool:
@@ -119,10 +120,7 @@ def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(tmp_path):
             chunks += list(stream)  # the one in flight at the signal runs to its end
         assert chunks[-1].finish_reason == "length"
         assert sum(len(c.token_ids) for c in chunks) == 32
-        assert srv.wait(120) == 0  # once it ended, not after the 300 s grace
-        assert "Traceback" not in srv.output()
-        assert wait_for(lambda: not any(_alive(p) for p in srv.pids.values()), 15)
-        assert _ipc_folders(tmp_path) == []
+        _assert_stopped_cleanly(srv, tmp_path, 120)  # once it ended, not after the grace
     finally:
         srv.stop()
 
@@ -136,10 +134,7 @@ def test_ctrl_c_fails_requests_still_running_after_the_grace(tmp_path):
         srv.interrupt()  # every process of the group gets SIGINT, as from a terminal
         long.join(60)
         long.assert_failed_with_shutdown()
-        assert srv.wait(60) == 0
-        assert "Traceback" not in srv.output()
-        assert wait_for(lambda: not any(_alive(p) for p in srv.pids.values()), 15)
-        assert _ipc_folders(tmp_path) == []
+        _assert_stopped_cleanly(srv, tmp_path, 60)
     finally:
         srv.stop()
 
@@ -150,12 +145,12 @@ def test_killing_the_launcher_takes_every_process_and_port_with_it(tmp_path):
         assert _port_open(srv.port) and _port_open(srv.rpc_port)
         assert _ipc_folders(tmp_path) != []
         os.kill(srv.proc.pid, signal.SIGKILL)
-        assert wait_for(lambda: not any(_alive(p) for p in srv.pids.values()), 15)
+        assert wait_for(lambda: not any(process_alive(p) for p in srv.pids.values()), 15)
         # a process's sockets close as its last thread exits, just after its pid says zombie
         assert wait_for(lambda: not _port_open(srv.port) and not _port_open(srv.rpc_port), 15)
         assert wait_for(lambda: _ipc_folders(tmp_path) == [], 5)
     finally:
         srv.stop()
         for pid in srv.pids.values():
-            if _alive(pid):
+            if process_alive(pid):
                 os.kill(pid, signal.SIGKILL)
