@@ -25,6 +25,7 @@ from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ServerConfig
 from runtime.messages import Ready
 from runtime.model_config import resolve_model
+from runtime.procutil import freeze_startup_heap
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ async def _serve(cfg: ServerConfig) -> int:
         log.exception("api startup failed")
         _send_ready(cfg, Ready(name="api", error=f"{type(e).__name__}: {e}"))
         return 1
+    freeze_startup_heap()
     _send_ready(
         cfg,
         Ready(name="api", info={"rpc": cfg.rpc_addr, "http": http.url, "pid": str(os.getpid())}),

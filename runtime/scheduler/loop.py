@@ -35,7 +35,7 @@ from runtime.messages import (
     WorkerReady,
 )
 from runtime.model_config import resolve_model
-from runtime.procutil import error_text, setup_logging
+from runtime.procutil import error_text, freeze_startup_heap, setup_logging
 from runtime.scheduler.grammar_gate import GrammarGate
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.kv_study import build_study_kv
@@ -122,6 +122,7 @@ def run_scheduler(cfg: ServerConfig) -> None:
         ready.put(Ready("scheduler", error=error_text(exc)))
         sys.exit(1)
     to_api.put(limits(sched, spec.max_context))  # before Ready: the api serves only after it
+    freeze_startup_heap()
     ready.put(Ready("scheduler"))
     mode = cfg.kv_mode
     log.info("KV pool %d slots, %d rows, kv=%s, overlap=%s, context %d tokens (model: %d)",

@@ -47,7 +47,7 @@ from runtime.messages import (
     WorkerReady,
 )
 from runtime.model_config import ModelSpec, resolve_model
-from runtime.procutil import error_text, setup_logging
+from runtime.procutil import error_text, freeze_startup_heap, setup_logging
 from runtime.worker.batch_builder import BatchBuilder, SampleInputs
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.grammar_rows import GrammarRows
@@ -262,6 +262,7 @@ def run_worker(cfg: ServerConfig, rank: int = 0) -> None:
     log.info("model %s on %s (TP rank %d of %d), KV pool %d tokens of %s (%d bytes/token "
              "on this rank)", cfg.model, worker.device, rank, cfg.tp, worker.runner.kv_slots,
              worker.runner.kv_pool.dtype, worker.runner.kv_bytes_per_token)
+    freeze_startup_heap()
     ready.put(Ready(name))
     pending: queue.Queue = queue.Queue()
     sender = threading.Thread(target=_send_results,
