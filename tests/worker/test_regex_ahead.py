@@ -90,7 +90,7 @@ class Loop:
             self.on_report(self.reports.get())
         for out in self.sched.take_outputs():
             assert out.error is None, out.error
-            self.outs[out.rid] += out.new_ids
+            self.outs[out.rid] += out.token_ids
             if out.finish_reason is not None:
                 self.reasons[out.rid] = out.finish_reason
 
