@@ -101,8 +101,11 @@ def _reference(entry: Entry) -> dict[str, Any]:
 
 
 def _exit_with_parent(cfg: ServerConfig) -> None:
-    """Block until stdin ends (the parent closed it, or died), then clean up and exit."""
-    while sys.stdin.buffer.read(4096):
+    """Block until stdin ends (the parent closed it, or died), then clean up and exit.
+
+    It reads the file descriptor itself, not `sys.stdin`: a daemon thread blocked inside a
+    buffered reader at interpreter exit makes the exit a fatal error."""
+    while os.read(sys.stdin.fileno(), 4096):
         pass
     remove_ipc_files(cfg.ipc_dir, cfg.run_id)
     os._exit(1)

@@ -39,6 +39,7 @@ def _run_script(source: str, tmp_path: Path) -> subprocess.CompletedProcess:
 def _assert_clean(done: subprocess.CompletedProcess, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    assert "Fatal Python error" not in done.stderr
     assert [n for n in os.listdir(tmp_path) if n.startswith("sluice-")] == []
 
 
