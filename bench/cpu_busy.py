@@ -2,14 +2,19 @@
 busy-looping processes beside both.
 
     python -m bench.cpu_busy [--busy 0,2] [--batches 1,16] [--new-tokens 64]
-                             [--torch-threads 0] [--repeats 3] [--out PREFIX]
+                             [--torch-threads 0] [--sluice-threads 0] [--cpus 0,1]
+                             [--model smollm2] [--repeats 3] [--out PREFIX]
 
-SmolLM2 (the embedded model), fp32 on the CPU, greedy, `--new-tokens` per request with
-EOS ignored. Each system runs in a fresh process of its own (HF `generate` with a static
-batch; Sluice's in-process `Engine`, which starts its scheduler and worker processes), one
-after the other, while `--busy` processes spin (`while True: pass`) for the whole
-measurement. The table gives output tok/s (median of `--repeats`) and Sluice/HF in the
-same condition: the ratio is what to read, since absolute numbers drift.
+SmolLM2 (the embedded model; `--model` takes any HF folder both can read), fp32 on the
+CPU, greedy, `--new-tokens` per request with EOS ignored. `--cpus` pins the whole
+experiment (both engines, all of Sluice's processes, the busy loops) to those CPUs, so a
+large machine can stand in for a small one. `--sluice-threads 0,1` runs Sluice once per
+`torch_threads` value (0: the engine's default). Each system runs in a fresh process of
+its own (HF `generate` with a static batch; Sluice's in-process `Engine`, which starts its
+scheduler and worker processes), one after the other, while `--busy` processes spin
+(`while True: pass`) for the whole measurement. The table gives output tok/s (median of
+`--repeats`) and Sluice/HF in the same condition: the ratio is what to read, since
+absolute numbers drift.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import datetime
 import json
 import multiprocessing as mp
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -33,7 +39,7 @@ def _spin() -> None:
         pass
 
 
-def _hf(batches: list[int], new_tokens: int, repeats: int, threads: int) -> dict:
+def _hf(model: str, batches: list[int], new_tokens: int, repeats: int, threads: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -41,7 +47,7 @@ def _hf(batches: list[int], new_tokens: int, repeats: int, threads: int) -> dict
 
     if threads:
         torch.set_num_threads(threads)
-    path = resolve_model("smollm2").path
+    path = resolve_model(model).path
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = tok(PROMPT, return_tensors="pt").input_ids
@@ -60,13 +66,14 @@ def _hf(batches: list[int], new_tokens: int, repeats: int, threads: int) -> dict
     return out
 
 
-def _sluice(batches: list[int], new_tokens: int, repeats: int, threads: int) -> dict:
+def _sluice(model: str, batches: list[int], new_tokens: int, repeats: int,
+            threads: int) -> dict:
     from runtime.engine import Engine
     from runtime.messages import SamplingParams
 
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     out = {}
-    with Engine("smollm2", device="cpu", dtype="float32", torch_threads=threads) as engine:
+    with Engine(model, device="cpu", dtype="float32", torch_threads=threads) as engine:
         engine.generate([PROMPT], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
         for b in batches:
             times = []
@@ -81,11 +88,11 @@ def _sluice(batches: list[int], new_tokens: int, repeats: int, threads: int) -> 
     return out
 
 
-def _run_part(system: str, args: argparse.Namespace) -> dict:
+def _run_part(system: str, threads: int, args: argparse.Namespace) -> dict:
     """Run one system in a fresh interpreter; returns {batch: tok/s}."""
     code = (f"import json, sys; from bench.cpu_busy import _{system}; "
-            f"print('RESULT', json.dumps(_{system}({args.batches!r}, {args.new_tokens}, "
-            f"{args.repeats}, {args.torch_threads})))")
+            f"print('RESULT', json.dumps(_{system}({args.model!r}, {args.batches!r}, "
+            f"{args.new_tokens}, {args.repeats}, {threads})))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=args.timeout)
     for line in proc.stdout.splitlines():
@@ -99,39 +106,51 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--busy", default="0,2", help="busy-looping processes, per condition")
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--torch-threads", type=int, default=0, help="0: each system's default")
+    ap.add_argument("--torch-threads", type=int, default=0, help="HF's torch threads; 0: default")
+    ap.add_argument("--sluice-threads", default="0",
+                    help="Sluice's torch_threads, one run per value; 0: the engine's default")
+    ap.add_argument("--cpus", default="", help="pin everything to these CPUs, e.g. 0,1")
+    ap.add_argument("--model", default="smollm2")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per part")
     ap.add_argument("--out", default="", help="write PREFIX.json and PREFIX.md")
     args = ap.parse_args(argv)
     args.batches = [int(x) for x in args.batches.split(",")]
+    variants = [int(x) for x in args.sluice_threads.split(",")]
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     rows = []
     for busy in [int(x) for x in args.busy.split(",")]:
         spinners = [mp.Process(target=_spin, daemon=True) for _ in range(busy)]
         for p in spinners:
             p.start()
         try:
-            res = {s: _run_part(s, args) for s in ("hf", "sluice")}
+            hf_res = _run_part("hf", args.torch_threads, args)
+            sl_res = {t: _run_part("sluice", t, args) for t in variants}
         finally:
             for p in spinners:
                 p.kill()
-        for b in args.batches:
-            hf, sl = res["hf"][str(b)], res["sluice"][str(b)]
-            rows.append({"busy": busy, "batch": b, "hf_tok_s": hf, "sluice_tok_s": sl,
-                         "ratio": sl / hf})
-            print(f"busy={busy} batch={b}: HF {hf:.1f} tok/s, Sluice {sl:.1f} tok/s, "
-                  f"ratio {sl / hf:.2f}", flush=True)
+        for t, res in sl_res.items():
+            for b in args.batches:
+                hf, sl = hf_res[str(b)], res[str(b)]
+                rows.append({"busy": busy, "batch": b, "sluice_threads": t, "hf_tok_s": hf,
+                             "sluice_tok_s": sl, "ratio": sl / hf})
+                print(f"busy={busy} batch={b} sluice_threads={t}: HF {hf:.1f} tok/s, "
+                      f"Sluice {sl:.1f} tok/s, ratio {sl / hf:.2f}", flush=True)
     meta = {"command": "python -m bench.cpu_busy " + " ".join(sys.argv[1:]),
-            "date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
+            "date": datetime.date.today().isoformat(), "cpus": len(os.sched_getaffinity(0)),
+            "model": args.model, "machine": platform.processor() or platform.machine(),
             "new_tokens": args.new_tokens, "repeats": args.repeats,
             "torch_threads": args.torch_threads}
     if args.out:
         Path(args.out + ".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         lines = [f"# CPU engine on a busy machine ({meta['date']}, {meta['cpus']} CPUs)", "",
-                 f"`{meta['command']}`", "", "| busy processes | batch | HF tok/s | "
-                 "Sluice tok/s | Sluice / HF |", "|---|---|---|---|---|"]
-        lines += [f"| {r['busy']} | {r['batch']} | {r['hf_tok_s']:.1f} | "
-                  f"{r['sluice_tok_s']:.1f} | {r['ratio']:.2f} |" for r in rows]
+                 f"`{meta['command']}`", "",
+                 "| busy processes | batch | Sluice torch_threads | HF tok/s | Sluice tok/s "
+                 "| Sluice / HF |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['busy']} | {r['batch']} | {r['sluice_threads'] or 'default'} | "
+                  f"{r['hf_tok_s']:.1f} | {r['sluice_tok_s']:.1f} | {r['ratio']:.2f} |"
+                  for r in rows]
         Path(args.out + ".md").write_text("\n".join(lines) + "\n")
 
 

@@ -108,7 +108,9 @@ class ServerConfig:
     seed: int = 0
     """The random seed of weight initialization (dummy models) and sampling."""
     torch_threads: int = 0
-    """CPU threads torch may use per process; 0: torch's default."""
+    """Torch's intra-op threads in each worker; 0: on the CPU, the fastest of one, half
+    and all of the CPUs the worker may use, re-measured on live steps as the machine's load
+    changes (TP ranks split the CPUs evenly); on a GPU, torch's default."""
     tp: int = 1
     """Tensor-parallel worker processes (one GPU each on CUDA, gloo on the CPU)."""
     attention_backend: str = "auto"
@@ -176,6 +178,8 @@ class ServerConfig:
             raise ConfigError("schedule_conservativeness must be >= 0")
         if self.kv_slots < 0:
             raise ConfigError(f"kv_slots must be >= 0, got {self.kv_slots}")
+        if self.torch_threads < 0:
+            raise ConfigError(f"torch_threads must be >= 0 (0: auto), got {self.torch_threads}")
         if self.max_request_bytes < 0:
             raise ConfigError(f"max_request_bytes must be >= 0 (0: from the context length), "
                               f"got {self.max_request_bytes}")

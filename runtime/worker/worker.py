@@ -49,6 +49,7 @@ from runtime.messages import (
 from runtime.model_config import ModelSpec, resolve_model
 from runtime.procutil import error_text, freeze_startup_heap, setup_logging
 from runtime.worker.batch_builder import BatchBuilder, SampleInputs
+from runtime.worker.cpu_threads import ThreadTuner
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.grammar_rows import GrammarRows
 from runtime.worker.model_runner import ModelRunner
@@ -110,8 +111,7 @@ class Worker:
 
     def __init__(self, cfg: ServerConfig, spec: ModelSpec, rank: int = 0) -> None:
         self.device = resolve_device(cfg.device, rank)
-        if cfg.torch_threads:
-            torch.set_num_threads(cfg.torch_threads)
+        self.threads = ThreadTuner.for_worker(cfg.torch_threads, self.device, cfg.tp)
         self.tp: TPGroup = init_tp(rank, cfg.tp, self.device,
                                    os.path.join(cfg.ipc_dir, f"{cfg.run_id}-tp-store"))
         self.max_rows = cfg.max_running + ROW_SLACK
@@ -278,7 +278,10 @@ def run_worker(cfg: ServerConfig, rank: int = 0) -> None:
             worker.grammar.prepare(msg.compile, compiled)
             continue
         try:
+            start = time.perf_counter()
             pending.put(worker.launch(msg))
+            if worker.threads is not None:  # a CPU step is done when launch returns
+                worker.threads.observe(msg, time.perf_counter() - start)
         except Exception as exc:
             log.exception("batch %d failed", msg.batch_id)
             pending.put(WorkerFailed(msg.batch_id, error_text(exc)))
