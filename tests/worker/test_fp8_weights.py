@@ -123,7 +123,9 @@ def test_tiny_model_is_quantized_at_load_and_tracks_its_16_bit_twin():
 
 def test_smollm2_fp8_keeps_the_next_token():
     """SmolLM2's last-position logits of three prompts: fp8 projections against the
-    16-bit model (errors measured on the CPU: 9% L2 on average over 18 positions)."""
+    16-bit model. The argmax holds; the L2 errors measured on the CPU are 27%, 4% and 13%
+    (fp8 weights alone: 9%, 3%, 11%; the first prompt's activations have outliers that
+    per-token scales flatten). A broken layer gives errors near 100%."""
     spec = resolve_model("smollm2")
     tok = AutoTokenizer.from_pretrained(spec.path)
     prompts = [tok(p)["input_ids"] for p in (
@@ -135,7 +137,7 @@ def test_smollm2_fp8_keeps_the_next_token():
         logits[quant] = Driver(runner, 3).step([Chunk(i, p) for i, p in enumerate(prompts)])
     want, got = logits["none"], logits["fp8"]  # [3, V]
     assert torch.equal(got.argmax(-1), want.argmax(-1))
-    assert relative_errors(got, want).max() < 0.2
+    assert relative_errors(got, want).max() < 0.4
 
 
 # ---------------------------------------------------------------- on the GPU
