@@ -12,6 +12,7 @@ import torch
 from transformers import AutoTokenizer
 
 from runtime.model_config import resolve_model
+from runtime.worker.loader import load_model
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.models.parallel import Fp8RowParallelLinear
 from runtime.worker.quant.fp8_linear import (
@@ -22,6 +23,7 @@ from runtime.worker.quant.fp8_linear import (
     fp8_linear_ref,
     quantize_rows,
 )
+from runtime.worker.tp import TPGroup
 from tests.worker.batching import Chunk, Driver, greedy
 
 # (tokens, in, out): odd sizes run dequantized everywhere; multiples of 16 take _scaled_mm
@@ -87,6 +89,27 @@ def test_devices_without_fp8_matmul_are_refused():
     check_fp8_support(torch.device("cuda"), capability=(9, 0))  # Hopper
     with pytest.raises(QuantizationError, match=r"compute capability 8\.9\+.* is 8\.0"):
         check_fp8_support(torch.device("cuda"), capability=(8, 0))  # A100
+
+
+def test_tp_shards_quantize_their_own_slices():
+    """Under TP 2 a column-parallel shard is the matching rows of the TP 1 fp8 layer (rows
+    quantize alone); a row-parallel shard is quantized over the input columns it holds."""
+    spec = resolve_model("dummy:tiny")
+    whole16 = dict(load_model(spec, "cpu", torch.float32, seed=1).named_parameters())
+    whole8 = load_model(spec, "cpu", torch.float32, seed=1, quantization="fp8")
+    for r in range(2):
+        shard = load_model(spec, "cpu", torch.float32, seed=1, tp=TPGroup(r, 2),
+                           quantization="fp8").model.layers[0].mlp
+        inter = 512 // 2  # this rank's share of each of gate and up
+        rows = torch.cat([torch.arange(r * inter, (r + 1) * inter),
+                          torch.arange(512 + r * inter, 512 + (r + 1) * inter)])
+        gate_up = whole8.model.layers[0].mlp.gate_up_proj
+        assert torch.equal(shard.gate_up_proj.weight.float(), gate_up.weight.float()[rows])
+        assert torch.equal(shard.gate_up_proj.weight_scale, gate_up.weight_scale[rows])
+        down = whole16["model.layers.0.mlp.down_proj.weight"].chunk(2, dim=1)[r]
+        q, scale = quantize_rows(down)
+        assert torch.equal(shard.down_proj.weight.float(), q.float())
+        assert torch.equal(shard.down_proj.weight_scale, scale)
 
 
 def tiny_prompts() -> list[list[int]]:
