@@ -21,6 +21,10 @@ fixed lengths every system does the same work, so throughput compares and tokens
 
     python -m bench.offline [--quick | --tiny] [--only sluice,hf_static,hf_batch,steps,idle]
                             [--out bench/results/offline-full] [--chunk-size N]
+                            [--model dummy:llama3-8b] [--dtype bfloat16] [--quantization fp8]
+
+`--quantization fp8` gives Sluice fp8 weights (the HF peers stay 16-bit); `bench.fp8_weights`
+runs fp8 against 16-bit in one command.
 """
 
 from __future__ import annotations
@@ -87,6 +91,10 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(GROUPS), help=f"subset of {','.join(GROUPS)}")
     parser.add_argument("--out", help="output path prefix (default bench/results/offline-<preset>)")
     parser.add_argument("--chunk-size", type=int, help="Sluice prefill tokens per step")
+    parser.add_argument("--model", help="the model (default: the preset's, dummy:llama-7b)")
+    parser.add_argument("--dtype", help="the model's dtype (default: the preset's, float16)")
+    parser.add_argument("--quantization", choices=("none", "fp8"),
+                        help="Sluice's weights (default none)")
     parser.add_argument("--budget-s", type=float, default=540,
                         help="start no part after this many seconds (default 540)")
     parser.add_argument("--part", help=argparse.SUPPRESS)  # internal: run one part, in a child
@@ -111,12 +119,15 @@ def main() -> None:
     preset = PRESETS[name]
     if args.chunk_size:
         preset = replace(preset, chunk_size=args.chunk_size)
+    for name in ("model", "dtype", "quantization"):
+        if getattr(args, name):
+            preset = replace(preset, **{name: getattr(args, name)})
     deadline = time.monotonic() + args.budget_s
     # the engine first: if the time budget runs out, it is the slowest peer that goes
     todo = list(ENGINE_RUNS) if {"sluice", "idle"} & set(only) else []
     todo += [n for n in ("steps", "hf_static", "hf_batch") if n in only]
     results = {n: run_part(n, preset, deadline) for n in todo}
-    sizes = ModelBytes.of(preset.model, getattr(torch, preset.dtype))
+    sizes = ModelBytes.of(preset.model, getattr(torch, preset.dtype), preset.quantization)
     info = next((r for r in results.values() if "device" in r), {})
     meta = {
         "command": " ".join(["python -m bench.offline", *sys.argv[1:]]), "commit": git_commit(),

@@ -25,6 +25,7 @@ class Preset:
 
     model: str = "dummy:llama-7b"
     dtype: str = "float16"
+    quantization: str = "none"  # Sluice's weights: none or fp8 (HF peers stay 16-bit)
     batch: int = 64
     input_len: int = 512
     output_len: int = 128
@@ -84,7 +85,8 @@ def part_engine(p: Preset, overlap: bool) -> dict:
     timing = Path(tempfile.mkdtemp(prefix="sluice-bench-")) / "steps.jsonl"
     os.environ[ENV] = str(timing)  # the worker process the Engine spawns inherits it
     t0 = time.perf_counter()
-    with Engine(model=p.model, dtype=p.dtype, overlap=overlap, chunk_size=p.chunk_size,
+    with Engine(model=p.model, dtype=p.dtype, quantization=p.quantization, overlap=overlap,
+                chunk_size=p.chunk_size,
                 kv_slots=p.kv_slots, max_running=max(p.batch, 64), torch_threads=p.torch_threads,
                 seed=p.seed, log_level="warning") as eng:
         start_s = time.perf_counter() - t0
@@ -255,10 +257,11 @@ def part_steps(p: Preset) -> dict:
     ctx = p.input_len + p.output_len // 2
     top = max(p.step_batches)
     runner = ModelRunner(resolve_model(p.model), device, dtype, kv_slots=top * ctx,
-                         max_rows=top, seed=p.seed, cuda_graph=True)
+                         max_rows=top, seed=p.seed, cuda_graph=True,
+                         quantization=p.quantization)
     for cache in runner.kv_pool.k + runner.kv_pool.v:  # finite, non-zero values, as in a run
         cache.normal_()
-    sizes = ModelBytes.of(p.model, dtype)
+    sizes = ModelBytes.of(p.model, dtype, p.quantization)
     rows = []
     for b in p.step_batches:
         fb = decode_batch(b, ctx, runner.vocab_size, device)

@@ -29,7 +29,8 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 def throughput(meta: dict, results: dict) -> list[str]:
     c, roof, roof2 = meta["config"], meta["roofline_tok_s"], meta["roofline_with_prefill_tok_s"]
-    lines = [f"## Offline throughput: {c['model']} {c['dtype']}, batch {c['batch']}, "
+    weights = " fp8 weights" if c.get("quantization") == "fp8" else ""
+    lines = [f"## Offline throughput: {c['model']} {c['dtype']}{weights}, batch {c['batch']}, "
              f"{c['input_len']} in / {c['output_len']} out (ignore EOS)", ""]
     hf = results.get("hf_static", {}).get("tok_s")
     rows = []

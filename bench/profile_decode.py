@@ -8,7 +8,8 @@ so a step's excess over the floor splits into "GEMMs below copy bandwidth" and "
 kernels that move almost nothing" (latency: one launch each, dozens per layer).
 
     python -m bench.profile_decode [--model dummy:llama-7b] [--batches 1,64]
-                                   [--context 576] [--out bench/results/<date>-decode-profile-h200]
+                                   [--context 576] [--dtype float16] [--quantization fp8]
+                                   [--out bench/results/<date>-decode-profile-h200]
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ GROUPS = (
     ("rmsnorm", re.compile(r"rmsnorm")),
     ("rope", re.compile(r"rope")),
     ("silu_mul", re.compile(r"silu")),
+    ("fp8_quant", re.compile(r"per_token_fp8")),
     ("matmul", re.compile(r"gemm|gemv|cutlass|xmma|nvjet|sm90|sm80|cublas", re.I)),
 )
 STEPS = 20  # profiled steps per mode
@@ -74,13 +76,15 @@ def summarize(rows: list[dict], weights: int) -> dict:
         "matmul_tb_s": weights / (mm * 1e-6) / 1e12 if mm else None}
 
 
-def run(model: str, batches: list[int], ctx: int) -> dict:
+def run(model: str, batches: list[int], ctx: int, dtype: str = "float16",
+        quantization: str = "none") -> dict:
     device = torch.device("cuda")
-    runner = ModelRunner(resolve_model(model), device, torch.float16, kv_slots=max(batches) * ctx,
-                         max_rows=max(batches), seed=0, cuda_graph=True)
+    runner = ModelRunner(resolve_model(model), device, getattr(torch, dtype),
+                         kv_slots=max(batches) * ctx, max_rows=max(batches), seed=0,
+                         cuda_graph=True, quantization=quantization)
     for cache in runner.kv_pool.k + runner.kv_pool.v:
         cache.normal_()
-    sizes = ModelBytes.of(model, torch.float16)
+    sizes = ModelBytes.of(model, getattr(torch, dtype), quantization)
     out = []
     for b in batches:
         fb = decode_batch(b, ctx, runner.vocab_size, device)
@@ -95,12 +99,13 @@ def run(model: str, batches: list[int], ctx: int) -> dict:
             entry[mode] = {"step_us": step_us, **summarize(rows, weights), "top": rows[:12]}
         runner.graphs = graphs
         out.append(entry)
-    return {"model": model, "dtype": "float16", "rows": out,
+    return {"model": model, "dtype": dtype, "quantization": quantization, "rows": out,
             "device": torch.cuda.get_device_name(), "torch": torch.__version__}
 
 
 def markdown(res: dict, command: str) -> str:
-    lines = [f"# Decode step profile, {res['model']} fp16", "",
+    weights = " fp8 weights" if res["quantization"] == "fp8" else ""
+    lines = [f"# Decode step profile, {res['model']} {res['dtype']}{weights}", "",
              f"Command: `{command}`  ", f"Device: {res['device']}, torch {res['torch']}, "
              f"{datetime.date.today()}", ""]
     for e in res["rows"]:
@@ -132,11 +137,14 @@ def main() -> None:
     ap.add_argument("--model", default="dummy:llama-7b")
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--context", type=int, default=576, help="positions per sequence")
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    ap.add_argument("--quantization", default="none", choices=("none", "fp8"))
     ap.add_argument("--out", default=f"bench/results/{datetime.date.today()}-decode-profile-h200")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench.profile_decode needs a CUDA device")
-    res = run(args.model, [int(b) for b in args.batches.split(",")], args.context)
+    res = run(args.model, [int(b) for b in args.batches.split(",")], args.context, args.dtype,
+              args.quantization)
     command = "python -m bench.profile_decode " + " ".join(
         f"--{k} {v}" for k, v in vars(args).items() if k != "out")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

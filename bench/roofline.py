@@ -24,7 +24,7 @@ COMPUTE = 780e12  # FLOP/s, dense bf16 matmul (device.md); taken for fp16 too
 class ModelBytes:
     """What one model moves and computes, in one dtype."""
 
-    params: int  # bytes of every parameter
+    params: int  # bytes of every parameter (and of the fp8 weights' scales)
     embed: int  # bytes of the embedding table when it is not also the LM head (else 0)
     row: int  # bytes of one embedding row
     kv_per_token: int  # 2 (K and V) x layers x kv_heads x head_dim x element size
@@ -33,15 +33,20 @@ class ModelBytes:
     attn_flops_per_pair: int  # attention FLOPs per (query, key) pair, all layers
 
     @classmethod
-    def of(cls, model: str, dtype: torch.dtype) -> ModelBytes:
-        """Sizes of `model` in `dtype`, from a copy built on the meta device (no memory)."""
+    def of(cls, model: str, dtype: torch.dtype, quantization: str = "none") -> ModelBytes:
+        """Sizes of `model` in `dtype`, from a copy built on the meta device (no memory).
+        With fp8 `quantization` the projections count 1 byte per weight plus their float32
+        scales; the prefill floor still counts the 16-bit matmul rate."""
         a = LlamaArch.from_hf(resolve_model(model).hf_config())
         with torch.device("meta"):
-            params = sum(t.numel() for t in LlamaForCausalLM(a).parameters())
+            meta = LlamaForCausalLM(a, quantization=quantization)
+        params = sum(t.numel() for t in meta.parameters())
         size, table = dtype.itemsize, a.vocab_size * a.hidden_size
+        stored = sum(t.numel() * (1 if t.dtype == torch.float8_e4m3fn else size)
+                     for t in meta.parameters()) + sum(t.numel() * 4 for t in meta.buffers())
         tables = 1 if a.tie_word_embeddings else 2
         return cls(
-            params=params * size, embed=0 if a.tie_word_embeddings else table * size,
+            params=stored, embed=0 if a.tie_word_embeddings else table * size,
             row=a.hidden_size * size,
             kv_per_token=2 * a.num_layers * a.num_kv_heads * a.head_dim * size,
             body_params=params - tables * table, head_params=table,

@@ -23,6 +23,7 @@ RESERVE_MODES = ("request", "max")  # contiguous: prompt + max_tokens, or the wh
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_DTYPES = ("auto", "fp8", "int8")
+QUANTIZATIONS = ("none", "fp8")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
 REQUEST_BYTES_PER_TOKEN = 64  # JSON token ids take <= 8, text far less per token
 MIN_REQUEST_BYTES = 1 << 20
@@ -103,6 +104,11 @@ class ServerConfig:
     kv_dtype: str = "auto"
     """The KV cache's storage: `auto` (the model's dtype), or `fp8` / `int8` (quantized
     with scales)."""
+    quantization: str = "none"
+    """The weights of the layers' projections: `none` (the model's dtype) or `fp8`
+    (float8_e4m3fn with a scale per output channel, quantized at load, activations
+    quantized per token; needs a GPU of compute capability 8.9+, or runs dequantized on
+    the CPU). The embedding and the LM head stay in the model's dtype."""
     mem_fraction: float = 0.85
     """The fraction of GPU memory the worker may use (weights, activations, KV pool)."""
     seed: int = 0
@@ -164,6 +170,9 @@ class ServerConfig:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.kv_dtype not in KV_DTYPES:
             raise ConfigError(f"kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"quantization must be one of {QUANTIZATIONS}, "
+                              f"got {self.quantization!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(f"attention_backend must be one of {ATTENTION_BACKENDS}, "
                               f"got {self.attention_backend!r}")

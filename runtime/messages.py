@@ -218,6 +218,8 @@ class Limits(msgspec.Struct, **_WIRE):
     max_running: int  # requests running at once
     kv_slots: int  # the KV pool, in token slots
     model_max_context: int = 0  # the model's own context length, before the caps
+    kv_dtype: str = ""  # the worker's KV storage (WorkerReady.kv_dtype)
+    quantization: str = "none"  # the worker's weight quantization (WorkerReady.quantization)
 
 
 class ProcessDied(msgspec.Struct, **_WIRE):
@@ -283,6 +285,8 @@ class WorkerReady(msgspec.Struct, **_WIRE):
     max_context: int
     kv_bytes_per_token: int
     device: str
+    kv_dtype: str = ""  # the KV storage: fp8, int8, or the model's dtype (bfloat16, ...)
+    quantization: str = "none"  # the projections' weights: none or fp8
 
 
 class StepResult(msgspec.Struct, **_WIRE):
@@ -412,6 +416,8 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     model: str
     max_model_len: int
     chat_roles: dict[str, RoleMarkers] = {}  # "system" | "user" | "assistant"; {}: no template
+    quantization: str = "none"  # the projections' weights: none or fp8
+    kv_dtype: str = ""  # the KV storage: fp8, int8, or the model's dtype (bfloat16, ...)
 
 
 SchedulerInput = GenerateReq | AbortReq | FinishReq | GetStats | Shutdown

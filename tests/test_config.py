@@ -48,3 +48,11 @@ def test_attention_backend_flag_is_validated():
     assert ServerConfig().attention_backend == "auto"  # triton on a GPU, torch on the CPU
     with pytest.raises(ConfigError, match="attention_backend"):
         ServerConfig(attention_backend="flash")
+
+
+def test_quantization_flag_is_validated():
+    args = build_parser().parse_args(["serve", "--quantization", "fp8"])
+    assert args.quantization == "fp8"
+    assert ServerConfig().quantization == "none"
+    with pytest.raises(ConfigError, match="quantization must be one of"):
+        ServerConfig(quantization="int4")

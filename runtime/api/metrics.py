@@ -3,7 +3,8 @@
 Two sources: finished requests (`RequestRecord`s from the TokenizerManager's timings)
 feed the counters and latency histograms as they end; the scheduler's latest
 `SchedulerStats` snapshot and the running token totals are read at scrape time by a
-collector. GPU memory comes from NVML (device-wide, per GPU) where there is a GPU.
+collector. GPU memory comes from NVML (device-wide, per GPU) where there is a GPU. The
+scheduler's `Limits` give one info-style gauge: the weight quantization and KV dtype.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from runtime.api.timing import RequestRecord, RequestTimings
-from runtime.messages import FinishReason, SchedulerStats
+from runtime.messages import FinishReason, Limits, SchedulerStats
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class Metrics:
         self.queue = Histogram("sluice_request_queue_time_seconds", "Arrival at the scheduler "
                                "to first admission", buckets=LATENCY_BUCKETS, registry=r)
         self.snapshot: SchedulerStats | None = None
+        self.limits: Limits | None = None  # the scheduler's, once they arrived
         self._collector = _StatsCollector(self, timings)
         r.register(self._collector)
 
@@ -128,6 +130,13 @@ class _StatsCollector(Collector):
         s = self.metrics.snapshot
         if s is not None:
             yield from _stats_metrics(s)
+        lim = self.metrics.limits
+        if lim is not None:
+            g = GaugeMetricFamily("sluice_model_format", "Always 1; the labels say how the "
+                                  "worker stores the weights and the KV cache",
+                                  labels=["quantization", "kv_dtype"])
+            g.add_metric([lim.quantization, lim.kv_dtype], 1.0)
+            yield g
         used = self.gpus.memory_used()
         if used:
             g = GaugeMetricFamily("sluice_gpu_memory_used_bytes", "GPU memory in use on the "

@@ -49,6 +49,7 @@ class Monitor:
 
     async def refresh(self, timeout: float) -> None:
         """Ask the scheduler for stats (up to `timeout` s); a silent one ages the health."""
+        self.metrics.limits = self.tm.limits
         try:
             stats = await asyncio.wait_for(self.tm.scheduler_stats(), timeout)
         except (asyncio.TimeoutError, ServerError):

@@ -233,10 +233,14 @@ class TokenizerManager:
                                           add_special_tokens=add_special_tokens)
 
     def model_info(self) -> ModelInfo:
-        """The served model's name, context length and chat role markers."""
+        """The served model's name, context length, chat role markers, weight quantization
+        and KV storage dtype."""
         if self._model_info is None:
+            limits = self._known_limits()
             self._model_info = ModelInfo(model=self.cfg.model, max_model_len=self.context_len,
-                                         chat_roles=role_markers(self.tokenizer))
+                                         chat_roles=role_markers(self.tokenizer),
+                                         quantization=limits.quantization,
+                                         kv_dtype=limits.kv_dtype)
         return self._model_info
 
     async def scheduler_stats(self) -> SchedulerStats:

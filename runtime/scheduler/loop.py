@@ -76,12 +76,14 @@ def build_scheduler(cfg: ServerConfig, ready: WorkerReady, max_context: int) -> 
     return sched
 
 
-def limits(sched: Scheduler, model_max_context: int) -> Limits:
-    """The limits the api enforces and advertises: the scheduler's, after every cap."""
+def limits(sched: Scheduler, model_max_context: int, ready: WorkerReady) -> Limits:
+    """The limits the api enforces and advertises: the scheduler's, after every cap (and
+    the worker's weight and KV formats, which the api shows)."""
     # the scheduler's max_context is already within the pool (one slot to sample into)
     return Limits(max_context=sched.max_context, max_req_input_len=sched.max_context - 1,
                   max_running=sched.base_max_running, kv_slots=sched.kv.total,
-                  model_max_context=model_max_context)
+                  model_max_context=model_max_context, kv_dtype=ready.kv_dtype,
+                  quantization=ready.quantization)
 
 
 def stats(sched: Scheduler, token: int) -> SchedulerStats:
@@ -121,7 +123,8 @@ def run_scheduler(cfg: ServerConfig) -> None:
         log.exception("scheduler failed to start")
         ready.put(Ready("scheduler", error=error_text(exc)))
         sys.exit(1)
-    to_api.put(limits(sched, spec.max_context))  # before Ready: the api serves only after it
+    # before Ready: the api serves only after it
+    to_api.put(limits(sched, spec.max_context, worker_ready))
     freeze_startup_heap()
     ready.put(Ready("scheduler"))
     mode = cfg.kv_mode

@@ -5,6 +5,10 @@ Nothing is materialized twice: parameters are allocated once on the target devic
 then filled in place, tensor by tensor. Under tensor parallelism every rank reads (or draws)
 each whole checkpoint tensor and keeps its share, cut as `tp_split_dim` says, so a dummy
 model's shards at `--tp N` are exactly the slices of its weights at `--tp 1`.
+
+With `quantization="fp8"` the projections are allocated in fp8 and each 16-bit tensor is
+quantized as it arrives (`Fp8Linear.load_rows`), after its TP cut: the model never exists in
+16 bits on the device, one tensor at a time does.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from safetensors import safe_open
 
 from runtime.model_config import ModelSpec
 from runtime.worker.models.llama import LlamaArch, LlamaForCausalLM, tp_split_dim
+from runtime.worker.quant.fp8_linear import Fp8Linear
 from runtime.worker.tp import TPGroup
 
 DUMMY_STD = 0.02
@@ -29,12 +34,16 @@ class WeightLoadError(RuntimeError):
 
 
 def load_model(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype,
-               seed: int = 0, tp: TPGroup | None = None) -> LlamaForCausalLM:
+               seed: int = 0, tp: TPGroup | None = None,
+               quantization: str = "none") -> LlamaForCausalLM:
     """The model for `spec` (this rank's shard of it) on `device` in `dtype`, with its
-    weights, in eval mode."""
+    weights (projections in fp8 with `quantization="fp8"`), in eval mode."""
     with torch.device("meta"):
-        model = LlamaForCausalLM(LlamaArch.from_hf(spec.hf_config()), tp)
+        model = LlamaForCausalLM(LlamaArch.from_hf(spec.hf_config()), tp, quantization)
     model.to(dtype=dtype)  # still meta: no memory touched
+    for module in model.modules():
+        if isinstance(module, Fp8Linear):
+            module.restore_storage()
     model.to_empty(device=device)  # one uninitialized allocation per parameter
     model.requires_grad_(False)
     if spec.path is None:
@@ -53,7 +62,7 @@ def init_dummy(model: LlamaForCausalLM, seed: int) -> None:
     gives the same weights on the same device type; CPU and CUDA generators differ), then
     goes through the checkpoint path, which keeps this rank's share.
     """
-    first = next(model.parameters())
+    first = model.model.embed_tokens.weight  # the model's dtype, whatever its projections'
     gen = torch.Generator(device=first.device).manual_seed(seed)
     with torch.device("meta"):
         whole = LlamaForCausalLM(model.arch)  # the --tp 1 shapes
@@ -76,12 +85,15 @@ def init_dummy(model: LlamaForCausalLM, seed: int) -> None:
 
 class ShardLoader:
     """Copies whole checkpoint tensors, by their transformers names, into this rank's
-    (possibly fused) parameters, and tracks which are still missing."""
+    (possibly fused) parameters, quantizing those of fp8 layers, and tracks which are still
+    missing."""
 
     def __init__(self, model: LlamaForCausalLM) -> None:
         self.tp = model.tp
         self.targets = model.checkpoint_targets()
         self.params = dict(model.named_parameters())
+        self.fp8 = {f"{name}.weight": m for name, m in model.named_modules()
+                    if isinstance(m, Fp8Linear)}  # weight parameter name -> its layer
         self.pending = set(self.targets)
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
@@ -93,7 +105,10 @@ class ShardLoader:
         if tensor.shape != dest.shape:
             raise WeightLoadError(f"{name}: checkpoint shape {tuple(tensor.shape)}, "
                                   f"model expects {tuple(dest.shape)}")
-        dest.copy_(tensor)  # converts dtype, moves to the device
+        if param_name in self.fp8:
+            self.fp8[param_name].load_rows(start, tensor)
+        else:
+            dest.copy_(tensor)  # converts dtype, moves to the device
         self.pending.discard(name)
 
     def check_complete(self, source: str) -> None:

@@ -23,6 +23,7 @@ from runtime.worker.kv_pool import (
     slots_for_memory,
 )
 from runtime.worker.loader import load_model
+from runtime.worker.quant.fp8_linear import check_fp8_support
 from runtime.worker.sampler import Sampler
 from runtime.worker.tp import TPGroup
 
@@ -65,6 +66,8 @@ class ModelRunner:
     are captured only for a backend that supports them.
     Under tensor parallelism (`tp`) the runner holds this rank's shard of the model and of
     the KV heads (`kv_bytes_per_token` is this rank's share); the logits are whole.
+    `quantization="fp8"` holds the projections' weights in fp8 (`Fp8Linear`); a device
+    without fp8 matmul raises `QuantizationError` before anything is loaded.
     """
 
     def __init__(
@@ -81,11 +84,15 @@ class ModelRunner:
         page_size: int = 1,
         tp: TPGroup | None = None,
         attention_backend: str = "auto",
+        quantization: str = "none",
     ) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
         self.tp = tp = tp or TPGroup()
-        self.model = load_model(spec, self.device, dtype, seed, tp)
+        if quantization == "fp8":
+            check_fp8_support(self.device)
+        self.quantization = quantization
+        self.model = load_model(spec, self.device, dtype, seed, tp, quantization)
         arch = self.model.arch
         self.vocab_size = arch.vocab_size
         kv_heads = arch.num_kv_heads // tp.size  # this rank's
@@ -98,6 +105,8 @@ class ModelRunner:
                 min(self._default_slots(max_rows, mem_fraction), max_rows * spec.max_context)
             )
         self.kv_slots = kv_slots
+        # the KV storage by name, as /get_model_info and /metrics show it: fp8, int8, bfloat16...
+        self.kv_dtype = kv_dtype if kv_dtype != "auto" else str(dtype).removeprefix("torch.")
         self.kv_pool = KVPool(
             arch.num_layers, kv_slots + 1, kv_heads, arch.head_dim, dtype, self.device, kv_dtype
         )

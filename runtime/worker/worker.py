@@ -120,7 +120,8 @@ class Worker:
                                   kv_slots=cfg.kv_slots, max_rows=self.max_rows, seed=cfg.seed,
                                   mem_fraction=cfg.mem_fraction, cuda_graph=cfg.cuda_graph,
                                   kv_dtype=cfg.kv_dtype, page_size=self.page_size, tp=self.tp,
-                                  attention_backend=cfg.attention_backend)
+                                  attention_backend=cfg.attention_backend,
+                                  quantization=cfg.quantization)
         self.builder = BatchBuilder(self.max_rows, self.runner.max_context, self.device,
                                     self.page_size)
         compiler = None
@@ -155,7 +156,8 @@ class Worker:
         return WorkerReady(kv_slots=r.kv_slots, max_rows=self.max_rows,
                            max_context=r.max_context,
                            kv_bytes_per_token=r.kv_bytes_per_token * self.tp.size,
-                           device=str(self.device))
+                           device=str(self.device), kv_dtype=r.kv_dtype,
+                           quantization=r.quantization)
 
     @torch.inference_mode()
     def launch(self, plan: BatchPlan) -> InFlight:

@@ -8,6 +8,9 @@ Under tensor parallelism (`TPGroup` of size N) each rank holds 1/N of every laye
 Megatron-LM splits it: Q/K/V and gate/up column-parallel (whole heads, whole MLP columns),
 O and down row-parallel (all-reduced), the embedding and the LM head by vocabulary rows
 (`parallel.py`). `tp_split_dim` says how each checkpoint tensor is cut.
+
+With `quantization="fp8"` the projections of every layer hold fp8 weights (`Fp8Linear`); the
+embedding, the LM head and the norms stay in the model's dtype.
 """
 
 from __future__ import annotations
@@ -21,7 +24,12 @@ from torch import nn
 from kernels.rope import ROPE_TYPES, rope_cos_sin_cache
 from runtime.worker.attention import AttentionBackend
 from runtime.worker.forward_batch import ForwardBatch
-from runtime.worker.models.parallel import RowParallelLinear, VocabParallelEmbedding
+from runtime.worker.models.parallel import (
+    QUANTIZATIONS,
+    VocabParallelEmbedding,
+    column_linear,
+    row_linear,
+)
 from runtime.worker.ops import TorchOps, TritonOps
 from runtime.worker.tp import TPGroup
 
@@ -118,7 +126,7 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, arch: LlamaArch, layer_id: int, tp: TPGroup) -> None:
+    def __init__(self, arch: LlamaArch, layer_id: int, tp: TPGroup, quantization: str) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.num_heads = tp.shard(arch.num_heads, "attention heads")  # this rank's
@@ -126,8 +134,9 @@ class LlamaAttention(nn.Module):
         self.head_dim = arch.head_dim
         q_size, kv_size = self.num_heads * arch.head_dim, self.num_kv_heads * arch.head_dim
         self.sizes = [q_size, kv_size, kv_size]
-        self.qkv_proj = nn.Linear(arch.hidden_size, q_size + 2 * kv_size, bias=arch.qkv_bias)
-        self.o_proj = RowParallelLinear(q_size, arch.hidden_size, arch.o_bias, tp)
+        self.qkv_proj = column_linear(arch.hidden_size, q_size + 2 * kv_size, arch.qkv_bias,
+                                      quantization)
+        self.o_proj = row_linear(q_size, arch.hidden_size, arch.o_bias, tp, quantization)
         if arch.qk_norm:
             self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
             self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
@@ -150,23 +159,24 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, arch: LlamaArch, tp: TPGroup) -> None:
+    def __init__(self, arch: LlamaArch, tp: TPGroup, quantization: str) -> None:
         super().__init__()
         inter = tp.shard(arch.intermediate_size, "the MLP intermediate size")
-        self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * inter, bias=arch.mlp_bias)
-        self.down_proj = RowParallelLinear(inter, arch.hidden_size, arch.mlp_bias, tp)
+        self.gate_up_proj = column_linear(arch.hidden_size, 2 * inter, arch.mlp_bias,
+                                          quantization)
+        self.down_proj = row_linear(inter, arch.hidden_size, arch.mlp_bias, tp, quantization)
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
         return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))  # [T, hidden]
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, arch: LlamaArch, layer_id: int, tp: TPGroup) -> None:
+    def __init__(self, arch: LlamaArch, layer_id: int, tp: TPGroup, quantization: str) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.self_attn = LlamaAttention(arch, layer_id, tp)
+        self.self_attn = LlamaAttention(arch, layer_id, tp, quantization)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = LlamaMLP(arch, tp)
+        self.mlp = LlamaMLP(arch, tp, quantization)
 
     def forward(
         self,
@@ -189,11 +199,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, arch: LlamaArch, tp: TPGroup) -> None:
+    def __init__(self, arch: LlamaArch, tp: TPGroup, quantization: str) -> None:
         super().__init__()
         self.arch = arch
         self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, tp)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(arch, i, tp) for i in range(arch.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(arch, i, tp, quantization)
+                                    for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.ops: Ops | None = None  # set by init_buffers once the device is known
 
@@ -207,13 +218,18 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """Decoder plus LM head. Parameter names follow transformers except the fused
-    `qkv_proj` / `gate_up_proj`; see `checkpoint_targets`."""
+    `qkv_proj` / `gate_up_proj`; see `checkpoint_targets`. `quantization` is "none" or
+    "fp8" (fp8 projection weights)."""
 
-    def __init__(self, arch: LlamaArch, tp: TPGroup | None = None) -> None:
+    def __init__(self, arch: LlamaArch, tp: TPGroup | None = None,
+                 quantization: str = "none") -> None:
         super().__init__()
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
         self.arch = arch
+        self.quantization = quantization
         self.tp = tp = tp or TPGroup()
-        self.model = LlamaModel(arch, tp)
+        self.model = LlamaModel(arch, tp, quantization)
         if not arch.tie_word_embeddings:
             self.lm_head = nn.Linear(
                 arch.hidden_size, tp.shard(arch.vocab_size, "the vocabulary"), bias=False

@@ -3,6 +3,8 @@ vocab-parallel embedding. Column-parallel layers are plain `nn.Linear`s holding 
 
 Both keep `nn.Linear`'s / `nn.Embedding`'s parameter names, so checkpoints map onto them
 unchanged; with a group of one they compute exactly what the plain modules compute.
+`column_linear` and `row_linear` pick the 16-bit or the fp8 (`Fp8Linear`) variant of the
+projections by `--quantization`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.worker.quant.fp8_linear import Fp8Linear, fp8_linear
 from runtime.worker.tp import TPGroup
+
+QUANTIZATIONS = ("none", "fp8")
+
+
+def column_linear(in_features: int, out_local: int, bias: bool, quantization: str) -> nn.Module:
+    """A column-parallel projection (this rank's `out_local` output rows), 16-bit or fp8."""
+    if quantization == "fp8":
+        return Fp8Linear(in_features, out_local, bias)
+    return nn.Linear(in_features, out_local, bias=bias)
+
+
+def row_linear(in_local: int, out_features: int, bias: bool, tp: TPGroup,
+               quantization: str) -> nn.Module:
+    """A row-parallel projection (this rank's `in_local` input columns), 16-bit or fp8."""
+    if quantization == "fp8":
+        return Fp8RowParallelLinear(in_local, out_features, bias, tp)
+    return RowParallelLinear(in_local, out_features, bias, tp)
 
 
 class RowParallelLinear(nn.Module):
@@ -29,6 +49,21 @@ class RowParallelLinear(nn.Module):
         if self.tp.size == 1:
             return F.linear(x, self.weight, self.bias)  # [T, out]
         y = self.tp.all_reduce(F.linear(x, self.weight))  # [T, out], summed over ranks
+        return y if self.bias is None else y + self.bias
+
+
+class Fp8RowParallelLinear(Fp8Linear):
+    """`RowParallelLinear` with an fp8 weight: each rank's `[out, in / tp]` shard has its own
+    per-output-channel scales, taken over the columns it holds."""
+
+    def __init__(self, in_local: int, out_features: int, bias: bool, tp: TPGroup) -> None:
+        super().__init__(in_local, out_features, bias)
+        self.tp = tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return super().forward(x)  # [T, out]
+        y = self.tp.all_reduce(fp8_linear(x, self.weight, self.weight_scale))  # [T, out]
         return y if self.bias is None else y + self.bias
 
 

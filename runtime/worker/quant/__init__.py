@@ -1,0 +1,1 @@
+"""Weight quantization of the worker's linear layers (`--quantization`)."""
