@@ -22,12 +22,14 @@ class ServerProcess:
     """`python -m runtime.launch serve ...`, its log lines, and the pids of its processes.
 
     It runs in a session of its own, as under a terminal (`interrupt` is Ctrl-C there);
-    `tmpdir` is its TMPDIR, where its IPC folder goes.
+    `tmpdir` is its TMPDIR, where its IPC folder goes; it is ready once it prints
+    `ready_text`.
     """
 
-    def __init__(self, *args: str, ready_timeout: float = 240.0,
-                 tmpdir: str | None = None) -> None:
-        self.port, self.rpc_port = free_port(), free_port()
+    def __init__(self, *args: str, ready_timeout: float = 240.0, tmpdir: str | None = None,
+                 port: int | None = None, ready_text: str = "serving ") -> None:
+        self.port, self.rpc_port = port or free_port(), free_port()
+        self._ready_text = ready_text
         cmd = [sys.executable, "-m", "runtime.launch", "serve", "--port", str(self.port),
                "--rpc-port", str(self.rpc_port), "--torch-threads", "2", *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"TMPDIR": tmpdir} if tmpdir else {})}
@@ -47,7 +49,7 @@ class ServerProcess:
             self.lines.append(line)
             if m := re.search(r"processes: (.*)", line):
                 self.pids = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
-            if "serving " in line:
+            if self._ready_text in line:
                 self._serving.set()
 
     @property
