@@ -18,6 +18,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_range(n: int) -> int:
+    """A port p with p .. p + n - 1 all free (for servers that take consecutive ports)."""
+    for _ in range(50):
+        base, socks = free_port(), []
+        try:
+            for p in range(base, base + n):
+                socks.append(socket.socket())
+                socks[-1].bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
 class ServerProcess:
     """`python -m runtime.launch serve ...`, its log lines, and the pids of its processes.
 

@@ -11,37 +11,23 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 
 import httpx
 import pytest
 
-from tests.e2e.server import ServerProcess, free_port, process_alive, wait_for
+from tests.e2e.server import (
+    ServerProcess,
+    free_port,
+    free_port_range,
+    process_alive,
+    wait_for,
+)
 
 pytest.importorskip("sglang_router", reason="needs sglang-router (pip install 'sluice[router]')")
 
 PREFIXES, PER_PREFIX = 4, 6
-
-
-def _free_range(n: int) -> int:
-    """A port p with p .. p + n - 1 all free (the router, replicas and router metrics)."""
-    for _ in range(50):
-        base = free_port()
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +38,8 @@ def tmpdir_(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(tmpdir_):
     srv = ServerProcess("--dp", "2", "--torch-threads", "1", "--max-running", "8",
-                        port=_free_range(6), tmpdir=str(tmpdir_), ready_text="behind sglang-router")
+                        port=free_port_range(6), tmpdir=str(tmpdir_),
+                        ready_text="behind sglang-router")
     yield srv
     srv.stop()
 
