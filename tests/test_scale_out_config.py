@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from runtime import Engine
 from runtime.config import ConfigError, ServerConfig
 from runtime.dp_launcher import replica_config, router_command, router_metrics_port
 
@@ -47,3 +48,10 @@ def test_multi_node_channels_are_tcp_on_node0():
 def test_impossible_scale_out_options_fail_clearly(options, message):
     with pytest.raises(ConfigError, match=message):
         ServerConfig(**options)
+
+
+@pytest.mark.parametrize("options", [dict(dp=2), dict(tp=2, nnodes=2, node_rank=1,
+                                                     dist_init_addr="127.0.0.1:29500")])
+def test_an_engine_refuses_what_only_sluice_serve_runs(options):
+    with pytest.raises(ConfigError, match="options of `sluice serve`"):
+        Engine(model="dummy:tiny", **options)
