@@ -40,16 +40,18 @@ class ServerProcess:
 
     It runs in a session of its own, as under a terminal (`interrupt` is Ctrl-C there);
     `tmpdir` is its TMPDIR, where its IPC folder goes; it is ready once it prints
-    `ready_text`.
+    `ready_text`; `env`: variables set for it beyond ours.
     """
 
     def __init__(self, *args: str, ready_timeout: float = 240.0, tmpdir: str | None = None,
-                 port: int | None = None, ready_text: str = "serving ") -> None:
+                 port: int | None = None, ready_text: str = "serving ",
+                 env: dict[str, str] | None = None) -> None:
         self.port, self.rpc_port = port or free_port(), free_port()
         self._ready_text = ready_text
         cmd = [sys.executable, "-m", "runtime.launch", "serve", "--port", str(self.port),
                "--rpc-port", str(self.rpc_port), "--torch-threads", "2", *args]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"TMPDIR": tmpdir} if tmpdir else {})}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"TMPDIR": tmpdir} if tmpdir else {}),
+               **(env or {})}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=env, start_new_session=True)
         self.lines: list[str] = []

@@ -37,8 +37,8 @@ def tmpdir_(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tmpdir_):
-    srv = ServerProcess("--dp", "2", "--torch-threads", "1", "--max-running", "8",
-                        port=free_port_range(6), tmpdir=str(tmpdir_),
+    srv = ServerProcess("--dp", "2", "--device", "cpu", "--torch-threads", "1",
+                        "--max-running", "8", port=free_port_range(6), tmpdir=str(tmpdir_),
                         ready_text="behind sglang-router")
     yield srv
     srv.stop()
@@ -153,3 +153,36 @@ def test_sigkill_of_the_launcher_leaves_nothing_behind(server, tmpdir_):
     server.proc.wait(10)
     assert wait_for(lambda: not any(process_alive(p) for p in pids), 20)
     assert wait_for(lambda: not [n for n in os.listdir(tmpdir_) if n.startswith("sluice-")], 10)
+
+
+@pytest.mark.gpu
+def test_each_replica_runs_on_its_own_gpu(tmp_path):
+    """`--dp 2` on a host of two GPUs: replica i's worker holds GPU i, and requests through
+    the router succeed."""
+    import pynvml
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    srv = ServerProcess("--dp", "2", "--model", "dummy:tiny", "--device", "cuda",
+                        port=free_port_range(6), tmpdir=str(tmp_path),
+                        ready_text="behind sglang-router")
+    try:
+        for i in range(4):
+            body = {"model": "dummy:tiny", "prompt": [5 + i, 6, 7, 8], "max_tokens": 4,
+                    "ignore_eos": True}
+            r = httpx.post(f"{srv.http_url}/v1/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["completion_tokens"] == 4
+        pynvml.nvmlInit()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0,1").split(",")
+        on_gpu = []
+        for i in range(2):
+            handle = (pynvml.nvmlDeviceGetHandleByIndex(int(visible[i])) if visible[i].isdigit()
+                      else pynvml.nvmlDeviceGetHandleByUUID(visible[i]))
+            on_gpu.append({p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)})
+        workers = [_replica_pids(srv)[f"replica{i}"]["worker"] for i in range(2)]
+        assert workers[0] in on_gpu[0] and workers[0] not in on_gpu[1], (workers, on_gpu)
+        assert workers[1] in on_gpu[1] and workers[1] not in on_gpu[0], (workers, on_gpu)
+    finally:
+        srv.stop()
