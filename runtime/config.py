@@ -22,6 +22,7 @@ KV_MODES = ("token", "paged", "contiguous")
 RESERVE_MODES = ("request", "max")  # contiguous: prompt + max_tokens, or the whole context
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 KV_DTYPES = ("auto", "fp8", "int8")
 QUANTIZATIONS = ("none", "fp8")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
@@ -119,6 +120,24 @@ class ServerConfig:
     changes (TP ranks split the CPUs evenly); on a GPU, torch's default."""
     tp: int = 1
     """Tensor-parallel worker processes (one GPU each on CUDA, gloo on the CPU)."""
+    nnodes: int = 1
+    """Hosts the tensor-parallel group spans: each runs tp / nnodes worker ranks; node 0
+    also runs the api and the scheduler. More than 1 needs dist_init_addr."""
+    node_rank: int = 0
+    """This host's place among the nnodes hosts (0: the one with the api and scheduler)."""
+    dist_init_addr: str = ""
+    """`host:port` of node 0, reachable from every node: torch.distributed meets at port,
+    and with nnodes > 1 the scheduler serves its worker channels on the next tp + 1 ports
+    of host. Empty: a file store under the ipc folder (one host)."""
+    dp: int = 1
+    """Data-parallel engine replicas on this host, each a whole server on its own tp GPUs
+    (or, on the CPU, its own processes), behind `sglang-router` on port. Replica i serves
+    HTTP on port + 1 + i and RPC on port + 1 + dp + i; the router's Prometheus metrics are
+    on port + 1 + 2 * dp. 1: one server, no router."""
+    router_policy: str = "cache_aware"
+    """dp > 1: how sglang-router picks a replica: `cache_aware` (the replica whose cache
+    likely holds the longest prefix, unless loads are unbalanced), `round_robin`,
+    `random` or `power_of_two`."""
     attention_backend: str = "auto"
     """The attention kernels: `triton` (GPU; on the CPU only under TRITON_INTERPRET=1),
     `torch` (the kernels' torch references; no CUDA graphs), or `auto` (triton on a GPU,
@@ -180,7 +199,7 @@ class ServerConfig:
         if self.chunk_size < 0:
             raise ConfigError(f"chunk_size must be >= 0 (0: auto), got {self.chunk_size}")
         for name in ("max_running", "max_queue", "tp", "grammar_cache_size", "max_request_seqs",
-                     "max_connections"):
+                     "max_connections", "nnodes", "dp"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.schedule_conservativeness < 0:
@@ -201,6 +220,7 @@ class ServerConfig:
             raise ConfigError(f"shutdown_grace must be >= 0, got {self.shutdown_grace}")
         self._check_monitoring()
         self._check_exposure()
+        self._check_scale_out()
 
     def _check_exposure(self) -> None:
         if not self.host or not self.rpc_host:
@@ -210,6 +230,28 @@ class ServerConfig:
             raise ConfigError("api_key must be printable ASCII without spaces")
         if not self.read_timeout > 0:
             raise ConfigError(f"read_timeout must be > 0, got {self.read_timeout}")
+
+    def _check_scale_out(self) -> None:
+        if self.router_policy not in ROUTER_POLICIES:
+            raise ConfigError(f"router_policy must be one of {ROUTER_POLICIES}, "
+                              f"got {self.router_policy!r}")
+        if self.dp > 1 and self.port + 1 + 2 * self.dp >= 65536:
+            raise ConfigError(f"dp {self.dp} needs ports {self.port}.."
+                              f"{self.port + 1 + 2 * self.dp}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(f"node_rank must be in [0, nnodes), got {self.node_rank}")
+        if self.tp % self.nnodes:
+            raise ConfigError(f"nnodes ({self.nnodes}) must divide tp ({self.tp})")
+        if self.nnodes > 1 and self.dp > 1:
+            raise ConfigError("dp > 1 and nnodes > 1 together are not supported: run one "
+                              "multi-node server per replica and a router in front")
+        if self.dist_init_addr:
+            host, _, port = self.dist_init_addr.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536 - 2 - self.tp:
+                raise ConfigError(f"dist_init_addr must be host:port, got "
+                                  f"{self.dist_init_addr!r}")
+        elif self.nnodes > 1:
+            raise ConfigError("nnodes > 1 needs dist_init_addr (node 0's host:port)")
 
     def _check_monitoring(self) -> None:
         for name in ("stats_interval", "stall_timeout"):
@@ -246,9 +288,39 @@ class ServerConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
+    @property
+    def multi_node(self) -> bool:
+        """The scheduler and its workers meet over TCP (they may be on other hosts)."""
+        return self.nnodes > 1
+
+    @property
+    def local_ranks(self) -> range:
+        """The TP ranks this host runs."""
+        per_node = self.tp // self.nnodes
+        return range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
+
     def worker_channel(self, rank: int) -> str:
-        """The address the scheduler sends plans to for TP rank `rank`."""
+        """The address the scheduler sends plans to for TP rank `rank` (multi-node: bound
+        by the scheduler, otherwise by the worker)."""
+        if self.multi_node:
+            return self._node0_tcp(2 + rank)
         return self.ipc("worker_in" if rank == 0 else f"worker_in{rank}")
+
+    @property
+    def results_channel(self) -> str:
+        """The address the workers send step results to (bound by the scheduler)."""
+        return self._node0_tcp(1) if self.multi_node else self.ipc("sched_res")
+
+    @property
+    def tp_init_method(self) -> str:
+        """Where the TP ranks meet for torch.distributed."""
+        if self.dist_init_addr:
+            return f"tcp://{self.dist_init_addr}"
+        return f"file://{os.path.join(self.ipc_dir, f'{self.run_id}-tp-store')}"
+
+    def _node0_tcp(self, offset: int) -> str:
+        host, _, port = self.dist_init_addr.rpartition(":")
+        return f"tcp://{host}:{int(port) + offset}"
 
     def ipc(self, channel: str) -> str:
         """The ZMQ address of one internal channel (`ipc://` under `ipc_dir`)."""

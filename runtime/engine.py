@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 
 from runtime.api.loop_thread import LoopThread
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.config import ServerConfig
+from runtime.config import ConfigError, ServerConfig
 from runtime.messages import ModelInfo, RequestOutput, SamplingParams, SchedulerStats
 from runtime.model_config import resolve_model
 from runtime.process_group import ProcessGroup
@@ -33,6 +33,9 @@ class Engine:
 
         self.spec = resolve_model(model)
         self.config = ServerConfig(model=model, **options)
+        if self.config.dp > 1 or self.config.node_rank > 0:
+            raise ConfigError("an Engine is one server on node 0: dp and node_rank are "
+                              "options of `sluice serve`")
         self._loop = LoopThread("sluice-engine")
         self._tm = TokenizerManager(self.config, self.spec)
         self._loop.run(self._tm.start())

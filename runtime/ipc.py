@@ -30,8 +30,8 @@ class FanOutQueue(Generic[T]):
     """Sends every message to each of several PUSH channels, encoded once (a PUSH socket
     connected to many peers would deal messages out round-robin instead)."""
 
-    def __init__(self, ctx: zmq.Context, addrs: list[str]) -> None:
-        self.queues: list[PushQueue[T]] = [PushQueue(ctx, a) for a in addrs]
+    def __init__(self, ctx: zmq.Context, addrs: list[str], *, bind: bool = False) -> None:
+        self.queues: list[PushQueue[T]] = [PushQueue(ctx, a, bind=bind) for a in addrs]
         self._enc = msgspec.msgpack.Encoder()
 
     def put(self, msg: T) -> None:

@@ -16,6 +16,7 @@ import tempfile
 import threading
 
 from runtime.config import ConfigError, ServerConfig
+from runtime.dp_launcher import run_dp
 from runtime.model_config import ModelNotFound, resolve_model
 from runtime.process_group import ProcessGroup, StartupError
 
@@ -58,11 +59,13 @@ def config_from_args(args: argparse.Namespace, **internal) -> ServerConfig:
 
 
 
-def run_server(cfg: ServerConfig) -> int:
-    """Run the server until SIGTERM or Ctrl-C (exit 0) or until a process dies (exit 1).
+def run_server(cfg: ServerConfig, signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
+               ) -> int:
+    """Run the server until one of `signals` (exit 0) or until a process dies (exit 1).
 
     On a signal the api stops first: new requests are refused, those in flight get
-    `cfg.shutdown_grace` seconds to finish, the rest get an error each.
+    `cfg.shutdown_grace` seconds to finish, the rest get an error each. A node other than
+    node 0 (`--node-rank`) runs only its TP worker ranks.
     """
     from runtime.api.server import run_api
     from runtime.scheduler.loop import run_scheduler
@@ -73,9 +76,12 @@ def run_server(cfg: ServerConfig) -> int:
     except ModelNotFound as exc:
         log.error("%s", exc)
         return 2
-    group = ProcessGroup(cfg, {**worker_targets(cfg), "scheduler": run_scheduler, "api": run_api})
+    targets = worker_targets(cfg)
+    if cfg.node_rank == 0:
+        targets |= {"scheduler": run_scheduler, "api": run_api}
+    group = ProcessGroup(cfg, targets)
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in signals:
         signal.signal(sig, lambda *_: stop.set())
     try:
         group.start()
@@ -83,7 +89,11 @@ def run_server(cfg: ServerConfig) -> int:
         log.error("%s", exc)
         return 1
     log.info("processes: %s", " ".join(f"{n}={p.pid}" for n, p in group.procs.items()))
-    log.info("serving %s: http://%s:%d, rpc %s", cfg.model, cfg.host, cfg.port, cfg.rpc_addr)
+    if cfg.node_rank == 0:
+        log.info("serving %s: http://%s:%d, rpc %s", cfg.model, cfg.host, cfg.port, cfg.rpc_addr)
+    else:
+        log.info("node %d of %d: TP ranks %d..%d joined %s", cfg.node_rank, cfg.nnodes,
+                 cfg.local_ranks.start, cfg.local_ranks.stop - 1, cfg.dist_init_addr)
     died = None
     while not stop.is_set() and died is None:
         died = group.wait_any(timeout=0.5)
@@ -112,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"sluice: {exc}", file=sys.stderr)
             code = 2
         else:
-            code = run_server(cfg)
+            code = run_server(cfg) if cfg.dp == 1 else run_dp(cfg)
     sys.exit(code)
 
 

@@ -78,6 +78,8 @@ class ProcessGroup:
         self._watcher.start()
 
     def notify_api(self, msg: ProcessDied) -> None:
+        if "api" not in self.procs:  # a node that runs only worker ranks
+            return
         q: PushQueue = PushQueue(self.ctx, self.cfg.ipc("api_in"))
         q.put(msg)
         q.sock.close(linger=1000)  # deliver before closing, but never block for long

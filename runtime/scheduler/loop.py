@@ -108,9 +108,11 @@ def run_scheduler(cfg: ServerConfig) -> None:
     log = setup_logging("scheduler", cfg.log_level)
     ctx = zmq.Context()
     inbox: PullQueue = PullQueue(ctx, cfg.ipc("sched_in"), SchedulerInput, bind=True)
-    results: PullQueue = PullQueue(ctx, cfg.ipc("sched_res"), WorkerOutput, bind=True)
-    # every TP rank runs every plan; rank 0 alone sends the results
-    to_workers: FanOutQueue = FanOutQueue(ctx, [cfg.worker_channel(r) for r in range(cfg.tp)])
+    results: PullQueue = PullQueue(ctx, cfg.results_channel, WorkerOutput, bind=True)
+    # every TP rank runs every plan; rank 0 alone sends the results. Across hosts the
+    # scheduler binds the ranks' channels, so no node needs another's address but node 0's
+    to_workers: FanOutQueue = FanOutQueue(ctx, [cfg.worker_channel(r) for r in range(cfg.tp)],
+                                          bind=cfg.multi_node)
     to_api: PushQueue = PushQueue(ctx, cfg.ipc("api_in"))
     ready: PushQueue = PushQueue(ctx, cfg.ipc("ready"))
     try:

@@ -2,8 +2,9 @@
 needs (all-reduce of row-parallel outputs, all-gather of vocab-parallel logits).
 
 With `--tp N` the server runs N worker processes, rank r on `cuda:r` (NCCL) or on the CPU
-(gloo), joined through a file store under the run's ipc directory. A group of one makes
-every collective a no-op, so the single-worker path runs the same model code.
+(gloo), joined through a file store under the run's ipc directory, or across hosts
+(`--nnodes`) through a TCP store at `--dist-init-addr`. A group of one makes every
+collective a no-op, so the single-worker path runs the same model code.
 """
 
 from __future__ import annotations
@@ -52,13 +53,14 @@ class TPGroup:
         return int(t.item())
 
 
-def init_tp(rank: int, size: int, device: torch.device, store_path: str) -> TPGroup:
-    """Join the group: NCCL on CUDA (NVLink multicast off), gloo on the CPU."""
+def init_tp(rank: int, size: int, device: torch.device, init_method: str) -> TPGroup:
+    """Join the group at `init_method` (`file://...` or `tcp://host:port`): NCCL on CUDA
+    (NVLink multicast off), gloo on the CPU."""
     if size == 1:
         return TPGroup()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs = {"device_id": device} if device.type == "cuda" else {}
-    dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
+    dist.init_process_group(backend, init_method=init_method, rank=rank,
                             world_size=size, **kwargs)
     return TPGroup(rank, size)

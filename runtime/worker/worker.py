@@ -19,7 +19,6 @@ sample the same ids from the same whole logits, and only rank 0 reports results.
 from __future__ import annotations
 
 import functools
-import os
 import queue
 import sys
 import threading
@@ -60,7 +59,7 @@ ROW_SLACK = 16  # rows beyond max_running: finished requests keep theirs until r
 
 
 def resolve_device(name: str, rank: int = 0) -> torch.device:
-    """The device of TP rank `rank`: `cuda:rank` on a GPU host, else the CPU."""
+    """The device of the host's `rank`-th TP rank: `cuda:rank` on a GPU host, else the CPU."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name != "cuda":
@@ -110,10 +109,10 @@ class Worker:
     """Model, KV pool, sampler and token table of one device."""
 
     def __init__(self, cfg: ServerConfig, spec: ModelSpec, rank: int = 0) -> None:
-        self.device = resolve_device(cfg.device, rank)
-        self.threads = ThreadTuner.for_worker(cfg.torch_threads, self.device, cfg.tp)
-        self.tp: TPGroup = init_tp(rank, cfg.tp, self.device,
-                                   os.path.join(cfg.ipc_dir, f"{cfg.run_id}-tp-store"))
+        self.device = resolve_device(cfg.device, rank - cfg.local_ranks.start)
+        self.threads = ThreadTuner.for_worker(cfg.torch_threads, self.device,
+                                              len(cfg.local_ranks))
+        self.tp: TPGroup = init_tp(rank, cfg.tp, self.device, cfg.tp_init_method)
         self.max_rows = cfg.max_running + ROW_SLACK
         self.page_size = cfg.kv_mode.page_size
         self.runner = ModelRunner(spec, self.device, resolve_dtype(cfg.dtype, self.device),
@@ -239,8 +238,8 @@ def worker_name(rank: int) -> str:
 
 
 def worker_targets(cfg: ServerConfig) -> dict[str, Callable[[ServerConfig], None]]:
-    """The worker processes of a server, by name: one per TP rank."""
-    return {worker_name(r): functools.partial(run_worker, rank=r) for r in range(cfg.tp)}
+    """The worker processes of a server on this host, by name: one per local TP rank."""
+    return {worker_name(r): functools.partial(run_worker, rank=r) for r in cfg.local_ranks}
 
 
 def run_worker(cfg: ServerConfig, rank: int = 0) -> None:
@@ -248,8 +247,9 @@ def run_worker(cfg: ServerConfig, rank: int = 0) -> None:
     name = worker_name(rank)
     log = setup_logging(name, cfg.log_level)
     ctx = zmq.Context()
-    inbox: PullQueue = PullQueue(ctx, cfg.worker_channel(rank), WorkerInput, bind=True)
-    out: PushQueue = PushQueue(ctx, cfg.ipc("sched_res"))
+    inbox: PullQueue = PullQueue(ctx, cfg.worker_channel(rank), WorkerInput,
+                                 bind=not cfg.multi_node)
+    out: PushQueue = PushQueue(ctx, cfg.results_channel)
     ready: PushQueue = PushQueue(ctx, cfg.ipc("ready"))
     try:
         worker = Worker(cfg, resolve_model(cfg.model), rank)

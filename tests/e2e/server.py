@@ -18,19 +18,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_range(n: int) -> int:
+    """A port p with p .. p + n - 1 all free (for servers that take consecutive ports)."""
+    for _ in range(50):
+        base, socks = free_port(), []
+        try:
+            for p in range(base, base + n):
+                socks.append(socket.socket())
+                socks[-1].bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
 class ServerProcess:
     """`python -m runtime.launch serve ...`, its log lines, and the pids of its processes.
 
     It runs in a session of its own, as under a terminal (`interrupt` is Ctrl-C there);
-    `tmpdir` is its TMPDIR, where its IPC folder goes.
+    `tmpdir` is its TMPDIR, where its IPC folder goes; it is ready once it prints
+    `ready_text`; `env`: variables set for it beyond ours.
     """
 
-    def __init__(self, *args: str, ready_timeout: float = 240.0,
-                 tmpdir: str | None = None) -> None:
-        self.port, self.rpc_port = free_port(), free_port()
+    def __init__(self, *args: str, ready_timeout: float = 240.0, tmpdir: str | None = None,
+                 port: int | None = None, ready_text: str = "serving ",
+                 env: dict[str, str] | None = None) -> None:
+        self.port, self.rpc_port = port or free_port(), free_port()
+        self._ready_text = ready_text
         cmd = [sys.executable, "-m", "runtime.launch", "serve", "--port", str(self.port),
                "--rpc-port", str(self.rpc_port), "--torch-threads", "2", *args]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"TMPDIR": tmpdir} if tmpdir else {})}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"TMPDIR": tmpdir} if tmpdir else {}),
+               **(env or {})}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=env, start_new_session=True)
         self.lines: list[str] = []
@@ -47,7 +68,7 @@ class ServerProcess:
             self.lines.append(line)
             if m := re.search(r"processes: (.*)", line):
                 self.pids = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
-            if "serving " in line:
+            if self._ready_text in line:
                 self._serving.set()
 
     @property
