@@ -3,9 +3,9 @@
 Channels (each a tagged union, decoded by `runtime.ipc`):
   api -> scheduler      `SchedulerInput`  = GenerateReq | AbortReq | FinishReq | GetStats | Shutdown
   scheduler -> api      `ApiInput`        = BatchOut | SchedulerStats | ProcessDied | Limits
-  scheduler -> worker   `WorkerInput`     = BatchPlan | RegexCacheUpdate | Shutdown
+  scheduler -> worker   `WorkerInput`     = BatchPlan | GrammarCacheUpdate | Shutdown
   worker -> scheduler   `WorkerOutput`    = StepResult | WorkerReady | WorkerFailed
-                                            | RegexCompiled
+                                            | GrammarCompiled
   any -> supervisor     `Ready`
   RPC client <-> api    `RpcInput` = RpcGenerate | RpcAbort | RpcGetModelInfo ;
                         `RpcOutput` = RequestOutput | RpcBatch | RpcError | RpcModelInfo
@@ -32,6 +32,7 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 MAX_STOP_STRINGS = 16  # per request (OpenAI allows 4)
 MAX_STOP_CHARS = 1024  # the stop strings of a request together
+MAX_TOP_LOGPROBS = 20  # alternatives per scored token (OpenAI's chat bound)
 
 
 class InvalidRequest(ValueError):
@@ -54,6 +55,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     stop_token_ids: list[Int64] = []
     ignore_eos: bool = False
     logprobs: bool = False
+    # The most likely alternatives of each scored token (output, and input from
+    # `logprob_start_len` on), at most MAX_TOP_LOGPROBS; > 0 implies `logprobs`.
+    top_logprobs: Int64 = 0
     skip_special_tokens: bool = True
     priority: Int64 = 0
     # Input (prompt) logprobs: the logprob of every prompt token from this position on,
@@ -62,12 +66,16 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     logprob_start_len: Int64 = -1
     # Constrain the output to a full match of this regex (ends with EOS once complete).
     regex: str | None = None
+    # Constrain the output to JSON valid under this JSON schema (a JSON text); at most one
+    # of `regex` and `json_schema`.
+    json_schema: str | None = None
 
     def validate(self) -> None:
         """Raise `InvalidRequest` naming the first bad field."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        for name in ("max_tokens", "top_k", "seed", "priority", "logprob_start_len"):
+        for name in ("max_tokens", "top_k", "seed", "priority", "logprob_start_len",
+                     "top_logprobs"):
             value = getattr(self, name)
             if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
                 raise InvalidRequest(f"{name} must be a 64-bit int (in [-2**63, 2**63 - 1])")
@@ -95,14 +103,34 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
              "logprob_start_len must be -1 (off) or >= 0"),
             (self.regex is None or (isinstance(self.regex, str) and self.regex != ""),
              "regex must be a non-empty string"),
+            (isinstance(self.top_logprobs, int)
+             and 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
+             f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]"),
+            (self.json_schema is None
+             or (isinstance(self.json_schema, str) and self.json_schema != ""),
+             "json_schema must be a non-empty string"),
+            (self.regex is None or self.json_schema is None,
+             "give at most one of regex and json_schema"),
         ]
         for ok, message in checks:
             if not ok:
                 raise InvalidRequest(message)
+        if self.top_logprobs:
+            self.logprobs = True
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def grammar(self) -> str | None:
+        """The output constraint as one grammar key (`GrammarCacheUpdate`): "regex:<regex>"
+        or "json:<schema>", or None when the output is free."""
+        if self.regex is not None:
+            return "regex:" + self.regex
+        if self.json_schema is not None:
+            return "json:" + self.json_schema
+        return None
 
     @property
     def uses_penalties(self) -> bool:
@@ -181,6 +209,13 @@ class ReqOut(msgspec.Struct, **_WIRE):
     queue_time: float = 0.0  # on the first ReqOut: seconds from arrival to first admission
     # new input logprobs (in prompt order, from `SamplingParams.logprob_start_len` on)
     input_logprobs: list[float] = []
+    # with `SamplingParams.top_logprobs` = k: the k most likely tokens (most likely first)
+    # and their logprobs at each new token, flat ([len(token_ids) * k]), and at each new
+    # input logprob ([len(input_logprobs) * k])
+    top_ids: list[int] = []
+    top_logprobs: list[float] = []
+    input_top_ids: list[int] = []
+    input_top_logprobs: list[float] = []
 
 
 class BatchOut(msgspec.Struct, **_WIRE):
@@ -269,10 +304,11 @@ class BatchPlan(msgspec.Struct, **_WIRE):
     input_logprobs: list[tuple[int, int, list[int]]] = []
 
 
-class RegexCacheUpdate(msgspec.Struct, **_WIRE):
-    """Change the workers' compiled-regex cache (every TP rank): drop the regexes of
-    `evict`, then start compiling those of `compile`; each rank answers every regex of
-    `compile` with one `RegexCompiled`, once it is ready or has failed."""
+class GrammarCacheUpdate(msgspec.Struct, **_WIRE):
+    """Change the workers' compiled-grammar cache (every TP rank): drop the grammars of
+    `evict`, then start compiling those of `compile`; each rank answers every grammar of
+    `compile` with one `GrammarCompiled`, once it is ready or has failed. A grammar is
+    named by its key, `SamplingParams.grammar`."""
 
     compile: list[str] = []
     evict: list[str] = []
@@ -290,10 +326,22 @@ class WorkerReady(msgspec.Struct, **_WIRE):
 
 
 class StepResult(msgspec.Struct, **_WIRE):
+    """A step's sampled ids, and what its requests asked for beside them.
+
+    Top alternatives come `top_stride` per scored token (the most asked for by a request
+    of the step; a request asking k uses the first k): in `top_*`, for each sampled
+    request whose `SamplingParams.top_logprobs` > 0, in order; in `input_top_*`, for each
+    input logprob of the `input_logprobs` entries whose request asked, in order."""
+
     batch_id: int
     next_ids: list[int]
     logprobs: list[float]  # one per next_id, or none when no request of the step asked
     input_logprobs: list[list[float]] = []  # one list per BatchPlan.input_logprobs entry
+    top_stride: int = 0
+    top_ids: list[int] = []
+    top_logprobs: list[float] = []
+    input_top_ids: list[int] = []
+    input_top_logprobs: list[float] = []
 
 
 class WorkerFailed(msgspec.Struct, **_WIRE):
@@ -301,11 +349,11 @@ class WorkerFailed(msgspec.Struct, **_WIRE):
     error: str
 
 
-class RegexCompiled(msgspec.Struct, **_WIRE):
-    """TP rank `rank` finished compiling `regex` (a `RegexCacheUpdate.compile` entry):
-    a row may now use it without waiting, or, with `error`, it failed."""
+class GrammarCompiled(msgspec.Struct, **_WIRE):
+    """TP rank `rank` finished compiling grammar `key` (a `GrammarCacheUpdate.compile`
+    entry): a row may now use it without waiting, or, with `error`, it failed."""
 
-    regex: str
+    key: str
     rank: int = 0
     error: str | None = None
 
@@ -340,10 +388,13 @@ class RpcGetModelInfo(msgspec.Struct, **_WIRE):
 class RequestOutput(msgspec.Struct, kw_only=True, **_WIRE):
     """Output of one request: a delta (a stream's piece) or the whole of it (`join`).
 
-    In a delta, `text`, `token_ids`, `logprobs` and the `input_*` lists are new since the
-    previous piece; the counters are totals so far; `finish_reason` is set on the last
-    piece only. `logprobs` only when asked for; with `logprob_start_len >= 0`,
+    In a delta, `text`, `token_ids`, `logprobs` and the `input_*` and `top_*` lists are new
+    since the previous piece; the counters are totals so far; `finish_reason` is set on
+    the last piece only. `logprobs` only when asked for; with `logprob_start_len >= 0`,
     `input_logprobs` score the prompt tokens `input_token_ids` from that position on.
+    With `top_logprobs` = k, `top_ids` / `top_logprobs` hold the k most likely tokens and
+    their logprobs at each output token, most likely first, flat (k per token; `top(i)`
+    reads token i's), and `input_top_*` the same at each scored prompt token.
     """
 
     rid: str
@@ -356,10 +407,22 @@ class RequestOutput(msgspec.Struct, kw_only=True, **_WIRE):
     cached_tokens: int = 0
     input_logprobs: list[float] = []
     input_token_ids: list[int] = []
+    top_ids: list[int] = []
+    top_logprobs: list[float] = []
+    input_top_ids: list[int] = []
+    input_top_logprobs: list[float] = []
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def top(self, i: int, *, prompt: bool = False) -> list[tuple[int, float]]:
+        """The alternatives (token id, logprob) at output token i, most likely first; with
+        `prompt`, at scored prompt token i (`input_token_ids[i]`). [] when none were asked."""
+        ids, lps, n = ((self.input_top_ids, self.input_top_logprobs, len(self.input_logprobs))
+                       if prompt else (self.top_ids, self.top_logprobs, len(self.token_ids)))
+        k = len(ids) // n if n else 0
+        return list(zip(ids[i * k:(i + 1) * k], lps[i * k:(i + 1) * k]))
 
     @classmethod
     def join(cls, pieces: Sequence[RequestOutput]) -> RequestOutput:
@@ -374,7 +437,11 @@ class RequestOutput(msgspec.Struct, kw_only=True, **_WIRE):
                    finish_reason=last.finish_reason, prompt_tokens=last.prompt_tokens,
                    completion_tokens=last.completion_tokens, cached_tokens=last.cached_tokens,
                    input_logprobs=[x for p in pieces for x in p.input_logprobs],
-                   input_token_ids=[t for p in pieces for t in p.input_token_ids])
+                   input_token_ids=[t for p in pieces for t in p.input_token_ids],
+                   top_ids=[t for p in pieces for t in p.top_ids],
+                   top_logprobs=[x for p in pieces for x in p.top_logprobs],
+                   input_top_ids=[t for p in pieces for t in p.input_top_ids],
+                   input_top_logprobs=[x for p in pieces for x in p.input_top_logprobs])
 
 
 class RpcBatch(msgspec.Struct, **_WIRE):
@@ -422,7 +489,7 @@ class ModelInfo(msgspec.Struct, kw_only=True):
 
 SchedulerInput = GenerateReq | AbortReq | FinishReq | GetStats | Shutdown
 ApiInput = BatchOut | SchedulerStats | ProcessDied | Limits
-WorkerInput = BatchPlan | RegexCacheUpdate | Shutdown
-WorkerOutput = StepResult | WorkerReady | WorkerFailed | RegexCompiled
+WorkerInput = BatchPlan | GrammarCacheUpdate | Shutdown
+WorkerOutput = StepResult | WorkerReady | WorkerFailed | GrammarCompiled
 RpcInput = RpcGenerate | RpcAbort | RpcGetModelInfo
 RpcOutput = RequestOutput | RpcBatch | RpcError | RpcModelInfo

@@ -96,10 +96,15 @@ def _raise_for_error(status: int, content: bytes) -> None:
 def _output(body: dict[str, Any]) -> RequestOutput:
     """The `RequestOutput` of a `/generate` response or streamed event."""
     usage, reason = body["usage"], body["finish_reason"]
+    # alternatives come as [[token_id, logprob], ...] per token: flat, as RequestOutput holds them
+    top = [pair for alts in body.get("top_logprobs", []) for pair in alts]
+    input_top = [pair for alts in body.get("input_top_logprobs", []) for pair in alts]
     return RequestOutput(
         rid=body["id"], text=body["text"], token_ids=body["output_ids"],
         logprobs=body.get("logprobs", []),
         finish_reason=None if reason is None else FinishReason(reason),
         prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
         cached_tokens=usage["cached_tokens"], input_logprobs=body.get("input_logprobs", []),
-        input_token_ids=body.get("input_token_ids", []))
+        input_token_ids=body.get("input_token_ids", []),
+        top_ids=[t for t, _ in top], top_logprobs=[lp for _, lp in top],
+        input_top_ids=[t for t, _ in input_top], input_top_logprobs=[lp for _, lp in input_top])

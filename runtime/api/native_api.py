@@ -8,6 +8,9 @@ Response: `{"id", "text", "output_ids", "finish_reason", "usage": {"prompt_token
 "completion_tokens", "cached_tokens"}}` plus `"logprobs"` when asked, and with
 `logprob_start_len >= 0` `"input_logprobs"` / `"input_token_ids"`: the logprob of each
 prompt token from that position on (the first token has none) and the tokens scored.
+With `sampling_params.top_logprobs` = k, `"top_logprobs"` (and with input logprobs
+`"input_top_logprobs"`) lists, per scored token, its k most likely tokens as
+`[token_id, logprob]` pairs, most likely first.
 `max_tokens: 0` only prefills the prompt (caching it, computing input logprobs). Streamed,
 each event carries the same keys with `text` / `output_ids` / `logprobs` /
 `input_logprobs` as deltas, `finish_reason` null until the last, then `data: [DONE]`.
@@ -116,4 +119,9 @@ def _body(out: RequestOutput, params: SamplingParams) -> dict[str, Any]:
     if params.logprob_start_len >= 0:
         body["input_logprobs"] = out.input_logprobs
         body["input_token_ids"] = out.input_token_ids
+    if params.top_logprobs:
+        body["top_logprobs"] = [out.top(i) for i in range(len(out.token_ids))]
+        if params.logprob_start_len >= 0:
+            body["input_top_logprobs"] = [out.top(i, prompt=True)
+                                          for i in range(len(out.input_logprobs))]
     return body

@@ -16,7 +16,8 @@ from typing import Any
 import msgspec
 
 from runtime.api.errors import EngineDeadError, Overloaded, ServerError
-from runtime.messages import InvalidRequest, SamplingParams
+from runtime.api.response_format import response_json_schema
+from runtime.messages import MAX_TOP_LOGPROBS, InvalidRequest, SamplingParams
 
 MAX_N = 16  # choices per request (each runs as its own request)
 
@@ -71,6 +72,8 @@ class _SamplingRequest(msgspec.Struct, kw_only=True):
     presence_penalty: float | None = None
     user: str | None = None  # accepted for compatibility; not used
     logit_bias: dict[str, float] | None = None  # rejected unless empty
+    # {"type": "text" | "json_object" | "json_schema", "json_schema": {"schema": ...}}
+    response_format: dict[str, Any] | None = None
     # Sluice extensions
     top_k: int | None = None
     min_p: float | None = None
@@ -89,8 +92,10 @@ class CompletionRequest(_SamplingRequest, kw_only=True):
     """`POST /v1/completions`."""
 
     prompt: str | list[Any]  # a string, token ids, or a list of either
-    logprobs: int | None = None  # 0: chosen-token logprobs (no alternatives)
-    echo: bool = False  # rejected if true
+    # the chosen tokens' logprobs and this many alternatives each (0..MAX_TOP_LOGPROBS:
+    # OpenAI allows 5, vLLM 20)
+    logprobs: int | None = None
+    echo: bool = False  # the prompt before the completion (and its logprobs, if asked)
     suffix: str | None = None  # rejected
     best_of: int | None = None  # rejected beyond 1
 
@@ -112,9 +117,8 @@ class ChatCompletionRequest(_SamplingRequest, kw_only=True):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None  # preferred over max_tokens
     logprobs: bool = False
-    top_logprobs: int | None = None  # only 0: alternatives are not computed
+    top_logprobs: int | None = None  # alternatives per token (0..20), with logprobs=true
     tools: list[Any] | None = None  # rejected unless empty
-    response_format: dict[str, Any] | None = None  # only {"type": "text"}
 
 
 def decode_request(body: bytes, typ: type[msgspec.Struct]) -> Any:
@@ -150,8 +154,9 @@ def to_params(req: _SamplingRequest, max_tokens: int) -> SamplingParams:
     """The sampling parameters of one choice (validated by the TokenizerManager)."""
     if not 1 <= req.n <= MAX_N:
         raise ApiError(400, f"n must be between 1 and {MAX_N}, got {req.n}", param="n")
-    if max_tokens < 1:
-        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}",
+    least = 0 if getattr(req, "echo", False) else 1  # echo alone may score the prompt only
+    if max_tokens < least:
+        raise ApiError(400, f"max_tokens must be at least {least}, got {max_tokens}",
                        param="max_tokens")
     if req.logit_bias:
         raise ApiError(400, "logit_bias is not supported", param="logit_bias")
@@ -163,9 +168,13 @@ def to_params(req: _SamplingRequest, max_tokens: int) -> SamplingParams:
         "min_p", "repetition_penalty", "stop_token_ids")}
     fields = {k: v for k, v in given.items() if v is not None}
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    try:
+        schema = response_json_schema(req.response_format)
+    except InvalidRequest as e:
+        raise ApiError(400, str(e), param="response_format") from None
     params = SamplingParams(max_tokens=max_tokens, stop=stop, ignore_eos=req.ignore_eos,
                             priority=req.priority, skip_special_tokens=req.skip_special_tokens,
-                            **fields)
+                            json_schema=schema, **fields)
     try:
         params.validate()
     except InvalidRequest as e:
@@ -175,27 +184,25 @@ def to_params(req: _SamplingRequest, max_tokens: int) -> SamplingParams:
 
 def check_completion(req: CompletionRequest) -> None:
     """Reject completions fields Sluice does not implement."""
-    if req.echo:
-        raise ApiError(400, "echo is not supported", param="echo")
     if req.suffix:
         raise ApiError(400, "suffix is not supported", param="suffix")
     if req.best_of not in (None, 1):
         raise ApiError(400, "best_of is not supported; use n", param="best_of")
-    if req.logprobs not in (None, 0):
-        raise ApiError(400, "only the chosen tokens' logprobs are returned: set logprobs=0 "
-                            "(top alternatives are not computed)", param="logprobs")
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got "
+                            f"{req.logprobs}", param="logprobs")
 
 
 def check_chat(req: ChatCompletionRequest) -> None:
     """Reject chat fields Sluice does not implement."""
     if req.tools:
         raise ApiError(400, "tools are not supported", param="tools")
-    if req.response_format not in (None, {"type": "text"}):
-        raise ApiError(400, "response_format other than {\"type\": \"text\"} is not supported",
-                       param="response_format")
-    if req.top_logprobs:
-        raise ApiError(400, "top_logprobs > 0 is not supported: logprobs=true returns the "
-                            "chosen tokens' logprobs only", param="top_logprobs")
+    if req.top_logprobs is not None:
+        if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ApiError(400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got "
+                                f"{req.top_logprobs}", param="top_logprobs")
+        if req.top_logprobs and not req.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
     if not req.messages:
         raise ApiError(400, "messages must not be empty", param="messages")
 
@@ -209,10 +216,13 @@ class Usage(msgspec.Struct, kw_only=True):
 
 
 class CompletionLogprobs(msgspec.Struct, kw_only=True):
+    """Per token: its text, logprob (None for an echoed prompt's first token), offset in
+    the choice's text, and with logprobs=N its N alternatives plus itself, by text."""
+
     tokens: list[str]
-    token_logprobs: list[float]
+    token_logprobs: list[float | None]
     text_offset: list[int]
-    top_logprobs: None = None
+    top_logprobs: list[dict[str, float] | None] | None = None
 
 
 class CompletionChoice(msgspec.Struct, kw_only=True):
@@ -233,11 +243,17 @@ class CompletionResponse(msgspec.Struct, kw_only=True):
     usage: Usage | None = None
 
 
+class TopLogprob(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
 class TokenLogprob(msgspec.Struct, kw_only=True):
     token: str
     logprob: float
     bytes: list[int]
-    top_logprobs: list[Any] = []
+    top_logprobs: list[TopLogprob] = []
 
 
 class ChatLogprobs(msgspec.Struct, kw_only=True):

@@ -6,6 +6,11 @@ its choices count against the per-request cap and the queue (see `api/admission.
 The first chunk is awaited before anything is returned, so a request rejected by
 validation, by the queue limit or by the scheduler still gets a proper HTTP status;
 after that, a stream ends with an error event and `[DONE]`.
+
+Completions with `echo` return the prompt before each choice's text (in a stream, in its
+first chunk); with `logprobs` too, the prompt's tokens and logprobs come first in the
+choice's `logprobs` (see `openai_logprobs`): the prompt is tokenized here, so its first
+token is known, and scored from position 0 (`SamplingParams.logprob_start_len`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,12 @@ from typing import Any
 import msgspec
 
 from runtime.api.chat import chat_prompt_text
+from runtime.api.openai_logprobs import (
+    chat_logprobs,
+    completion_logprobs,
+    output_tokens,
+    prompt_tokens,
+)
 from runtime.api.openai_protocol import (
     ApiError,
     AssistantMessage,
@@ -28,13 +39,11 @@ from runtime.api.openai_protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatDelta,
-    ChatLogprobs,
     ChatStreamChoice,
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
-    TokenLogprob,
     Usage,
     api_error,
     check_chat,
@@ -73,6 +82,9 @@ class _Call:
     created: int = field(default_factory=lambda: int(time.time()))
     outputs: list[RequestOutput] = field(default_factory=list)
     chars: list[int] = field(default_factory=list)  # each choice's streamed text length
+    top: int = 0  # completions' logprobs=N: alternatives per token
+    # with echo: per choice, its prompt's text and ids, until its first piece took them
+    echo: list[tuple[str, list[int]] | None] = field(default_factory=list)
 
     def usage(self) -> Usage:
         # a prompt counts once however many choices it has (as OpenAI bills it)
@@ -104,9 +116,24 @@ class OpenAIServing:
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
         params = to_params(req, max_tokens)
         params.logprobs = req.logprobs is not None
+        params.top_logprobs = req.logprobs or 0
         call = _Call(f"cmpl-{uuid.uuid4().hex}", False, req.model, req.n, params.logprobs,
-                     req.include_usage)
+                     req.include_usage, top=params.top_logprobs)
+        if req.echo:
+            prompts = [await self._echo_prompt(call, p) for p in prompts]
+            if params.logprobs:
+                params.logprob_start_len = 0
         return await self._run(call, prompts, params, req.stream, guard)
+
+    async def _echo_prompt(self, call: _Call, prompt: str | list[int]) -> list[int]:
+        """Record `prompt`'s text and ids for each of its choices to echo; its ids."""
+        if isinstance(prompt, str):
+            text, ids = prompt, await self.tm.tokenize(prompt)
+        else:
+            tok = self.tm.tokenizer
+            text, ids = ("" if tok is None else tok.decode(prompt)), prompt
+        call.echo += [(text, ids)] * call.n
+        return ids
 
     async def chat(self, req: ChatCompletionRequest,
                    guard: Guard) -> msgspec.Struct | EventStream:
@@ -120,6 +147,7 @@ class OpenAIServing:
             max_tokens = max(1, self.tm.context_len - len(ids))
         params = to_params(req, max_tokens)
         params.logprobs = req.logprobs
+        params.top_logprobs = req.top_logprobs or 0
         call = _Call(f"chatcmpl-{uuid.uuid4().hex}", True, req.model, req.n, req.logprobs,
                      req.include_usage)
         return await self._run(call, [ids], params, req.stream, guard)
@@ -181,18 +209,17 @@ class OpenAIServing:
         if call.chat:
             content = ChatDelta(content=delta.text) if delta.text or not delta.finished \
                 else ChatDelta()
-            logprobs = self._chat_logprobs(delta) if call.logprobs else None
+            logprobs = chat_logprobs(delta, self._token_text) if call.logprobs else None
             return ChatCompletionChunk(
                 id=call.id, created=call.created, model=call.model,
                 choices=[ChatStreamChoice(index=index, delta=content, logprobs=logprobs,
                                           finish_reason=delta.finish_reason)])
         # offsets run over the whole completion: this delta starts where the text so far ends
-        start = call.chars[index]
-        call.chars[index] += len(delta.text)
-        logprobs = self._completion_logprobs(delta, start) if call.logprobs else None
+        text, logprobs = self._completion_text(call, index, delta, call.chars[index])
+        call.chars[index] += len(text)
         return CompletionResponse(
             id=call.id, created=call.created, model=call.model,
-            choices=[CompletionChoice(index=index, text=delta.text, logprobs=logprobs,
+            choices=[CompletionChoice(index=index, text=text, logprobs=logprobs,
                                       finish_reason=delta.finish_reason)])
 
     def _usage_chunk(self, call: _Call) -> msgspec.Struct:
@@ -207,33 +234,33 @@ class OpenAIServing:
                 id=call.id, created=call.created, model=call.model, usage=call.usage(),
                 choices=[ChatChoice(
                     index=i, message=AssistantMessage(content=o.text),
-                    logprobs=self._chat_logprobs(o) if call.logprobs else None,
+                    logprobs=chat_logprobs(o, self._token_text) if call.logprobs else None,
                     finish_reason=o.finish_reason) for i, o in enumerate(call.outputs)])
-        return CompletionResponse(
-            id=call.id, created=call.created, model=call.model, usage=call.usage(),
-            choices=[CompletionChoice(
-                index=i, text=o.text,
-                logprobs=self._completion_logprobs(o) if call.logprobs else None,
-                finish_reason=o.finish_reason) for i, o in enumerate(call.outputs)])
+        choices = []
+        for i, o in enumerate(call.outputs):
+            text, logprobs = self._completion_text(call, i, o, 0)
+            choices.append(CompletionChoice(index=i, text=text, logprobs=logprobs,
+                                            finish_reason=o.finish_reason))
+        return CompletionResponse(id=call.id, created=call.created, model=call.model,
+                                  usage=call.usage(), choices=choices)
+
+    def _completion_text(self, call: _Call, index: int, out: RequestOutput,
+                         start: int) -> tuple[str, CompletionLogprobs | None]:
+        """Choice `index`'s text and logprobs in `out` (a delta starting at offset `start`,
+        or the whole output at 0): the echoed prompt first, in its first piece."""
+        text, tokens, echo = out.text, [], None
+        if call.echo:
+            echo, call.echo[index] = call.echo[index], None
+            if echo is not None:
+                text = echo[0] + text
+            if call.logprobs:
+                tokens = prompt_tokens(out, echo[1][0] if echo is not None else None)
+        if not call.logprobs:
+            return text, None
+        tokens += output_tokens(out)
+        return text, completion_logprobs(tokens, self._token_text, start, call.top)
 
     def _token_text(self, token_id: int) -> str:
         tok = self.tm.tokenizer
         return str(token_id) if tok is None else tok.decode([token_id])
 
-    def _completion_logprobs(self, out: RequestOutput, start: int = 0) -> CompletionLogprobs:
-        """`text_offset[i]`: where token i starts in the completion's text (each token's
-        own decoded text counted from `start`, the offset of the first one)."""
-        tokens = [self._token_text(t) for t in out.token_ids]
-        offsets, at = [], start
-        for t in tokens:
-            offsets.append(at)
-            at += len(t)
-        return CompletionLogprobs(tokens=tokens, token_logprobs=out.logprobs,
-                                  text_offset=offsets)
-
-    def _chat_logprobs(self, out: RequestOutput) -> ChatLogprobs:
-        content = []
-        for t, lp in zip(out.token_ids, out.logprobs):
-            text = self._token_text(t)
-            content.append(TokenLogprob(token=text, logprob=lp, bytes=list(text.encode())))
-        return ChatLogprobs(content=content)

@@ -7,7 +7,7 @@ from typing import Any
 
 from runtime.api.errors import ContextLengthExceeded
 from runtime.api.prompt_tokenizer import PromptTokenizer
-from runtime.grammar import check_regex
+from runtime.grammar import check_grammar
 from runtime.messages import InvalidRequest, Limits, SamplingParams
 
 
@@ -39,11 +39,11 @@ def check_request(prompt: Any, params: SamplingParams, tokenizer: Any, model: st
     if params.stop and tokenizer is None:
         raise InvalidRequest(f"model {model!r} has no tokenizer: "
                              "stop strings are unsupported (use stop_token_ids)")
-    if params.regex is not None:
+    if params.grammar is not None:
         if tokenizer is None:
             raise InvalidRequest(f"model {model!r} has no tokenizer: "
-                                 "regex constraints are unsupported")
-        check_regex(params.regex)
+                                 "regex and json_schema constraints are unsupported")
+        check_grammar(params)
 
 
 def check_prompt_ids(ids: list[Any], vocab_size: int, limits: Limits,

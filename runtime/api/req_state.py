@@ -81,6 +81,8 @@ class ReqState:
             taken = self.detok.num_tokens - self.completion_tokens  # ids it accepted
         ids = out.token_ids[:taken]
         logprobs = out.logprobs[:taken] if self._want_logprobs else []
+        k = len(out.top_ids) // len(out.token_ids) if out.token_ids else 0  # per token
+        top = (out.top_ids[:taken * k], out.top_logprobs[:taken * k])
         self.completion_tokens += taken
         stopped = self.detok is not None and self.detok.stop_str is not None
         must_finish = stopped and out.finish_reason is None
@@ -92,8 +94,11 @@ class ReqState:
         elif out.finish_reason is not None:
             text += self._finish(out.finish_reason)
         if self.error is None and (text or ids or out.input_logprobs or self.finish_reason):
-            self._pending.append(self._piece(text, ids, logprobs, out.input_logprobs,
-                                             input_ids))
+            piece = self._piece(text, ids, logprobs, out.input_logprobs, input_ids)
+            piece.top_ids, piece.top_logprobs = top
+            piece.input_top_ids = out.input_top_ids
+            piece.input_top_logprobs = out.input_top_logprobs
+            self._pending.append(piece)
         self._wake()
         return must_finish
 

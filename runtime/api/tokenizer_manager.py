@@ -312,8 +312,8 @@ class TokenizerManager:
 
     def _stop_ids(self, params: SamplingParams) -> list[int]:
         ids = list(params.stop_token_ids)
-        # under a regex, EOS is only allowed once the match is complete: it always ends it
-        if not params.ignore_eos or params.regex is not None:
+        # under a grammar, EOS is only allowed once the match is complete: it always ends it
+        if not params.ignore_eos or params.grammar is not None:
             ids += [e for e in self.spec.eos_token_ids if e not in ids]
         return ids
 

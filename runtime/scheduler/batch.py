@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -90,11 +92,35 @@ class Batch:
         )
 
 
+def split_top(reqs: list[Req], counts: Iterable[int], ids: list[int], logprobs: list[float],
+              stride: int) -> Iterator[tuple[list[int], list[float]]]:
+    """Per request of `reqs`, its top alternatives from a StepResult's flat `ids` /
+    `logprobs` (`stride` per scored token; `counts[i]` tokens scored for reqs[i]; only
+    requests with `top_logprobs` > 0 have any there): its `top_logprobs` first ones per
+    token, flat."""
+    if not stride:
+        yield from itertools.repeat(([], []), len(reqs))
+        return
+    at = 0
+    for req, n in zip(reqs, counts):
+        k = req.params.top_logprobs
+        if not k:
+            yield [], []
+            continue
+        end = at + n * stride
+        if k == stride:
+            yield ids[at:end], logprobs[at:end]
+        else:
+            keep = [j for t in range(at, end, stride) for j in range(t, t + k)]
+            yield [ids[j] for j in keep], [logprobs[j] for j in keep]
+        at = end
+
+
 def _row_init(req: Req) -> RowInit:
     p = req.params
     return RowInit(
         row=req.row, params=p,
         prompt_ids=req.prompt_ids if p.repetition_penalty != 1.0 else [],
-        # penalty counts and a regex matcher replay the outputs after a retraction
-        output_ids=list(req.output_ids) if p.uses_penalties or p.regex is not None else [],
+        # penalty counts and a grammar matcher replay the outputs after a retraction
+        output_ids=list(req.output_ids) if p.uses_penalties or p.grammar is not None else [],
     )

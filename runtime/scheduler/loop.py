@@ -3,7 +3,7 @@
 With overlap, up to two batches are in flight: while the worker runs batch N the loop
 has already planned and sent N+1 (its decode inputs refer to N's samples by placeholder),
 and only then waits for N's result. Without overlap the same loop keeps one in flight.
-Regex compiles the scheduler asks for go out before the plans that may need them; their
+Grammar compiles the scheduler asks for go out before the plans that may need them; their
 reports arrive on the results socket, so an idle loop wakes for them too.
 """
 
@@ -23,9 +23,9 @@ from runtime.messages import (
     FinishReq,
     GenerateReq,
     GetStats,
+    GrammarCompiled,
     Limits,
     Ready,
-    RegexCompiled,
     SchedulerInput,
     SchedulerStats,
     Shutdown,
@@ -149,14 +149,14 @@ def run_scheduler(cfg: ServerConfig) -> None:
             elif isinstance(msg, Shutdown):
                 to_workers.put(Shutdown())
                 return
-        if update := sched.take_regex_update():
+        if update := sched.take_grammar_update():
             to_workers.put(update)
         while sched.can_plan():
             plan = sched.plan()
             if plan is None:
                 break
             to_workers.put(plan)
-        if update := sched.take_regex_update():  # a retraction may need a compile
+        if update := sched.take_grammar_update():  # a retraction may need a compile
             to_workers.put(update)
         if outs := sched.take_outputs():
             to_api.put(BatchOut(outs))
@@ -169,8 +169,8 @@ def run_scheduler(cfg: ServerConfig) -> None:
             elif isinstance(res, WorkerFailed):
                 log.error("worker failed batch %d: %s", res.batch_id, res.error)
                 sched.fail_in_flight(res.error)
-            elif isinstance(res, RegexCompiled):
-                sched.on_regex_compiled(res)
+            elif isinstance(res, GrammarCompiled):
+                sched.on_grammar_compiled(res)
             if CHECK_INVARIANTS and not sched.in_flight:
                 sched.check_invariants()
             if outs := sched.take_outputs():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -39,6 +40,11 @@ class Req:
         self.scheduled_at: float | None = None  # first admission: the end of its queue time
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
+        # `params.top_logprobs` alternatives per output token / input logprob, flat
+        self.top_ids: list[int] = []
+        self.top_logprobs: list[float] = []
+        self.input_top_ids: list[int] = []
+        self.input_top_logprobs: list[float] = []
         self.status = ReqStatus.WAITING
         self.finished = False  # status is FINISHED: set only by `finish`, read every step
         self.finish_reason: FinishReason | None = None
@@ -149,14 +155,18 @@ class Req:
         self._slot_buf = buf
 
     # ------------------------------------------------------------------ results
-    def append_output(self, token_id: int, logprob: float) -> None:
-        """Record one sampled token and decide whether the request is done."""
+    def append_output(self, token_id: int, logprob: float, top_ids: Sequence[int] = (),
+                      top_logprobs: Sequence[float] = ()) -> None:
+        """Record one sampled token (and its top alternatives, if asked) and decide
+        whether the request is done."""
         self.pending -= 1
         if self.finished:
             return  # sampled by a batch planned before it finished: discarded
         self.output_ids.append(token_id)
         self.token_ids.append(token_id)
         self.logprobs.append(logprob)
+        self.top_ids.extend(top_ids)
+        self.top_logprobs.extend(top_logprobs)
         if token_id in self.stop_ids:
             self.finish(FinishReason.STOP)
         elif len(self.output_ids) >= self.params.max_tokens:

@@ -2,8 +2,9 @@
 
 Pure state machine, no sockets: `add`/`abort`/`finish` take requests, `plan` builds the next step,
 `on_result` consumes the oldest step's sampled tokens, `take_outputs` drains what the api
-must stream. A request with a regex waits in `grammars` until the workers compiled it:
-`take_regex_update` says what they must compile, `on_regex_compiled` takes their answers.
+must stream. A request with a grammar (regex or JSON schema) waits in `grammars` until
+the workers compiled it: `take_grammar_update` says what they must compile,
+`on_grammar_compiled` takes their answers.
 The process loop (`loop.py`) and in-process tests drive it the same way.
 """
 
@@ -18,12 +19,12 @@ from runtime.messages import (
     BatchPlan,
     FinishReason,
     GenerateReq,
-    RegexCacheUpdate,
-    RegexCompiled,
+    GrammarCacheUpdate,
+    GrammarCompiled,
     ReqOut,
     StepResult,
 )
-from runtime.scheduler.batch import Batch
+from runtime.scheduler.batch import Batch, split_top
 from runtime.scheduler.grammar_gate import GrammarGate
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.policy import PrefillAdder, retract_order
@@ -109,15 +110,15 @@ class Scheduler:
         self._emit(req)
         self._finish_running(req)
 
-    # ------------------------------------------------------------------ regexes
-    def take_regex_update(self) -> RegexCacheUpdate | None:
+    # ------------------------------------------------------------------ grammars
+    def take_grammar_update(self) -> GrammarCacheUpdate | None:
         """What every worker must compile or evict now (None: nothing); send it before
         the next plan."""
         return self.grammars.take_update(self.waiting)
 
-    def on_regex_compiled(self, msg: RegexCompiled) -> None:
+    def on_grammar_compiled(self, msg: GrammarCompiled) -> None:
         """A worker's report of a compile: once every rank has one, the requests waiting
-        for that regex join the queue, or finish with the compiler's error."""
+        for that grammar join the queue, or finish with the compiler's error."""
         released, error = self.grammars.on_compiled(msg)
         for req in released:
             if error is None:
@@ -130,7 +131,7 @@ class Scheduler:
     # ------------------------------------------------------------------ load
     @property
     def num_waiting(self) -> int:
-        """Requests waiting for admission, their regex's compile included."""
+        """Requests waiting for admission, their grammar's compile included."""
         return len(self.waiting) + len(self.grammars.held)
 
     @property
@@ -223,7 +224,7 @@ class Scheduler:
         self.kv.release(req, cache=False)
         self.running.remove(req)
         req.retract()
-        if self.grammars.admissible(req):  # its regex may have left the cache meanwhile
+        if self.grammars.admissible(req):  # its grammar may have left the cache meanwhile
             self.waiting.insert(0, req)
         self.num_retractions += 1
         self.adder.on_retract()
@@ -239,19 +240,26 @@ class Scheduler:
         assert batch.batch_id == res.batch_id, (batch.batch_id, res.batch_id)
         assert len(res.next_ids) == len(batch.sampled)
         self.completed_batch_id = batch.batch_id
-        for req, lps in zip(batch.logprob_reqs, res.input_logprobs):
+        input_tops = split_top(batch.logprob_reqs, map(len, res.input_logprobs),
+                               res.input_top_ids, res.input_top_logprobs, res.top_stride)
+        for req, lps, (top_ids, top_lps) in zip(batch.logprob_reqs, res.input_logprobs,
+                                                input_tops):
             req.input_logprobs.extend(lps)
+            req.input_top_ids.extend(top_ids)
+            req.input_top_logprobs.extend(top_lps)
         for req in batch.prefilled:
             if not req.finished:
                 req.finish(FinishReason.LENGTH)
                 self._emit(req)
                 self._finish_running(req)
         lps = res.logprobs or itertools.repeat(0.0)  # empty: no request asked for them
-        for req, tok, lp in zip(batch.sampled, res.next_ids, lps):
+        tops = split_top(batch.sampled, itertools.repeat(1), res.top_ids, res.top_logprobs,
+                         res.top_stride)
+        for req, tok, lp, top in zip(batch.sampled, res.next_ids, lps, tops):
             if req.finished:  # sampled by a batch planned before it finished: discarded
                 req.pending -= 1
                 continue
-            req.append_output(tok, lp)
+            req.append_output(tok, lp, *top)
             self._emit(req)
             if req.finished:
                 self._finish_running(req)
@@ -294,6 +302,10 @@ class Scheduler:
     def _emit(self, req: Req, error: str | None = None) -> None:
         new = req.output_ids[req.sent:]
         lps = req.logprobs[req.sent:] if req.params.logprobs else []
+        k = req.params.top_logprobs
+        top_ids, top_lps = req.top_ids[req.sent * k:], req.top_logprobs[req.sent * k:]
+        input_top_ids = req.input_top_ids[req.sent_input * k:]
+        input_top_lps = req.input_top_logprobs[req.sent_input * k:]
         req.sent = len(req.output_ids)
         input_lps = req.input_logprobs[req.sent_input:]
         req.sent_input = len(req.input_logprobs)
@@ -301,7 +313,9 @@ class Scheduler:
         if not new and not input_lps and reason is None and req.sent_header:
             return
         out = ReqOut(rid=req.rid, token_ids=new, logprobs=lps, finish_reason=reason,
-                     error=error, input_logprobs=input_lps)
+                     error=error, input_logprobs=input_lps, top_ids=top_ids,
+                     top_logprobs=top_lps, input_top_ids=input_top_ids,
+                     input_top_logprobs=input_top_lps)
         if not req.sent_header:
             out.prompt_tokens, out.cached_tokens = len(req.prompt_ids), req.cached_len
             if req.scheduled_at is not None:

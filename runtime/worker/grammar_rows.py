@@ -1,4 +1,5 @@
-"""`GrammarRows`: the worker's regex matchers, one per constrained row.
+"""`GrammarRows`: the worker's grammar matchers (regex or JSON schema), one per
+constrained row.
 
 Where the mask lives: here, in the worker, because the sampled token must advance a
 matcher before the next step's mask exists, and with the overlap scheduler the
@@ -11,8 +12,8 @@ nothing may follow, the mask allows only the stop tokens (EOS), which ends the r
 
 A row's matcher is built from its RowInit (on admission and on re-admission after a
 retraction, replaying the outputs so far), from a grammar `prepare` compiled ahead: the
-scheduler admits a constrained request only once every worker reports its regex ready
-(see `runtime.grammar`), so the step never waits. A row whose regex was not prepared
+scheduler admits a constrained request only once every worker reports its grammar ready
+(see `runtime.grammar`), so the step never waits. A row whose grammar was not prepared
 (only a caller that skips the scheduler) waits for the compile, counted in
 `compile_waits`.
 """
@@ -27,11 +28,11 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-from runtime.grammar import RegexCompiler, error_message
+from runtime.grammar import GrammarCompiler, error_message
 
 log = logging.getLogger(__name__)
 
-NO_TOKENIZER = "regex constraints need the model's tokenizer"
+NO_TOKENIZER = "grammar constraints need the model's tokenizer"
 
 
 class _RowMatcher:
@@ -45,7 +46,7 @@ class _RowMatcher:
         try:
             self.matcher = xgrammar.GrammarMatcher(compiled.result())
         except Exception:
-            log.exception("regex compilation failed; the row may only stop")
+            log.exception("grammar compilation failed; the row may only stop")
         for tok in replay:
             self.accept(tok)
 
@@ -58,12 +59,12 @@ class _RowMatcher:
 
 
 class GrammarRows:
-    """Regex matchers of the constrained rows; `compiler` is None for models without a
-    tokenizer (the api refuses regexes for them)."""
+    """Grammar matchers of the constrained rows; `compiler` is None for models without a
+    tokenizer (the api refuses constraints for them)."""
 
     def __init__(
         self,
-        compiler: RegexCompiler | None,
+        compiler: GrammarCompiler | None,
         vocab_size: int,
         stop_ids: list[int],
         device: torch.device,
@@ -73,41 +74,43 @@ class GrammarRows:
         self.device = device
         self.words = (vocab_size + 31) // 32
         self.rows: dict[int, _RowMatcher] = {}
-        self.compile_waits = 0  # rows bound before their regex was compiled: a stalled step
+        self.compile_waits = 0  # rows bound before their grammar was compiled: a stalled step
         stop = np.zeros(self.words, dtype=np.uint32)
         for t in stop_ids:
             stop[t // 32] |= np.uint32(1 << (t % 32))
         self._stop_only = torch.from_numpy(stop.view(np.int32))  # [W] int32 bitmask
         self._shifts = torch.arange(32, dtype=torch.int32, device=device)  # [32]
 
-    def prepare(self, regexes: Sequence[str], notify: Callable[[str, str | None], None]) -> None:
-        """Start compiling `regexes` (those not held yet) without waiting; `notify(regex,
-        error)` is called once per regex when it is ready (`error` None) or has failed,
-        from the compile thread."""
-        for regex in regexes:
+    def prepare(self, keys: Sequence[str], notify: Callable[[str, str | None], None]) -> None:
+        """Start compiling the grammars `keys` (those not held yet) without waiting;
+        `notify(key, error)` is called once per key when it is ready (`error` None) or has
+        failed, from the compile thread."""
+        for key in keys:
             if self.compiler is None:
-                notify(regex, NO_TOKENIZER)
+                notify(key, NO_TOKENIZER)
                 continue
-            fut = self.compiler.submit(regex)
-            fut.add_done_callback(functools.partial(_report, regex, notify))
+            fut = self.compiler.submit(key)
+            fut.add_done_callback(functools.partial(_report, key, notify))
 
-    def evict(self, regexes: Sequence[str]) -> None:
-        """Drop `regexes` from the compiled cache; rows bound to them keep their matchers."""
+    def evict(self, keys: Sequence[str]) -> None:
+        """Drop grammars `keys` from the compiled cache; rows bound to them keep their
+        matchers."""
         if self.compiler is not None:
-            for regex in regexes:
-                self.compiler.evict(regex)
+            for key in keys:
+                self.compiler.evict(key)
 
-    def init_row(self, row: int, regex: str | None, output_ids: list[int]) -> None:
-        """Bind `row` to a new request: a fresh matcher for `regex` (fed `output_ids`)."""
+    def init_row(self, row: int, key: str | None, output_ids: list[int]) -> None:
+        """Bind `row` to a new request: a fresh matcher for grammar `key` (fed
+        `output_ids`)."""
         self.rows.pop(row, None)
-        if regex is None:
+        if key is None:
             return
         if self.compiler is None:
             raise ValueError(NO_TOKENIZER)
-        compiled = self.compiler.submit(regex)
+        compiled = self.compiler.submit(key)
         if not compiled.done():
             self.compile_waits += 1
-            log.warning("regex %r was not compiled ahead: this step waits for it", regex)
+            log.warning("grammar %.80r was not compiled ahead: this step waits for it", key)
         self.rows[row] = _RowMatcher(compiled, list(output_ids))
 
     def allowed(self, rows: Sequence[int]) -> torch.Tensor | None:
@@ -144,11 +147,11 @@ class GrammarRows:
             self.compiler.close()
 
 
-def _report(regex: str, notify: Callable[[str, str | None], None], compiled: Future) -> None:
+def _report(key: str, notify: Callable[[str, str | None], None], compiled: Future) -> None:
     if compiled.cancelled():
         return  # the worker is shutting down
     error = compiled.exception()
     if error is None:
-        notify(regex, None)
+        notify(key, None)
     else:
-        notify(regex, f"regex compilation failed: {error_message(error)}")
+        notify(key, f"grammar compilation failed: {error_message(error)}")

@@ -45,6 +45,7 @@ class Sampler:
         self.device = torch.device(device)
         # host flags per row, so a step decides which stages run without a per-row loop
         self._flags = np.zeros((max_rows, 6), dtype=bool)
+        self._top_n = np.zeros(max_rows, dtype=np.int64)  # alternatives each row asks for
         # parameter tables, edited on the host, uploaded once per step when changed
         self._floats_cpu = torch.zeros(max_rows, 6)
         self._ints_cpu = torch.zeros(max_rows, 4, dtype=torch.int64)
@@ -69,7 +70,9 @@ class Sampler:
         rand = not params.greedy
         self._flags[row] = (params.uses_penalties, rand, rand and top_k < self.vocab_size
                             or rand and params.top_p < 1.0, rand and params.min_p > 0,
-                            rand and params.seed is not None, params.logprobs)
+                            rand and params.seed is not None,
+                            params.logprobs or params.top_logprobs > 0)
+        self._top_n[row] = min(params.top_logprobs, self.vocab_size)
         self._floats_cpu[row] = torch.tensor([
             params.temperature, params.top_p, params.min_p, params.frequency_penalty,
             params.presence_penalty, params.repetition_penalty])
@@ -88,6 +91,10 @@ class Sampler:
         if self.prompt_mask is not None:
             self.prompt_mask[row] = False
             self.prompt_mask[row, self._ids(prompt_ids)] = True
+
+    def top_n(self, rows: np.ndarray) -> np.ndarray:
+        """How many top alternatives each of table rows `rows` [S] asks for: [S] int64."""
+        return self._top_n[rows]
 
     def _table(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The parameter tables' entries for `rows`, uploading host edits first."""

@@ -1,15 +1,15 @@
 """The worker process: runs BatchPlans on the model and streams StepResults back.
 
 The main thread only launches work: it never waits for the device, except after a
-step that holds regex-constrained rows, whose matchers need the sampled ids before the
+step that holds grammar-constrained rows, whose matchers need the sampled ids before the
 next step's mask (see `grammar_rows`). After each batch it records an event and copies
-the sampled ids (and any input logprobs) to pinned host memory without blocking; a
-sender thread waits on that event and sends the StepResult. On the CPU the event is a
-no-op and the same code path runs synchronously.
+the step's results (`StepOutput`: sampled ids, and any logprobs and top alternatives) to
+pinned host memory without blocking; a sender thread waits on that event and sends the
+StepResult. On the CPU the event is a no-op and the same code path runs synchronously.
 
-Nor does it wait for a regex compile: the scheduler asks for one ahead
-(`RegexCacheUpdate`), a background thread compiles it, and the sender thread reports it
-done (`RegexCompiled`, from every rank, since each needs the grammar).
+Nor does it wait for a grammar compile: the scheduler asks for one ahead
+(`GrammarCacheUpdate`), a background thread compiles it, and the sender thread reports it
+done (`GrammarCompiled`, from every rank, since each needs the grammar).
 
 With `--tp N` there are N worker processes (`worker_targets`). The scheduler sends every
 plan to each; they run it in lockstep (the collectives inside the model pair them up),
@@ -26,17 +26,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import zmq
 
 from runtime.config import ServerConfig
-from runtime.grammar import RegexCompiler
+from runtime.grammar import GrammarCompiler
 from runtime.ipc import PullQueue, PushQueue
 from runtime.messages import (
     BatchPlan,
+    GrammarCacheUpdate,
+    GrammarCompiled,
     Ready,
-    RegexCacheUpdate,
-    RegexCompiled,
     RowInit,
     SamplingParams,
     Shutdown,
@@ -52,6 +53,7 @@ from runtime.worker.cpu_threads import ThreadTuner
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.grammar_rows import GrammarRows
 from runtime.worker.model_runner import ModelRunner
+from runtime.worker.step_output import StepOutput, gather_top_logprobs, top_positions
 from runtime.worker.step_timing import StepTimer, StepTiming
 from runtime.worker.tp import TPGroup, init_tp
 
@@ -86,23 +88,16 @@ class _HostEvent:
 
 @dataclass
 class InFlight:
-    """A launched batch: its sampled ids are valid in host memory once `event` completes."""
+    """A launched batch: its results are valid in host memory once `event` completes."""
 
     batch_id: int
-    ids: torch.Tensor  # [S] int64, host (pinned on CUDA)
-    logprobs: torch.Tensor | None  # [S] float32, host; None when no request asked for them
+    output: StepOutput  # copied to the host (pinned on CUDA)
     event: object
     timing: StepTiming | None = None  # only under SLUICE_STEP_TIMING
-    input_logprobs: torch.Tensor | None = None  # [L] float32, host: BatchPlan.input_logprobs
-    input_sizes: tuple[int, ...] = ()  # entries of input_logprobs per plan entry
 
     def result(self) -> StepResult:
         self.event.synchronize()
-        inputs = []
-        if self.input_logprobs is not None:
-            inputs = [t.tolist() for t in self.input_logprobs.split(self.input_sizes)]
-        lps = self.logprobs.tolist() if self.logprobs is not None else []
-        return StepResult(self.batch_id, self.ids.tolist(), lps, inputs)
+        return self.output.result(self.batch_id)
 
 
 class Worker:
@@ -125,8 +120,8 @@ class Worker:
                                     self.page_size)
         compiler = None
         if spec.tokenizer_path is not None:
-            compiler = RegexCompiler(str(spec.tokenizer_path), self.runner.vocab_size,
-                                     list(spec.eos_token_ids))
+            compiler = GrammarCompiler(str(spec.tokenizer_path), self.runner.vocab_size,
+                                       list(spec.eos_token_ids))
         self.grammar = GrammarRows(compiler, self.runner.vocab_size, list(spec.eos_token_ids),
                                    self.device)
         self.timer = StepTimer.from_env(self.device)  # None unless SLUICE_STEP_TIMING is set
@@ -165,30 +160,42 @@ class Worker:
         sampler = self.runner.sampler
         for init in plan.inits:
             sampler.init_row(init.row, init.params, init.prompt_ids, init.output_ids)
-            self.grammar.init_row(init.row, init.params.regex, init.output_ids)
+            self.grammar.init_row(init.row, init.params.grammar, init.output_ids)
         fb, inputs = self.builder.build(plan)
         logits = self.runner.forward(fb)  # [S + L, vocab] float32
         n = len(inputs.rows)
-        input_lps = self._input_logprobs(logits[n:], inputs)  # [L] or None
+        out = StepOutput(torch.zeros(0, dtype=torch.int64, device=self.device),
+                         input_logprobs=self._input_logprobs(logits[n:], inputs),  # [L]
+                         input_sizes=inputs.logprob_sizes)
         if n:
             allowed = self.grammar.allowed(inputs.rows)
-            ids, logprobs = sampler.sample(logits[:n], inputs.rows, inputs.positions, allowed,
-                                           rows_dev=inputs.rows_dev, all_logprobs=False)
-            self.builder.record(inputs.rows_dev, ids)
-            self.grammar.advance(inputs.rows, ids)
-        else:
-            ids, logprobs = torch.zeros(0, dtype=torch.int64, device=self.device), None
-        sizes = inputs.logprob_sizes
-        if self.device.type != "cuda":
-            return InFlight(plan.batch_id, ids, logprobs, _HostEvent(), self._timing(start, fb),
-                            input_lps, sizes)
-        ids_host = _to_host(ids)
-        lps_host = _to_host(logprobs) if logprobs is not None else None
-        inputs_host = _to_host(input_lps) if input_lps is not None else None
+            out.next_ids, out.logprobs = sampler.sample(
+                logits[:n], inputs.rows, inputs.positions, allowed, rows_dev=inputs.rows_dev,
+                all_logprobs=False)
+            self.builder.record(inputs.rows_dev, out.next_ids)
+            self.grammar.advance(inputs.rows, out.next_ids)
+        self._top_logprobs(out, logits, plan, inputs)
+        on_cuda = self.device.type == "cuda"
+        out.to_host(pinned=on_cuda)
         timing = self._timing(start, fb)
+        if not on_cuda:
+            return InFlight(plan.batch_id, out, _HostEvent(), timing)
         event = torch.cuda.Event()
         event.record()
-        return InFlight(plan.batch_id, ids_host, lps_host, event, timing, inputs_host, sizes)
+        return InFlight(plan.batch_id, out, event, timing)
+
+    def _top_logprobs(self, out: StepOutput, logits: torch.Tensor, plan: BatchPlan,
+                      inputs: SampleInputs) -> None:
+        """The top alternatives of the rows of `logits` [S + L, V] whose requests asked
+        (sampled rows, then input-logprob positions) into `out`; nothing when none asked."""
+        sampler = self.runner.sampler
+        top_n = sampler.top_n(inputs.rows)  # [S]
+        entry_rows = np.array([plan.rows[i] for i, _, _ in plan.input_logprobs], dtype=np.int64)
+        input_top_n = sampler.top_n(entry_rows)  # [E]
+        if not top_n.any() and not input_top_n.any():
+            return
+        index, out.num_top, k = top_positions(top_n, input_top_n, inputs.logprob_sizes)
+        out.top_ids, out.top_logprobs = gather_top_logprobs(logits, index, k)  # [N + M, k] x2
 
     def _input_logprobs(self, logits: torch.Tensor, inputs: SampleInputs) -> torch.Tensor | None:
         """Input logprobs: log_softmax of `logits` [L, V] at the prompt tokens that follow
@@ -207,18 +214,10 @@ class Worker:
                           host_ms=(time.perf_counter() - host_start) * 1e3)
 
 
-def _to_host(t: torch.Tensor) -> torch.Tensor:
-    """A pinned host copy of `t`, enqueued without waiting (valid once the step's event
-    completes); a fresh buffer each step, so no later step can overwrite it early."""
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    return host
-
-
 def _send_results(out: PushQueue, pending: queue.Queue, timer: StepTimer | None,
                   report_steps: bool) -> None:
     """Sender thread: wait for each launched batch in order and send its result, and
-    send each `RegexCompiled` queued by the compile thread. Only rank 0 reports steps
+    send each `GrammarCompiled` queued by the compile thread. Only rank 0 reports steps
     (`report_steps`): the other ranks only wait, so their buffers retire in order."""
     while True:
         item = pending.get()
@@ -229,7 +228,7 @@ def _send_results(out: PushQueue, pending: queue.Queue, timer: StepTimer | None,
             if item.timing is not None:  # the batch completed: its marks can be read
                 timer.log(item.batch_id, item.timing)
             item = result
-        if report_steps or isinstance(item, RegexCompiled):
+        if report_steps or isinstance(item, GrammarCompiled):
             out.put(item)
 
 
@@ -270,12 +269,12 @@ def run_worker(cfg: ServerConfig, rank: int = 0) -> None:
     sender = threading.Thread(target=_send_results,
                               args=(out, pending, worker.timer, rank == 0), daemon=True)
     sender.start()
-    compiled = lambda regex, error: pending.put(RegexCompiled(regex, rank, error))
+    compiled = lambda key, error: pending.put(GrammarCompiled(key, rank, error))
     while True:
         msg = inbox.get()
         if isinstance(msg, Shutdown):
             break
-        if isinstance(msg, RegexCacheUpdate):
+        if isinstance(msg, GrammarCacheUpdate):
             worker.grammar.evict(msg.evict)
             worker.grammar.prepare(msg.compile, compiled)
             continue

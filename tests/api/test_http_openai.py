@@ -4,6 +4,7 @@ package against /v1, raw SSE, /generate, bad input, 128 concurrent streams, disc
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 import httpx
@@ -21,6 +22,13 @@ CHAT = [{"role": "user", "content": "Name three colors."}]
 def server():
     with live_server(stats_interval=0.2) as s:
         yield s
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    from tests.e2e.hf_reference import HFReference
+
+    return HFReference().model
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +129,77 @@ def test_n_choices_seeds_and_logprobs(client, tok):
     assert all(t.logprob <= 0 for t in content)
 
 
+def test_completion_top_logprobs_lead_with_the_greedy_token(client):
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0,
+                                    logprobs=3)
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.top_logprobs) == 5
+    for token, token_lp, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert 3 <= len(top) <= 4 and top[token] == pytest.approx(token_lp)
+        assert max(top.values()) == pytest.approx(token_lp)  # greedy: the most likely
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_hf_does(client, tok, hf_model):
+    """What lm-evaluation-harness sends for a log-likelihood: echo, logprobs=1, and no (or
+    one) new token; the prompt's logprobs must be the model's own."""
+    import torch
+
+    text = "The capital of France is Paris, and the capital of Italy is Rome."
+    ids = tok.encode(text)
+    with torch.inference_mode():
+        logits = hf_model(torch.tensor([ids])).logits[0].float()  # [T, V]
+    ref = torch.log_softmax(logits, -1)[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    whole = client.completions.create(model=MODEL, prompt=text, max_tokens=0, echo=True,
+                                      logprobs=1, temperature=0)
+    c = whole.choices[0]
+    assert c.text == text and c.logprobs.tokens == [tok.decode([t]) for t in ids]
+    assert c.logprobs.token_logprobs[0] is None and c.logprobs.top_logprobs[0] is None
+    assert torch.allclose(torch.tensor(c.logprobs.token_logprobs[1:]), ref, atol=2e-3)
+    assert all(max(top.values()) >= lp - 1e-6
+               for lp, top in zip(c.logprobs.token_logprobs[1:], c.logprobs.top_logprobs[1:]))
+    assert c.logprobs.text_offset[0] == 0 and c.logprobs.text_offset[-1] < len(text)
+    one = client.completions.create(model=MODEL, prompt=ids, max_tokens=1, echo=True,
+                                    logprobs=1, temperature=0, stream=True)
+    chunks = [ch.choices[0] for ch in one]
+    assert "".join(ch.text for ch in chunks).startswith(text)
+    scored = [x for ch in chunks if ch.logprobs for x in ch.logprobs.token_logprobs]
+    assert len(scored) == len(ids) + 1 and scored[0] is None
+    assert torch.allclose(torch.tensor(scored[1:-1]), ref, atol=2e-3)
+
+
+def test_chat_top_logprobs(client):
+    chat = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4,
+                                          temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    for t in content:
+        assert len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token
+        assert t.top_logprobs[0].logprob == pytest.approx(t.logprob)
+        assert t.top_logprobs[1].logprob <= t.logprob
+        assert t.top_logprobs[1].bytes == list(t.top_logprobs[1].token.encode())
+
+
+SCHEMA = {"type": "object", "properties": {"age": {"type": "integer"},
+                                           "color": {"enum": ["red", "green", "blue"]}},
+          "required": ["age", "color"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("fmt", [
+    {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}},
+    {"type": "json_object"}])
+def test_response_format_gives_json(client, fmt):
+    messages = [{"role": "user", "content": "Describe a cat as JSON with its age and color."}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=48,
+                                          temperature=0, response_format=fmt)
+    choice = chat.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    value = json.loads(choice.message.content)
+    assert isinstance(value, dict)
+    if fmt["type"] == "json_schema":
+        assert set(value) == {"age", "color"} and type(value["age"]) is int
+        assert value["color"] in ("red", "green", "blue")
+
+
 def test_native_generate_text_ids_and_stream(server, tok):
     url = f"{server.url}/generate"
     sp = {"max_tokens": 8, "temperature": 0}
@@ -136,6 +215,12 @@ def test_native_generate_text_ids_and_stream(server, tok):
         events, done = sse_json(list(r.iter_lines()))
     assert done and "".join(e["text"] for e in events) == by_text["text"]
     assert [t for e in events for t in e["output_ids"]] == by_text["output_ids"]
+
+    sp_top = {"max_tokens": 4, "temperature": 0, "top_logprobs": 3}
+    top = httpx.post(url, json={"text": PROMPT, "sampling_params": sp_top}, timeout=60).json()
+    assert len(top["logprobs"]) == len(top["top_logprobs"]) == 4
+    for tok_id, lp, alts in zip(top["output_ids"], top["logprobs"], top["top_logprobs"]):
+        assert len(alts) == 3 and alts[0] == [tok_id, pytest.approx(lp)]
 
     forced = httpx.post(url, json={"text": PROMPT, "ignore_eos": True, "priority": 3,
                                    "sampling_params": {"max_tokens": 10, "temperature": 0,
@@ -156,8 +241,16 @@ BAD = [
      "set max_tokens <="),
     ("/v1/completions", {"model": MODEL, "prompt": "hi", "n": 17}, 400, "n must be"),
     ("/v1/completions", {"model": MODEL, "prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "top_logprobs": 2}, 400,
+     "top_logprobs needs logprobs=true"),
     ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "logprobs": True,
-                              "top_logprobs": 2}, 400, "top_logprobs"),
+                              "top_logprobs": 21}, 400, "top_logprobs"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+     400, "invalid json_schema"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT,
+                              "response_format": {"type": "xml"}}, 400, "response_format"),
     ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 3}}, 400,
      "max_new_tokens"),
     ("/generate", {"sampling_params": {}}, 400, "exactly one"),

@@ -1,17 +1,18 @@
-"""Regex requests wait in the scheduler until every worker compiled their regex; the
-workers' compiled cache is an LRU bounded by its size. Driven by the token-hash fake
+"""Constrained requests wait in the scheduler until every worker compiled their grammar;
+the workers' compiled cache is an LRU bounded by its size. Driven by the token-hash fake
 worker, with compiles answered by the test (no xgrammar, no model)."""
 
 from __future__ import annotations
 
 from collections import deque
 
-from runtime.messages import RegexCompiled
+from runtime.messages import GrammarCompiled
 from runtime.scheduler.grammar_gate import GrammarGate
 from tests.scheduler.fake_worker import EOS, make_req, reference
 from tests.scheduler.test_scheduler import build, collect
 
-A, B, C = "a+", "b+", "c+"
+A, B, C = "a+", "b+", "c+"  # regexes; the cache holds their grammar keys
+KEY = {r: "regex:" + r for r in (A, B, C)}
 
 
 def gated(capacity=64, ranks=1, **kw):
@@ -32,20 +33,24 @@ def bound_regexes(plan) -> list[str]:
     return [i.params.regex for i in plan.inits if i.params.regex is not None]
 
 
+def compiled(regex, **kw):
+    return GrammarCompiled(KEY[regex], **kw)
+
+
 def test_a_regex_request_waits_for_every_rank_while_others_stream():
     sched, worker = gated(ranks=2)
     outs: dict = {}
     sched.add(make_req("plain", [5, 6, 7], 20))
     sched.add(make_req("rx", [8, 9], 6, regex=A))
     assert sched.num_waiting == 2 and sched.grammars.held[0].rid == "rx"
-    update = sched.take_regex_update()
-    assert update.compile == [A] and update.evict == []
-    assert sched.take_regex_update() is None  # asked once
+    update = sched.take_grammar_update()
+    assert update.compile == [KEY[A]] and update.evict == []
+    assert sched.take_grammar_update() is None  # asked once
     for _ in range(3):
         assert bound_regexes(step(sched, worker, outs)) == []
-    sched.on_regex_compiled(RegexCompiled(A, rank=1))
+    sched.on_grammar_compiled(compiled(A, rank=1))
     assert bound_regexes(step(sched, worker, outs)) == []  # rank 0 has not answered
-    sched.on_regex_compiled(RegexCompiled(A, rank=0))
+    sched.on_grammar_compiled(compiled(A, rank=0))
     assert bound_regexes(step(sched, worker, outs)) == [A]
     assert len(outs["plain"]["ids"]) == 5  # one token a step, the regex never in the way
     while sched.has_work or sched.in_flight:
@@ -59,28 +64,29 @@ def test_a_failed_compile_finishes_its_requests_with_the_error_and_is_retried_la
     outs: dict = {}
     sched.add(make_req("rx1", [1, 2], 4, regex=A))
     sched.add(make_req("rx2", [3, 4], 4, regex=A))
-    assert sched.take_regex_update().compile == [A]
-    sched.on_regex_compiled(RegexCompiled(A, rank=0))
-    sched.on_regex_compiled(RegexCompiled(A, rank=1, error="regex compilation failed: boom"))
+    assert sched.take_grammar_update().compile == [KEY[A]]
+    sched.on_grammar_compiled(compiled(A, rank=0))
+    sched.on_grammar_compiled(compiled(A, rank=1, error="grammar compilation failed: boom"))
     collect(sched, outs)(sched, 0)
     for rid in ("rx1", "rx2"):
         assert outs[rid]["reason"] == "error" and "boom" in outs[rid]["error"]
     assert not sched.has_work and sched.num_waiting == 0 and not sched.reqs
     assert sched.kv.stats().used == 0  # never held any KV
     sched.add(make_req("rx3", [5], 4, regex=A))
-    update = sched.take_regex_update()
-    assert update.evict == [A] and update.compile == [A]  # drop the failure, then try again
+    update = sched.take_grammar_update()
+    # drop the failure, then try again
+    assert update.evict == [KEY[A]] and update.compile == [KEY[A]]
 
 
 def test_an_aborted_request_leaves_the_gate():
     sched, worker = gated()
     outs: dict = {}
     sched.add(make_req("rx", [1, 2], 4, regex=A))
-    sched.take_regex_update()
+    sched.take_grammar_update()
     sched.abort("rx")
     collect(sched, outs)(sched, 0)
     assert outs["rx"]["reason"] == "abort" and sched.num_waiting == 0 and not sched.reqs
-    sched.on_regex_compiled(RegexCompiled(A))  # the compile still finishes: nobody waits
+    sched.on_grammar_compiled(compiled(A))  # the compile still finishes: nobody waits
     assert not sched.has_work
 
 
@@ -89,33 +95,33 @@ def test_the_cache_evicts_the_least_recently_used_regex_at_its_bound():
     outs: dict = {}
     for i, regex in enumerate((A, B)):
         sched.add(make_req(f"r{i}", [1 + i], 3, regex=regex))
-        assert sched.take_regex_update().compile == [regex]
-        sched.on_regex_compiled(RegexCompiled(regex))
+        assert sched.take_grammar_update().compile == [KEY[regex]]
+        sched.on_grammar_compiled(compiled(regex))
     sched.add(make_req("again", [7], 3, regex=A))  # A is ready: no compile, and now recent
-    assert sched.take_regex_update() is None and sched.num_waiting == 3
+    assert sched.take_grammar_update() is None and sched.num_waiting == 3
     while sched.has_work or sched.in_flight:
         step(sched, worker, outs)
     sched.add(make_req("new", [8], 3, regex=C))
-    update = sched.take_regex_update()
-    assert update.compile == [C] and update.evict == [B]
-    assert list(sched.grammars.cache) == [A, C]
+    update = sched.take_grammar_update()
+    assert update.compile == [KEY[C]] and update.evict == [KEY[B]]
+    assert list(sched.grammars.cache) == [KEY[A], KEY[C]]
 
 
 def test_a_regex_a_queued_request_needs_stays_until_it_is_admitted():
     sched, worker = gated(capacity=1)
     outs: dict = {}
     sched.add(make_req("ra", [1, 2], 3, regex=A))
-    sched.take_regex_update()
-    sched.on_regex_compiled(RegexCompiled(A))
+    sched.take_grammar_update()
+    sched.on_grammar_compiled(compiled(A))
     sched.add(make_req("rb", [3, 4], 3, regex=B))
-    assert sched.take_regex_update() is None  # A is pinned by "ra": B waits for room
+    assert sched.take_grammar_update() is None  # A is pinned by "ra": B waits for room
     assert bound_regexes(step(sched, worker, outs)) == [A]
-    update = sched.take_regex_update()  # "ra" runs: its row keeps its matcher
-    assert update.evict == [A] and update.compile == [B]
+    update = sched.take_grammar_update()  # "ra" runs: its row keeps its matcher
+    assert update.evict == [KEY[A]] and update.compile == [KEY[B]]
 
 
 class CompilingWorker:
-    """The fake worker plus a compiled cache that follows `RegexCacheUpdate`s; every
+    """The fake worker plus a compiled cache that follows `GrammarCacheUpdate`s; every
     compile is answered one step after it was asked for."""
 
     def __init__(self, sched, worker, capacity):
@@ -126,7 +132,7 @@ class CompilingWorker:
         self.compiles = 0
 
     def send_update(self):
-        update = self.sched.take_regex_update()
+        update = self.sched.take_grammar_update()
         if update is None:
             return
         self.cache -= set(update.evict)
@@ -144,14 +150,14 @@ class CompilingWorker:
             self.send_update()
             while self.sched.can_plan() and (plan := self.sched.plan()) is not None:
                 # a row is only ever bound to a regex the worker holds compiled
-                assert set(bound_regexes(plan)) <= self.ready
+                assert {KEY[r] for r in bound_regexes(plan)} <= self.ready
                 launched.append(plan)
             self.send_update()
             if launched:
                 self.sched.on_result(self.worker.run(launched.popleft()))
-            for regex in self.compiling:
-                self.ready.add(regex)
-                self.sched.on_regex_compiled(RegexCompiled(regex))
+            for key in self.compiling:
+                self.ready.add(key)
+                self.sched.on_grammar_compiled(GrammarCompiled(key))
             self.compiling = []
             collect(self.sched, outs)(self.sched, 0)
             if not self.sched.in_flight:

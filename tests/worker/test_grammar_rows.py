@@ -1,5 +1,5 @@
-"""Regex masks on the worker: per-row matchers, replay on re-admission, the sampler's mask,
-compiles ahead of the step and eviction from the compiled cache."""
+"""Grammar masks on the worker (regex keys): per-row matchers, replay on re-admission, the
+sampler's mask, compiles ahead of the step and eviction from the compiled cache."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import re
 import pytest
 import torch
 
-from runtime.grammar import RegexCompiler
+from runtime.grammar import GrammarCompiler
 from runtime.messages import SamplingParams
 from runtime.model_config import resolve_model
 from runtime.worker.grammar_rows import GrammarRows
 from runtime.worker.sampler import Sampler
 
-DATE = r"\d{4}-\d{2}-\d{2}"
+DATE = "regex:" + r"\d{4}-\d{2}-\d{2}"  # a grammar key
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def smollm2():
     spec = resolve_model("smollm2")
     tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer_path)
     vocab = spec.hf_config().vocab_size
-    compiler = RegexCompiler(spec.tokenizer_path, vocab, list(spec.eos_token_ids))
+    compiler = GrammarCompiler(spec.tokenizer_path, vocab, list(spec.eos_token_ids))
     yield tokenizer, vocab, list(spec.eos_token_ids), compiler
     compiler.close()
 
@@ -102,10 +102,10 @@ def prepare_and_wait(g: GrammarRows, regex: str) -> str | None:
 def test_a_row_bound_to_a_prepared_regex_never_waits_for_a_compile(smollm2):
     tokenizer, *_ = smollm2
     g = rows_for(smollm2)
-    g.init_row(0, r"[a-z]{3}-\d{5}", [])  # not prepared: this step waits for the compile
+    g.init_row(0, "regex:" + r"[a-z]{3}-\d{5}", [])  # not prepared: this step waits for the compile
     assert g.compile_waits == 1
-    assert prepare_and_wait(g, r"[a-z]{2}_\d{6}") is None
-    g.init_row(1, r"[a-z]{2}_\d{6}", [])
+    assert prepare_and_wait(g, "regex:" + r"[a-z]{2}_\d{6}") is None
+    g.init_row(1, "regex:" + r"[a-z]{2}_\d{6}", [])
     assert g.compile_waits == 1
     first = allowed_texts(tokenizer, g.allowed([1])[0])
     assert first and all(re.fullmatch(r"[a-z]{1,2}", t) for t in first), first
@@ -114,7 +114,7 @@ def test_a_row_bound_to_a_prepared_regex_never_waits_for_a_compile(smollm2):
 def test_eviction_leaves_a_live_row_working(smollm2):
     tokenizer, vocab, eos, _ = smollm2
     spec = resolve_model("smollm2")
-    compiler = RegexCompiler(spec.tokenizer_path, vocab, eos)
+    compiler = GrammarCompiler(spec.tokenizer_path, vocab, eos)
     g = GrammarRows(compiler, vocab, eos, torch.device("cpu"))
     try:
         assert prepare_and_wait(g, DATE) is None
@@ -135,10 +135,10 @@ def test_eviction_leaves_a_live_row_working(smollm2):
 
 def test_a_compile_that_fails_is_reported_not_raised(smollm2):
     _, vocab, eos, _ = smollm2
-    broken = RegexCompiler("/nonexistent/tokenizer", vocab, eos)
+    broken = GrammarCompiler("/nonexistent/tokenizer", vocab, eos)
     try:
         error = prepare_and_wait(GrammarRows(broken, vocab, eos, torch.device("cpu")), DATE)
-        assert error is not None and error.startswith("regex compilation failed")
+        assert error is not None and error.startswith("grammar compilation failed")
     finally:
         broken.close()
     without_tokenizer = GrammarRows(None, vocab, eos, torch.device("cpu"))

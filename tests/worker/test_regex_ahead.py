@@ -18,7 +18,7 @@ import torch
 from transformers import AutoTokenizer
 
 from runtime.config import ServerConfig
-from runtime.messages import GenerateReq, RegexCompiled, SamplingParams
+from runtime.messages import GenerateReq, GrammarCompiled, SamplingParams
 from runtime.model_config import resolve_model
 from runtime.scheduler.loop import build_scheduler
 from runtime.worker.worker import Worker
@@ -45,7 +45,7 @@ def smollm2(tmp_path_factory):
 
 
 class Loop:
-    """The scheduler process's loop, in process: regex cache updates go to the worker
+    """The scheduler process's loop, in process: grammar cache updates go to the worker
     before the plans, its compile reports come back from the compile thread."""
 
     def __init__(self, cfg, spec, worker):
@@ -64,13 +64,13 @@ class Loop:
         self.outs[rid] = []
 
     def send_update(self) -> None:
-        if update := self.sched.take_regex_update():
+        if update := self.sched.take_grammar_update():
             self.worker.grammar.evict(update.evict)
             self.worker.grammar.prepare(update.compile, self.compiled)
 
-    def compiled(self, regex: str, error: str | None) -> None:
+    def compiled(self, key: str, error: str | None) -> None:
         """Called on the worker's compile thread, as its sender thread queues the report."""
-        self.reports.put(RegexCompiled(regex, 0, error))
+        self.reports.put(GrammarCompiled(key, 0, error))
 
     def turn(self) -> None:
         """One loop turn: updates, plans, one result (or, idle, a compile report)."""
@@ -94,9 +94,9 @@ class Loop:
             if out.finish_reason is not None:
                 self.reasons[out.rid] = out.finish_reason
 
-    def on_report(self, report: RegexCompiled) -> None:
-        self.reported.setdefault(report.regex, self.steps)
-        self.sched.on_regex_compiled(report)
+    def on_report(self, report: GrammarCompiled) -> None:
+        self.reported.setdefault(report.key.removeprefix("regex:"), self.steps)
+        self.sched.on_grammar_compiled(report)
 
     @property
     def busy(self) -> bool:
