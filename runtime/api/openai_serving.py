@@ -19,7 +19,6 @@ from typing import Any
 
 import msgspec
 
-from runtime.api.chat import chat_prompt_text
 from runtime.api.openai_protocol import (
     ApiError,
     AssistantMessage,
@@ -112,7 +111,7 @@ class OpenAIServing:
                    guard: Guard) -> msgspec.Struct | EventStream:
         self.check_model(req.model)
         check_chat(req)
-        ids = await self.tm.tokenize(chat_prompt_text(self.tm.tokenizer, req.messages),
+        ids = await self.tm.tokenize(await self.tm.chat_text(req.messages),
                                      add_special_tokens=False)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
             else req.max_tokens
