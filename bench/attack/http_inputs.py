@@ -16,7 +16,7 @@ from bench.attack.harness import Tally, Target
 BAD_VALUES = [None, -1, 0, 1.5, "x", "", [], {}, True, 1 << 64, -(1 << 63) - 1, "\u0000\n",
               "y" * 10_000, [[[[[]]]]], {"a": {"b": {}}}, -1e308]
 # fields whose missing or null value means "as long as the context allows": never emptied
-LENGTH_FIELDS = {"max_tokens", "max_completion_tokens", "max_tokens"}
+LENGTH_FIELDS = {"max_tokens", "max_completion_tokens"}
 ROUTES = {
     "/v1/completions": {"model": "MODEL", "prompt": "Hi", "max_tokens": 2, "temperature": 0,
                         "top_p": 1.0, "n": 1, "stop": ["\n"], "seed": 1, "stream": False,
