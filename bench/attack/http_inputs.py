@@ -47,7 +47,7 @@ RAW = [b"GARBAGE\r\n\r\n", b"GET / HTTP/9.9\r\n\r\n", b"\x16\x03\x01\x02\x00\x01
        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
        b"Content-Length: 10\r\n\r\n{\"a\":",
        b"\r\n" * 1000, b"GET " + b"/a" * 40_000 + b" HTTP/1.1\r\n\r\n"]
-REQUEST_TIMEOUT_S = 90.0
+REQUEST_TIMEOUT_S = 300.0  # long prompts queue behind each other on two shared cores
 THREADS = 8
 
 

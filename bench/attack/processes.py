@@ -63,8 +63,10 @@ def sigkill(model: str, log_dir: Path, tally: Tally, scale: str) -> None:
         pid = target.server.proc.pid if name == "launcher" else \
             next(p for n, p in pids.items() if n.startswith(name))
         os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
         left = _wait_gone([target.server.proc.pid, *pids.values()])
-        ports = [p for p in (target.server.port, target.server.rpc_port) if _listening(p)]
+        ports = _wait_closed([target.server.port, target.server.rpc_port])
+        tally.checks[f"kill_{name}_closed_s"] = round(time.monotonic() - t0, 1)
         leftovers = target.ipc_leftovers()
         if name != "launcher":
             try:
@@ -118,6 +120,14 @@ def _wait_gone(pids: list[int]) -> list[int]:
             return []
         time.sleep(0.2)
     return [p for p in pids if _alive(p)]
+
+
+def _wait_closed(ports: list[int]) -> list[int]:
+    """The ports still accepting connections after the bound."""
+    deadline = time.monotonic() + EXIT_BOUND_S
+    while (open_ := [p for p in ports if _listening(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return open_
 
 
 def _alive(pid: int) -> bool:
