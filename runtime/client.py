@@ -10,7 +10,10 @@ Requests always stream over the wire, and non-streaming calls join the deltas he
 raises `ServerTimeout` instead of hanging, while long generations still work.
 One `Client` per thread; `AsyncClient` serves any number of tasks on one loop.
 Both send `api_key` (default: the SLUICE_API_KEY environment variable) with every
-request; a server with another key raises `Unauthorized`.
+request; a server with another key raises `Unauthorized`. Before its first request a
+client asks the server for its model info, which says the largest message the server
+reads: a larger request raises `MessageTooLarge` and is never sent (the server would drop
+the connection without a reply).
 """
 
 from __future__ import annotations
@@ -27,7 +30,13 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from runtime.api.errors import Overloaded, ServerError, ServerTimeout, Unauthorized
+from runtime.api.errors import (
+    MessageTooLarge,
+    Overloaded,
+    ServerError,
+    ServerTimeout,
+    Unauthorized,
+)
 from runtime.messages import (
     InvalidRequest,
     ModelInfo,
@@ -61,6 +70,7 @@ class Client:
         self._enc = msgspec.msgpack.Encoder()
         self._dec = msgspec.msgpack.Decoder(RpcOutput)
         self._inbox: dict[str, deque[RpcOutput]] = {}  # open requests' unread messages
+        self._max_message_bytes: int | None = None  # the server's, once asked
 
     def generate(self, prompt: str | list[int], *, stream: bool = False,
                  **sampling: Any) -> RequestOutput | Iterator[RequestOutput]:
@@ -75,6 +85,9 @@ class Client:
 
     def model_info(self) -> ModelInfo:
         """The served model's name, context length and chat role markers."""
+        return self._model_info().info
+
+    def _model_info(self) -> RpcModelInfo:
         rid = uuid.uuid4().hex
         self._inbox[rid] = deque()
         try:
@@ -83,16 +96,22 @@ class Client:
             except zmq.Again:
                 raise ServerTimeout(f"could not send to {self.addr} in {self.timeout} s") \
                     from None
-            return _info(self._recv(rid))
+            reply = _info(self._recv(rid))
         finally:
             del self._inbox[rid]
+        self._max_message_bytes = reply.max_message_bytes
+        return reply
 
     def _stream(self, req: RpcGenerate) -> Iterator[RequestOutput]:
+        payload = self._enc.encode(req)
+        if self._max_message_bytes is None:
+            self._model_info()
+        check_size(payload, self._max_message_bytes)
         self._inbox[req.rid] = deque()
         done = False
         try:
             try:
-                self._sock.send(self._enc.encode(req))
+                self._sock.send(payload)
             except zmq.Again:
                 raise ServerTimeout(f"could not send to {self.addr} in {self.timeout} s") \
                     from None
@@ -145,6 +164,8 @@ class AsyncClient:
         self._dec = msgspec.msgpack.Decoder(RpcOutput)
         self._inbox: dict[str, asyncio.Queue[RpcOutput | ServerError]] = {}
         self._reader: asyncio.Task | None = None
+        self._max_message_bytes: int | None = None  # the server's, once asked
+        self._asking = asyncio.Lock()  # one model-info request for concurrent first requests
 
     async def generate(self, prompt: str | list[int], *, stream: bool = False,
                        **sampling: Any) -> RequestOutput | AsyncIterator[RequestOutput]:
@@ -154,6 +175,9 @@ class AsyncClient:
 
     async def model_info(self) -> ModelInfo:
         """The served model's name, context length and chat role markers."""
+        return (await self._model_info()).info
+
+    async def _model_info(self) -> RpcModelInfo:
         if self._reader is None:
             self._reader = asyncio.create_task(self._read())
         rid = uuid.uuid4().hex
@@ -167,19 +191,24 @@ class AsyncClient:
                 raise ServerTimeout(f"no reply from {self.addr} in {self.timeout} s") from None
             if isinstance(msg, ServerError):
                 raise msg
-            return _info(msg)
+            reply = _info(msg)
         finally:
             del self._inbox[rid]
+        self._max_message_bytes = reply.max_message_bytes
+        return reply
 
     async def _stream(self, req: RpcGenerate) -> AsyncIterator[RequestOutput]:
-        if self._reader is None:
-            self._reader = asyncio.create_task(self._read())
+        payload = self._enc.encode(req)
+        async with self._asking:
+            if self._max_message_bytes is None:
+                await self._model_info()
+        check_size(payload, self._max_message_bytes)
         inbox: asyncio.Queue[RpcOutput | ServerError] = asyncio.Queue()
         self._inbox[req.rid] = inbox
         done = False
         try:
             try:
-                self._send_nowait(req)
+                self._sock.send(payload, zmq.NOBLOCK).result()
             except zmq.Again:
                 raise ServerTimeout(f"the send queue to {self.addr} is full") from None
             while not done:
@@ -263,6 +292,12 @@ def _request(prompt: str | list[int], sampling: dict[str, Any], api_key: str) ->
     return RpcGenerate(uuid.uuid4().hex, prompt, params, stream=True, api_key=api_key)
 
 
+def check_size(payload: bytes, limit: int) -> None:
+    """`MessageTooLarge` if an encoded request is over the server's `limit` (0: unknown)."""
+    if limit and len(payload) > limit:
+        raise MessageTooLarge(len(payload), limit)
+
+
 def _decode(dec: msgspec.msgpack.Decoder, frame: bytes) -> RpcOutput:
     try:
         return dec.decode(frame)
@@ -275,11 +310,11 @@ def _unbatch(msg: RpcOutput) -> list[RpcOutput]:
     return msg.outputs if isinstance(msg, RpcBatch) else [msg]
 
 
-def _info(msg: RpcOutput) -> ModelInfo:
+def _info(msg: RpcOutput) -> RpcModelInfo:
     if not isinstance(msg, RpcModelInfo):
         _check(msg)  # raises the server's error
         raise ServerError(f"unexpected reply to a model info request: {msg!r}")
-    return msg.info
+    return msg
 
 
 def _check(msg: RpcOutput) -> RequestOutput:

@@ -66,6 +66,9 @@ class ServerConfig:
     finish its connection handshake (RPC); slower connections are closed."""
     max_connections: int = 2048
     """The most open HTTP connections; one beyond it is closed at once."""
+    max_rpc_connections: int = 256
+    """The most open RPC connections (one per client); one beyond it is closed at once,
+    before its handshake."""
     kv: str = "token"
     """The KV cache layout: `token` (token slots, radix prefix cache),
     `paged` (fixed-size blocks, hashed prefix blocks) or `contiguous` (one region per
@@ -199,7 +202,7 @@ class ServerConfig:
         if self.chunk_size < 0:
             raise ConfigError(f"chunk_size must be >= 0 (0: auto), got {self.chunk_size}")
         for name in ("max_running", "max_queue", "tp", "grammar_cache_size", "max_request_seqs",
-                     "max_connections", "nnodes", "dp"):
+                     "max_connections", "max_rpc_connections", "nnodes", "dp"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.schedule_conservativeness < 0:

@@ -453,6 +453,7 @@ class RpcBatch(msgspec.Struct, **_WIRE):
 class RpcModelInfo(msgspec.Struct, **_WIRE):
     rid: str
     info: ModelInfo
+    max_message_bytes: int = 0  # the largest message the server reads (0: not said)
 
 
 class RpcError(msgspec.Struct, **_WIRE):

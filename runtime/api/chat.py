@@ -11,6 +11,7 @@ from runtime.messages import RoleMarkers
 log = logging.getLogger(__name__)
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+TURN_CHARS = 32  # what a turn costs the template beyond its content, in characters
 
 
 def message_text(msg: ChatMessage) -> str:
@@ -26,6 +27,11 @@ def message_text(msg: ChatMessage) -> str:
                                 "(text only)", param="messages")
         texts.append(part.text)
     return "\n".join(texts)
+
+
+def conversation_chars(messages: list[ChatMessage]) -> int:
+    """About how much text rendering `messages` produces: the template's work grows with it."""
+    return sum(len(message_text(m)) + TURN_CHARS for m in messages)
 
 
 def chat_prompt_text(tokenizer: Any, messages: list[ChatMessage]) -> str:

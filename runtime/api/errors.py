@@ -38,3 +38,14 @@ class ContextLengthExceeded(InvalidRequest):
     """The prompt, or the prompt plus max_tokens, does not fit the context."""
 
     code = "context_length_exceeded"  # the OpenAI error code
+
+
+class MessageTooLarge(InvalidRequest):
+    """An RPC request larger than the server reads (its --max-request-bytes): the client
+    does not send it, as the server would drop the connection unanswered."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"the request is {size} bytes encoded, over the server's limit of "
+                         f"{limit} bytes (--max-request-bytes)")
+        self.size = size
+        self.limit = limit

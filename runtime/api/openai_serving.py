@@ -24,7 +24,6 @@ from typing import Any
 
 import msgspec
 
-from runtime.api.chat import chat_prompt_text
 from runtime.api.openai_logprobs import (
     chat_logprobs,
     completion_logprobs,
@@ -139,7 +138,7 @@ class OpenAIServing:
                    guard: Guard) -> msgspec.Struct | EventStream:
         self.check_model(req.model)
         check_chat(req)
-        ids = await self.tm.tokenize(chat_prompt_text(self.tm.tokenizer, req.messages),
+        ids = await self.tm.tokenize(await self.tm.chat_text(req.messages),
                                      add_special_tokens=False)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
             else req.max_tokens

@@ -2,7 +2,10 @@
 
 A long text is tokenized in a small thread pool (the Rust tokenizer releases the GIL, so
 the loop keeps serving meanwhile); a short one on the loop, where a thread hop would cost
-more than the tokenization. A text too long to fit the prompt limit whatever it
+more than the tokenization. Other work that grows with the input (rendering a long chat
+conversation with the chat template) goes through `run` to the same pool: pure Python
+holds the GIL, but the loop still gets its turns every switch interval instead of none
+until the work ends. A text too long to fit the prompt limit whatever it
 tokenizes to is rejected before any tokenization: no token of the vocabulary spells more
 than `max_token_chars` characters, so a text of more than `max_tokens *
 max_token_chars` characters has more than `max_tokens` tokens.
@@ -12,13 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from runtime.api.errors import ContextLengthExceeded
 
 INLINE_CHARS = 512  # up to here tokenizing (~1 us/char) costs less than a thread hop
 THREADS = 2
+T = TypeVar("T")
 
 
 class PromptTokenizer:
@@ -46,11 +51,16 @@ class PromptTokenizer:
         encode = functools.partial(
             self.tokenizer.encode, text, add_special_tokens=add_special_tokens
         )
-        if len(text) <= INLINE_CHARS:
-            return encode()
+        return await self.run(encode, len(text))
+
+    async def run(self, work: Callable[[], T], chars: int) -> T:
+        """`work()`, on the loop when its input is short (`chars` characters), else in the
+        pool, so the loop keeps serving while it runs."""
+        if chars <= INLINE_CHARS:
+            return work()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="tokenize")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, encode)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
 
     def close(self) -> None:
         """Stop the threads (a tokenization in progress finishes; queued ones are dropped)."""

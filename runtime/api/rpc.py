@@ -5,8 +5,12 @@ the client's rid, so one client can multiplex many requests. A request runs as o
 that opens it in the TokenizerManager and waits for its end, while `RpcOutbox` sends its
 output: all of a client's outputs from one scheduler step go out as one message.
 `RpcAbort` cancels the task, which aborts the request in the scheduler. ROUTER_MANDATORY
-makes a send to a disconnected client fail, which we treat like an abort. A message over
-`--max-request-bytes` (MAXMSGSIZE) is never read: zmq drops that client's connection.
+makes a send to a disconnected client fail, which we treat like an abort; when a
+connection ends (`RpcPeers`), every client with requests in flight is sent an empty
+`RpcBatch`, and the requests of those it cannot reach are aborted at once, not at their
+next output. A message over `--max-request-bytes` (MAXMSGSIZE) is never read: zmq drops
+that client's connection (`Client` asks for the limit, `RpcModelInfo.max_message_bytes`,
+and refuses to send a larger one). Connections beyond `--max-rpc-connections` are closed.
 
 With an API key, `RpcGenerate` and `RpcGetModelInfo` must carry it (else an "unauthorized"
 `RpcError`); an `RpcAbort` needs none, as it reaches only its own connection's requests.
@@ -26,10 +30,12 @@ from runtime.api.auth import key_matches, warn_if_exposed
 from runtime.api.errors import ServerError
 from runtime.api.rid import check_rid, loggable
 from runtime.api.rpc_outbox import ClientGone, RpcOutbox, RpcStream, rpc_error
+from runtime.api.rpc_peers import RpcPeers
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.messages import (
     InvalidRequest,
     RpcAbort,
+    RpcBatch,
     RpcError,
     RpcGenerate,
     RpcGetModelInfo,
@@ -40,6 +46,8 @@ from runtime.messages import (
 
 log = logging.getLogger(__name__)
 CLOSE_LINGER_MS = 1000  # replies still queued at close (the shutdown errors) get this long
+HEARTBEAT_MS, HEARTBEAT_TIMEOUT_MS = 10_000, 30_000  # a peer silent this long is dropped
+PROBE_DELAY_S = 0.05  # after a disconnection, zmq drops the peer's route within this
 
 
 class RpcServer:
@@ -56,6 +64,8 @@ class RpcServer:
         self._sock: zmq.asyncio.Socket | None = None
         self._serve_task: asyncio.Task | None = None
         self._outbox: RpcOutbox | None = None
+        self.peers: RpcPeers | None = None
+        self._probing = False
 
     async def start(self) -> None:
         """Bind the ROUTER socket and start serving (once the TokenizerManager has the
@@ -68,10 +78,13 @@ class RpcServer:
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.HANDSHAKE_IVL, int(self.tm.cfg.read_timeout * 1000))
         self._sock.setsockopt(zmq.TCP_KEEPALIVE, 1)  # reap peers that vanished
+        self._sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+        self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         # a larger message is never read: zmq drops the sender's connection instead
         self._sock.setsockopt(zmq.MAXMSGSIZE, self.tm.max_request_bytes)
         self._sock.bind(self.addr)
         self._outbox = RpcOutbox(self._sock)
+        self.peers = RpcPeers(self._sock, self.tm.cfg.max_rpc_connections, self._probe_soon)
         self._serve_task = asyncio.create_task(self._serve(), name="rpc-serve")
 
     @property
@@ -87,6 +100,7 @@ class RpcServer:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._serve_task = None
+        await self.peers.close()
         self._sock.close(linger=CLOSE_LINGER_MS)
         self._ctx.term()
 
@@ -125,7 +139,8 @@ class RpcServer:
             self._reply(identity, RpcError(msg.rid, str(e)))
             return
         if isinstance(msg, RpcGetModelInfo):
-            self._reply(identity, RpcModelInfo(msg.rid, self.tm.model_info()))
+            self._reply(identity, RpcModelInfo(msg.rid, self.tm.model_info(),
+                                               self.tm.max_request_bytes))
             return
         if key in self._tasks:
             self._reply(identity, RpcError(msg.rid, f"request id {msg.rid!r} is already "
@@ -157,6 +172,22 @@ class RpcServer:
         finally:
             state.on_ready = None
             self.tm.release(state)
+
+    def _probe_soon(self) -> None:
+        if self._tasks and not self._probing:
+            self._probing = True
+            asyncio.get_running_loop().call_later(PROBE_DELAY_S, self._probe)
+
+    def _probe(self) -> None:
+        """Abort the requests of every client that can no longer be reached."""
+        self._probing = False
+        gone = {identity for identity, _ in self._tasks
+                if not self._outbox.send(identity, RpcBatch([]))}
+        aborted = [task for (identity, _), task in self._tasks.items() if identity in gone]
+        for task in aborted:
+            task.cancel()
+        if aborted:
+            log.info("rpc: %d clients gone; aborted their %d requests", len(gone), len(aborted))
 
     def _reply(self, identity: bytes, msg: RpcOutput) -> None:
         self._outbox.send(identity, msg)

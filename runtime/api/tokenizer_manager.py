@@ -24,11 +24,12 @@ import zmq.asyncio
 
 from runtime.api.admission import check_admission
 from runtime.api.aio_queue import AsyncPullQueue, AsyncPushQueue
-from runtime.api.chat import role_markers
+from runtime.api.chat import chat_prompt_text, conversation_chars, role_markers
 from runtime.api.detokenize import IncrementalDetokenizer
 from runtime.api.detokenize_batch import BatchDecoder
 from runtime.api.dispatch import apply_batch
 from runtime.api.errors import EngineDeadError
+from runtime.api.openai_protocol import ChatMessage
 from runtime.api.prompt import prepare_prompt
 from runtime.api.prompt_tokenizer import PromptTokenizer
 from runtime.api.req_state import ReqState
@@ -231,6 +232,14 @@ class TokenizerManager:
                                  "send the prompt as token ids")
         return await self._prompts.encode(text, self._known_limits().max_req_input_len,
                                           add_special_tokens=add_special_tokens)
+
+    async def chat_text(self, messages: list[ChatMessage]) -> str:
+        """The prompt text of chat `messages` (the model's chat template), rendered off
+        the event loop when the conversation is long."""
+        if self._prompts is None:
+            return chat_prompt_text(self.tokenizer, messages)  # raises: no chat template
+        return await self._prompts.run(lambda: chat_prompt_text(self.tokenizer, messages),
+                                       conversation_chars(messages))
 
     def model_info(self) -> ModelInfo:
         """The served model's name, context length, chat role markers, weight quantization
