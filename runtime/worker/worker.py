@@ -51,6 +51,7 @@ from runtime.procutil import error_text, freeze_startup_heap, setup_logging
 from runtime.worker.batch_builder import BatchBuilder, SampleInputs
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.grammar_rows import GrammarRows
+from runtime.worker.kv_transfer import CopyTiming, KVTransfer, host_slots_for
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.step_timing import StepTimer, StepTiming
 from runtime.worker.tp import TPGroup, init_tp
@@ -95,6 +96,7 @@ class InFlight:
     timing: StepTiming | None = None  # only under SLUICE_STEP_TIMING
     input_logprobs: torch.Tensor | None = None  # [L] float32, host: BatchPlan.input_logprobs
     input_sizes: tuple[int, ...] = ()  # entries of input_logprobs per plan entry
+    copies: CopyTiming | None = None  # the plan's host-tier copies, which the step waited for
 
     def result(self) -> StepResult:
         self.event.synchronize()
@@ -102,7 +104,11 @@ class InFlight:
         if self.input_logprobs is not None:
             inputs = [t.tolist() for t in self.input_logprobs.split(self.input_sizes)]
         lps = self.logprobs.tolist() if self.logprobs is not None else []
-        return StepResult(self.batch_id, self.ids.tolist(), lps, inputs)
+        res = StepResult(self.batch_id, self.ids.tolist(), lps, inputs)
+        if self.copies is not None:
+            res.writeback_s, res.load_s = (self.copies.seconds("writeback"),
+                                           self.copies.seconds("load"))
+        return res
 
 
 class Worker:
@@ -130,6 +136,10 @@ class Worker:
         self.grammar = GrammarRows(compiler, self.runner.vocab_size, list(spec.eos_token_ids),
                                    self.device)
         self.timer = StepTimer.from_env(self.device)  # None unless SLUICE_STEP_TIMING is set
+        self.transfer: KVTransfer | None = None  # the host tier, with --host-kv-gib
+        if cfg.host_kv_gib:
+            slots = host_slots_for(cfg.host_kv_gib, self.runner.kv_bytes_per_token, cfg.tp)
+            self.transfer = KVTransfer(self.runner.kv_pool, self.tp.min_int(slots))
 
     def warm_up(self) -> None:
         """Run one prefill (chunked in two) through the whole step path before serving, so
@@ -155,7 +165,8 @@ class Worker:
         return WorkerReady(kv_slots=r.kv_slots, max_rows=self.max_rows,
                            max_context=r.max_context,
                            kv_bytes_per_token=r.kv_bytes_per_token * self.tp.size,
-                           device=str(self.device))
+                           device=str(self.device),
+                           host_kv_slots=self.transfer.num_slots if self.transfer else 0)
 
     @torch.inference_mode()
     def launch(self, plan: BatchPlan) -> InFlight:
@@ -165,6 +176,7 @@ class Worker:
         for init in plan.inits:
             sampler.init_row(init.row, init.params, init.prompt_ids, init.output_ids)
             self.grammar.init_row(init.row, init.params.regex, init.output_ids)
+        copies = self.transfer.run(plan) if self.transfer is not None else None
         fb, inputs = self.builder.build(plan)
         logits = self.runner.forward(fb)  # [S + L, vocab] float32
         n = len(inputs.rows)
@@ -180,14 +192,15 @@ class Worker:
         sizes = inputs.logprob_sizes
         if self.device.type != "cuda":
             return InFlight(plan.batch_id, ids, logprobs, _HostEvent(), self._timing(start, fb),
-                            input_lps, sizes)
+                            input_lps, sizes, copies)
         ids_host = _to_host(ids)
         lps_host = _to_host(logprobs) if logprobs is not None else None
         inputs_host = _to_host(input_lps) if input_lps is not None else None
         timing = self._timing(start, fb)
         event = torch.cuda.Event()
         event.record()
-        return InFlight(plan.batch_id, ids_host, lps_host, event, timing, inputs_host, sizes)
+        return InFlight(plan.batch_id, ids_host, lps_host, event, timing, inputs_host, sizes,
+                        copies)
 
     def _input_logprobs(self, logits: torch.Tensor, inputs: SampleInputs) -> torch.Tensor | None:
         """Input logprobs: log_softmax of `logits` [L, V] at the prompt tokens that follow
