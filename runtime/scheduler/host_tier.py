@@ -10,12 +10,14 @@ host slots: a prefix may be cached on the device, on the host, or on both.
   not fit even then is dropped, as without the tier.
 - A prompt prefix found here beyond the device's match is loaded back: fresh device
   slots and a host-to-device copy order (`TokenKV` inserts them into the device tree).
+- A preempted request's blocks (`PagedKV`, `--preempt swap`) are swapped out to host
+  slots it holds outside the tree (`swap_out`) and loaded back when it is re-admitted.
 
 The copy orders travel in the next `BatchPlan`, write-backs before loads. The worker runs
 them before that step's forward, in order, on one copy stream that the forward waits
 for, so a device slot freed here can be handed out in the same step and a host slot
 reused by a later order never races an earlier one. Host slots a load reads stay
-locked until the plan carrying the load is built (`take_orders`).
+locked (or, swapped, held) until the plan carrying the load is built (`take_orders`).
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ class HostTier:
         self._writebacks: list[tuple[np.ndarray, np.ndarray]] = []  # (device, host)
         self._loads: list[tuple[np.ndarray, np.ndarray]] = []  # (host, device)
         self._pinned: list[TreeNode] = []  # host nodes locked until `take_orders`
+        self._unswapped: list[np.ndarray] = []  # swapped slots freed by `take_orders`
+        self.swapped = 0  # host slots held by swapped-out requests
         self.hit_tokens = 0
         self.writeback_tokens = 0
         self.load_tokens = 0
@@ -106,6 +110,27 @@ class HostTier:
         self.hit_tokens += len(host_slots)
         self.load_tokens += len(host_slots)
 
+    # ------------------------------------------------------------------ swapping
+    def swap_out(self, dev_slots: np.ndarray) -> np.ndarray | None:
+        """Host slots holding a copy of `dev_slots` (ordered now), held by the caller
+        until `release`; None if the host cannot make room (least recently used cached
+        prefixes are evicted for it)."""
+        n = len(dev_slots)
+        if self.allocator.available < n:
+            self.cache.evict(n - self.allocator.available)
+        host = self.allocator.alloc(n)
+        if host is None:
+            return None
+        self._writebacks.append((np.asarray(dev_slots, dtype=np.int32), host))
+        self.writeback_tokens += n
+        self.swapped += n
+        return host
+
+    def release(self, host_slots: np.ndarray) -> None:
+        """Give back swapped-out slots (after `load`ing what is needed of them): free once
+        the plan carrying this step's orders is built."""
+        self._unswapped.append(host_slots)
+
     # ------------------------------------------------------------------ orders
     def take_orders(self) -> CopyOrders | None:
         """The copies ordered since the last call (None: none), for the next plan; the
@@ -113,6 +138,10 @@ class HostTier:
         for node in self._pinned:
             self.cache.dec_lock(node)
         self._pinned.clear()
+        for slots in self._unswapped:
+            self.allocator.free(slots)
+            self.swapped -= len(slots)
+        self._unswapped.clear()
         if not self._writebacks and not self._loads:
             return None
         wb, ld = self._writebacks, self._loads
@@ -128,8 +157,8 @@ class HostTier:
                          load_bytes=self.load_tokens * self.bytes_per_token)
 
     def check_invariants(self) -> None:
-        """The host tree's own invariants: every host slot is free or cached, never both."""
-        self.cache.check_invariants(0)
+        """Every host slot is free, cached in the host tree or held swapped, never two."""
+        self.cache.check_invariants(self.swapped)
 
 
 def _cat(pairs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

@@ -125,6 +125,14 @@ class KVManager(ABC, Generic[Table]):
         if req.row is not None:
             self.rows.free(req.row)
 
+    def swap_out(self, req: Req) -> bool:
+        """Release a preempted `req` keeping its KV in the host tier, to load back when it
+        is admitted again; False (nothing done) when the layout or the host cannot."""
+        return False
+
+    def forget(self, req: Req) -> None:
+        """Drop whatever a waiting `req` still holds in the host tier (it ended)."""
+
     # ------------------------------------------------------------------ capacity
     def can_admit(
         self, req: Req, n: int, growth: Sequence[tuple[Req, int]] = (), ratio: float = 0.0

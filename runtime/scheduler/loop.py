@@ -56,7 +56,7 @@ def build_kv(mode: KVMode, ready: WorkerReady, max_context: int) -> KVManager:
     if mode.kind == "token":
         return TokenKV(ready.kv_slots, ready.max_rows, host)
     if mode.kind == "paged":
-        return PagedKV(ready.kv_slots, ready.max_rows, mode.page_size)
+        return PagedKV(ready.kv_slots, ready.max_rows, mode.page_size, host)
     return build_study_kv(mode, ready.kv_slots, ready.max_rows, max_context)
 
 

@@ -107,6 +107,7 @@ class Scheduler:
                 self.waiting.remove(req)
             if req.row is not None:  # never the case: waiting requests hold no KV
                 self.kv.release(req, cache=False)
+            self.kv.forget(req)  # but a swapped-out one holds host slots
             req.finish(reason, silent=silent)
             self._emit(req)
             self._drop(req)
@@ -230,10 +231,11 @@ class Scheduler:
         return True
 
     def _retract(self, req: Req) -> None:
-        """Back to the queue; with `swap` its KV stays cached, so the device tier's
-        eviction writes it to the host tier and re-admission loads it back."""
-        self.kv.release(req, cache=self.swap)
-        self.num_swaps += self.swap
+        """Back to the queue; with `swap` its KV goes to the host tier when possible."""
+        if self.swap and self.kv.swap_out(req):
+            self.num_swaps += 1
+        else:
+            self.kv.release(req, cache=False)
         self.running.remove(req)
         req.retract()
         if self.grammars.admissible(req):  # its regex may have left the cache meanwhile

@@ -67,6 +67,14 @@ class TokenKV(KVManager[TreeNode]):
         assert dup == len(slots), (dup, len(slots))
         return self.cache.match_prefix(key[:n])
 
+    def swap_out(self, req: Req) -> bool:
+        """Cache its KV: evicted from the device, it goes to the host tier, and the prefix
+        match of its re-admission finds it on either."""
+        if self.host is None:
+            return False
+        self.release(req, cache=True)
+        return True
+
     def _grow(self, req: Req, node: TreeNode, n: int) -> np.ndarray | None:
         return self._take(n)
 

@@ -107,13 +107,14 @@ def test_a_pinned_host_prefix_is_not_evicted_before_its_load_is_planned():
     tier.check_invariants()
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_swap_preemption_gives_the_recompute_outputs_and_loads_kv_back(overlap):
+@pytest.mark.parametrize("kv, overlap", [("token", True), ("token", False), ("paged", False),
+                                         ("paged", True)])
+def test_swap_preemption_gives_the_recompute_outputs_and_loads_kv_back(kv, overlap):
     rng = random.Random(3)
     prompts = [[rng.randrange(1, 97) for _ in range(rng.randrange(20, 60))] for _ in range(16)]
     runs = {}
     for preempt in ("recompute", "swap"):
-        sched, worker = build_mode("token", num_slots=300, rows=24, host_slots=4096,
+        sched, worker = build_mode(kv, num_slots=319, rows=24, host_slots=4096,
                                    host_kv_gib=1, preempt=preempt, overlap=overlap,
                                    chunk_size=64, schedule_conservativeness=0.0)
         outs: dict = {}
@@ -125,9 +126,25 @@ def test_swap_preemption_gives_the_recompute_outputs_and_loads_kv_back(overlap):
         assert sched.num_retractions > 0
         runs[preempt] = sched
     swap = runs["swap"]
-    assert swap.num_swaps == swap.num_retractions
-    assert swap.kv.stats().host.load_tokens > 0
+    assert swap.num_swaps > 0 and swap.kv.stats().host.load_tokens > 0
     assert runs["recompute"].num_swaps == 0
+    assert swap.kv.stats().host.used == 0 or kv == "token"  # paged: every swap came back
+
+
+def test_paged_swap_of_a_request_that_ends_while_swapped_frees_its_host_slots():
+    sched, worker = build_mode("paged", num_slots=319, rows=8, host_slots=1024, host_kv_gib=1,
+                               preempt="swap", chunk_size=64, schedule_conservativeness=0.0)
+    rng = random.Random(4)
+    for i in range(6):
+        sched.add(make_req(f"r{i}", [rng.randrange(1, 97) for _ in range(50)], 60,
+                           ignore_eos=True))
+
+    def abort_swapped(s, _):
+        for rid in list(s.kv.swapped):
+            s.abort(rid)
+    drive(sched, worker, on_step=abort_swapped)
+    assert sched.num_swaps > 0 and not sched.kv.swapped
+    assert sched.kv.host.swapped == 0 and sched.kv.stats().host.used == 0
 
 
 @pytest.mark.parametrize("bad", [{"host_kv_gib": -1}, {"preempt": "drop"},
