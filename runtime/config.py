@@ -20,6 +20,7 @@ from runtime.kv_mode import KVMode
 
 KV_MODES = ("token", "paged", "contiguous")
 RESERVE_MODES = ("request", "max")  # contiguous: prompt + max_tokens, or the whole context
+PREEMPT_MODES = ("recompute", "swap")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
@@ -100,6 +101,10 @@ class ServerConfig:
     schedule_conservativeness: float = 1.0
     """Scales the KV reserved for the future tokens of running requests at admission
     (higher: fewer retractions, smaller batches)."""
+    preempt: str = "recompute"
+    """What a request preempted when the KV pool runs out loses: `recompute` (its KV is
+    freed and computed again) or `swap` (its KV goes to the host tier and comes back;
+    needs --host-kv-gib)."""
     device: str = "auto"
     """The device: `auto` (CUDA when available), `cpu` or `cuda`."""
     dtype: str = "auto"
@@ -115,6 +120,10 @@ class ServerConfig:
     the CPU). The embedding and the LM head stay in the model's dtype."""
     mem_fraction: float = 0.85
     """The fraction of GPU memory the worker may use (weights, activations, KV pool)."""
+    host_kv_gib: float = 0.0
+    """GiB of (pinned) host memory per worker for a KV tier under the device pool: token
+    KV keeps prefixes the device evicts there and loads them back on a hit; both layouts
+    swap preempted requests there (`--preempt swap`). 0: off."""
     seed: int = 0
     """The random seed of weight initialization (dummy models) and sampling."""
     torch_threads: int = 0
@@ -270,6 +279,15 @@ class ServerConfig:
             raise ConfigError(f"degrade_max_tokens must be >= 1, got {self.degrade_max_tokens}")
 
     def _check_kv(self) -> None:
+        if not self.host_kv_gib >= 0:
+            raise ConfigError(f"host_kv_gib must be >= 0 (0: off), got {self.host_kv_gib}")
+        if self.host_kv_gib and (self.kv not in ("token", "paged")
+                                 or self.block_size == "dynamic"):
+            raise ConfigError("host_kv_gib needs kv token or paged with a fixed block size")
+        if self.preempt not in PREEMPT_MODES:
+            raise ConfigError(f"preempt must be one of {PREEMPT_MODES}, got {self.preempt!r}")
+        if self.preempt == "swap" and not self.host_kv_gib:
+            raise ConfigError("preempt swap needs a host tier: set host_kv_gib > 0")
         if self.reserve not in RESERVE_MODES:
             raise ConfigError(f"reserve must be one of {RESERVE_MODES}, got {self.reserve!r}")
         if self.block_size != "dynamic" and not (

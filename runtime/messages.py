@@ -239,6 +239,15 @@ class SchedulerStats(msgspec.Struct, **_WIRE):
     invariant_error: str | None = None
     kv_held: int = 0  # of kv_used, slots holding live tokens (less when KV is reserved ahead)
     degraded: bool = False  # degraded mode: max_tokens and batch size capped
+    # the host tier (`--host-kv-gib`): slots, prompt tokens served from it, copy traffic
+    host_kv_total: int = 0
+    host_kv_used: int = 0
+    host_hit_tokens: int = 0  # of prefix_hit_tokens, loaded back from the host
+    writeback_bytes: int = 0
+    load_bytes: int = 0
+    writeback_seconds: float = 0.0
+    load_seconds: float = 0.0
+    num_swaps: int = 0  # of num_retractions, requests whose KV went to the host tier
 
 
 class Limits(msgspec.Struct, **_WIRE):
@@ -302,6 +311,13 @@ class BatchPlan(msgspec.Struct, **_WIRE):
     # p, p+1, ...) of request i gathered at `targets` (the prompt tokens that follow them);
     # these positions lie inside request i's new tokens of this step
     input_logprobs: list[tuple[int, int, list[int]]] = []
+    # KV copies with the host tier (`--host-kv-gib`), run before this step's forward in
+    # this order: device slot writeback_dev[i] -> host slot writeback_host[i], then host
+    # slot load_host[i] -> device slot load_dev[i]
+    writeback_dev: list[int] = []
+    writeback_host: list[int] = []
+    load_host: list[int] = []
+    load_dev: list[int] = []
 
 
 class GrammarCacheUpdate(msgspec.Struct, **_WIRE):
@@ -323,6 +339,7 @@ class WorkerReady(msgspec.Struct, **_WIRE):
     device: str
     kv_dtype: str = ""  # the KV storage: fp8, int8, or the model's dtype (bfloat16, ...)
     quantization: str = "none"  # the projections' weights: none or fp8
+    host_kv_slots: int = 0  # slots of the host tier (`--host-kv-gib`); 0: none
 
 
 class StepResult(msgspec.Struct, **_WIRE):
@@ -342,6 +359,8 @@ class StepResult(msgspec.Struct, **_WIRE):
     top_logprobs: list[float] = []
     input_top_ids: list[int] = []
     input_top_logprobs: list[float] = []
+    writeback_s: float = 0.0  # device time of the plan's write-backs (host tier)
+    load_s: float = 0.0  # device time of the plan's loads (host tier)
 
 
 class WorkerFailed(msgspec.Struct, **_WIRE):

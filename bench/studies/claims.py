@@ -148,7 +148,24 @@ def claims(res: dict) -> list[list[str]]:
                      " / ".join(fmt(v, spec) for v in ours) + unit,
                      verdict(ours[0], theirs[0]) + " / " + verdict(ours[1], theirs[1])])
     rows += _sglang_claims(res)
+    rows += _offload_claims(res)
     rows += _other_claims(res, cont)
+    return rows
+
+
+def _offload_claims(res: dict) -> list[list[str]]:
+    """"Offloading costs about 10% throughput": each mode with a host tier against the same
+    mode without, at the sweep's highest concurrency (n/m when either did not run)."""
+    cell = sweep_name(res, 150)
+    rows = []
+    for tier, plain in (("paged-swap", "paged"), ("sglang-hicache", "sglang")):
+        ours, base = derived(res, tier, cell).get("tps"), derived(res, plain, cell).get("tps")
+        ratio = _ratio(ours, base)
+        verdict = "n/m" if ratio is None else (
+            f"confirmed ({ratio - 1:+.1%})" if abs(ratio - 0.9) <= 0.05 else
+            f"refuted ({ratio - 1:+.1%})")
+        rows.append([f"offload costs ~10% throughput: {tier} vs {plain} at the top concurrency",
+                     f"{fmt(ours, '.0f')} vs {fmt(base, '.0f')} tok/s", verdict])
     return rows
 
 

@@ -126,7 +126,8 @@ def run_mode(mode: str, p: Profile, args, results: dict, mode_end: float, kv_slo
     step_log.unlink(missing_ok=True)
     server_args = ["--model", p.model, "--dtype", p.dtype, "--device", p.device,
                    "--kv-slots", str(kv_slots), "--max-running", str(p.max_running),
-                   "--log-interval", "0", *p.server_args, *MODES[mode]]
+                   "--log-interval", "0", *p.server_args,
+                   *(a.format(host_kv_gib=p.host_kv_gib) for a in MODES[mode])]
     server = SluiceServer(server_args, Path(args.work_dir) / f"{mode}-server.log",
                           env={"SLUICE_STEP_TIMING": str(step_log)})
     entry["command"] = " ".join(server.cmd[1:])

@@ -25,6 +25,10 @@ MODES: dict[str, list[str]] = {
     "token-no-overlap": ["--kv", "token", "--no-overlap"],
     "sglang": ["--kv", "token", "--overlap"],  # token KV, radix cache, overlap (SGLang-style)
     "paged": ["--kv", "paged", "--block-size", "16"],  # vLLM-style; sync loop by default
+    # the articles' "paged + CPU offload" row: vLLM v0's swapping to a host tier
+    "paged-swap": ["--kv", "paged", "--block-size", "16", "--preempt", "swap",
+                   "--host-kv-gib", "{host_kv_gib}"],
+    "sglang-hicache": ["--kv", "token", "--overlap", "--host-kv-gib", "{host_kv_gib}"],
     "contiguous": ["--kv", "contiguous", "--reserve", "request"],  # the seeds' "original"
 }
 
@@ -61,6 +65,7 @@ class Profile:
     time_budget: float  # seconds for the whole matrix
     gpu_memory_budget: str = "80GiB"
     kv_slots: int = 0  # set: use this pool size, not the budget
+    host_kv_gib: float = 48.0  # the host tier of the modes that have one
     max_running: int = 256
     ready_timeout: float = 240.0
     warmup_timeout: float = 120.0
@@ -113,7 +118,7 @@ QUICK = dataclasses.replace(
         Cell("prefix", "prefix", "shared-prefix", 32, 16, 128, 32, num_prefixes=4,
              prefix_len=1024, weight=0.4)))
 CPU_SMOKE = Profile(
-    "cpu-smoke", "dummy:tiny", "float32", "cpu", time_budget=300, kv_slots=2048,
+    "cpu-smoke", "dummy:tiny", "float32", "cpu", time_budget=300, kv_slots=2048, host_kv_gib=0.1,
     ready_timeout=120, warmup_timeout=60, frag_requests=60,
     server_args=("--torch-threads", "1"), cells=(
         *_sweep((4, 8, 12), 200, 128, (1.0, 1.0, 1.0)),

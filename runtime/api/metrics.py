@@ -175,6 +175,34 @@ def _stats_metrics(s: SchedulerStats) -> Iterator[Metric]:
                               value=s.num_steps)
     yield CounterMetricFamily("sluice_retractions", "Requests retracted under KV pressure",
                               value=s.num_retractions)
+    if s.host_kv_total:
+        yield from _host_tier_metrics(s)
+
+
+def _host_tier_metrics(s: SchedulerStats) -> Iterator[Metric]:
+    """The host KV tier (`--host-kv-gib`): usage, copy traffic, hit rate per tier."""
+    yield GaugeMetricFamily("sluice_host_kv_slots", "Host KV tier size in token slots",
+                            value=s.host_kv_total)
+    yield GaugeMetricFamily("sluice_host_kv_usage_ratio", "Host KV slots holding a cached "
+                            "prefix / all host KV slots", value=s.host_kv_used / s.host_kv_total)
+    rate = GaugeMetricFamily("sluice_prefix_cache_tier_hit_rate", "Prompt tokens found in "
+                             "one tier of the prefix cache / prompt tokens looked up",
+                             labels=["tier"])
+    query = max(1, s.prefix_query_tokens)
+    rate.add_metric(["device"], (s.prefix_hit_tokens - s.host_hit_tokens) / query)
+    rate.add_metric(["host"], s.host_hit_tokens / query)
+    yield rate
+    for name, doc, value in (
+            ("writeback_bytes", "KV bytes written back from the device to the host tier",
+             s.writeback_bytes),
+            ("load_bytes", "KV bytes loaded from the host tier to the device", s.load_bytes),
+            ("writeback_seconds", "Device seconds spent writing KV back to the host tier",
+             s.writeback_seconds),
+            ("load_seconds", "Device seconds spent loading KV from the host tier",
+             s.load_seconds)):
+        yield CounterMetricFamily(f"sluice_kv_{name}", doc, value=value)
+    yield CounterMetricFamily("sluice_swaps", "Retracted requests whose KV went to the host "
+                              "tier (--preempt swap)", value=s.num_swaps)
 
 
 class _Nvml:

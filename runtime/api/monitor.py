@@ -20,6 +20,7 @@ from runtime.api.rid import loggable
 from runtime.api.timing import RequestRecord
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ServerConfig
+from runtime.messages import SchedulerStats
 
 log = logging.getLogger("sluice.stats")
 request_log = logging.getLogger("sluice.requests")
@@ -80,9 +81,21 @@ class Monitor:
         hit = s.prefix_hit_tokens / s.prefix_query_tokens if s.prefix_query_tokens else 0.0
         log.info("prompt throughput %.1f tok/s, generation throughput %.1f tok/s, "
                  "running %d, waiting %d, KV usage %.1f%% (%d/%d slots), prefix hit rate "
-                 "%.1f%%%s", (t.prompt_tokens - prompt) / dt, (t.generation_tokens - gen) / dt,
+                 "%.1f%%%s%s", (t.prompt_tokens - prompt) / dt, (t.generation_tokens - gen) / dt,
                  s.running, s.waiting, 100 * s.kv_used / max(1, s.kv_total), s.kv_used,
-                 s.kv_total, 100 * hit, ", DEGRADED" if s.degraded else "")
+                 s.kv_total, 100 * hit, _host_tier(s), ", DEGRADED" if s.degraded else "")
+
+
+def _host_tier(s: SchedulerStats) -> str:
+    """The log line's host-tier part: usage, host hit rate, copy traffic ('' without)."""
+    if not s.host_kv_total:
+        return ""
+    host_hit = s.host_hit_tokens / s.prefix_query_tokens if s.prefix_query_tokens else 0.0
+    used = 100 * s.host_kv_used / s.host_kv_total
+    return (f" (host {100 * host_hit:.1f}%), host tier {used:.1f}%"
+            f" ({s.host_kv_used}/{s.host_kv_total} slots), written back "
+            f"{s.writeback_bytes / 1e6:.1f} MB in {s.writeback_seconds:.2f} s, loaded "
+            f"{s.load_bytes / 1e6:.1f} MB in {s.load_seconds:.2f} s, swaps {s.num_swaps}")
 
 
 def log_request(rec: RequestRecord) -> None:

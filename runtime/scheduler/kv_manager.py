@@ -21,6 +21,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from runtime.scheduler.host_tier import CopyOrders, HostStats, HostTier
 from runtime.scheduler.req import Req
 from runtime.scheduler.row_pool import RowPool
 
@@ -40,7 +41,8 @@ class KVStats:
     reserved: int  # of used, inside running requests' allocations (less: stranded space)
     live: int  # of reserved, holding a token's KV
     prefix_query_tokens: int  # prompt tokens looked up in the prefix cache
-    prefix_hit_tokens: int  # of which found there
+    prefix_hit_tokens: int  # of which found there (on any tier)
+    host: HostStats | None = None  # the host tier, if there is one
 
 
 class KVManager(ABC, Generic[Table]):
@@ -60,6 +62,7 @@ class KVManager(ABC, Generic[Table]):
 
     page_size = 1  # slots per page of the worker's page table
     prefix_cache = False  # admission looks up cached prefixes (counted in `stats`)
+    host: HostTier | None = None  # the host-memory tier under the pool, if any
 
     def __init__(self, num_rows: int) -> None:
         self.rows = RowPool(num_rows)
@@ -122,6 +125,14 @@ class KVManager(ABC, Generic[Table]):
         if req.row is not None:
             self.rows.free(req.row)
 
+    def swap_out(self, req: Req) -> bool:
+        """Release a preempted `req` keeping its KV in the host tier, to load back when it
+        is admitted again; False (nothing done) when the layout or the host cannot."""
+        return False
+
+    def forget(self, req: Req) -> None:
+        """Drop whatever a waiting `req` still holds in the host tier (it ended)."""
+
     # ------------------------------------------------------------------ capacity
     def can_admit(
         self, req: Req, n: int, growth: Sequence[tuple[Req, int]] = (), ratio: float = 0.0
@@ -156,7 +167,13 @@ class KVManager(ABC, Generic[Table]):
             live=live,
             prefix_query_tokens=self.prefix_query_tokens,
             prefix_hit_tokens=self.prefix_hit_tokens,
+            host=self.host.stats() if self.host is not None else None,
         )
+
+    def take_copies(self) -> CopyOrders | None:
+        """KV copies between the device and the host tier ordered since the last call, for
+        the next step to run before its forward; None: none (or no host tier)."""
+        return self.host.take_orders() if self.host is not None else None
 
     def check_invariants(self, live: list[Req]) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent (`live` hold KV)."""

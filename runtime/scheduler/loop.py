@@ -37,6 +37,7 @@ from runtime.messages import (
 from runtime.model_config import resolve_model
 from runtime.procutil import error_text, freeze_startup_heap, setup_logging
 from runtime.scheduler.grammar_gate import GrammarGate
+from runtime.scheduler.host_tier import HostTier
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.kv_study import build_study_kv
 from runtime.scheduler.paged_kv import PagedKV
@@ -49,10 +50,13 @@ CHECK_INVARIANTS = os.environ.get("SLUICE_CHECK_INVARIANTS", "0") == "1"
 
 def build_kv(mode: KVMode, ready: WorkerReady, max_context: int) -> KVManager:
     """The KV manager of `mode` over the worker's slots (every layout uses the same pool)."""
+    host = None
+    if ready.host_kv_slots:
+        host = HostTier(ready.host_kv_slots, ready.kv_bytes_per_token)
     if mode.kind == "token":
-        return TokenKV(ready.kv_slots, ready.max_rows)
+        return TokenKV(ready.kv_slots, ready.max_rows, host)
     if mode.kind == "paged":
-        return PagedKV(ready.kv_slots, ready.max_rows, mode.page_size)
+        return PagedKV(ready.kv_slots, ready.max_rows, mode.page_size, host)
     return build_study_kv(mode, ready.kv_slots, ready.max_rows, max_context)
 
 
@@ -69,7 +73,8 @@ def build_scheduler(cfg: ServerConfig, ready: WorkerReady, max_context: int) -> 
                       max_in_flight=2 if mode.overlap else 1, **preempt,
                       degrade_waiting=cfg.degrade_waiting,
                       degrade_max_tokens=cfg.degrade_max_tokens,
-                      degrade_max_running=cfg.degrade_max_running)
+                      degrade_max_running=cfg.degrade_max_running,
+                      swap=cfg.preempt == "swap")
     sched.adder = PrefillAdder(init_ratio=0.7 * cfg.schedule_conservativeness,
                                min_ratio=0.1 * cfg.schedule_conservativeness)
     sched.grammars = GrammarGate(cfg.grammar_cache_size, cfg.tp)
@@ -94,12 +99,18 @@ def stats(sched: Scheduler, token: int) -> SchedulerStats:
         except AssertionError as exc:
             error = str(exc) or "allocator invariant violated"
     kv = sched.kv.stats()
+    host = {}
+    if kv.host is not None:
+        host = dict(host_kv_total=kv.host.total, host_kv_used=kv.host.used,
+                    host_hit_tokens=kv.host.hit_tokens, writeback_bytes=kv.host.writeback_bytes,
+                    load_bytes=kv.host.load_bytes, writeback_seconds=sched.writeback_seconds,
+                    load_seconds=sched.load_seconds, num_swaps=sched.num_swaps)
     return SchedulerStats(
         token=token, running=len(sched.running), waiting=sched.num_waiting,
         kv_total=kv.total, kv_free=kv.free, kv_cached=kv.cached, kv_used=kv.used,
         kv_held=kv.live, num_steps=sched.num_steps, num_retractions=sched.num_retractions,
         prefix_hit_tokens=kv.prefix_hit_tokens, prefix_query_tokens=kv.prefix_query_tokens,
-        invariant_error=error, degraded=sched.degraded,
+        invariant_error=error, degraded=sched.degraded, **host,
     )
 
 
@@ -130,9 +141,9 @@ def run_scheduler(cfg: ServerConfig) -> None:
     freeze_startup_heap()
     ready.put(Ready("scheduler"))
     mode = cfg.kv_mode
-    log.info("KV pool %d slots, %d rows, kv=%s, overlap=%s, context %d tokens (model: %d)",
-             worker_ready.kv_slots, worker_ready.max_rows, mode.kind, mode.overlap,
-             sched.max_context, spec.max_context)
+    log.info("KV pool %d slots, %d rows, kv=%s, overlap=%s, context %d tokens (model: %d), "
+             "host tier %d slots", worker_ready.kv_slots, worker_ready.max_rows, mode.kind,
+             mode.overlap, sched.max_context, spec.max_context, worker_ready.host_kv_slots)
     poller = zmq.Poller()
     poller.register(inbox.sock, zmq.POLLIN)
     poller.register(results.sock, zmq.POLLIN)

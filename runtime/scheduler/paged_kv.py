@@ -10,6 +10,8 @@ once its KV has been scheduled (here: by an earlier batch, so its writes precede
 reader), it keeps that hash while free in the LRU queue, and a later request whose
 prefix has the same chain takes it back. A preempted request frees its blocks without
 registering new ones; its earlier full blocks stay cached, so recompute is mostly hits.
+With a host tier and `--preempt swap` (vLLM v0's swapping), its full blocks are copied to
+host slots first, and its re-admission loads those the device no longer caches.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from runtime.scheduler.block_pool import (
     chain_block_hashes,
     hash_block_tokens,
 )
+from runtime.scheduler.host_tier import HostTier
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.req import Req
 
@@ -45,10 +48,13 @@ class PagedKV(KVManager[BlockTable]):
 
     prefix_cache = True
 
-    def __init__(self, num_slots: int, num_rows: int, block_size: int) -> None:
+    def __init__(self, num_slots: int, num_rows: int, block_size: int,
+                 host: HostTier | None = None) -> None:
         super().__init__(num_rows)
         self.block_size = self.page_size = block_size
         self.pool = BlockPool((num_slots + 1) // block_size, block_size)
+        self.host = host  # only swapped-out requests live there
+        self.swapped: dict[str, tuple[np.ndarray, int]] = {}  # rid -> (host slots, tokens)
 
     @property
     def total(self) -> int:
@@ -65,8 +71,42 @@ class PagedKV(KVManager[BlockTable]):
         hashes = chain_block_hashes(req.tokens(0, req.max_prefix_len), self.block_size)
         hits = self.pool.match_prefix(hashes)
         self.pool.touch(hits)
+        if req.rid in self.swapped:
+            hits = self._swap_in(req, hits, len(hashes))
+            self.pool.cache_full_blocks(hits, hashes[: len(hits)])
         table = BlockTable(req, list(hits), hashes, len(hits) * self.block_size, len(hits))
         return table, np.array([b.block_id for b in hits], dtype=np.int32)
+
+    def _swap_in(self, req: Req, hits: list[Block], usable: int) -> list[Block]:
+        """`hits` extended with fresh blocks loaded from the host copy of a swapped-out
+        `req`, up to `usable` blocks (unchanged if none are free); the host copy goes."""
+        host, tokens = self.swapped.pop(req.rid)
+        self.host.release(host)
+        bs, k = self.block_size, len(hits)
+        m = min(tokens // bs, usable)
+        new = self.pool.allocate(m - k) if m > k else None
+        if new is None:
+            return hits
+        self.host.load(host[k * bs : m * bs], _slots_of(new, bs))
+        return hits + new
+
+    def swap_out(self, req: Req) -> bool:
+        """Copy its full, computed blocks to the host, then free them (they stay cached
+        here too until reused)."""
+        table = self.tables.get(req.rid)
+        full = min(req.kv_len, req.known_len - 1) // self.block_size
+        if self.host is None or table is None or full == 0:
+            return False
+        host = self.host.swap_out(_slots_of(table.blocks[:full], self.block_size))
+        if host is None:
+            return False
+        self.swapped[req.rid] = (host, full * self.block_size)
+        self.release(req, cache=False)
+        return True
+
+    def forget(self, req: Req) -> None:
+        if (swapped := self.swapped.pop(req.rid, None)) is not None:
+            self.host.release(swapped[0])
 
     def _grow(self, req: Req, table: BlockTable, n: int) -> np.ndarray | None:
         """Ids of the blocks the next `n` positions start (taken as the last one fills)."""
@@ -144,6 +184,10 @@ class PagedKV(KVManager[BlockTable]):
         registered blocks carry their own chain hash (or none: a duplicate of a block
         cached first)."""
         self.pool.check_invariants()
+        if self.host is not None:
+            self.host.check_invariants()
+            held = sum(len(h) for h, _ in self.swapped.values())
+            assert held <= self.host.swapped, f"{held} slots swapped, {self.host.swapped} held"
         refs: dict[int, int] = {}
         bs = self.block_size
         for req in live:
@@ -165,3 +209,9 @@ class PagedKV(KVManager[BlockTable]):
             assert block.ref_cnt == refs.get(block.block_id, 0), (
                 f"{block}: {refs.get(block.block_id, 0)} tables hold it"
             )
+
+
+def _slots_of(blocks: list[Block], block_size: int) -> np.ndarray:
+    """The slots of `blocks`, block by block: [len(blocks) * block_size] int32."""
+    ids = np.array([b.block_id for b in blocks], dtype=np.int32)
+    return (ids[:, None] * block_size + np.arange(block_size, dtype=np.int32)).ravel()

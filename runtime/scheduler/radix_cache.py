@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -46,10 +46,20 @@ def _common_len(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class RadixCache:
-    """Radix tree of cached KV, sharing `allocator` with the requests that use it."""
+    """Radix tree of cached KV, sharing `allocator` with the requests that use it.
 
-    def __init__(self, allocator: TokenAllocator) -> None:
+    `on_evict(key, slots)`, when set, sees each node `evict` drops just before its slots
+    are freed: the token ids of the whole path from the root to it and their slots (the
+    ancestors' still cached), so a lower tier can keep a copy.
+    """
+
+    def __init__(
+        self,
+        allocator: TokenAllocator,
+        on_evict: Callable[[np.ndarray, np.ndarray], None] | None = None,
+    ) -> None:
         self.allocator = allocator
+        self.on_evict = on_evict
         self._uids = itertools.count()
         self._clock = 0
         self._reset_tree()
@@ -177,6 +187,8 @@ class RadixCache:
         freed, released = 0, []
         while freed < num_tokens and heap:
             _, _, node = heapq.heappop(heap)
+            if self.on_evict is not None:
+                self.on_evict(*self._path(node))
             parent = node.parent
             del parent.children[int(node.key[0])]
             node.parent = None
@@ -191,6 +203,15 @@ class RadixCache:
         if released:
             self.allocator.free(np.concatenate(released))
         return freed
+
+    def _path(self, node: TreeNode) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, slots) of every position from the root to the end of `node`."""
+        keys, values = [], []
+        while node is not self._root:
+            keys.append(node.key)
+            values.append(node.value)
+            node = node.parent
+        return np.concatenate(keys[::-1]), np.concatenate(values[::-1])
 
     def reset(self) -> None:
         """Flush the whole tree, giving every cached slot back to the allocator. Only legal

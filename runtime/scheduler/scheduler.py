@@ -37,7 +37,8 @@ class Scheduler:
     def __init__(self, kv: KVManager, *, chunk_size: int, max_running: int, max_context: int,
                  max_in_flight: int = 2, retract_headroom: int = 4,
                  retract_key: Callable[[Req], tuple] = retract_order, degrade_waiting: int = 0,
-                 degrade_max_tokens: int = 128, degrade_max_running: int = 0) -> None:
+                 degrade_max_tokens: int = 128, degrade_max_running: int = 0,
+                 swap: bool = False) -> None:
         self.kv = kv
         self.chunk_size = chunk_size
         self.base_max_running = max_running
@@ -49,6 +50,8 @@ class Scheduler:
         self.max_in_flight = max_in_flight
         self.retract_headroom = retract_headroom
         self.retract_key = retract_key  # sorts victims, first retracted first
+        # a retracted request's KV goes to the host tier (`--preempt swap`), not away
+        self.swap = swap and kv.host is not None
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
@@ -60,7 +63,10 @@ class Scheduler:
         self.adder = PrefillAdder()
         self.grammars = GrammarGate()
         self.num_retractions = 0
+        self.num_swaps = 0
         self.num_steps = 0
+        self.writeback_seconds = 0.0  # device time of the host tier's copies so far
+        self.load_seconds = 0.0
 
     # ------------------------------------------------------------------ input
     def add(self, msg: GenerateReq) -> None:
@@ -102,6 +108,7 @@ class Scheduler:
                 self.waiting.remove(req)
             if req.row is not None:  # never the case: waiting requests hold no KV
                 self.kv.release(req, cache=False)
+            self.kv.forget(req)  # but a swapped-out one holds host slots
             req.finish(reason, silent=silent)
             self._emit(req)
             self._drop(req)
@@ -187,6 +194,10 @@ class Scheduler:
         self.next_batch_id += 1
         self.num_steps += 1
         plan = batch.to_plan(decode_pages, extend_pages)
+        if (copies := self.kv.take_copies()) is not None:
+            plan.writeback_dev, plan.writeback_host = (copies.writeback_dev.tolist(),
+                                                       copies.writeback_host.tolist())
+            plan.load_host, plan.load_dev = copies.load_host.tolist(), copies.load_dev.tolist()
         self.in_flight.append(batch)
         return plan
 
@@ -221,7 +232,11 @@ class Scheduler:
         return True
 
     def _retract(self, req: Req) -> None:
-        self.kv.release(req, cache=False)
+        """Back to the queue; with `swap` its KV goes to the host tier when possible."""
+        if self.swap and self.kv.swap_out(req):
+            self.num_swaps += 1
+        else:
+            self.kv.release(req, cache=False)
         self.running.remove(req)
         req.retract()
         if self.grammars.admissible(req):  # its grammar may have left the cache meanwhile
@@ -240,6 +255,8 @@ class Scheduler:
         assert batch.batch_id == res.batch_id, (batch.batch_id, res.batch_id)
         assert len(res.next_ids) == len(batch.sampled)
         self.completed_batch_id = batch.batch_id
+        self.writeback_seconds += res.writeback_s
+        self.load_seconds += res.load_s
         input_tops = split_top(batch.logprob_reqs, map(len, res.input_logprobs),
                                res.input_top_ids, res.input_top_logprobs, res.top_stride)
         for req, lps, (top_ids, top_lps) in zip(batch.logprob_reqs, res.input_logprobs,

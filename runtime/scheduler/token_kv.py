@@ -1,9 +1,11 @@
-"""`TokenKV` (`--kv token`): token slots from a `TokenAllocator`, radix prefix cache."""
+"""`TokenKV` (`--kv token`): token slots from a `TokenAllocator`, radix prefix cache, and
+optionally a host tier under it (`HostTier`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from runtime.scheduler.host_tier import HostTier
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.radix_cache import RadixCache, TreeNode
 from runtime.scheduler.req import Req
@@ -17,14 +19,18 @@ class TokenKV(KVManager[TreeNode]):
     A slot is in exactly one place: the allocator's free list, the radix tree
     (evictable or locked by a request's prefix), or a live request's own `slots`
     beyond its `cached_len`.
+
+    With a `host` tier, the tree's evictions are written back to it and a prompt prefix
+    found there is loaded back at admission (see `HostTier`).
     """
 
     prefix_cache = True
 
-    def __init__(self, num_slots: int, num_rows: int) -> None:
+    def __init__(self, num_slots: int, num_rows: int, host: HostTier | None = None) -> None:
         super().__init__(num_rows)
         self.allocator = TokenAllocator(num_slots)
-        self.cache = RadixCache(self.allocator)
+        self.host = host
+        self.cache = RadixCache(self.allocator, host.write_back if host is not None else None)
 
     @property
     def total(self) -> int:
@@ -36,9 +42,38 @@ class TokenKV(KVManager[TreeNode]):
     # ------------------------------------------------------------------ layout
     def _match(self, req: Req) -> tuple[TreeNode, np.ndarray]:
         """The longest cached prefix (at least one token is left to compute)."""
-        slots, node = self.cache.match_prefix(req.tokens(0, req.max_prefix_len))
+        key = np.asarray(req.tokens(0, req.max_prefix_len), dtype=np.int32)
+        slots, node = self.cache.match_prefix(key)
+        if self.host is not None:
+            slots, node = self._load_back(key, slots, node)
         self.cache.inc_lock(node)
         return node, slots
+
+    def _load_back(self, key: np.ndarray, slots: np.ndarray,
+                   node: TreeNode) -> tuple[np.ndarray, TreeNode]:
+        """Extend the device match `slots` (ending at `node`) with what the host holds
+        beyond it, loaded into fresh device slots; unchanged if the device has no room."""
+        host = self.host.match(key, len(slots))
+        if not len(host):
+            return slots, node
+        self.cache.inc_lock(node)  # making room must not evict the device prefix
+        dev = self._take(len(host))
+        self.cache.dec_lock(node)
+        if dev is None:
+            return slots, node
+        self.host.load(host, dev)
+        n = len(slots) + len(dev)
+        dup = self.cache.insert(key[:n], np.concatenate([slots, dev]))
+        assert dup == len(slots), (dup, len(slots))
+        return self.cache.match_prefix(key[:n])
+
+    def swap_out(self, req: Req) -> bool:
+        """Cache its KV: evicted from the device, it goes to the host tier, and the prefix
+        match of its re-admission finds it on either."""
+        if self.host is None:
+            return False
+        self.release(req, cache=True)
+        return True
 
     def _grow(self, req: Req, node: TreeNode, n: int) -> np.ndarray | None:
         return self._take(n)
@@ -72,5 +107,7 @@ class TokenKV(KVManager[TreeNode]):
         return n
 
     def _check(self, live: list[Req]) -> None:
-        """free + evictable + locked + held by requests == total."""
+        """free + evictable + locked + held by requests == total, on each tier."""
         self.cache.check_invariants(sum(r.kv_len - r.cached_len for r in live))
+        if self.host is not None:
+            self.host.check_invariants()

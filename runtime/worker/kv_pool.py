@@ -111,6 +111,10 @@ class KVPool:
     def total_bytes(self) -> int:
         return self.bytes_per_token * self.num_slots
 
+    def layer_tensors(self) -> list[torch.Tensor]:
+        """Every tensor indexed by slot: each layer's K, each layer's V, then the scales."""
+        return self.k + self.v + self.k_scale + self.v_scale
+
     def scales(self, layer_id: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Layer `layer_id`'s (k_scale, v_scale) `[num_slots, kv_heads]`, or Nones unquantized."""
         if not self.quantized:

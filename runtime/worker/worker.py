@@ -52,6 +52,7 @@ from runtime.worker.batch_builder import BatchBuilder, SampleInputs
 from runtime.worker.cpu_threads import ThreadTuner
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.grammar_rows import GrammarRows
+from runtime.worker.kv_transfer import CopyTiming, KVTransfer, host_slots_for
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.step_output import StepOutput, gather_top_logprobs, top_positions
 from runtime.worker.step_timing import StepTimer, StepTiming
@@ -94,10 +95,15 @@ class InFlight:
     output: StepOutput  # copied to the host (pinned on CUDA)
     event: object
     timing: StepTiming | None = None  # only under SLUICE_STEP_TIMING
+    copies: CopyTiming | None = None  # the plan's host-tier copies, which the step waited for
 
     def result(self) -> StepResult:
         self.event.synchronize()
-        return self.output.result(self.batch_id)
+        res = self.output.result(self.batch_id)
+        if self.copies is not None:
+            res.writeback_s, res.load_s = (self.copies.seconds("writeback"),
+                                           self.copies.seconds("load"))
+        return res
 
 
 class Worker:
@@ -125,6 +131,10 @@ class Worker:
         self.grammar = GrammarRows(compiler, self.runner.vocab_size, list(spec.eos_token_ids),
                                    self.device)
         self.timer = StepTimer.from_env(self.device)  # None unless SLUICE_STEP_TIMING is set
+        self.transfer: KVTransfer | None = None  # the host tier, with --host-kv-gib
+        if cfg.host_kv_gib:
+            slots = host_slots_for(cfg.host_kv_gib, self.runner.kv_bytes_per_token, cfg.tp)
+            self.transfer = KVTransfer(self.runner.kv_pool, self.tp.min_int(slots))
 
     def warm_up(self) -> None:
         """Run one prefill (chunked in two) through the whole step path before serving, so
@@ -151,7 +161,8 @@ class Worker:
                            max_context=r.max_context,
                            kv_bytes_per_token=r.kv_bytes_per_token * self.tp.size,
                            device=str(self.device), kv_dtype=r.kv_dtype,
-                           quantization=r.quantization)
+                           quantization=r.quantization,
+                           host_kv_slots=self.transfer.num_slots if self.transfer else 0)
 
     @torch.inference_mode()
     def launch(self, plan: BatchPlan) -> InFlight:
@@ -161,6 +172,7 @@ class Worker:
         for init in plan.inits:
             sampler.init_row(init.row, init.params, init.prompt_ids, init.output_ids)
             self.grammar.init_row(init.row, init.params.grammar, init.output_ids)
+        copies = self.transfer.run(plan) if self.transfer is not None else None
         fb, inputs = self.builder.build(plan)
         logits = self.runner.forward(fb)  # [S + L, vocab] float32
         n = len(inputs.rows)
@@ -179,10 +191,10 @@ class Worker:
         out.to_host(pinned=on_cuda)
         timing = self._timing(start, fb)
         if not on_cuda:
-            return InFlight(plan.batch_id, out, _HostEvent(), timing)
+            return InFlight(plan.batch_id, out, _HostEvent(), timing, copies)
         event = torch.cuda.Event()
         event.record()
-        return InFlight(plan.batch_id, out, event, timing)
+        return InFlight(plan.batch_id, out, event, timing, copies)
 
     def _top_logprobs(self, out: StepOutput, logits: torch.Tensor, plan: BatchPlan,
                       inputs: SampleInputs) -> None:

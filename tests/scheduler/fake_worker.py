@@ -48,11 +48,14 @@ def reference(prompt: list[int], max_tokens: int, stop_ids: set[int]) -> list[in
 
 class FakeWorker:
     """Keeps a page table per row, as the worker does: position p of a row lives in slot
-    page * page_size + p % page_size of page `req_to_page[row, p // page_size]`."""
+    page * page_size + p % page_size of page `req_to_page[row, p // page_size]`. A host
+    tier of `host_slots` is a second array the plans' copy orders move tokens through."""
 
-    def __init__(self, num_slots: int, rows: int, max_context: int, page_size: int = 1) -> None:
+    def __init__(self, num_slots: int, rows: int, max_context: int, page_size: int = 1,
+                 host_slots: int = 0) -> None:
         self.page_size = page_size
         self.kv = np.full(num_slots + 1, -1, dtype=np.int64)
+        self.host_kv = np.full(host_slots + 1, -1, dtype=np.int64)
         self.req_to_page = np.zeros((rows, -(-max_context // page_size)), dtype=np.int64)
         self.last = np.zeros(rows, dtype=np.int64)
 
@@ -66,6 +69,8 @@ class FakeWorker:
 
     def run(self, plan: BatchPlan) -> StepResult:
         ps = self.page_size
+        self.host_kv[plan.writeback_host] = self.kv[plan.writeback_dev]  # before the loads
+        self.kv[plan.load_dev] = self.host_kv[plan.load_host]
         for row, pages in plan.prefix_writes:
             self.req_to_page[row, : len(pages)] = pages
         t, out, pages = 0, [], iter(plan.new_pages)

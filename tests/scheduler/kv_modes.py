@@ -16,9 +16,11 @@ from tests.scheduler.fake_worker import FakeWorker
 
 
 def build_mode(
-    kv: str, num_slots: int = 4096, rows: int = 80, max_context: int = 512, **options
+    kv: str, num_slots: int = 4096, rows: int = 80, max_context: int = 512,
+    host_slots: int = 0, **options
 ) -> tuple[Scheduler, FakeWorker]:
-    """`options` are ServerConfig fields (chunk_size, block_size, overlap, reserve, ...)."""
+    """`options` are ServerConfig fields (chunk_size, block_size, overlap, reserve, ...);
+    `host_slots` sizes the host tier the worker reports (`host_kv_gib` must be set too)."""
     cfg = ServerConfig(kv=kv, ipc_dir=tempfile.gettempdir(), **options)
     ready = WorkerReady(
         kv_slots=num_slots,
@@ -26,9 +28,10 @@ def build_mode(
         max_context=max_context,
         kv_bytes_per_token=0,
         device="cpu",
+        host_kv_slots=host_slots,
     )
     sched = build_scheduler(cfg, ready, max_context)
-    return sched, FakeWorker(num_slots, rows, max_context, sched.kv.page_size)
+    return sched, FakeWorker(num_slots, rows, max_context, sched.kv.page_size, host_slots)
 
 
 def grow(kv: KVManager, req: Req, n: int) -> np.ndarray:

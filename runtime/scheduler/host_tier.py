@@ -1,0 +1,168 @@
+"""`HostTier`: the host-memory KV tier under the radix cache (`--host-kv-gib`).
+
+The worker keeps a second KV pool in (pinned) host memory, laid out like the device pool;
+this is its scheduler-side bookkeeping. The host tier is a radix tree of its own over
+host slots: a prefix may be cached on the device, on the host, or on both.
+
+- A node the device tree evicts is written back first: its path is inserted here, and
+  the positions the host did not hold yet get host slots and a device-to-host copy order.
+  A host too full for it evicts its own least recently used leaves; a node that does
+  not fit even then is dropped, as without the tier.
+- A prompt prefix found here beyond the device's match is loaded back: fresh device
+  slots and a host-to-device copy order (`TokenKV` inserts them into the device tree).
+- A preempted request's blocks (`PagedKV`, `--preempt swap`) are swapped out to host
+  slots it holds outside the tree (`swap_out`) and loaded back when it is re-admitted.
+
+The copy orders travel in the next `BatchPlan`, write-backs before loads. The worker runs
+them before that step's forward, in order, on one copy stream that the forward waits
+for, so a device slot freed here can be handed out in the same step and a host slot
+reused by a later order never races an earlier one. Host slots a load reads stay
+locked (or, swapped, held) until the plan carrying the load is built (`take_orders`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from runtime.scheduler.radix_cache import RadixCache, TreeNode
+from runtime.scheduler.token_allocator import TokenAllocator
+
+_NONE = np.zeros(0, dtype=np.int32)
+
+
+@dataclass(frozen=True)
+class CopyOrders:
+    """Slot pairs to copy before a step's forward: write-backs (device -> host) first,
+    then loads (host -> device); each a pair of equal-length int32 arrays."""
+
+    writeback_dev: np.ndarray
+    writeback_host: np.ndarray
+    load_host: np.ndarray
+    load_dev: np.ndarray
+
+
+@dataclass(frozen=True)
+class HostStats:
+    """The host tier's occupancy (slots) and traffic so far."""
+
+    total: int  # host slots
+    used: int  # holding a cached prefix
+    hit_tokens: int  # prompt tokens loaded back from the host at admission
+    writeback_tokens: int  # tokens copied device -> host
+    load_tokens: int  # tokens copied host -> device
+    writeback_bytes: int
+    load_bytes: int
+
+
+class HostTier:
+    """Host slots 1..num_slots under a radix tree; collects the copy orders of a step.
+    `bytes_per_token` (the pool's, all layers) turns token counts into bytes in `stats`."""
+
+    def __init__(self, num_slots: int, bytes_per_token: int = 0) -> None:
+        self.bytes_per_token = bytes_per_token
+        self.allocator = TokenAllocator(num_slots)
+        self.cache = RadixCache(self.allocator)
+        self._writebacks: list[tuple[np.ndarray, np.ndarray]] = []  # (device, host)
+        self._loads: list[tuple[np.ndarray, np.ndarray]] = []  # (host, device)
+        self._pinned: list[TreeNode] = []  # host nodes locked until `take_orders`
+        self._unswapped: list[np.ndarray] = []  # swapped slots freed by `take_orders`
+        self.swapped = 0  # host slots held by swapped-out requests
+        self.hit_tokens = 0
+        self.writeback_tokens = 0
+        self.load_tokens = 0
+
+    # ------------------------------------------------------------------ device -> host
+    def write_back(self, key: np.ndarray, dev_slots: np.ndarray) -> None:
+        """Keep a copy of the KV of `key` (`dev_slots[i]` holds `key[i]`), which the device
+        tree is about to drop: order copies of the positions the host lacks."""
+        held, node = self.cache.match_prefix(key)
+        missing = len(key) - len(held)
+        if missing == 0:
+            return  # already on the host (a node loaded back earlier): now the freshest
+        self.cache.inc_lock(node)  # the prefix we extend must survive making room
+        if self.allocator.available < missing:
+            self.cache.evict(missing - self.allocator.available)
+        host = self.allocator.alloc(missing)
+        self.cache.dec_lock(node)
+        if host is None:
+            return  # larger than everything the host can free: not kept
+        self._writebacks.append((dev_slots[len(held):], host))
+        self.writeback_tokens += missing
+        dup = self.cache.insert(key, np.concatenate([held, host]))
+        assert dup == len(held), (dup, len(held))
+
+    # ------------------------------------------------------------------ host -> device
+    def match(self, key: np.ndarray, skip: int) -> np.ndarray:
+        """Host slots of `key[skip:n]`, where `key[:n]` is the longest prefix on the host
+        (empty if n <= skip). They stay locked until `take_orders`."""
+        held, node = self.cache.match_prefix(key)
+        if len(held) <= skip:
+            return _NONE
+        self.cache.inc_lock(node)
+        self._pinned.append(node)
+        return held[skip:]
+
+    def load(self, host_slots: np.ndarray, dev_slots: np.ndarray) -> None:
+        """Order a copy of `host_slots` into the fresh `dev_slots` (a prefix hit)."""
+        self._loads.append((host_slots, dev_slots))
+        self.hit_tokens += len(host_slots)
+        self.load_tokens += len(host_slots)
+
+    # ------------------------------------------------------------------ swapping
+    def swap_out(self, dev_slots: np.ndarray) -> np.ndarray | None:
+        """Host slots holding a copy of `dev_slots` (ordered now), held by the caller
+        until `release`; None if the host cannot make room (least recently used cached
+        prefixes are evicted for it)."""
+        n = len(dev_slots)
+        if self.allocator.available < n:
+            self.cache.evict(n - self.allocator.available)
+        host = self.allocator.alloc(n)
+        if host is None:
+            return None
+        self._writebacks.append((np.asarray(dev_slots, dtype=np.int32), host))
+        self.writeback_tokens += n
+        self.swapped += n
+        return host
+
+    def release(self, host_slots: np.ndarray) -> None:
+        """Give back swapped-out slots (after `load`ing what is needed of them): free once
+        the plan carrying this step's orders is built."""
+        self._unswapped.append(host_slots)
+
+    # ------------------------------------------------------------------ orders
+    def take_orders(self) -> CopyOrders | None:
+        """The copies ordered since the last call (None: none), for the next plan; the
+        host slots they read are no longer pinned."""
+        for node in self._pinned:
+            self.cache.dec_lock(node)
+        self._pinned.clear()
+        for slots in self._unswapped:
+            self.allocator.free(slots)
+            self.swapped -= len(slots)
+        self._unswapped.clear()
+        if not self._writebacks and not self._loads:
+            return None
+        wb, ld = self._writebacks, self._loads
+        self._writebacks, self._loads = [], []
+        return CopyOrders(*_cat(wb), *_cat(ld))
+
+    def stats(self) -> HostStats:
+        return HostStats(total=self.allocator.total,
+                         used=self.allocator.total - self.allocator.available,
+                         hit_tokens=self.hit_tokens, writeback_tokens=self.writeback_tokens,
+                         load_tokens=self.load_tokens,
+                         writeback_bytes=self.writeback_tokens * self.bytes_per_token,
+                         load_bytes=self.load_tokens * self.bytes_per_token)
+
+    def check_invariants(self) -> None:
+        """Every host slot is free, cached in the host tree or held swapped, never two."""
+        self.cache.check_invariants(self.swapped)
+
+
+def _cat(pairs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    if not pairs:
+        return _NONE, _NONE
+    return (np.concatenate([a for a, _ in pairs]).astype(np.int32),
+            np.concatenate([b for _, b in pairs]).astype(np.int32))
