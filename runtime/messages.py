@@ -2,7 +2,9 @@
 
 Channels (each a tagged union, decoded by `runtime.ipc`):
   api -> scheduler      `SchedulerInput`  = GenerateReq | AbortReq | FinishReq | GetStats | Shutdown
+                                            | FlushCache
   scheduler -> api      `ApiInput`        = BatchOut | SchedulerStats | ProcessDied | Limits
+                                            | CacheFlushed
   scheduler -> worker   `WorkerInput`     = BatchPlan | RegexCacheUpdate | Shutdown
   worker -> scheduler   `WorkerOutput`    = StepResult | WorkerReady | WorkerFailed
                                             | RegexCompiled
@@ -162,6 +164,13 @@ class GetStats(msgspec.Struct, **_WIRE):
     token: int = 0
 
 
+class FlushCache(msgspec.Struct, **_WIRE):
+    """Drop every cached prefix that no request holds (answered with `CacheFlushed`).
+    Refused while requests wait or run; done once the batches in flight completed."""
+
+    token: int = 0
+
+
 # ---------------------------------------------------------------- scheduler -> api
 class ReqOut(msgspec.Struct, **_WIRE):
     """New tokens of one request since its last ReqOut; `finish_reason` set on the last.
@@ -204,6 +213,15 @@ class SchedulerStats(msgspec.Struct, **_WIRE):
     invariant_error: str | None = None
     kv_held: int = 0  # of kv_used, slots holding live tokens (less when KV is reserved ahead)
     degraded: bool = False  # degraded mode: max_tokens and batch size capped
+
+
+class CacheFlushed(msgspec.Struct, **_WIRE):
+    """Reply to FlushCache: whether the prefix cache was flushed, and what happened."""
+
+    token: int
+    ok: bool
+    message: str = ""
+    freed_tokens: int = 0  # cached token slots given back to the pool
 
 
 class Limits(msgspec.Struct, **_WIRE):
@@ -352,6 +370,8 @@ class RequestOutput(msgspec.Struct, kw_only=True, **_WIRE):
     cached_tokens: int = 0
     input_logprobs: list[float] = []
     input_token_ids: list[int] = []
+    # on a STOP finish: the stop token id (EOS included) or the stop string that ended it
+    matched_stop: int | str | None = None
 
     @property
     def finished(self) -> bool:
@@ -370,7 +390,8 @@ class RequestOutput(msgspec.Struct, kw_only=True, **_WIRE):
                    finish_reason=last.finish_reason, prompt_tokens=last.prompt_tokens,
                    completion_tokens=last.completion_tokens, cached_tokens=last.cached_tokens,
                    input_logprobs=[x for p in pieces for x in p.input_logprobs],
-                   input_token_ids=[t for p in pieces for t in p.input_token_ids])
+                   input_token_ids=[t for p in pieces for t in p.input_token_ids],
+                   matched_stop=last.matched_stop)
 
 
 class RpcBatch(msgspec.Struct, **_WIRE):
@@ -414,8 +435,8 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     chat_roles: dict[str, RoleMarkers] = {}  # "system" | "user" | "assistant"; {}: no template
 
 
-SchedulerInput = GenerateReq | AbortReq | FinishReq | GetStats | Shutdown
-ApiInput = BatchOut | SchedulerStats | ProcessDied | Limits
+SchedulerInput = GenerateReq | AbortReq | FinishReq | GetStats | Shutdown | FlushCache
+ApiInput = BatchOut | SchedulerStats | ProcessDied | Limits | CacheFlushed
 WorkerInput = BatchPlan | RegexCacheUpdate | Shutdown
 WorkerOutput = StepResult | WorkerReady | WorkerFailed | RegexCompiled
 RpcInput = RpcGenerate | RpcAbort | RpcGetModelInfo

@@ -158,6 +158,11 @@ class KVManager(ABC, Generic[Table]):
             prefix_hit_tokens=self.prefix_hit_tokens,
         )
 
+    def flush_cache(self) -> int:
+        """Drop every cached prefix no request holds; return the slots freed (layouts
+        without a prefix cache have none)."""
+        return 0
+
     def check_invariants(self, live: list[Req]) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent (`live` hold KV)."""
         assert {r.rid for r in live} == set(self.tables), "KV tables and live requests differ"
