@@ -128,7 +128,8 @@ class _Endpoints:
         return await self._serve(request, TokenizeRequest, self.sglang.tokenize)
 
     async def server_info(self, request: Request) -> Response:
-        return await self._answer(self.sglang.server_info())
+        await self.monitor.refresh(STATS_TIMEOUT_S)
+        return await self._answer(self.sglang.server_info(self.monitor.health.latest))
 
     async def flush_cache(self, request: Request) -> Response:
         return await self._answer(self.sglang.flush_cache())

@@ -7,7 +7,7 @@
 - `/get_model_info`, `/model_info`: Sluice's `ModelInfo` plus SGLang's keys (`model_path`
   is the served model's name, as `/v1/models` lists it).
 - `/server_info`, `/get_server_info`: the server's configuration (without the API key),
-  SGLang's names for the limits, and the scheduler's stats as `internal_states`.
+  SGLang's names for the limits, and the scheduler's latest stats as `internal_states`.
 - `/flush_cache`: drops every cached prefix no request holds; refused (400) while
   requests wait or run, as SGLang refuses.
 - `/health_generate`: generates one token end to end (503 if none comes in time).
@@ -36,11 +36,10 @@ from runtime.api.sglang_request import SglRequest
 from runtime.api.streams import EventStream, Guard, MergedStreams, collect, start_streams
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ServerConfig
-from runtime.messages import SamplingParams
+from runtime.messages import SamplingParams, SchedulerStats
 
 log = logging.getLogger(__name__)
 HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang's health-check timeout
-STATS_TIMEOUT_S = 5.0  # /server_info waits this long for the scheduler's stats
 
 
 class AbortRequest(msgspec.Struct, kw_only=True):
@@ -132,9 +131,9 @@ class SglangServing:
                 "model_type": getattr(hf, "model_type", None),
                 "architectures": getattr(hf, "architectures", None)}
 
-    async def server_info(self) -> dict[str, Any]:
-        """The configuration, the limits under SGLang's names, the scheduler's stats."""
-        stats = await asyncio.wait_for(self.tm.scheduler_stats(), STATS_TIMEOUT_S)
+    async def server_info(self, stats: SchedulerStats | None) -> dict[str, Any]:
+        """The configuration, the limits under SGLang's names, and the scheduler's latest
+        `stats` (if any) as `internal_states`."""
         limits = await self.tm.wait_limits(self.cfg.ready_timeout)
         config = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "api_key"}
         return {**msgspec.to_builtins(config),
@@ -142,7 +141,7 @@ class SglangServing:
                 "tp_size": self.cfg.tp, "context_length": limits.max_context,
                 "max_running_requests": limits.max_running,
                 "max_total_num_tokens": limits.kv_slots,
-                "internal_states": [msgspec.to_builtins(stats)],
+                "internal_states": [] if stats is None else [msgspec.to_builtins(stats)],
                 "version": version("sluice"), "frontend": "sluice"}
 
     # ------------------------------------------------------------ control

@@ -158,8 +158,8 @@ BAD = [
     ("/v1/completions", {"model": MODEL, "prompt": "hi", "top_p": 0}, 400, "top_p"),
     ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "logprobs": True,
                               "top_logprobs": 2}, 400, "top_logprobs"),
-    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 3}}, 400,
-     "max_new_tokens"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokenz": 3}}, 400,
+     "max_new_tokenz"),
     ("/generate", {"sampling_params": {}}, 400, "exactly one"),
 ]
 
