@@ -28,6 +28,7 @@ from importlib.metadata import version
 from typing import Any
 
 import msgspec
+import msgspec.structs
 
 from runtime.api.openai_protocol import ApiError, api_error
 from runtime.api.openai_serving import DONE, sse
@@ -141,7 +142,7 @@ class SglangServing:
                 "tp_size": self.cfg.tp, "context_length": limits.max_context,
                 "max_running_requests": limits.max_running,
                 "max_total_num_tokens": limits.kv_slots,
-                "internal_states": [] if stats is None else [msgspec.to_builtins(stats)],
+                "internal_states": [] if stats is None else [msgspec.structs.asdict(stats)],
                 "version": version("sluice"), "frontend": "sluice"}
 
     # ------------------------------------------------------------ control

@@ -70,6 +70,8 @@ def test_gen_with_stop_and_streaming_agree(backend):
     assert state.get_meta_info("answer")["finish_reason"]["type"] in ("stop", "length")
     streamed = qa.run(question="Name a colour.", stream=True)
     assert "".join(streamed.text_iter("answer")) == answer
+    backend.flush_cache()  # right after a request: done once its last batch completed
+    assert backend.get_server_info()["internal_states"][0]["kv_cached"] == 0
 
 
 def test_select_and_regex(backend):
