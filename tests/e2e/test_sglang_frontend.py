@@ -1,90 +1,64 @@
 """SGLang's own frontend (`import sglang as sgl`, `sgl.RuntimeEndpoint`) against `sluice
 serve` (SmolLM2 on the CPU): gen with stop, select, fork, regex, run_batch, streaming,
-and the endpoints the frontend calls besides `/generate`.
+and the endpoints the frontend calls besides `/generate` (`tests/e2e/sglang_program.py`,
+in a process of its own).
 
-Needs the `sglang` package (CI installs it without its GPU dependencies: see `.ci/run`
-and the README's "Using SGLang's tools with Sluice"); skipped when it is missing.
+Needs the `sglang` package (`make test` installs it without its GPU dependencies: see
+the README's "Using SGLang's tools with Sluice"); skipped when it is missing.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
+import subprocess
+import sys
 
 import pytest
 
 from tests.e2e.server import ServerProcess
 
-sgl = pytest.importorskip("sglang", reason="the sglang package is not installed "
-                                           "(see the README: Using SGLang's tools with Sluice)")
-
-YEAR = r"\d{4}"
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("sglang") is None,
+    reason="the sglang package is not installed (see the README: Using SGLang's tools "
+           "with Sluice)")
+PROGRAM_TIMEOUT_S = 600  # a bound on the programs, never a timing assertion
 
 
 @pytest.fixture(scope="module")
-def backend():
+def ran():
+    """What the programs produced against one server."""
     srv = ServerProcess()
     try:
-        # SmolLM2 speaks ChatML; SGLang does not guess that from the name "smollm2"
-        endpoint = sgl.RuntimeEndpoint(srv.http_url, chat_template_name="chatml")
-        sgl.set_default_backend(endpoint)
-        yield endpoint
+        proc = subprocess.run([sys.executable, "-m", "tests.e2e.sglang_program", srv.http_url],
+                              capture_output=True, text=True, timeout=PROGRAM_TIMEOUT_S)
     finally:
         srv.stop()
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@sgl.function
-def qa(s, question):
-    s += sgl.user(question)
-    s += sgl.assistant(sgl.gen("answer", max_tokens=8, stop="\n", temperature=0))
-
-
-@sgl.function
-def profile(s, name):
-    s += sgl.user(f"Who is {name}?")
-    s += sgl.assistant("A " + sgl.select("kind", choices=["person", "place", "thing"])
-                       + ". Born in " + sgl.gen("year", max_tokens=8, regex=YEAR))
-
-
-@sgl.function
-def two_tips(s, topic):
-    s += f"Two tips about {topic}:\n"
-    forks = s.fork(2)
-    for i, f in enumerate(forks):
-        f += f"{i + 1}. " + sgl.gen("tip", max_tokens=4, stop="\n", temperature=0)
-    forks.join()
-    s += "Tip 1: " + forks[0]["tip"]
-
-
-def test_model_info_names_the_model(backend):
-    assert backend.get_model_name() == "smollm2"
-    info = backend.get_server_info()
+def test_endpoint_reads_model_and_server_info(ran):
+    assert ran["model_name"] == "smollm2"
+    info = ran["server_info"]
     assert info["model_path"] == "smollm2" and len(info["internal_states"]) == 1
-    backend.flush_cache()  # the server is idle: a 200
+    assert info["internal_states"][0]["kv_cached"] == 0  # flushed after the requests
 
 
-def test_gen_with_stop_and_streaming_agree(backend):
-    state = qa.run(question="Name a colour.")
-    assert state.error() is None
-    answer = state["answer"]
-    assert answer and "\n" not in answer
-    assert state.get_meta_info("answer")["finish_reason"]["type"] in ("stop", "length")
-    streamed = qa.run(question="Name a colour.", stream=True)
-    assert "".join(streamed.text_iter("answer")) == answer
-    backend.flush_cache()  # right after a request: done once its last batch completed
-    assert backend.get_server_info()["internal_states"][0]["kv_cached"] == 0
+def test_gen_with_stop_and_streaming_agree(ran):
+    assert ran["answer"] and "\n" not in ran["answer"]
+    assert ran["streamed"] == ran["answer"]
+    assert ran["answer_finish"]["type"] in ("stop", "length")
 
 
-def test_select_and_regex(backend):
-    state = profile.run(name="Ada Lovelace")
-    assert state.error() is None
-    assert state["kind"] in ("person", "place", "thing")
-    assert re.fullmatch(YEAR, state["year"]), state["year"]
+def test_select_and_regex(ran):
+    assert ran["kind"] in ("person", "place", "thing")
+    assert re.fullmatch(r"\d{4}", ran["year"]), ran["year"]
 
 
-def test_fork_and_run_batch(backend):
-    states = two_tips.run_batch([{"topic": "sleep"}, {"topic": "tea"}], num_threads=2)
-    for state in states:
-        assert state.error() is None
-        assert state.text().startswith("Two tips about")
-        assert "Tip 1: " in state.text()
-        assert all("\n" not in tip for tip in state["tip"])
+def test_fork_and_run_batch(ran):
+    assert not ran["errors"]
+    for text, tips in zip(ran["tip_texts"], ran["tips"], strict=True):
+        assert text.startswith("Two tips about") and "Tip 1: " in text
+        assert len(tips) == 2 and all("\n" not in tip for tip in tips)
