@@ -2,7 +2,9 @@
 
 Channels (each a tagged union, decoded by `runtime.ipc`):
   api -> scheduler      `SchedulerInput`  = GenerateReq | AbortReq | FinishReq | GetStats | Shutdown
+                                            | FlushCache
   scheduler -> api      `ApiInput`        = BatchOut | SchedulerStats | ProcessDied | Limits
+                                            | CacheFlushed
   scheduler -> worker   `WorkerInput`     = BatchPlan | GrammarCacheUpdate | Shutdown
   worker -> scheduler   `WorkerOutput`    = StepResult | WorkerReady | WorkerFailed
                                             | GrammarCompiled
@@ -190,6 +192,13 @@ class GetStats(msgspec.Struct, **_WIRE):
     token: int = 0
 
 
+class FlushCache(msgspec.Struct, **_WIRE):
+    """Drop every cached prefix that no request holds (answered with `CacheFlushed`).
+    Refused while requests wait or run; done once the batches in flight completed."""
+
+    token: int = 0
+
+
 # ---------------------------------------------------------------- scheduler -> api
 class ReqOut(msgspec.Struct, **_WIRE):
     """New tokens of one request since its last ReqOut; `finish_reason` set on the last.
@@ -248,6 +257,15 @@ class SchedulerStats(msgspec.Struct, **_WIRE):
     writeback_seconds: float = 0.0
     load_seconds: float = 0.0
     num_swaps: int = 0  # of num_retractions, requests whose KV went to the host tier
+
+
+class CacheFlushed(msgspec.Struct, **_WIRE):
+    """Reply to FlushCache: whether the prefix cache was flushed, and what happened."""
+
+    token: int
+    ok: bool
+    message: str = ""
+    freed_tokens: int = 0  # cached token slots given back to the pool
 
 
 class Limits(msgspec.Struct, **_WIRE):
@@ -430,6 +448,8 @@ class RequestOutput(msgspec.Struct, kw_only=True, **_WIRE):
     top_logprobs: list[float] = []
     input_top_ids: list[int] = []
     input_top_logprobs: list[float] = []
+    # on a STOP finish: the stop token id (EOS included) or the stop string that ended it
+    matched_stop: int | str | None = None
 
     @property
     def finished(self) -> bool:
@@ -460,7 +480,8 @@ class RequestOutput(msgspec.Struct, kw_only=True, **_WIRE):
                    top_ids=[t for p in pieces for t in p.top_ids],
                    top_logprobs=[x for p in pieces for x in p.top_logprobs],
                    input_top_ids=[t for p in pieces for t in p.input_top_ids],
-                   input_top_logprobs=[x for p in pieces for x in p.input_top_logprobs])
+                   input_top_logprobs=[x for p in pieces for x in p.input_top_logprobs],
+                   matched_stop=last.matched_stop)
 
 
 class RpcBatch(msgspec.Struct, **_WIRE):
@@ -507,8 +528,8 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     kv_dtype: str = ""  # the KV storage: fp8, int8, or the model's dtype (bfloat16, ...)
 
 
-SchedulerInput = GenerateReq | AbortReq | FinishReq | GetStats | Shutdown
-ApiInput = BatchOut | SchedulerStats | ProcessDied | Limits
+SchedulerInput = GenerateReq | AbortReq | FinishReq | GetStats | Shutdown | FlushCache
+ApiInput = BatchOut | SchedulerStats | ProcessDied | Limits | CacheFlushed
 WorkerInput = BatchPlan | GrammarCacheUpdate | Shutdown
 WorkerOutput = StepResult | WorkerReady | WorkerFailed | GrammarCompiled
 RpcInput = RpcGenerate | RpcAbort | RpcGetModelInfo

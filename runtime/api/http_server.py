@@ -1,5 +1,5 @@
-"""The HTTP front: an OpenAI-compatible API, `/generate`, `/get_model_info`, `/metrics`
-and `/health`.
+"""The HTTP front: an OpenAI-compatible API, `/generate` (Sluice's and SGLang's form),
+SGLang's other native endpoints (`sglang_serving`), `/metrics` and `/health`.
 
 `build_app` makes the Starlette app over a running TokenizerManager and Monitor (tests
 use it directly); `HttpServer` serves that app with uvicorn on the api process's loop, as
@@ -34,7 +34,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -43,7 +43,7 @@ from runtime.api.http_conn import GuardedH11Protocol, raise_fd_limit
 from runtime.api.http_guard import HttpGuard
 from runtime.api.metrics import CONTENT_TYPE
 from runtime.api.monitor import Monitor
-from runtime.api.native_api import GenerateRequest, NativeServing
+from runtime.api.native_api import NativeServing
 from runtime.api.openai_protocol import (
     ApiError,
     ChatCompletionRequest,
@@ -53,6 +53,7 @@ from runtime.api.openai_protocol import (
 )
 from runtime.api.openai_serving import OpenAIServing
 from runtime.api.request_body import read_body
+from runtime.api.sglang_serving import AbortRequest, SglangServing, TokenizeRequest
 from runtime.api.streams import EventStream
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ServerConfig
@@ -76,8 +77,16 @@ def build_app(tm: TokenizerManager, cfg: ServerConfig, monitor: Monitor) -> Star
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/models/{model:path}", api.model, methods=["GET"]),
-        Route("/generate", api.generate, methods=["POST"]),
+        Route("/generate", api.generate, methods=["POST", "PUT"]),
         Route("/get_model_info", api.model_info, methods=["GET"]),
+        Route("/model_info", api.model_info, methods=["GET"]),
+        Route("/server_info", api.server_info, methods=["GET"]),
+        Route("/get_server_info", api.server_info, methods=["GET"]),
+        Route("/flush_cache", api.flush_cache, methods=["GET", "POST"]),
+        Route("/health_generate", api.health_generate, methods=["GET"]),
+        Route("/abort_request", api.abort_request, methods=["POST"]),
+        Route("/encode", api.tokenize, methods=["POST", "PUT"]),
+        Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/metrics", api.metrics, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
     ]
@@ -100,7 +109,8 @@ class _Endpoints:
         self.monitor = monitor
         self.created = int(time.time())
         self.openai = OpenAIServing(tm, (cfg.model,))
-        self.native = NativeServing(tm)
+        self.sglang = SglangServing(tm, cfg)
+        self.native = NativeServing(tm, self.sglang)
 
     async def completions(self, request: Request) -> Response:
         return await self._serve(request, CompletionRequest, self.openai.completions)
@@ -109,7 +119,23 @@ class _Endpoints:
         return await self._serve(request, ChatCompletionRequest, self.openai.chat)
 
     async def generate(self, request: Request) -> Response:
-        return await self._serve(request, GenerateRequest, self.native.generate)
+        return await self._serve(request, dict[str, Any], self.native.generate)
+
+    async def abort_request(self, request: Request) -> Response:
+        return await self._serve(request, AbortRequest, self.sglang.abort_request)
+
+    async def tokenize(self, request: Request) -> Response:
+        return await self._serve(request, TokenizeRequest, self.sglang.tokenize)
+
+    async def server_info(self, request: Request) -> Response:
+        await self.monitor.refresh(STATS_TIMEOUT_S)
+        return await self._answer(self.sglang.server_info(self.monitor.health.latest))
+
+    async def flush_cache(self, request: Request) -> Response:
+        return await self._answer(self.sglang.flush_cache())
+
+    async def health_generate(self, request: Request) -> Response:
+        return await self._answer(self.sglang.health_generate())
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [self._model_card()]})
@@ -122,8 +148,9 @@ class _Endpoints:
         return JSONResponse(self._model_card())
 
     async def model_info(self, request: Request) -> Response:
-        """The model's name, context length and chat role markers (`ModelInfo`)."""
-        return Response(msgspec.json.encode(self.tm.model_info()), media_type="application/json")
+        """The model's name, context length and chat role markers (`ModelInfo`), and
+        SGLang's `/model_info` keys."""
+        return JSONResponse(self.sglang.model_info())
 
     async def metrics(self, request: Request) -> Response:
         await self.monitor.refresh(STATS_TIMEOUT_S)
@@ -137,7 +164,8 @@ class _Endpoints:
 
     def _model_card(self) -> dict[str, Any]:
         return {"id": self.cfg.model, "object": "model", "created": self.created,
-                "owned_by": "sluice", "max_model_len": self.tm.context_len}
+                "owned_by": "sluice", "root": self.cfg.model,
+                "max_model_len": self.tm.context_len}
 
     async def _serve(self, request: Request, typ: type,
                      handler: Callable[[Any, Any], Awaitable[Any]]) -> Response:
@@ -151,6 +179,20 @@ class _Endpoints:
             return self._error(e)
         if isinstance(result, EventStream):
             return _SseResponse(result)
+        if result is None:
+            return Response(status_code=200)
+        return Response(msgspec.json.encode(result), media_type="application/json")
+
+    async def _answer(self, work: Awaitable[Any]) -> Response:
+        """Await a body-less endpoint's result: JSON, text, an empty 200, or an error."""
+        try:
+            result = await work
+        except Exception as e:
+            return self._error(e)
+        if result is None:
+            return Response(status_code=200)
+        if isinstance(result, str):
+            return PlainTextResponse(result)
         return Response(msgspec.json.encode(result), media_type="application/json")
 
     def _error(self, exc: Exception) -> Response:

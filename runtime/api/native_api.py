@@ -1,4 +1,11 @@
-"""`POST /generate`: Sluice's native endpoint (text or token ids in, JSON or SSE out).
+"""`POST /generate`: Sluice's native endpoint and SGLang's (text or token ids in, JSON or
+SSE out).
+
+A body in SGLang's form, one that uses any name or shape only SGLang's protocol has
+(`max_new_tokens`, `n`, `return_text_in_logprobs`, `model`, a batch, ...: see
+`sglang_request`), is served as SGLang serves it (`sglang_serving`): `text`,
+`output_ids` and `meta_info`, cumulative when streamed. Any other body is Sluice's own
+form, below.
 
 Request: `{"text": str} | {"input_ids": [int]}`, `"sampling_params": {...}` (the fields of
 `SamplingParams`, unknown names rejected: `regex` constrains the output), `"stream"`, and
@@ -28,6 +35,8 @@ import msgspec
 from runtime.api.openai_protocol import ApiError, api_error
 from runtime.api.openai_serving import DONE, sse
 from runtime.api.rid import loggable
+from runtime.api.sglang_request import is_sglang_form, parse_sglang
+from runtime.api.sglang_serving import SglangServing
 from runtime.api.streams import EventStream, Guard, MergedStreams, collect, start_streams
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.messages import RequestOutput, SamplingParams
@@ -37,6 +46,8 @@ _PARAM_NAMES = frozenset(SamplingParams.__struct_fields__)
 
 
 class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Sluice's own `/generate` body (its fields are `sglang_request.SLUICE_FIELDS`)."""
+
     text: str | None = None
     input_ids: list[int] | None = None
     sampling_params: dict[str, Any] = {}
@@ -69,13 +80,24 @@ def to_params(req: GenerateRequest) -> SamplingParams:
 
 
 class NativeServing:
-    """Serves `/generate` over the TokenizerManager."""
+    """Serves `/generate` over the TokenizerManager, in either form."""
 
-    def __init__(self, tm: TokenizerManager) -> None:
+    def __init__(self, tm: TokenizerManager, sglang: SglangServing) -> None:
         self.tm = tm
+        self.sglang = sglang
 
-    async def generate(self, req: GenerateRequest,
-                       guard: Guard) -> dict[str, Any] | EventStream:
+    async def generate(self, body: dict[str, Any], guard: Guard) -> Any:
+        """The reply to a `/generate` body (a JSON object), in the body's form."""
+        if is_sglang_form(body):
+            return await self.sglang.generate(parse_sglang(body), guard)
+        try:
+            req = msgspec.convert(body, GenerateRequest)
+        except msgspec.ValidationError as e:
+            raise ApiError(400, f"invalid request: {e}") from None
+        return await self._generate(req, guard)
+
+    async def _generate(self, req: GenerateRequest,
+                        guard: Guard) -> dict[str, Any] | EventStream:
         if (req.text is None) == (req.input_ids is None):
             raise ApiError(400, "give exactly one of `text` and `input_ids`")
         prompt = req.text if req.text is not None else req.input_ids

@@ -38,6 +38,7 @@ class ReqState:
         self._prompt_ids = prompt_ids or []
         self._next_scored = min(max(logprob_start_len, 1), len(self._prompt_ids))
         self.finish_reason: FinishReason | None = None
+        self.matched_stop: int | str | None = None  # see RequestOutput.matched_stop
         self.error: BaseException | None = None
         self.prompt_tokens = 0
         self.cached_tokens = 0
@@ -93,6 +94,9 @@ class ReqState:
             self.finish_reason = FinishReason.STOP
         elif out.finish_reason is not None:
             text += self._finish(out.finish_reason)
+        if self.finish_reason == FinishReason.STOP:  # a stop string, else the stop token
+            stop_str = self.detok.stop_str if self.detok is not None else None
+            self.matched_stop = stop_str if stop_str is not None else (ids[-1] if ids else None)
         if self.error is None and (text or ids or out.input_logprobs or self.finish_reason):
             piece = self._piece(text, ids, logprobs, out.input_logprobs, input_ids)
             piece.top_ids, piece.top_logprobs = top
@@ -134,7 +138,8 @@ class ReqState:
                              completion_tokens=self.completion_tokens,
                              cached_tokens=self.cached_tokens,
                              input_logprobs=input_logprobs or [],
-                             input_token_ids=input_ids or [])
+                             input_token_ids=input_ids or [],
+                             matched_stop=self.matched_stop)
 
     def _wake(self) -> None:
         if not self.ready:

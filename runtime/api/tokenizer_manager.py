@@ -40,7 +40,9 @@ from runtime.messages import (
     AbortReq,
     ApiInput,
     BatchOut,
+    CacheFlushed,
     FinishReason,
+    FlushCache,
     GenerateReq,
     GetStats,
     InvalidRequest,
@@ -89,8 +91,8 @@ class TokenizerManager:
         self._sched: AsyncPushQueue[SchedulerInput] | None = None
         self._api_in: AsyncPullQueue[ApiInput] | None = None
         self._recv_task: asyncio.Task | None = None
-        self._stats_waiters: dict[int, asyncio.Future] = {}
-        self._stats_token = 0
+        self._waiters: dict[int, asyncio.Future] = {}  # scheduler replies, by token
+        self._token = 0
         self.timings = RequestTimings()  # per-request timings; listeners get each record
         self._model_info: ModelInfo | None = None
         self.limits: Limits | None = None  # the scheduler's, after every cap (see Limits)
@@ -254,16 +256,24 @@ class TokenizerManager:
 
     async def scheduler_stats(self) -> SchedulerStats:
         """Ask the scheduler for a snapshot of its queues and KV pool."""
+        return await self._ask(GetStats)
+
+    async def flush_cache(self) -> CacheFlushed:
+        """Have the scheduler drop every cached prefix (refused while requests run)."""
+        return await self._ask(FlushCache)
+
+    async def _ask(self, request: type[GetStats | FlushCache]) -> SchedulerStats | CacheFlushed:
+        """Send the scheduler `request(token)`; return its reply carrying that token."""
         self._check_alive()
-        self._stats_token += 1
-        token = self._stats_token
+        self._token += 1
+        token = self._token
         fut = asyncio.get_running_loop().create_future()
-        self._stats_waiters[token] = fut
+        self._waiters[token] = fut
         try:
-            self._sched.put(GetStats(token))
+            self._sched.put(request(token))
             return await fut
         finally:
-            self._stats_waiters.pop(token, None)
+            self._waiters.pop(token, None)
 
     def abort(self, rid: str) -> None:
         """Stop a request: the scheduler frees it; its output ends with finish reason ABORT."""
@@ -274,6 +284,11 @@ class TokenizerManager:
             self._sched.put(AbortReq(state.key))
             state.scheduler_done = True
         state.abort()
+
+    def abort_all(self) -> None:
+        """`abort` every request in flight."""
+        for rid in list(self._by_rid):
+            self.abort(rid)
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests; give those in flight up to `grace` seconds to end, then
@@ -346,8 +361,8 @@ class TokenizerManager:
                 self.limits = msg
                 self._model_info = None
                 self._limits_event.set()
-            elif isinstance(msg, SchedulerStats):
-                fut = self._stats_waiters.get(msg.token)
+            elif isinstance(msg, (SchedulerStats, CacheFlushed)):
+                fut = self._waiters.get(msg.token)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
 
@@ -364,6 +379,6 @@ class TokenizerManager:
         self._dead_event.set()
         for state in self._reqs.values():
             state.fail(self._dead)
-        for fut in self._stats_waiters.values():
+        for fut in self._waiters.values():
             if not fut.done():
                 fut.set_exception(self._dead)

@@ -182,6 +182,17 @@ class BlockPool:
                 block.block_hash = block_hash
                 self._cached[block_hash] = block
 
+    def uncache_free_blocks(self) -> int:
+        """Forget the hashes of the free blocks (held ones keep theirs); return how many
+        blocks stopped caching."""
+        dropped = 0
+        for block in self.free_queue:
+            if block.block_hash is not None:
+                del self._cached[block.block_hash]
+                block.block_hash = None
+                dropped += 1
+        return dropped
+
     # ------------------------------------------------------------------ alloc / free
     def allocate(self, n: int) -> list[Block] | None:
         """`n` blocks with one reference each, least recently freed first, or None (nothing

@@ -175,6 +175,11 @@ class KVManager(ABC, Generic[Table]):
         the next step to run before its forward; None: none (or no host tier)."""
         return self.host.take_orders() if self.host is not None else None
 
+    def flush_cache(self) -> int:
+        """Drop every cached prefix no request holds; return the slots freed (layouts
+        without a prefix cache have none)."""
+        return 0
+
     def check_invariants(self, live: list[Req]) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent (`live` hold KV)."""
         assert {r.rid for r in live} == set(self.tables), "KV tables and live requests differ"

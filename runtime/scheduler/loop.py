@@ -20,7 +20,9 @@ from runtime.kv_mode import KVMode
 from runtime.messages import (
     AbortReq,
     BatchOut,
+    CacheFlushed,
     FinishReq,
+    FlushCache,
     GenerateReq,
     GetStats,
     GrammarCompiled,
@@ -147,6 +149,7 @@ def run_scheduler(cfg: ServerConfig) -> None:
     poller = zmq.Poller()
     poller.register(inbox.sock, zmq.POLLIN)
     poller.register(results.sock, zmq.POLLIN)
+    flushes: list[FlushCache] = []  # refused while busy, else done once no batch is in flight
     while True:
         for msg in inbox.drain():
             if isinstance(msg, GenerateReq):
@@ -157,6 +160,8 @@ def run_scheduler(cfg: ServerConfig) -> None:
                 sched.finish(msg.rid)
             elif isinstance(msg, GetStats):
                 to_api.put(stats(sched, msg.token))
+            elif isinstance(msg, FlushCache):
+                flushes.append(msg)
             elif isinstance(msg, Shutdown):
                 to_workers.put(Shutdown())
                 return
@@ -171,6 +176,10 @@ def run_scheduler(cfg: ServerConfig) -> None:
             to_workers.put(update)
         if outs := sched.take_outputs():
             to_api.put(BatchOut(outs))
+        if flushes and (sched.has_work or not sched.in_flight):
+            for msg in flushes:
+                to_api.put(CacheFlushed(msg.token, *sched.flush_cache()))
+            flushes.clear()
         # block until a result or a request arrives; no busy polling
         events = dict(poller.poll())
         if results.sock in events:

@@ -156,6 +156,9 @@ class PagedKV(KVManager[BlockTable]):
         self.pool.cache_full_blocks(table.blocks, table.hashes[:full], table.num_registered)
         table.num_registered = full
 
+    def flush_cache(self) -> int:
+        return self.pool.uncache_free_blocks() * self.block_size
+
     def _available(self) -> int:
         """Slots of the free blocks, cached ones included (allocation evicts them)."""
         return self.pool.num_free_blocks * self.block_size

@@ -117,6 +117,17 @@ class Scheduler:
         self._emit(req)
         self._finish_running(req)
 
+    def flush_cache(self) -> tuple[bool, str, int]:
+        """Drop every cached prefix, unless requests wait or run (as SGLang refuses):
+        `(ok, message, slots freed)`. Flushing needs no batch in flight, so that finished
+        requests have given their KV back to the cache first."""
+        if self.has_work or self.grammars.held:
+            return False, (f"not flushed: {len(self.running)} requests running and "
+                           f"{self.num_waiting} waiting"), 0
+        assert not self.in_flight, "flush the cache only between batches"
+        freed = self.kv.flush_cache()
+        return True, f"flushed {freed} cached tokens", freed
+
     # ------------------------------------------------------------------ grammars
     def take_grammar_update(self) -> GrammarCacheUpdate | None:
         """What every worker must compile or evict now (None: nothing); send it before

@@ -97,6 +97,9 @@ class TokenKV(KVManager[TreeNode]):
             self.allocator.free(req.slots[req.cached_len : req.kv_len])
         self.cache.dec_lock(node)
 
+    def flush_cache(self) -> int:
+        return self.cache.evict(self.cache.evictable_size)
+
     def _available(self) -> int:
         return self.allocator.available + self.cache.evictable_size
 

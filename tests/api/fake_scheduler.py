@@ -14,8 +14,10 @@ from runtime.messages import (
     AbortReq,
     ApiInput,
     BatchOut,
+    CacheFlushed,
     FinishReason,
     FinishReq,
+    FlushCache,
     GenerateReq,
     Limits,
     ReqOut,
@@ -30,7 +32,8 @@ class FakeScheduler:
     `script(req)` returns, `per_msg` ids per BatchOut, one BatchOut per step.
 
     It ends a request with STOP at a stop id, LENGTH at max_tokens, and STOP when the
-    script runs out; it drops one silently on `FinishReq`; `stall=True` accepts requests
+    script runs out; it drops one silently on `FinishReq`; it answers `FlushCache` (refused
+    while requests are active); `stall=True` accepts requests
     but never answers. Everything received is kept in `received`. First it sends
     `limits`, as the real one does at start-up (default: the model's context, capped by
     `cfg.kv_slots` if set).
@@ -88,6 +91,8 @@ class FakeScheduler:
                     outbox.put(BatchOut([ReqOut(msg.rid, finish_reason=msg.reason)]))
                 elif isinstance(msg, FinishReq):
                     active.pop(msg.rid, None)
+                elif isinstance(msg, FlushCache):  # refused while requests run, as the real one
+                    outbox.put(CacheFlushed(msg.token, not active, f"{len(active)} running"))
                 elif isinstance(msg, Shutdown):
                     self._stop.set()
             if not self.stall and active:

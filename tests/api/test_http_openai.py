@@ -251,8 +251,8 @@ BAD = [
      400, "invalid json_schema"),
     ("/v1/chat/completions", {"model": MODEL, "messages": CHAT,
                               "response_format": {"type": "xml"}}, 400, "response_format"),
-    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 3}}, 400,
-     "max_new_tokens"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokenz": 3}}, 400,
+     "max_new_tokenz"),
     ("/generate", {"sampling_params": {}}, 400, "exactly one"),
 ]
 
