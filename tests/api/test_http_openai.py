@@ -222,6 +222,16 @@ def test_native_generate_text_ids_and_stream(server, tok):
     for tok_id, lp, alts in zip(top["output_ids"], top["logprobs"], top["top_logprobs"]):
         assert len(alts) == 3 and alts[0] == [tok_id, pytest.approx(lp)]
 
+    # SGLang's form: alternatives as [logprob, id, text] per token in meta_info
+    sgl = httpx.post(url, json={"text": PROMPT, "return_logprob": True, "top_logprobs_num": 2,
+                                "sampling_params": {"max_new_tokens": 4, "temperature": 0}},
+                     timeout=60).json()
+    meta = sgl["meta_info"]
+    assert len(meta["output_top_logprobs"]) == len(sgl["output_ids"]) == 4
+    for tok_id, (lp, _, _), alts in zip(sgl["output_ids"], meta["output_token_logprobs"],
+                                        meta["output_top_logprobs"]):
+        assert len(alts) == 2 and alts[0][:2] == [pytest.approx(lp), tok_id]
+
     forced = httpx.post(url, json={"text": PROMPT, "ignore_eos": True, "priority": 3,
                                    "sampling_params": {"max_tokens": 10, "temperature": 0,
                                                        "stop_token_ids": [13]}},
