@@ -1,21 +1,32 @@
 """Stage 1 of split-KV decode attention over an fp8 (e4m3) or int8 KV pool.
 
 The quantized twin of `_decode_attention_kernel` (same grid, same partial outputs for the same
-merge), shaped so that a byte of KV costs less than a 16-bit element does:
+merge), shaped so that a byte of KV costs as little work as it can:
 
-- each K/V tile is widened to fp16 in registers (`kv_widen.widen_to_fp16`) before it meets
-  the tensor cores, so it reaches them through ldmatrix like a 16-bit tile;
-- the dots run in fp16 whatever q's dtype (quantized values are exact in fp16); q is scaled
-  by `sm_scale * log2(e)` before its cast, so the dot yields base-2 logits up to the key scale;
+- the dots run in fp16 whatever q's dtype: e4m3 and int8 values are exact in fp16, e4m3 widens
+  to fp16 with one hardware conversion per pair (bf16 would take three), and q is scaled by
+  `sm_scale * log2(e)` before its cast, so the dot yields base-2 logits up to the key scale;
+- int8 is widened without an int-to-float conversion: the byte x added to the bits 0x6480 of
+  fp16 1152.0 reads as 1152 + x (exact, the ulp at 1024 is 1), and the 1152 is taken back
+  once per dot (1152 * sum(q) from the scores, 1152 * sum(p) from the weighted values);
 - the per-(slot, head) scales never touch a tile: k_scale multiplies its key's score, and
   v_scale its row's softmax weight (normalized by the tile's largest v_scale, so the fp16
   weights stay in [0, 1]); the tile's product is then multiplied back by that largest scale.
 """
 
+import torch
 import triton
 import triton.language as tl
 
-from kernels.kv_widen import widen_to_fp16
+INT8_OFFSET = tl.constexpr(1152.0)  # fp16 bits 0x6480; 0x6480 + x for int8 x reads as 1152 + x
+
+
+@triton.jit
+def _widen(x):
+    """An 8-bit tile as fp16: e4m3 exactly, int8 as INT8_OFFSET + x (exact)."""
+    if x.dtype == tl.int8:
+        return (x.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True)
+    return x.to(tl.float16)
 
 
 @triton.jit
@@ -40,7 +51,7 @@ def _decode_attention_quant_kernel(
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
-    ASM: tl.constexpr,
+    IS_INT: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -66,6 +77,7 @@ def _decode_attention_quant_kernel(
         other=0.0,
     )  # [BLOCK_H, BLOCK_D]
     q = (q.to(tl.float32) * qk_scale).to(tl.float16)
+    q_sum = tl.sum(q.to(tl.float32), 1)  # [BLOCK_H], what an int8 tile's offset adds per key
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max (base-2 logits)
     l_sum = tl.zeros([BLOCK_H], tl.float32)
@@ -83,7 +95,10 @@ def _decode_attention_quant_kernel(
         k_s = tl.load(k_scale_ptr + scale_offs, mask=mask_n, other=0.0)  # [BLOCK_N]
         v_s = tl.load(v_scale_ptr + scale_offs, mask=mask_n, other=0.0)  # [BLOCK_N]
 
-        qk = tl.dot(q, tl.trans(widen_to_fp16(k, ASM))) * k_s[None, :]  # [BLOCK_H, BLOCK_N]
+        qk = tl.dot(q, tl.trans(_widen(k)))  # [BLOCK_H, BLOCK_N]
+        if IS_INT:
+            qk -= INT8_OFFSET * q_sum[:, None]
+        qk = qk * k_s[None, :]
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_new = tl.maximum(m, tl.max(qk, 1))
         alpha = tl.exp2(m - m_new)
@@ -92,7 +107,10 @@ def _decode_attention_quant_kernel(
         # sum_n p_n (s_n v_n) = s_max sum_n (p_n s_n / s_max) v_n, weights in [0, 1]
         v_max = tl.maximum(tl.max(v_s, 0), 1e-30)
         p = (p * (v_s / v_max)[None, :]).to(tl.float16)
-        pv = tl.dot(p, widen_to_fp16(v, ASM)) * v_max  # [BLOCK_H, BLOCK_D]
+        pv = tl.dot(p, _widen(v))  # [BLOCK_H, BLOCK_D]
+        if IS_INT:
+            pv -= INT8_OFFSET * tl.sum(p.to(tl.float32), 1)[:, None]
+        pv = pv * v_max
         acc = acc * alpha[:, None] + pv
         m = m_new
 
@@ -119,12 +137,11 @@ def decode_attention_quant_stage1(
     group = Hq // Hkv
     block_h = max(16, triton.next_power_of_2(group))
     block_d = triton.next_power_of_2(D)
-    # the asm widens four bytes at a time: every thread must hold a multiple of four
-    asm = q.is_cuda and (config.block_n * block_d) % (128 * config.num_warps) == 0
     _decode_attention_quant_kernel[(B, Hkv, num_splits)](
         q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
         qk_scale, num_splits, q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
-        Q_HEADS=Hq, GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size, ASM=asm, BLOCK_H=block_h,
+        Q_HEADS=Hq, GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size,
+        IS_INT=k_buf.dtype == torch.int8, BLOCK_H=block_h,
         BLOCK_N=config.block_n, BLOCK_D=block_d,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip

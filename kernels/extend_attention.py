@@ -5,9 +5,7 @@ Sequence i has `prefix_lens[i]` tokens already in the pool (read through the pag
 new token attends to the whole prefix and causally to the new tokens, reading those straight
 from `k_new`/`v_new`, so the caller may store them into the pool before or after this call.
 One program handles BLOCK_M new tokens of one query head: FlashAttention-style online softmax
-over the prefix tiles, then over the new tiles up to the diagonal. A quantized (fp8/int8) prefix
-is widened to fp16 in registers and multiplied in fp16 (q scaled by the softmax scale first);
-its per-row scales multiply the scores and the softmax weights, as in `decode_attention_quant`.
+over the prefix tiles, then over the new tiles up to the diagonal.
 """
 
 import torch
@@ -15,7 +13,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.kv_widen import widen_to_fp16
 from kernels.paging import expand_pages
 from kernels.store_kv import QUANT_MAX, dequantize_ref
 
@@ -23,25 +20,15 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _softmax_step(q, k, v, mask, m, l_sum, acc, qk_scale, k_s, v_s, SCALED: tl.constexpr):
-    """Fold one key tile into the running (max, sum, acc); base-2 logits, mask [M, N].
-
-    SCALED: k/v are widened quantized rows with scales k_s/v_s `[N]`, and q already carries
-    qk_scale; otherwise k_s/v_s are unused.
-    """
-    qk = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N]
-    qk = qk * k_s[None, :] if SCALED else qk * qk_scale
-    qk = tl.where(mask, qk, float("-inf"))
+def _softmax_step(q, k, v, mask, m, l_sum, acc, qk_scale):
+    """Fold one key tile into the running (max, sum, acc); base-2 logits, mask [M, N]."""
+    qk = tl.dot(q, tl.trans(k.to(q.dtype)))  # [BLOCK_M, BLOCK_N]
+    qk = tl.where(mask, qk * qk_scale, float("-inf"))
     m_new = tl.maximum(m, tl.max(qk, 1))  # finite: the first tile shows every row key 0
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(qk - m_new[:, None])
-    l_sum = l_sum * alpha + tl.sum(p, 1)
-    if SCALED:  # sum_n p_n (s_n v_n) = s_max sum_n (p_n s_n / s_max) v_n, weights in [0, 1]
-        v_max = tl.maximum(tl.max(v_s, 0), 1e-30)
-        pv = tl.dot((p * (v_s / v_max)[None, :]).to(q.dtype), v) * v_max
-    else:
-        pv = tl.dot(p.to(q.dtype), v)
-    return m_new, l_sum, acc * alpha[:, None] + pv
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    return m_new, l_sum * alpha + tl.sum(p, 1), acc
 
 
 @triton.jit
@@ -70,7 +57,6 @@ def _extend_attention_kernel(
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     QUANT: tl.constexpr,
-    ASM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -97,9 +83,6 @@ def _extend_attention_kernel(
         other=0.0,
     )  # [BLOCK_M, BLOCK_D]
 
-    q_pre = q  # what the prefix tiles are multiplied with
-    if QUANT:
-        q_pre = (q.to(tl.float32) * qk_scale).to(tl.float16)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -117,14 +100,9 @@ def _extend_attention_kernel(
             scale_offs = slot * (Q_HEADS // GROUP) + kvh  # [BLOCK_N]
             k_s = tl.load(k_scale_ptr + scale_offs, mask=mask_n, other=0.0)
             v_s = tl.load(v_scale_ptr + scale_offs, mask=mask_n, other=0.0)
-            k, v = widen_to_fp16(k, ASM), widen_to_fp16(v, ASM)  # [BLOCK_N, BLOCK_D] x2
-            m, l_sum, acc = _softmax_step(
-                q_pre, k, v, mask_n[None, :], m, l_sum, acc, qk_scale, k_s, v_s, True
-            )
-        else:
-            m, l_sum, acc = _softmax_step(
-                q, k, v, mask_n[None, :], m, l_sum, acc, qk_scale, None, None, False
-            )
+            k = k.to(tl.float32) * k_s[:, None]
+            v = v.to(tl.float32) * v_s[:, None]
+        m, l_sum, acc = _softmax_step(q, k, v, mask_n[None, :], m, l_sum, acc, qk_scale)
 
     for n0 in range(0, new_end, BLOCK_N):  # new tokens, causal
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -134,7 +112,7 @@ def _extend_attention_kernel(
         k = tl.load(k_new_ptr + new_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
         v = tl.load(v_new_ptr + new_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
         causal = (offs_n[None, :] <= offs_m[:, None]) & mask_n[None, :]  # [BLOCK_M, BLOCK_N]
-        m, l_sum, acc = _softmax_step(q, k, v, causal, m, l_sum, acc, qk_scale, None, None, False)
+        m, l_sum, acc = _softmax_step(q, k, v, causal, m, l_sum, acc, qk_scale)
 
     o = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
     o_offs = ((q_start + offs_m)[:, None] * Q_HEADS + h) * HEAD_DIM + offs_d[None, :]
@@ -214,10 +192,6 @@ def extend_attention(
     if max_new_len is None:
         max_new_len = int((qo_indptr[1:] - qo_indptr[:-1]).max())
     block_m, block_n = (64, 64) if D <= 128 else (32, 32)
-    block_d = triton.next_power_of_2(D)
-    num_warps = 4
-    # the asm widens four bytes at a time: every thread must hold a multiple of four
-    asm = quant and q.is_cuda and (block_n * block_d) % (128 * num_warps) == 0
     qo_indptr, prefix_lens, kv_indptr, kv_indices = (
         t.contiguous() for t in (qo_indptr, prefix_lens, kv_indptr, kv_indices)
     )
@@ -226,8 +200,9 @@ def extend_attention(
         qo_indptr, prefix_lens, kv_indptr, kv_indices, sm_scale * LOG2E,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1),
         k_buf.stride(0), k_buf.stride(1),
-        Q_HEADS=Hq, GROUP=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, QUANT=quant, ASM=asm,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=num_warps, num_stages=2,
+        Q_HEADS=Hq, GROUP=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, QUANT=quant,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(D),
+        num_warps=4, num_stages=2,
     )  # fmt: skip
     return o
 
