@@ -49,6 +49,8 @@ class DecodeConfig:
 # MHA 961 us with padded tl.dot, 128 keys a tile; GQA (32/8 heads) 249 us with 64 keys a tile
 MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3, use_dot=True)
 GQA_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=2)
+# quantized pools (bench/results/2026-12-01-decode-fp8-h200.md): 128 keys a tile, 4 warps, 3
+# stages led for MHA and GQA; 256-key tiles and 8 warps were 1.3-1.8x slower
 QUANT_MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
 QUANT_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
 
