@@ -3,12 +3,13 @@
 The quantized twin of `_decode_attention_kernel` (same grid, same partial outputs for the same
 merge), shaped so that a byte of KV costs as little work as it can:
 
-- the dots run in fp16 whatever q's dtype: e4m3 and int8 values are exact in fp16, e4m3 widens
-  to fp16 with one hardware conversion per pair (bf16 would take three), and q is scaled by
-  `sm_scale * log2(e)` before its cast, so the dot yields base-2 logits up to the key scale;
-- int8 is widened without an int-to-float conversion: the byte x added to the bits 0x6480 of
-  fp16 1152.0 reads as 1152 + x (exact, the ulp at 1024 is 1), and the 1152 is taken back
-  once per dot (1152 * sum(q) from the scores, 1152 * sum(p) from the weighted values);
+- a 16-bit q (fp16 or bf16) gets fp16 dots: e4m3 and int8 values are exact in fp16, e4m3
+  widens to fp16 with one hardware conversion per pair (bf16 would take three), and q is
+  scaled by `sm_scale * log2(e)` before its cast, so the dot yields base-2 logits up to the
+  key scale (a float32 q keeps float32 dots);
+- int8 is widened to fp16 without an int-to-float conversion: the byte x added to the bits
+  0x6480 of fp16 1152.0 reads as 1152 + x (exact, the ulp at 1024 is 1), and the 1152 is
+  taken back once per dot (1152 * sum(q) from the scores, 1152 * sum(p) from the values);
 - the per-(slot, head) scales never touch a tile: k_scale multiplies its key's score, and
   v_scale its row's softmax weight (normalized by the tile's largest v_scale, so the fp16
   weights stay in [0, 1]); the tile's product is then multiplied back by that largest scale.
@@ -22,11 +23,11 @@ INT8_OFFSET = tl.constexpr(1152.0)  # fp16 bits 0x6480; 0x6480 + x for int8 x re
 
 
 @triton.jit
-def _widen(x):
-    """An 8-bit tile as fp16: e4m3 exactly, int8 as INT8_OFFSET + x (exact)."""
-    if x.dtype == tl.int8:
+def _widen(x, DOT_DTYPE: tl.constexpr, INT_OFFSET: tl.constexpr):
+    """An 8-bit tile in DOT_DTYPE, exactly; int8 to fp16 as INT8_OFFSET + x when INT_OFFSET."""
+    if INT_OFFSET:
         return (x.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True)
-    return x.to(tl.float16)
+    return x.to(DOT_DTYPE)
 
 
 @triton.jit
@@ -51,7 +52,8 @@ def _decode_attention_quant_kernel(
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
-    IS_INT: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    INT_OFFSET: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -76,7 +78,7 @@ def _decode_attention_quant_kernel(
         mask=mask_h[:, None] & mask_d[None, :],
         other=0.0,
     )  # [BLOCK_H, BLOCK_D]
-    q = (q.to(tl.float32) * qk_scale).to(tl.float16)
+    q = (q.to(tl.float32) * qk_scale).to(DOT_DTYPE)
     q_sum = tl.sum(q.to(tl.float32), 1)  # [BLOCK_H], what an int8 tile's offset adds per key
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max (base-2 logits)
@@ -95,8 +97,8 @@ def _decode_attention_quant_kernel(
         k_s = tl.load(k_scale_ptr + scale_offs, mask=mask_n, other=0.0)  # [BLOCK_N]
         v_s = tl.load(v_scale_ptr + scale_offs, mask=mask_n, other=0.0)  # [BLOCK_N]
 
-        qk = tl.dot(q, tl.trans(_widen(k)))  # [BLOCK_H, BLOCK_N]
-        if IS_INT:
+        qk = tl.dot(q, tl.trans(_widen(k, DOT_DTYPE, INT_OFFSET)))  # [BLOCK_H, BLOCK_N]
+        if INT_OFFSET:
             qk -= INT8_OFFSET * q_sum[:, None]
         qk = qk * k_s[None, :]
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
@@ -106,9 +108,9 @@ def _decode_attention_quant_kernel(
         l_sum = l_sum * alpha + tl.sum(p, 1)
         # sum_n p_n (s_n v_n) = s_max sum_n (p_n s_n / s_max) v_n, weights in [0, 1]
         v_max = tl.maximum(tl.max(v_s, 0), 1e-30)
-        p = (p * (v_s / v_max)[None, :]).to(tl.float16)
-        pv = tl.dot(p, _widen(v))  # [BLOCK_H, BLOCK_D]
-        if IS_INT:
+        p = (p * (v_s / v_max)[None, :]).to(DOT_DTYPE)
+        pv = tl.dot(p, _widen(v, DOT_DTYPE, INT_OFFSET))  # [BLOCK_H, BLOCK_D]
+        if INT_OFFSET:
             pv -= INT8_OFFSET * tl.sum(p.to(tl.float32), 1)[:, None]
         pv = pv * v_max
         acc = acc * alpha[:, None] + pv
@@ -137,11 +139,13 @@ def decode_attention_quant_stage1(
     group = Hq // Hkv
     block_h = max(16, triton.next_power_of_2(group))
     block_d = triton.next_power_of_2(D)
+    half = q.dtype in (torch.float16, torch.bfloat16)
     _decode_attention_quant_kernel[(B, Hkv, num_splits)](
         q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
         qk_scale, num_splits, q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
         Q_HEADS=Hq, GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size,
-        IS_INT=k_buf.dtype == torch.int8, BLOCK_H=block_h,
+        DOT_DTYPE=tl.float16 if half else tl.float32, INT_OFFSET=half and k_buf.dtype == torch.int8,
+        BLOCK_H=block_h,
         BLOCK_N=config.block_n, BLOCK_D=block_d,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip

@@ -31,8 +31,7 @@ def make_inputs(lens, heads, page_size, dtype, pool_dtype=None, seed=0):
 def check(args, scales, dtype, **kwargs):
     out = decode_attention(*args, **scales, **kwargs)
     ref = decode_attention_ref(*args, **scales)
-    # a quantized pool's dots run in fp16 (q and the softmax weights rounded to it)
-    tol = max(ATTN_TOL[dtype], ATTN_TOL[torch.float16]) if scales else ATTN_TOL[dtype]
+    tol = ATTN_TOL[dtype]
     torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
 
 
@@ -58,11 +57,13 @@ def test_splits_and_empty_sequences(num_splits):
     [pytest.param(torch.int8, id="int8"), pytest.param(torch.float8_e4m3fn, id="fp8")],
 )
 @pytest.mark.parametrize("heads", [(4, 4, 64), (6, 2, 32), (8, 2, 128), (8, 1, 64)], ids=str)
-def test_quantized_pool(pool_dtype, page_size, heads):
-    # GQA 1, 3, 4, 8; sequences of 1, 5 and many tokens (a partial last tile); fewer on the CPU
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantized_pool(dtype, pool_dtype, page_size, heads):
+    # GQA 1, 3, 4, 8; sequences of 1, 5 and many tokens (a partial last tile); fewer on the CPU.
+    # A 16-bit q takes the fp16-dot path (int8 through its 1152 offset); float32 q its own.
     lens = [1, 5, 1030 if DEVICE == "cuda" else 300]
-    args, scales = make_inputs(lens, heads, page_size, torch.float32, pool_dtype, seed=2)
-    check(args, scales, torch.float32)
+    args, scales = make_inputs(lens, heads, page_size, dtype, pool_dtype, seed=2)
+    check(args, scales, dtype)
 
 
 @pytest.mark.parametrize(
