@@ -3,7 +3,8 @@
 Stage 1 runs one program per (sequence, kv_head, split): it walks its slice of the sequence
 through the page table, BLOCK_N keys at a time, for all Hq/Hkv query heads of the GQA group at
 once (tl.dot with the group padded to 16 rows; a plain multiply-reduce when the group is one
-head), and writes a partial output plus its log-sum-exp. Stage 2 merges the splits.
+head), and writes a partial output plus its log-sum-exp. Stage 2 merges the splits. An fp8 or
+int8 pool has its own stage 1 (`decode_attention_quant`), feeding the same merge.
 Splitting the keys is what fills the GPU when batch * kv_heads is small next to the SM count.
 Decode is memory bound: each K/V byte is read once, so the ceiling is bytes / copy bandwidth.
 """
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.decode_attention_quant import decode_attention_quant_stage1
 from kernels.store_kv import QUANT_MAX, dequantize_ref
 
 H200_SMS = 132
@@ -29,6 +31,7 @@ class DecodeConfig:
     """Launch knobs of the stage-1 kernel (bench/kernels.py --sweep searches them).
 
     use_dot None means tl.dot only for GQA groups; True also pads a single head to 16 rows.
+    A quantized pool always uses tl.dot (its kernel ignores use_dot).
     """
 
     block_n: int = 64
@@ -46,7 +49,9 @@ class DecodeConfig:
 # MHA 961 us with padded tl.dot, 128 keys a tile; GQA (32/8 heads) 249 us with 64 keys a tile
 MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3, use_dot=True)
 GQA_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=2)
-# `--sweep --sweep-pool fp8`: a quantized pool wants deeper pipelining for GQA (253 us vs 533)
+# quantized pools (bench/results/2026-12-01-decode-fp8-h200.md): 128 keys a tile, 4 warps, 3
+# stages led for MHA and GQA; 256-key tiles and 8 warps were 1.3-1.8x slower
+QUANT_MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
 QUANT_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
 
 
@@ -55,8 +60,6 @@ def _decode_attention_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
-    k_scale_ptr,  # [num_slots, Hkv] contiguous, read only when QUANT
-    v_scale_ptr,
     kv_indptr_ptr,
     kv_indices_ptr,
     seq_lens_ptr,
@@ -72,7 +75,6 @@ def _decode_attention_kernel(
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
-    QUANT: tl.constexpr,
     USE_DOT: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -111,30 +113,20 @@ def _decode_attention_kernel(
         kv_offs = slot[:, None] * stride_kvs + kvh * stride_kvh + offs_d[None, :]
         k = tl.load(k_ptr + kv_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
         v = tl.load(v_ptr + kv_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
-        if USE_DOT:  # fp8/int8 values are exact in q's dtype: the scales apply afterwards
-            qk = tl.dot(q, tl.trans(k.to(q.dtype)))  # [BLOCK_H, BLOCK_N]
+        if USE_DOT:
+            qk = tl.dot(q, tl.trans(k))  # [BLOCK_H, BLOCK_N]
         else:  # BLOCK_H == 1
             qk = tl.sum(q.to(tl.float32) * k.to(tl.float32), 1)[None, :]  # [1, BLOCK_N]
-        if QUANT:  # one scale per key and per value row: scale the scores and the weights
-            scale_offs = slot * (Q_HEADS // GROUP) + kvh  # [BLOCK_N]
-            k_s = tl.load(k_scale_ptr + scale_offs, mask=mask_n, other=0.0)
-            v_s = tl.load(v_scale_ptr + scale_offs, mask=mask_n, other=0.0)
-            qk = qk * k_s[None, :]
         qk = tl.where(mask_n[None, :], qk * qk_scale, float("-inf"))
 
         m_new = tl.maximum(m, tl.max(qk, 1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(qk - m_new[:, None])  # [BLOCK_H, BLOCK_N]
         l_sum = l_sum * alpha + tl.sum(p, 1)
-        if QUANT:  # sum_n p_n (s_n v_n) = s_max sum_n (p_n s_n / s_max) v_n, weights in [0, 1]
-            v_max = tl.maximum(tl.max(v_s, 0), 1e-30)
-            p = p * (v_s / v_max)[None, :]
         if USE_DOT:
-            pv = tl.dot(p.to(q.dtype), v.to(q.dtype))  # [BLOCK_H, BLOCK_D]
+            pv = tl.dot(p.to(q.dtype), v)  # [BLOCK_H, BLOCK_D]
         else:
             pv = tl.sum(tl.sum(p, 0)[:, None] * v.to(tl.float32), 0)[None, :]  # [1, BLOCK_D]
-        if QUANT:
-            pv = pv * v_max
         acc = acc * alpha[:, None] + pv
         m = m_new
 
@@ -242,7 +234,6 @@ def decode_attention(
             assert s.is_contiguous(), f"{name} must be contiguous"
     else:
         assert k_buf.dtype == q.dtype, f"pool dtype {k_buf.dtype} != q dtype {q.dtype}"
-        k_scale = v_scale = seq_lens  # unused placeholders: QUANT is off
     if out is None:
         out = torch.empty(B, Hq, D, dtype=q.dtype, device=q.device)
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous(), (
@@ -255,20 +246,27 @@ def decode_attention(
     kv_indptr, kv_indices, seq_lens = (t.contiguous() for t in (kv_indptr, kv_indices, seq_lens))
 
     group = Hq // Hkv
-    config = config or (MHA_CONFIG if Hq == Hkv else QUANT_GQA_CONFIG if quant else GQA_CONFIG)
-    use_dot = group > 1 if config.use_dot is None else config.use_dot
-    assert use_dot or group == 1, "the multiply-reduce path handles one query head per group"
     block_d = triton.next_power_of_2(D)
     mid_o = torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(B, Hq, num_splits, dtype=torch.float32, device=q.device)
-    _decode_attention_kernel[(B, Hkv, num_splits)](
-        q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
-        sm_scale * LOG2E, num_splits, q.stride(0), q.stride(1), k_buf.stride(0),
-        k_buf.stride(1), Q_HEADS=Hq, GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size, QUANT=quant,
-        USE_DOT=use_dot, BLOCK_N=config.block_n, BLOCK_D=block_d,
-        BLOCK_H=max(16, triton.next_power_of_2(group)) if use_dot else 1,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )  # fmt: skip
+    if quant:
+        config = config or (QUANT_MHA_CONFIG if Hq == Hkv else QUANT_GQA_CONFIG)
+        decode_attention_quant_stage1(
+            q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
+            page_size, sm_scale * LOG2E, config,
+        )  # fmt: skip
+    else:
+        config = config or (MHA_CONFIG if Hq == Hkv else GQA_CONFIG)
+        use_dot = group > 1 if config.use_dot is None else config.use_dot
+        assert use_dot or group == 1, "the multiply-reduce path handles one query head per group"
+        _decode_attention_kernel[(B, Hkv, num_splits)](
+            q, k_buf, v_buf, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
+            sm_scale * LOG2E, num_splits, q.stride(0), q.stride(1), k_buf.stride(0),
+            k_buf.stride(1), Q_HEADS=Hq, GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size,
+            USE_DOT=use_dot, BLOCK_N=config.block_n, BLOCK_D=block_d,
+            BLOCK_H=max(16, triton.next_power_of_2(group)) if use_dot else 1,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )  # fmt: skip
     _decode_attention_merge_kernel[(B * Hq,)](
         mid_o, mid_lse, out, num_splits, HEAD_DIM=D,
         BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,

@@ -56,10 +56,14 @@ def test_splits_and_empty_sequences(num_splits):
     "pool_dtype",
     [pytest.param(torch.int8, id="int8"), pytest.param(torch.float8_e4m3fn, id="fp8")],
 )
-@pytest.mark.parametrize("heads", [(4, 4, 64), (6, 2, 32)], ids=str)
-def test_quantized_pool(pool_dtype, page_size, heads):
-    args, scales = make_inputs([5, 100], heads, page_size, torch.float32, pool_dtype, seed=2)
-    check(args, scales, torch.float32)
+@pytest.mark.parametrize("heads", [(4, 4, 64), (6, 2, 32), (8, 2, 128), (8, 1, 64)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantized_pool(dtype, pool_dtype, page_size, heads):
+    # GQA 1, 3, 4, 8; sequences of 1, 5 and many tokens (a partial last tile); fewer on the CPU.
+    # A 16-bit q takes the fp16-dot path (int8 through its 1152 offset); float32 q its own.
+    lens = [1, 5, 1030 if DEVICE == "cuda" else 300]
+    args, scales = make_inputs(lens, heads, page_size, dtype, pool_dtype, seed=2)
+    check(args, scales, dtype)
 
 
 @pytest.mark.parametrize(
@@ -120,7 +124,7 @@ def test_rejects_bad_inputs():
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("pool_dtype", [None, torch.float8_e4m3fn, torch.int8])
 def test_large_gpu(dtype, page_size, pool_dtype):
-    lens = torch.randint(1, 3000, (16,), generator=torch.Generator().manual_seed(6)).tolist()
+    lens = torch.randint(1, 3000, (17,), generator=torch.Generator().manual_seed(6)).tolist()
     args, scales = make_inputs(lens, (32, 8, 128), page_size, dtype, pool_dtype, seed=7)
     check(args, scales, dtype)
     args, scales = make_inputs(lens, (32, 32, 128), page_size, dtype, pool_dtype, seed=8)

@@ -93,7 +93,7 @@ def test_rejects_bad_inputs():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("pool_dtype", [None, torch.float8_e4m3fn])
+@pytest.mark.parametrize("pool_dtype", [None, torch.float8_e4m3fn, torch.int8])
 def test_large_gpu(dtype, page_size, pool_dtype):
     gen = torch.Generator().manual_seed(3)
     prefix = torch.randint(0, 1500, (6,), generator=gen).tolist()

@@ -1,0 +1,88 @@
+"""What every kernel benchmark shares: the presets, a result row, the timer, the ceiling."""
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+COPY_CEILING_GBPS = 4260.0  # H200 device-to-device copy, bytes read + written (device.md)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Shapes and repetitions; contexts and extend_prefix must be multiples of 16 (the page).
+
+    The decode rows run at each (batch, context) of `decode_points`; the first one is the
+    headline shape (and the one `--sweep` searches).
+    """
+
+    decode_points: tuple[tuple[int, int], ...] = ((64, 4096), (16, 16384), (256, 1024))
+    heads: int = 32
+    gqa_kv_heads: int = 8
+    head_dim: int = 128
+    extend_batch: int = 4
+    extend_new: int = 2048
+    extend_prefix: int = 2048
+    extend_new_after_prefix: int = 512
+    tokens: int = 16384
+    hidden: int = 4096
+    inter: int = 11008
+    copy_mib: int = 4096
+    warmup: int = 10
+    iters: int = 50
+    variants: bool = True  # GQA decode and the extend-with-prefix rows
+
+
+PRESETS = {
+    "full": Preset(),
+    "quick": Preset(decode_points=((64, 4096),), tokens=4096, copy_mib=1024, warmup=3, iters=10,
+                    variants=False),
+    "tiny": Preset(decode_points=((2, 96),), heads=4, gqa_kv_heads=2, head_dim=32, extend_batch=2,
+                   extend_new=40, extend_prefix=32, extend_new_after_prefix=24, tokens=8,
+                   hidden=64, inter=48, copy_mib=1, warmup=1, iters=2),
+}  # fmt: skip
+
+
+@dataclass
+class Row:
+    kernel: str
+    case: str
+    time_us: float
+    bytes: int
+    flops: float = 0.0
+    note: str = ""
+    group: str = ""  # rows compared with each other in a summary table (same shape)
+    variant: str = ""  # what differs inside the group (the KV pool dtype)
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.time_us / 1e3
+
+    def as_dict(self) -> dict:
+        pct = 100 * self.gbps / COPY_CEILING_GBPS
+        tflops = self.flops / self.time_us / 1e6
+        return {**asdict(self), "gbps": self.gbps, "pct_ceiling": pct, "tflops": tflops}
+
+
+def timeit(fn, p: Preset) -> float:
+    """Median microseconds of `fn()` over p.iters runs after p.warmup (CUDA events on a GPU)."""
+    for _ in range(p.warmup):
+        fn()
+    if not torch.cuda.is_available():
+        times = []
+        for _ in range(p.iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(times)
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(p.iters)]  # fmt: skip
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
+

@@ -1,0 +1,152 @@
+"""Stage 1 of split-KV decode attention over an fp8 (e4m3) or int8 KV pool.
+
+The quantized twin of `_decode_attention_kernel` (same grid, same partial outputs for the same
+merge), shaped so that a byte of KV costs as little work as it can:
+
+- a 16-bit q (fp16 or bf16) gets fp16 dots: e4m3 and int8 values are exact in fp16, e4m3
+  widens to fp16 with one hardware conversion per pair (bf16 would take three), and q is
+  scaled by `sm_scale * log2(e)` before its cast, so the dot yields base-2 logits up to the
+  key scale (a float32 q keeps float32 dots);
+- int8 is widened to fp16 without an int-to-float conversion: the byte x added to the bits
+  0x6480 of fp16 1152.0 reads as 1152 + x (exact, the ulp at 1024 is 1), and the 1152 is
+  taken back once per dot (1152 * sum(q) from the scores, 1152 * sum(p) from the values);
+- the per-(slot, head) scales never touch a tile: k_scale multiplies its key's score, and
+  v_scale its row's softmax weight (normalized by the tile's largest v_scale, so the fp16
+  weights stay in [0, 1]); the tile's product is then multiplied back by that largest scale.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+INT8_OFFSET = tl.constexpr(1152.0)  # fp16 bits 0x6480; 0x6480 + x for int8 x reads as 1152 + x
+
+
+@triton.jit
+def _widen(x, DOT_DTYPE: tl.constexpr, INT_OFFSET: tl.constexpr):
+    """An 8-bit tile in DOT_DTYPE, exactly; int8 to fp16 as INT8_OFFSET + x when INT_OFFSET."""
+    if INT_OFFSET:
+        return (x.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True)
+    return x.to(DOT_DTYPE)
+
+
+@triton.jit
+def _decode_attention_quant_kernel(
+    q_ptr,
+    k_ptr,  # [num_slots, Hkv, HEAD_DIM] float8e4nv or int8; v the same
+    v_ptr,
+    k_scale_ptr,  # [num_slots, Hkv] contiguous float32
+    v_scale_ptr,
+    kv_indptr_ptr,
+    kv_indices_ptr,
+    seq_lens_ptr,
+    mid_o_ptr,  # [B, Hq, num_splits, HEAD_DIM] contiguous float32
+    mid_lse_ptr,  # [B, Hq, num_splits] contiguous float32
+    qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
+    num_splits,
+    stride_qb,
+    stride_qh,
+    stride_kvs,  # k_buf and v_buf share strides
+    stride_kvh,
+    Q_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    INT_OFFSET: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq_len = tl.load(seq_lens_ptr + b)
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N  # whole tiles per split
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    page_base = tl.load(kv_indptr_ptr + b)
+
+    offs_g = tl.arange(0, BLOCK_H)
+    offs_h = kvh * GROUP + offs_g  # query heads of this group, padded to BLOCK_H >= 16 rows
+    mask_h = offs_g < GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    q = tl.load(
+        q_ptr + b * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :],
+        mask=mask_h[:, None] & mask_d[None, :],
+        other=0.0,
+    )  # [BLOCK_H, BLOCK_D]
+    q = (q.to(tl.float32) * qk_scale).to(DOT_DTYPE)
+    q_sum = tl.sum(q.to(tl.float32), 1)  # [BLOCK_H], what an int8 tile's offset adds per key
+
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max (base-2 logits)
+    l_sum = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < end
+        page = tl.load(kv_indices_ptr + page_base + offs_n // PAGE_SIZE, mask=mask_n, other=0)
+        slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE  # [BLOCK_N]
+        mask_nd = mask_n[:, None] & mask_d[None, :]
+        kv_offs = slot[:, None] * stride_kvs + kvh * stride_kvh + offs_d[None, :]
+        k = tl.load(k_ptr + kv_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D] 8-bit
+        v = tl.load(v_ptr + kv_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D] 8-bit
+        scale_offs = slot * (Q_HEADS // GROUP) + kvh  # [BLOCK_N]
+        k_s = tl.load(k_scale_ptr + scale_offs, mask=mask_n, other=0.0)  # [BLOCK_N]
+        v_s = tl.load(v_scale_ptr + scale_offs, mask=mask_n, other=0.0)  # [BLOCK_N]
+
+        qk = tl.dot(q, tl.trans(_widen(k, DOT_DTYPE, INT_OFFSET)))  # [BLOCK_H, BLOCK_N]
+        if INT_OFFSET:
+            qk -= INT8_OFFSET * q_sum[:, None]
+        qk = qk * k_s[None, :]
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m, tl.max(qk, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(qk - m_new[:, None])  # [BLOCK_H, BLOCK_N]
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        # sum_n p_n (s_n v_n) = s_max sum_n (p_n s_n / s_max) v_n, weights in [0, 1]
+        v_max = tl.maximum(tl.max(v_s, 0), 1e-30)
+        p = (p * (v_s / v_max)[None, :]).to(DOT_DTYPE)
+        pv = tl.dot(p, _widen(v, DOT_DTYPE, INT_OFFSET))  # [BLOCK_H, BLOCK_D]
+        if INT_OFFSET:
+            pv -= INT8_OFFSET * tl.sum(p.to(tl.float32), 1)[:, None]
+        pv = pv * v_max
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+
+    # An empty split (short sequence) stores o = 0, lse = -inf: it gets zero weight in the merge.
+    has_keys = l_sum > 0
+    l_safe = tl.where(has_keys, l_sum, 1.0)
+    o = acc / l_safe[:, None]
+    lse = tl.where(has_keys, m + tl.log2(l_safe), float("-inf"))
+    row = b * Q_HEADS + offs_h  # [BLOCK_H] rows of mid_lse, num_splits entries each
+    mid = (row[:, None] * num_splits + split) * HEAD_DIM + offs_d[None, :]
+    tl.store(mid_o_ptr + mid, o, mask=mask_h[:, None] & mask_d[None, :])
+    tl.store(mid_lse_ptr + row * num_splits + split, lse, mask=mask_h)
+
+
+def decode_attention_quant_stage1(
+    q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
+    page_size: int, qk_scale: float, config,
+) -> None:  # fmt: skip
+    """Launch stage 1 over a quantized pool into `mid_o`/`mid_lse` (shapes as in
+    `decode_attention`, which validates the inputs); `config` is a `DecodeConfig`."""
+    B, Hq, D = q.shape
+    Hkv = k_buf.shape[1]
+    num_splits = mid_lse.shape[2]
+    group = Hq // Hkv
+    block_h = max(16, triton.next_power_of_2(group))
+    block_d = triton.next_power_of_2(D)
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    _decode_attention_quant_kernel[(B, Hkv, num_splits)](
+        q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
+        qk_scale, num_splits, q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
+        Q_HEADS=Hq, GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size,
+        DOT_DTYPE=tl.float16 if half else tl.float32, INT_OFFSET=half and k_buf.dtype == torch.int8,
+        BLOCK_H=block_h,
+        BLOCK_N=config.block_n, BLOCK_D=block_d,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+
