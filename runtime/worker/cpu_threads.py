@@ -26,8 +26,10 @@ log = logging.getLogger(__name__)
 
 HOLD_STEPS = 96  # steps between two probes
 SKIP_STEPS = 1  # steps after a switch that are not timed (the thread pool warms up)
-TIMED_STEPS = 4  # timed steps per candidate in a probe
-MARGIN = 0.05  # another count must be this much faster to replace the current one
+TIMED_STEPS = 5  # timed steps per candidate in a probe (their median counts)
+UP_MARGIN = 0.05  # more threads must be this much faster to replace the current count
+DOWN_MARGIN = 0.2  # fewer threads must be this much faster: a quiet machine's step times
+# vary by ~10% between runs, and a wrong move down costs more than a missed one
 
 
 def usable_cpus() -> int:
@@ -49,8 +51,10 @@ class ThreadTuner:
     Call `observe(plan, seconds)` after each synchronous CPU step. From the first step,
     and then every `HOLD_STEPS` steps, a probe runs each count on `SKIP_STEPS +
     TIMED_STEPS` consecutive steps; a probe whose steps change shape (batch size or token
-    count) starts over, on the current count. The fastest count wins when it beats the
-    current one by `MARGIN`.
+    count) starts over, on the current count. The fastest count (median step time) wins
+    when it beats the current one by `UP_MARGIN` (more threads) or `DOWN_MARGIN` (fewer):
+    contention makes extra threads several times slower, which clears either margin,
+    while noise on a quiet machine does not clear the second.
     """
 
     def __init__(self, counts: list[int]) -> None:
@@ -114,9 +118,10 @@ class ThreadTuner:
         self._switch(self.current)
 
     def _decide(self) -> None:
-        means = {c: statistics.fmean(t) for c, t in self._times.items()}
+        means = {c: statistics.median(t) for c, t in self._times.items()}
         best = min(means, key=lambda c: (means[c], c))
-        if means[best] > means[self.current] * (1 - MARGIN):
+        margin = UP_MARGIN if best > self.current else DOWN_MARGIN
+        if means[best] > means[self.current] * (1 - margin):
             best = self.current
         if best != self.current:
             log.debug("torch threads %d -> %d (%s)", self.current, best,

@@ -51,6 +51,9 @@ def test_a_small_difference_keeps_the_current_count():
     tuner = ThreadTuner([1, 2])
     _run(tuner, 300, {1: 0.098, 2: 0.100}.__getitem__)  # 2% apart: below the margin
     assert tuner.current == 2
+    # quiet-machine noise: one thread 10% faster on a probe does not give up a CPU
+    _run(tuner, 300, {1: 0.090, 2: 0.100}.__getitem__)
+    assert tuner.current == 2
 
 
 def test_steps_of_changing_shape_never_switch_on_mixed_timings():
