@@ -28,11 +28,11 @@ from collections.abc import Callable
 from bench.host_e2e import Budget, fmt, step_summary
 from bench.serving_metrics import percentile
 
-# (phase, dotted path from the Worker, or "module:<name>" for a function of worker.py);
+# (phase, dotted path from the Worker, or "module:<path>" for a name in worker.py);
 # a path the worker does not have is reported in `phases_missing`
 PHASES = (("build", "builder.build"), ("forward", "runner.forward"),
           ("sample", "runner.sampler.sample"), ("record", "builder.record"),
-          ("to_host", "module:_to_host"))
+          ("to_host", "module:StepOutput.to_host"))
 WARM_STEPS = 8
 PROFILE_STEPS = 8
 PROFILE_TOP = 12
@@ -101,13 +101,12 @@ class PhaseTimer:
 
     @staticmethod
     def _resolve(worker, module, path: str):
+        owner = worker
         if path.startswith("module:"):
-            owner, name = module, path.split(":", 1)[1]
-        else:
-            *parents, name = path.split(".")
-            owner = worker
-            for p in parents:
-                owner = getattr(owner, p, None)
+            owner, path = module, path.split(":", 1)[1]
+        *parents, name = path.split(".")
+        for p in parents:
+            owner = getattr(owner, p, None)
         return (owner, name) if callable(getattr(owner, name, None)) else (None, name)
 
     def _wrap(self, owner, name: str, phase: str) -> None:
