@@ -11,8 +11,6 @@ memory checker, with a pool small enough that write-backs, loads and slot reuse 
 
 from __future__ import annotations
 
-from collections import deque
-
 import pytest
 import torch
 
@@ -21,6 +19,7 @@ from runtime.messages import GenerateReq, SamplingParams
 from runtime.model_config import resolve_model
 from runtime.scheduler.loop import build_scheduler
 from runtime.worker.worker import Worker
+from tests.worker.in_process import run_to_end
 
 HOST_GIB = 0.05
 
@@ -40,17 +39,7 @@ def serve_turns(cfg: ServerConfig, turns: list[list[list[int]]], max_tokens: int
             sched.add(GenerateReq(f"c{c}t{t}", history[c],
                                   SamplingParams(max_tokens=max_tokens, temperature=0.0)))
             outs[f"c{c}t{t}"] = []
-        in_flight: deque = deque()
-        while sched.has_work or in_flight:
-            while sched.can_plan() and (plan := sched.plan()) is not None:
-                in_flight.append(worker.launch(plan))
-            assert in_flight, "work left and nothing to run: the scheduler is stuck"
-            sched.on_result(in_flight.popleft().result())
-            if not sched.in_flight:
-                sched.check_invariants()
-            for out in sched.take_outputs():
-                assert out.error is None, out.error
-                outs[out.rid] += out.token_ids
+        run_to_end(sched, worker, outs)
         for c in range(len(user)):
             history[c] = history[c] + outs[f"c{c}t{t}"]
         outs_all.append([outs[f"c{c}t{t}"] for c in range(len(user))])

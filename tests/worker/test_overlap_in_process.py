@@ -13,8 +13,6 @@ completed would be overwritten under a live reader.
 
 from __future__ import annotations
 
-from collections import deque
-
 import pytest
 import torch
 
@@ -23,6 +21,7 @@ from runtime.messages import GenerateReq, SamplingParams
 from runtime.model_config import resolve_model
 from runtime.scheduler.loop import build_scheduler
 from runtime.worker.worker import Worker
+from tests.worker.in_process import run_to_end
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -35,17 +34,7 @@ def serve(cfg: ServerConfig, prompts: list[list[int]], max_tokens: list[int]):
     for i, (prompt, m) in enumerate(zip(prompts, max_tokens)):
         sched.add(GenerateReq(f"r{i}", prompt, SamplingParams(max_tokens=m, temperature=0.0)))
     outs: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
-    in_flight: deque = deque()
-    while sched.has_work or in_flight:
-        while sched.can_plan() and (plan := sched.plan()) is not None:
-            in_flight.append(worker.launch(plan))  # returns before the device is done
-        assert in_flight, "work left and nothing to run: the scheduler is stuck"
-        sched.on_result(in_flight.popleft().result())
-        if not sched.in_flight:
-            sched.check_invariants()
-        for out in sched.take_outputs():
-            assert out.error is None, out.error
-            outs[out.rid] += out.token_ids
+    run_to_end(sched, worker, outs)
     return [outs[f"r{i}"] for i in range(len(prompts))], sched
 
 
