@@ -1,30 +1,31 @@
 """`KVTransfer`: the host KV pool (`--host-kv-gib`) and the copies a plan orders between it
 and the device pool.
 
-The host pool follows the device pool's layout, layer by layer: `kv[i]` is a host copy of
-the i-th of `KVPool.layer_tensors()` (every layer's K, then every layer's V), `scales[i]`
-of the quantized pool's scale tensors. Its slots are the scheduler's host slot ids.
+The host pool follows the device pool's layout: the tensors of `KVPool.layer_tensors()`
+(every layer's K, then every layer's V, then a quantized pool's scales) are grouped by
+shape and dtype, and each group has one host tensor `[members, host_slots + 1, ...]`,
+registered with the device (pinned in place). Its slots are the scheduler's host slot ids.
 
-A plan's copies run before its forward, write-backs first, on a copy stream of their own:
-- write-back: gather the device slots (copy stream), one device-to-host transfer into a
-  pinned staging buffer, and, once that transfer's event completed, a scatter into the
-  host slots (`_settle`, before any later load and whenever the next step finds it done);
-- load: a gather of the host slots into pinned staging, one host-to-device transfer, a
-  scatter into the device slots (copy stream).
+A plan's copies run before its forward, write-backs first, on a copy stream of their own.
+Each is one `kernels.kv_copy` launch per group (all layers, K and V): the kernel reads the
+scattered device slots and writes the scattered host slots directly over the bus, or the
+reverse for a load, so nothing is staged and the CPU touches no KV. The slot lists go up
+as one index tensor, copied from pinned memory without blocking, on the same stream.
 The compute stream waits for the copy stream before the step's forward, so the forward
 never reads a slot still loading nor writes one still being written back: a device slot
 the scheduler frees in the plan that orders its write-back can be reused by that step.
-On the CPU the same steps run synchronously on plain tensors.
+Stream order alone keeps a host slot's write-back before a later load or reuse of it.
+On the CPU the same copies run synchronously through the torch reference.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections import deque
 
 import torch
 
+from kernels.kv_copy import SlotTensors, copy_slots, copy_slots_ref
 from runtime.messages import BatchPlan
 from runtime.worker.kv_pool import GiB, KVPool
 
@@ -87,16 +88,17 @@ class KVTransfer:
         self.num_slots = num_slots
         self.device = pool.k[0].device
         self.cuda = self.device.type == "cuda"
-        self.dev = pool.layer_tensors()  # [T] of [num_slots, kv_heads(, head_dim)]
-        groups: dict[tuple, list[int]] = {}
-        for i, t in enumerate(self.dev):
-            groups.setdefault((tuple(t.shape[1:]), t.dtype), []).append(i)
-        # one host tensor per shape/dtype group: [n, host_slots + 1, ...]
-        self.groups = [(idx, self._host_tensor((len(idx), num_slots + 1, *shape), dtype))
-                       for (shape, dtype), idx in groups.items()]
+        dev = pool.layer_tensors()  # [T] of [num_slots, kv_heads(, head_dim)]
+        groups: dict[tuple, list[torch.Tensor]] = {}
+        for t in dev:
+            groups.setdefault((tuple(t.shape[1:]), t.dtype), []).append(t)
+        # per shape/dtype group: the device tensors and one host tensor [n, host_slots + 1, ...]
+        self.hosts = [self._host_tensor((len(ts), num_slots + 1, *shape), dtype)
+                      for (shape, dtype), ts in groups.items()]
+        self.groups = [(SlotTensors.of(ts, self.device), SlotTensors.of(list(h), self.device))
+                       for ts, h in zip(groups.values(), self.hosts, strict=True)]
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
-        self._pending: deque = deque()  # write-backs in flight: (event, staged, host idx)
-        self._loads: deque = deque()  # loads in flight: (event, staged buffers kept alive)
+        self.copy = copy_slots if self.cuda else copy_slots_ref
 
     def _host_tensor(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         host = torch.zeros(shape, dtype=dtype)
@@ -109,11 +111,10 @@ class KVTransfer:
 
     @property
     def num_bytes(self) -> int:
-        return sum(h.numel() * h.element_size() for _, h in self.groups)
+        return sum(h.numel() * h.element_size() for h in self.hosts)
 
     def run(self, plan: BatchPlan) -> CopyTiming | None:
         """Issue `plan`'s copies; the compute stream waits for them. None: no copies."""
-        self._settle(block=False)
         if not plan.writeback_dev and not plan.load_dev:
             return None
         timing = CopyTiming(self.cuda)
@@ -121,55 +122,25 @@ class KVTransfer:
         with torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext():
             if plan.writeback_dev:
                 timing.start("writeback", self.stream)
-                self._write_back(plan.writeback_dev, plan.writeback_host)
+                dev, host = self._slots(plan.writeback_dev, plan.writeback_host)
+                for dev_tensors, host_tensors in self.groups:
+                    self.copy(dev_tensors, host_tensors, dev, host)
                 timing.stop("writeback", self.stream)
             if plan.load_dev:
-                self._settle(block=True)  # the host slots hold every earlier write-back
                 timing.start("load", self.stream)
-                self._load(plan.load_host, plan.load_dev)
+                host, dev = self._slots(plan.load_host, plan.load_dev)
+                for dev_tensors, host_tensors in self.groups:
+                    self.copy(host_tensors, dev_tensors, host, dev)
                 timing.stop("load", self.stream)
         if self.cuda:
             compute.wait_stream(self.stream)
         return timing
 
-    def _write_back(self, dev_slots: list[int], host_slots: list[int]) -> None:
-        idx = torch.tensor(dev_slots, dtype=torch.int64, device=self.device)  # [n]
-        host_idx = torch.tensor(host_slots, dtype=torch.int64)  # [n]
-        for members, host in self.groups:
-            gathered = torch.stack([self.dev[i][idx] for i in members])  # [g, n, ...]
-            if not self.cuda:
-                host[:, host_idx] = gathered
-                continue
-            staged = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
-            staged.copy_(gathered, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-            self._pending.append((event, staged, host, host_idx))
-
-    def _load(self, host_slots: list[int], dev_slots: list[int]) -> None:
-        idx = torch.tensor(dev_slots, dtype=torch.int64, device=self.device)  # [n]
-        host_idx = torch.tensor(host_slots, dtype=torch.int64)  # [n]
-        kept = []
-        for members, host in self.groups:
-            staged = torch.empty((len(members), len(host_slots), *host.shape[2:]),
-                                 dtype=host.dtype, pin_memory=self.cuda)  # [g, n, ...]
-            torch.index_select(host, 1, host_idx, out=staged)
-            values = staged.to(self.device, non_blocking=True)
-            for j, i in enumerate(members):
-                self.dev[i].index_copy_(0, idx, values[j])
-            kept.append(staged)
+    def _slots(self, src: list[int], dst: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`src`, `dst` as index tensors where the copy runs: on a GPU, uploaded from pinned
+        memory without blocking, on the copy stream (the caching host allocator keeps the
+        pinned block until that upload is done)."""
+        both = torch.tensor([src, dst], dtype=torch.int64)  # [2, n]
         if self.cuda:
-            event = torch.cuda.Event()
-            event.record(self.stream)
-            self._loads.append((event, kept))
-
-    def _settle(self, block: bool) -> None:
-        """Scatter finished write-backs into the host pool, in order (all of them when
-        `block`), and drop the staging of finished loads."""
-        while self._pending and (block or self._pending[0][0].query()):
-            event, staged, host, host_idx = self._pending.popleft()
-            event.synchronize()
-            host[:, host_idx] = staged
-        while self._loads and self._loads[0][0].query():
-            self._loads.popleft()
-
+            both = both.pin_memory().to(self.device, non_blocking=True)
+        return both[0], both[1]
