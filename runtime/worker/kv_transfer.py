@@ -29,6 +29,8 @@ from kernels.kv_copy import SlotTensors, copy_slots, copy_slots_ref
 from runtime.messages import BatchPlan
 from runtime.worker.kv_pool import GiB, KVPool
 
+_HOST_REGISTER_MAPPED = 2  # cudaHostRegisterMapped
+
 
 def host_memory_available() -> int:
     """Bytes of host memory available to new allocations (MemAvailable)."""
@@ -102,9 +104,10 @@ class KVTransfer:
 
     def _host_tensor(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         host = torch.zeros(shape, dtype=dtype)
-        if self.cuda:  # registered in place: pinned without rounding the size up
-            err = torch.cuda.cudart().cudaHostRegister(host.data_ptr(),
-                                                       host.numel() * host.element_size(), 0)
+        if self.cuda:  # registered in place: pinned without rounding the size up, and
+            # mapped, so the copy kernel reads and writes it directly
+            err = torch.cuda.cudart().cudaHostRegister(
+                host.data_ptr(), host.numel() * host.element_size(), _HOST_REGISTER_MAPPED)
             if int(err) != 0:
                 raise RuntimeError(f"cudaHostRegister of the host KV pool failed ({err})")
         return host
