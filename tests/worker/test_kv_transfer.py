@@ -17,8 +17,12 @@ from runtime.messages import BatchPlan
 from runtime.worker.kv_pool import KVPool
 from runtime.worker.kv_transfer import KVTransfer
 
-# cpu-kernel: the GPU path's copy kernel on CPU tensors (under the Triton interpreter)
-DEVICES = ["cpu", "cpu-kernel", pytest.param("cuda", marks=pytest.mark.gpu)]
+# cpu-kernel: the GPU path's copy kernel on CPU tensors, under the Triton interpreter (which
+# runs only where there is no GPU)
+DEVICES = ["cpu",
+           pytest.param("cpu-kernel", marks=pytest.mark.skipif(
+               torch.cuda.is_available(), reason="the Triton interpreter runs without a GPU")),
+           pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def plan(writeback: tuple[list[int], list[int]] = ([], []),
