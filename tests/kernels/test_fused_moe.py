@@ -2,8 +2,6 @@
 
 import pytest
 import torch
-from transformers import DeepseekV2Config
-from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Experts
 
 from kernels.moe import MoeConfig, fused_moe, fused_moe_ref, grouped_topk, moe_align_block_size
 from kernels.moe_align import max_padded_rows
@@ -11,6 +9,9 @@ from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, randn
 
 
 def test_reference_matches_deepseek_experts():
+    from transformers import DeepseekV2Config
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Experts
+
     T, H, inter, E, k = 7, 32, 24, 8, 2
     config = DeepseekV2Config(
         hidden_size=H, num_attention_heads=4, moe_intermediate_size=inter, n_routed_experts=E
@@ -89,3 +90,40 @@ def test_alignment_groups_every_pick_once(T, E, k, block_m):
     for b in range(int(num_padded) // block_m):
         rows = used[b * block_m : (b + 1) * block_m]
         assert (flat[rows[rows < n].long()] == int(block_expert[b])).all()
+
+
+@pytest.mark.gpu
+def test_deepseek_v2_lite_shape_bf16():
+    _, w13, w2, _, _ = moe_inputs(1, 2048, 1408, 64, 6, torch.bfloat16, seed=0)  # the experts
+    for T in (1, 64, 257):
+        x, _, _, weights, ids = moe_inputs(T, 2048, 1, 64, 6, torch.bfloat16, seed=T)
+        got = fused_moe(x, w13, w2, weights, ids)
+        want = fused_moe_ref(x, w13, w2, weights, ids)
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays_new_routing():
+    """Routing and experts captured once replay correctly on other tokens and picks."""
+    T, H, inter, E, k = 16, 256, 192, 64, 6
+    x, w13, w2, _, _ = moe_inputs(T, H, inter, E, k, torch.bfloat16, seed=0)
+    logits = torch.randn(T, E, device=DEVICE)  # [T, E], refilled before each replay
+
+    def step():
+        weights, ids = grouped_topk(logits, k, n_group=8, topk_group=3, renormalize=True)
+        return fused_moe(x, w13, w2, weights, ids), weights, ids
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, weights, ids = step()
+    for seed in (1, 2):
+        gen = torch.Generator().manual_seed(seed)
+        x.copy_(randn(T, H, dtype=torch.bfloat16, gen=gen))
+        logits.copy_(randn(T, E, gen=gen))
+        graph.replay()
+        want_w, want_ids = grouped_topk(logits, k, n_group=8, topk_group=3, renormalize=True)
+        assert torch.equal(ids, want_ids)
+        want = fused_moe_ref(x, w13, w2, want_w, want_ids)
+        torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
