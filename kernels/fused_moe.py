@@ -40,7 +40,7 @@ def moe_config(num_tokens: int, top_k: int, num_experts: int) -> MoeConfig:
     return MoeConfig(64, 128, 64, group_m=8, num_stages=3)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_picks", "num_blocks_m"])  # one compile for every T
 def _moe_gemm_kernel(
     a_ptr, b_ptr, c_ptr, weight_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
     N, K, num_picks, num_blocks_m,
