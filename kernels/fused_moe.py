@@ -139,6 +139,7 @@ def fused_moe(
     assert weights.shape == ids.shape == (T, top_k), f"weights {weights.shape}, ids {ids.shape}"
     assert x.stride(1) == 1 and w13.stride(2) == 1 and w2.stride(2) == 1, "K must be contiguous"
     weights = weights.float().contiguous()  # [T, k], read at flat pick t * k + j
+    ids = ids.to(torch.int32).contiguous()  # [T, k]
     if T == 0:
         return x.new_zeros(T, H)
     cfg = config or moe_config(T, top_k, E)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kernels.moe import MoeConfig, fused_moe, fused_moe_ref, grouped_topk, moe_align_block_size
-from kernels.moe_align import max_padded_rows
+from kernels.moe_align import max_padded_rows, moe_align_block_size_ref
 from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, randn
 
 
@@ -77,19 +77,28 @@ def test_width_shards_sum_to_the_whole():
     torch.testing.assert_close(parts[0] + parts[1], want, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("T, E, k, block_m", [(1, 64, 6, 16), (33, 8, 2, 16), (7, 64, 6, 32)])
+@pytest.mark.parametrize(
+    "T, E, k, block_m",
+    [(1, 64, 6, 16), (33, 8, 2, 16), (7, 64, 6, 32), (40, 60, 6, 16), (9, 256, 8, 64),
+     (300, 8, 2, 64)],
+)  # fmt: skip
 def test_alignment_groups_every_pick_once(T, E, k, block_m):
-    ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).to(torch.int32)  # [T, k]
-    sorted_ids, block_expert, num_padded = moe_align_block_size(ids.to(DEVICE), E, block_m)
-    n = T * k
-    used = sorted_ids[: int(num_padded)].cpu()
-    assert sorted(used[used < n].tolist()) == list(range(n))
-    assert (used <= n).all() and int(num_padded) % block_m == 0
-    assert sorted_ids.numel() == max_padded_rows(n, E, block_m)
-    flat = ids.flatten()
-    for b in range(int(num_padded) // block_m):
-        rows = used[b * block_m : (b + 1) * block_m]
-        assert (flat[rows[rows < n].long()] == int(block_expert[b])).all()
+    gen = torch.Generator().manual_seed(T)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)])  # [T, k]
+    ids = ids.to(torch.int32).to(DEVICE)
+    got = moe_align_block_size(ids, E, block_m)
+    want = moe_align_block_size_ref(ids, E, block_m)
+    assert torch.equal(got.num_padded, want.num_padded)
+    assert torch.equal(got.sorted_ids, want.sorted_ids)
+    used = int(want.num_padded) // block_m
+    assert torch.equal(got.block_expert[:used], want.block_expert[:used])
+    # what the GEMM relies on: every pick once, each block one expert's, padding = T * k
+    n, rows = T * k, want.sorted_ids[: int(want.num_padded)].cpu()
+    assert sorted(rows[rows < n].tolist()) == list(range(n)) and (rows <= n).all()
+    assert got.sorted_ids.numel() == max_padded_rows(n, E, block_m)
+    experts = ids.flatten().cpu()[rows.clamp(max=n - 1).long()].view(used, block_m)
+    block_expert = want.block_expert[:used, None].cpu()
+    assert ((experts == block_expert) | (rows.view(used, block_m) == n)).all()
 
 
 @pytest.mark.gpu
