@@ -4,8 +4,9 @@ One layer's routed experts (H 2048, I 1408, E 64, k 6) at several token counts. 
 max(bytes / copy bandwidth, FLOPs / matmul rate): the bytes are the weights of the experts
 actually picked plus x and the output, the FLOPs 2 * T * k * 3 * H * I. Rows time the eager
 launch (routing excluded, the expert sort included), a CUDA-graph replay of it, the sort
-alone, and a per-expert torch loop in the same dtype (what an eager model does); `--sweep`
-times a few tile configs per token count. Writes `<out>.json` and `<out>.md`.
+alone (Triton, and its torch reference), and a per-expert torch loop in the same dtype (what
+an eager model does); `--sweep` times a few tile configs per token count. Writes `<out>.json`
+and `<out>.md`.
 
     python -m bench.kernels_moe [--sweep] [--dtype bfloat16] [--out PREFIX]
     python bench/kernels_moe.py --tiny   # CPU smoke run under TRITON_INTERPRET=1
@@ -36,6 +37,7 @@ from kernels.moe import (  # noqa: E402
     moe_align_block_size,
     moe_config,
 )
+from kernels.moe_align import moe_align_block_size_ref  # noqa: E402
 
 MATMUL_TFLOPS = 780.0  # H200 dense bf16 matmul, measured (device.md)
 SWEEP = (  # the three defaults of `moe_config`, then alternatives
@@ -103,6 +105,7 @@ def bench_tokens(T, s: MoeShape, w13, w2, dev, dtype, args) -> dict:
         "tokens": T, "experts_touched": touched, "config": asdict(cfg), "time_us": t,
         "graph_us": graph_time_us(run, s) if dev == "cuda" else None,
         "align_us": timeit(lambda: moe_align_block_size(ids, E, cfg.block_m), s),
+        "align_ref_us": timeit(lambda: moe_align_block_size_ref(ids, E, cfg.block_m), s),
         "torch_loop_us": timeit(lambda: torch_loop(x, w13, w2, weights, ids), s),
         "bytes": nbytes, "flops": flops, "bound_us": bound_us, "max_abs_err": err,
     }  # fmt: skip
@@ -128,13 +131,15 @@ def write_results(prefix: Path, meta: dict, rows: list[dict]) -> None:
     prefix.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = [f"# fused_moe ({meta['device']})", "", ", ".join(f"{k}: {v}" for k, v in meta.items()),
              "", "| T | experts hit | tiles (m/n/k) | eager (us) | graph (us) | sort (us) "
-             "| torch loop (us) | bound (us) | % of bound | GB/s | TFLOP/s | max abs err |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "| torch sort (us) | torch loop (us) "
+             "| bound (us) | % of bound | GB/s | TFLOP/s | max abs err |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
         c, g = r["config"], r["graph_us"]
         lines.append(f"| {r['tokens']} | {r['experts_touched']} | {c['block_m']}/{c['block_n']}"
                      f"/{c['block_k']} | {r['time_us']:.1f} | {'-' if g is None else f'{g:.1f}'}"
-                     f" | {r['align_us']:.1f} | {r['torch_loop_us']:.1f} | {r['bound_us']:.1f}"
+                     f" | {r['align_us']:.1f} | {r['align_ref_us']:.1f}"
+                     f" | {r['torch_loop_us']:.1f} | {r['bound_us']:.1f}"
                      f" | {r['pct_bound']:.0f} | {r['gbps']:.0f} | {r['tflops']:.1f}"
                      f" | {r['max_abs_err']:.2e} |")  # fmt: skip
     if any("sweep" in r for r in rows):
