@@ -133,6 +133,6 @@ def test_cuda_graph_replays_new_routing():
         logits.copy_(randn(T, E, gen=gen))
         graph.replay()
         want_w, want_ids = grouped_topk(logits, k, n_group=8, topk_group=3, renormalize=True)
-        assert torch.equal(ids, want_ids)
+        assert torch.equal(ids.sort(dim=-1).values, want_ids.sort(dim=-1).values)
         want = fused_moe_ref(x, w13, w2, want_w, want_ids)
         torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
