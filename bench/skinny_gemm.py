@@ -5,7 +5,9 @@ shape (N, K) and M in 1, 2, 4, 8, 16: every config of the grid below, timed insi
 graph over enough weight copies to miss L2 (as the layers of a model do), against cuBLAS:
 `F.linear` for bf16, and for fp8 the path `Fp8Linear` takes above the kernel's rows (per-token
 activation quant + row-wise `torch._scaled_mm`). Kernels are compiled first in a process pool
-(the Triton cache is shared on disk). Prints a table; writes JSON and .md to `--out`.
+(the Triton cache is shared on disk). Prints a table; writes JSON and .md to `--out`, and
+`<out>-table.json`, the config table `kernels.skinny_gemm_configs` reads (copy it to
+kernels/skinny_gemm_table.json).
 
     python -m bench.skinny_gemm [--quick] [--out bench/results/skinny-gemm]
 """
@@ -36,6 +38,7 @@ SHAPES = {  # (N, K): the layers that have it
 ROWS = (1, 2, 4, 8, 16)
 ROTATE_BYTES = 256 << 20  # weight copies cycled per timing, well over the 50 MB L2
 FP8 = torch.float8_e4m3fn
+WIN_MARGIN = 0.95  # a 16-bit shape uses the kernel only if it is 5% faster than cuBLAS
 DEVICE = "cuda"
 
 
@@ -155,6 +158,23 @@ def sweep_case(fp8: bool, n: int, k: int, cfgs: list[SkinnyConfig], weights) -> 
     return rows
 
 
+def write(out: str, res: dict) -> None:
+    """`out`.json (every row), `out`.md (the table) and `out`-table.json (the configs)."""
+    rows = res["rows"]
+    Path(f"{out}.json").write_text(json.dumps(res, indent=1) + "\n")
+    table = {"device": res["device"], "date": res["date"], "entries": [
+        {"fp8": r["kind"] == "fp8", "m_bucket": r["m_bucket"], "n": r["n"], "k": r["k"],
+         "config": r["best"], "beats_cublas": r["best_us"] < WIN_MARGIN * r["cublas_us"]}
+        for r in rows]}
+    Path(f"{out}-table.json").write_text(json.dumps(table, indent=1) + "\n")
+    md = ["| kind | layer | N x K | M | cuBLAS us | % ceil | kernel us | % ceil | config |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    md += [f"| {r['kind']} | {r['layer']} | {r['n']} x {r['k']} | {r['m']} | "
+           f"{r['cublas_us']:.1f} | {r['cublas_pct_ceiling']:.0f} | {r['best_us']:.1f} | "
+           f"{r['pct_ceiling']:.0f} | {tuple(r['best'].values())} |" for r in rows]
+    Path(f"{out}.md").write_text("\n".join(md) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one config per kind")
@@ -181,13 +201,7 @@ def main() -> None:
             print(f"{n}x{k} fp8={fp8}: {type(e).__name__}: {e}", flush=True)
         del weights
         res["seconds"] = time.monotonic() - t0
-        Path(f"{args.out}.json").write_text(json.dumps(res, indent=1) + "\n")
-    md = ["| kind | layer | N x K | M | cuBLAS us | % ceil | kernel us | % ceil | config |",
-          "|---|---|---|---|---|---|---|---|---|"]
-    md += [f"| {r['kind']} | {r['layer']} | {r['n']} x {r['k']} | {r['m']} | "
-           f"{r['cublas_us']:.1f} | {r['cublas_pct_ceiling']:.0f} | {r['best_us']:.1f} | "
-           f"{r['pct_ceiling']:.0f} | {tuple(r['best'].values())} |" for r in rows]
-    Path(f"{args.out}.md").write_text("\n".join(md) + "\n")
+        write(args.out, res)  # after every shape: a run cut short keeps what it measured
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ BLOCK_M = 16  # x rows padded to the smallest MMA width
 _workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-@triton.jit(do_not_specialize=["M", "k_per_split", "SPLIT_K"])
+@triton.jit(do_not_specialize=["M", "tiles_per_split", "SPLIT_K"])
 def _skinny_gemm_kernel(
     x_ptr,  # [M, K], unit stride along K
     w_ptr,  # [N, K], unit stride along K (16-bit or fp8)
@@ -46,7 +46,7 @@ def _skinny_gemm_kernel(
     y_ptr,  # [M, N] contiguous
     ws_ptr,  # [M * N] float32 split-K sums, all zero between calls
     lock_ptr,  # [cdiv(N, BLOCK_N)] int32 arrival counters, all zero between calls
-    M, N, K, stride_xm, stride_wn, k_per_split, SPLIT_K,
+    M, N, K, stride_xm, stride_wn, tiles_per_split, SPLIT_K,
     HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -56,15 +56,15 @@ def _skinny_gemm_kernel(
     offs_m = tl.arange(0, BLOCK_M)  # [BM]
     mask_n = offs_n < N
     mask_m = offs_m < M
-    k_lo = pid_k * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
+    t_lo = pid_k * tiles_per_split  # this slice's BLOCK_K tiles of K
+    t_hi = tl.minimum(t_lo + tiles_per_split, tl.cdiv(K, BLOCK_K))
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BN, 1]
     x_rows = x_ptr + offs_m[:, None] * stride_xm  # [BM, 1]
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)  # [BK]
-        # Slices start on a BLOCK_K boundary, so only the last tile of K is partial: the
-        # mask compares with K (divisible by 16, which keeps the loads 16 bytes wide).
+    for t in range(t_lo, t_hi):
+        # Tile starts are multiples of BLOCK_K (known to the compiler: 16-byte loads), and
+        # only the last tile of K can be partial.
+        offs_k = t * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK]
         mask_k = (offs_k < K) | EVEN_K
         w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
                     other=0.0, eviction_policy="evict_first")  # [BN, BK]
@@ -133,14 +133,15 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | Non
     fp8 = weight.dtype == torch.float8_e4m3fn
     cfg = config or pick_config(fp8, M, N, K)
     dot = cfg.dot or M > 1
-    k_per_split = triton.cdiv(triton.cdiv(K, cfg.split_k), cfg.block_k) * cfg.block_k
-    split = triton.cdiv(K, k_per_split)
+    tiles = triton.cdiv(K, cfg.block_k)
+    tiles_per_split = triton.cdiv(tiles, cfg.split_k)
+    split = triton.cdiv(tiles, tiles_per_split)
     grid = (triton.cdiv(N, cfg.block_n), split)
-    ws, lock = _workspace(x.device, M * N, grid[0]) if split > 1 else (x, x)
+    ws, lock = _workspace(x.device, M * N if split > 1 else 1, grid[0] if split > 1 else 1)
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     _skinny_gemm_kernel[grid](
         x, weight, scale if scale is not None else x, bias if bias is not None else x, y,
-        ws, lock, M, N, K, x.stride(0), weight.stride(0), k_per_split,
+        ws, lock, M, N, K, x.stride(0), weight.stride(0), tiles_per_split,
         SPLIT_K=split, HAS_SCALE=scale is not None, HAS_BIAS=bias is not None,
         EVEN_K=K % cfg.block_k == 0, DOT=dot,
         BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,

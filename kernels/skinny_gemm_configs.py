@@ -1,16 +1,21 @@
 """Launch configs of `kernels.skinny_gemm`, chosen by a table measured on the GPU.
 
-`TABLE` maps (fp8 weight, M bucket, N, K) to the fastest config of the sweep
-(`bench/skinny_gemm.py`); `BEATS_CUBLAS` holds the 16-bit keys where that config beat
-cuBLAS, the only places the 16-bit linears use the kernel. Shapes the table does not hold
-get `rule_config`: enough split-K to put about three programs on each SM.
+`skinny_gemm_table.json` beside this file is what `bench.skinny_gemm` writes as
+`<out>-table.json`: for each (fp8 weight, M bucket, N, K) it swept, the fastest config and
+whether it beat cuBLAS. `TABLE` holds the configs; `BEATS_CUBLAS` the 16-bit keys where the
+kernel won, the only places the 16-bit linears use it. Shapes the table does not hold get
+`rule_config`: enough split-K to put about three programs on each SM. Without the file the
+table is empty: fp8 runs on `rule_config`, 16-bit linears stay on cuBLAS.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 SMS = 132  # H200 streaming multiprocessors
+TABLE_FILE = Path(__file__).with_name("skinny_gemm_table.json")
 
 
 @dataclass(frozen=True)
@@ -50,5 +55,18 @@ def beats_cublas(m: int, n: int, k: int) -> bool:
     return (m_bucket(m), n, k) in BEATS_CUBLAS
 
 
-TABLE: dict[tuple[bool, int, int, int], SkinnyConfig] = {}
-BEATS_CUBLAS: frozenset[tuple[int, int, int]] = frozenset()
+def load_table(path: Path) -> tuple[dict[tuple[bool, int, int, int], SkinnyConfig],
+                                     frozenset[tuple[int, int, int]]]:
+    """(configs by (fp8, M bucket, N, K), 16-bit (M bucket, N, K) keys that beat cuBLAS)
+    from a table file; both empty when there is none."""
+    if not path.exists():
+        return {}, frozenset()
+    entries = json.loads(path.read_text())["entries"]
+    table = {(e["fp8"], e["m_bucket"], e["n"], e["k"]): SkinnyConfig(**e["config"])
+             for e in entries}
+    wins = frozenset((e["m_bucket"], e["n"], e["k"]) for e in entries
+                     if not e["fp8"] and e["beats_cublas"])
+    return table, wins
+
+
+TABLE, BEATS_CUBLAS = load_table(TABLE_FILE)

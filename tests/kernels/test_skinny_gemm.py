@@ -1,8 +1,16 @@
+import json
+
 import pytest
 import torch
 
 from kernels.skinny_gemm import MAX_ROWS, _workspaces, skinny_gemm, skinny_gemm_ref
-from kernels.skinny_gemm_configs import SkinnyConfig, m_bucket, pick_config, rule_config
+from kernels.skinny_gemm_configs import (
+    SkinnyConfig,
+    load_table,
+    m_bucket,
+    pick_config,
+    rule_config,
+)
 from tests.kernels.cases import DEVICE, DTYPES, randn
 
 FP8 = torch.float8_e4m3fn
@@ -62,3 +70,18 @@ def test_strided_rows_and_unmeasured_shapes():
     assert m_bucket(1) == 1 and m_bucket(3) == 4 and m_bucket(16) == 16
     assert pick_config(True, 3, 24, 80) == rule_config(True, 3, 24, 80)
     assert rule_config(True, 1, 4096, 4096).split_k > 1  # a small N is split to fill the SMs
+
+
+def test_table_file_picks_configs_and_cublas_wins(tmp_path):
+    cfg = {"block_n": 64, "block_k": 128, "split_k": 4, "num_warps": 8, "num_stages": 2,
+           "dot": True}
+    entries = [{"fp8": True, "m_bucket": 4, "n": 96, "k": 512, "config": cfg,
+                "beats_cublas": False},
+               {"fp8": False, "m_bucket": 1, "n": 96, "k": 512, "config": cfg,
+                "beats_cublas": True}]
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"device": "test", "entries": entries}))
+    table, wins = load_table(path)
+    assert table[(True, 4, 96, 512)] == SkinnyConfig(**cfg)
+    assert wins == {(1, 96, 512)}
+    assert load_table(tmp_path / "missing.json") == ({}, frozenset())
