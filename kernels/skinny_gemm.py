@@ -34,7 +34,7 @@ from kernels.skinny_gemm_configs import SkinnyConfig, pick_config
 MAX_ROWS = 16  # x rows one launch handles; larger batches go to the tensor-core GEMMs
 BLOCK_M = 16  # x rows padded to the smallest MMA width
 
-_workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+_workspaces: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
 
 @triton.jit(do_not_specialize=["M", "tiles_per_split", "SPLIT_K"])
@@ -103,17 +103,15 @@ def _skinny_epilogue(acc, offs_n, mask_n, y_tile, mask, scale_ptr, b_ptr, y_ptr,
     tl.store(y_ptr + y_tile, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _workspace(device: torch.device, sums: int, locks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The device's zeroed split-K sums (float32) and counters (int32), grown on demand.
-    Model warm-up reaches the largest sizes before any graph capture."""
-    ws, lock = _workspaces.get(device, (None, None))
-    if ws is None or ws.numel() < sums or lock.numel() < locks:
-        ws = torch.zeros(max(sums, 0 if ws is None else ws.numel()), dtype=torch.float32,
-                         device=device)
-        lock = torch.zeros(max(locks, 0 if lock is None else lock.numel()), dtype=torch.int32,
-                           device=device)
-        _workspaces[device] = (ws, lock)
-    return ws, lock
+def _workspace(device: torch.device, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The device's zeroed split-K sums (float32, room for MAX_ROWS x n) and counters (int32,
+    n), grown when a wider layer comes. A grown-out pair stays allocated: a CUDA graph
+    captured with it keeps using it. The first forward of a model reaches the widest layer."""
+    pairs = _workspaces.setdefault(device, [])
+    if not pairs or pairs[-1][1].numel() < n:
+        pairs.append((torch.zeros(MAX_ROWS * n, dtype=torch.float32, device=device),
+                      torch.zeros(n, dtype=torch.int32, device=device)))
+    return pairs[-1]
 
 
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
@@ -137,7 +135,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | Non
     tiles_per_split = triton.cdiv(tiles, cfg.split_k)
     split = triton.cdiv(tiles, tiles_per_split)
     grid = (triton.cdiv(N, cfg.block_n), split)
-    ws, lock = _workspace(x.device, M * N if split > 1 else 1, grid[0] if split > 1 else 1)
+    ws, lock = _workspace(x.device, N)
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     _skinny_gemm_kernel[grid](
         x, weight, scale if scale is not None else x, bias if bias is not None else x, y,
