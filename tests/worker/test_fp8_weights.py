@@ -1,8 +1,9 @@
 """FP8 weights (`--quantization fp8`): the fp8 linear against its reference, quantization at
 load, and whole models against their 16-bit twins on the same weights.
 
-On the CPU the linear runs dequantized; the `gpu` cases check `torch._scaled_mm`'s path and
-CUDA-graph decode against the same references.
+On the CPU the linear runs dequantized; the `gpu` cases check the skinny-matmul kernel (up to
+16 tokens, weight-only) and `torch._scaled_mm`'s path, and CUDA-graph decode, against the same
+references.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from runtime.worker.quant.fp8_linear import (
 from runtime.worker.tp import TPGroup
 from tests.worker.batching import Chunk, Driver, greedy
 
-# (tokens, in, out): odd sizes run dequantized everywhere; multiples of 16 take _scaled_mm
+# (tokens, in, out): up to 16 tokens run weight-only (the skinny kernel on CUDA); above,
+# odd sizes run dequantized everywhere and multiples of 16 take _scaled_mm
 SHAPES = [(1, 77, 33), (7, 100, 48), (3, 64, 96), (17, 256, 512)]
 
 
@@ -167,7 +169,7 @@ def test_smollm2_fp8_keeps_the_next_token():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_scaled_mm_path_matches_reference(shape, dtype):
+def test_kernel_and_scaled_mm_paths_match_reference(shape, dtype):
     tokens, k, out = shape
     w, bias = weights(out, k).cuda(), torch.randn(out).cuda() * 0.1
     x = (torch.randn(tokens, k, device="cuda") * 2).to(dtype)

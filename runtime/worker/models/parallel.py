@@ -1,5 +1,6 @@
 """Tensor-parallel layers whose output needs the group: row-parallel linear and
-vocab-parallel embedding. Column-parallel layers are plain `nn.Linear`s holding fewer rows.
+vocab-parallel embedding. Column-parallel layers are `nn.Linear`s (`DenseLinear`) holding
+fewer rows.
 
 Both keep `nn.Linear`'s / `nn.Embedding`'s parameter names, so checkpoints map onto them
 unchanged; with a group of one they compute exactly what the plain modules compute.
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.worker.models.dense_linear import DenseLinear, dense_linear
 from runtime.worker.quant.fp8_linear import Fp8Linear, fp8_linear
 from runtime.worker.tp import TPGroup
 
@@ -23,7 +25,7 @@ def column_linear(in_features: int, out_local: int, bias: bool, quantization: st
     """A column-parallel projection (this rank's `out_local` output rows), 16-bit or fp8."""
     if quantization == "fp8":
         return Fp8Linear(in_features, out_local, bias)
-    return nn.Linear(in_features, out_local, bias=bias)
+    return DenseLinear(in_features, out_local, bias=bias)
 
 
 def row_linear(in_local: int, out_features: int, bias: bool, tp: TPGroup,
@@ -47,8 +49,8 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.linear(x, self.weight, self.bias)  # [T, out]
-        y = self.tp.all_reduce(F.linear(x, self.weight))  # [T, out], summed over ranks
+            return dense_linear(x, self.weight, self.bias)  # [T, out]
+        y = self.tp.all_reduce(dense_linear(x, self.weight))  # [T, out], summed over ranks
         return y if self.bias is None else y + self.bias
 
 

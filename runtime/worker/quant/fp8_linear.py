@@ -1,15 +1,20 @@
 """FP8 weights (`--quantization fp8`): a linear layer holding float8_e4m3fn weights with one
 float32 scale per output channel, quantized at load from a 16-bit checkpoint.
 
-At run time each token's activations are quantized too, with a scale of their own (dynamic,
-per token: `kernels.fp8_quant`), and the product is `y[t, o] = s_x[t] * s_w[o] * (q_x q_w^T)[t, o]`.
-On a CUDA device with fp8 matmul (compute capability 8.9+) that is one `torch._scaled_mm`
-(row-wise scales, bf16 out); elsewhere, and for shapes `_scaled_mm` refuses (a dim not a
-multiple of 16), the same numbers are computed by dequantizing both operands and multiplying
-in float32: correct, not fast. Float16 and float32 models get the bf16 product cast to their
-dtype (row-wise `_scaled_mm` writes bf16 only). Per-output-channel scales make fused and
-sharded weights simple: the rows of Q, K and V (or gate and up) quantize independently, and
-a row-parallel shard is quantized over the columns it holds.
+At most `WEIGHT_ONLY_ROWS` tokens (decode batches) run weight-only: the activations stay in
+16 bits and the product is `y[t, o] = s_w[o] * (x q_w^T)[t, o]`, on CUDA one
+`kernels.skinny_gemm` launch that streams the fp8 weight and widens it in registers (the
+step is bound by weight bytes, and quantizing the few activation rows would cost more than
+it saves). Larger batches quantize each token's activations too, with a scale of their own
+(dynamic, per token: `kernels.fp8_quant`), and the product is
+`y[t, o] = s_x[t] * s_w[o] * (q_x q_w^T)[t, o]`. On a CUDA device with fp8 matmul (compute
+capability 8.9+) that is one `torch._scaled_mm` (row-wise scales, bf16 out); elsewhere, and
+for shapes `_scaled_mm` refuses (a dim not a multiple of 16), the same numbers are computed
+by dequantizing the operands and multiplying in float32: correct, not fast. Float16 and
+float32 models get the bf16 product cast to their dtype (row-wise `_scaled_mm` writes bf16
+only). Per-output-channel scales make fused and sharded weights simple: the rows of Q, K and
+V (or gate and up) quantize independently, and a row-parallel shard is quantized over the
+columns it holds.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.fp8_quant import FP8, FP8_MAX, per_token_fp8, per_token_fp8_ref
+from kernels.skinny_gemm import MAX_ROWS, skinny_gemm
 
 MIN_CAPABILITY = (8, 9)  # Ada and Hopper onwards have fp8 tensor cores
 SCALED_MM_ALIGN = 16  # _scaled_mm wants both weight dims a multiple of this
+WEIGHT_ONLY_ROWS = MAX_ROWS  # up to this many tokens the activations are not quantized
 
 
 class QuantizationError(ValueError):
@@ -61,7 +68,13 @@ def _scaled_mm_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
     """x `[T, in]` times fp8 `weight` `[out, in]` with `weight_scale` `[out]` (+ bias) ->
-    `[T, out]` in x's dtype, the activations quantized per token. No host sync."""
+    `[T, out]` in x's dtype: weight-only up to `WEIGHT_ONLY_ROWS` tokens, above that the
+    activations quantized per token. No host sync."""
+    if 0 < x.shape[0] <= WEIGHT_ONLY_ROWS:
+        if x.is_cuda:
+            return skinny_gemm(x.contiguous(), weight, weight_scale, bias)  # [T, out]
+        y = F.linear(x.float(), weight.float() * weight_scale[:, None])  # [T, out] f32
+        return (y if bias is None else y + bias.float()).to(x.dtype)
     if _scaled_mm_ok(x, weight):
         xq, xs = per_token_fp8(x)  # [T, in] fp8, [T, 1] f32
         fused = bias if bias is not None and bias.dtype == torch.bfloat16 else None
@@ -79,9 +92,10 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
 def fp8_linear_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None
                    ) -> torch.Tensor:
     """Reference of an fp8 linear from its 16-bit weight `w` `[out, in]`: quantize w per
-    output channel and x `[T, in]` per token, dequantize both, multiply in float32."""
+    output channel and, above `WEIGHT_ONLY_ROWS` tokens, x `[T, in]` per token; dequantize,
+    multiply in float32."""
     wq, ws = quantize_rows(w)
-    xq, xs = per_token_fp8_ref(x)
+    xq, xs = per_token_fp8_ref(x) if x.shape[0] > WEIGHT_ONLY_ROWS else (x, 1.0)
     y = (xq.float() * xs) @ (wq.float() * ws[:, None]).t()  # [T, out] f32
     return (y if bias is None else y + bias.float()).to(x.dtype)
 

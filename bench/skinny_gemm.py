@@ -1,0 +1,208 @@
+"""Sweep `kernels.skinny_gemm` launch configs against cuBLAS on the decode linears.
+
+For each weight kind (bf16, fp8 e4m3 + per-channel scale), llama3-8b and llama-7b projection
+shape (N, K) and M in 1, 2, 4, 8, 16: every config of the grid below, timed inside a CUDA
+graph over enough weight copies to miss L2 (as the layers of a model do), against cuBLAS:
+`F.linear` for bf16, and for fp8 the path `Fp8Linear` takes above the kernel's rows (per-token
+activation quant + row-wise `torch._scaled_mm`). Kernels are compiled first in a process pool
+(the Triton cache is shared on disk). Prints a table; writes JSON and .md to `--out`, and
+`<out>-table.json`, the config table `kernels.skinny_gemm_configs` reads (copy it to
+kernels/skinny_gemm_table.json).
+
+    python -m bench.skinny_gemm [--quick] [--out bench/results/skinny-gemm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from multiprocessing import get_context
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from kernels.skinny_gemm_configs import SkinnyConfig, m_bucket
+
+CEILING_GBPS = 4260.0  # H200 device-to-device copy (docs/device.md)
+SHAPES = {  # (N, K): the layers that have it
+    (6144, 4096): "llama3-8b qkv", (4096, 4096): "o (both)", (28672, 4096): "llama3-8b gate_up",
+    (4096, 14336): "llama3-8b down", (12288, 4096): "llama-7b qkv",
+    (22016, 4096): "llama-7b gate_up", (4096, 11008): "llama-7b down",
+}
+ROWS = (1, 2, 4, 8, 16)
+ROTATE_BYTES = 256 << 20  # weight copies cycled per timing, well over the 50 MB L2
+FP8 = torch.float8_e4m3fn
+WIN_MARGIN = 0.95  # a 16-bit shape uses the kernel only if it is 5% faster than cuBLAS
+DEVICE = "cuda"
+
+
+def grid(fp8: bool, quick: bool) -> list[SkinnyConfig]:
+    """Every config without split-K (split is a runtime argument, swept per shape)."""
+    bns, bks = (16, 32, 64), ((256, 512, 1024) if fp8 else (128, 256, 512))
+    row_bns, row_bks = (8, 16, 32), ((512, 1024, 2048) if fp8 else (256, 512, 1024))
+    warps, stages = (4, 8), (2, 4)
+    if quick:
+        bns, bks, row_bns, row_bks, warps, stages = (32,), bks[1:2], (16,), row_bks[1:2], (4,), (3,)
+    out = [SkinnyConfig(bn, bk, 1, w, s, True)
+           for bn, bk, w, s in itertools.product(bns, bks, warps, stages)]
+    out += [SkinnyConfig(bn, bk, 1, w, s, False)
+            for bn, bk, w, s in itertools.product(row_bns, row_bks, warps, stages)]
+    return out
+
+
+def splits(cfg: SkinnyConfig, n: int, k: int) -> list[int]:
+    """Split-K values worth timing: 1, and those that put 132..1600 programs on the grid."""
+    tiles = -(-n // cfg.block_n)
+    return [s for s in (1, 2, 4, 8, 16)
+            if s == 1 or (tiles * s <= 1600 and k // s >= cfg.block_k and tiles * (s // 2) < 400)]
+
+
+def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = w.float().abs().amax(1).clamp(min=1e-12) / 448.0  # [N]
+    return (w.float() / scale[:, None]).clamp(-448, 448).to(FP8), scale
+
+
+def compile_batch(cfgs: list[tuple[bool, SkinnyConfig]]) -> int:
+    """Compile (run once) each config in this worker; fills the on-disk Triton cache."""
+    from kernels.skinny_gemm import skinny_gemm
+
+    x = torch.randn(2, 4112, device=DEVICE, dtype=torch.bfloat16)
+    for k in (4096, 4112):  # K a multiple of every block_k (unmasked loads), and not
+        w = torch.randn(1024, k, device=DEVICE, dtype=torch.bfloat16)
+        q, s = quantize(w)
+        for fp8, cfg in cfgs:
+            xm = x[: 2 if cfg.dot else 1, :k]
+            for split in (1, 2):
+                skinny_gemm(xm, q if fp8 else w, s if fp8 else None,
+                            config=SkinnyConfig(**{**asdict(cfg), "split_k": split}))
+    torch.cuda.synchronize()
+    return len(cfgs)
+
+
+def graph_us(calls: list) -> float:
+    """Median time of one call, the calls captured back to back in a CUDA graph."""
+    for c in calls[:2]:
+        c()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    g.replay()
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / len(calls))
+    return statistics.median(times)
+
+
+def fp8_cublas(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """`Fp8Linear`'s tensor-core path: per-token activation quant, row-wise `_scaled_mm`."""
+    from kernels.fp8_quant import per_token_fp8
+
+    xq, xs = per_token_fp8(x)  # [M, K] fp8, [M, 1] f32
+    return torch._scaled_mm(xq, q.t(), scale_a=xs, scale_b=s.view(1, -1),
+                            out_dtype=torch.bfloat16)  # [M, N]
+
+
+def sweep_case(fp8: bool, n: int, k: int, cfgs: list[SkinnyConfig], weights) -> list[dict]:
+    from kernels.skinny_gemm import skinny_gemm, skinny_gemm_ref
+
+    wbytes = n * k * (1 if fp8 else 2)
+    rows = []
+    for m in ROWS:
+        x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+        if fp8:
+            base = [lambda q=q, s=s, x=x: fp8_cublas(x, q, s) for q, s in weights]
+        else:
+            base = [lambda w=w, x=x: F.linear(x, w) for w, in weights]
+        cublas = graph_us(base)
+        timed = []
+        for cfg in cfgs:
+            if not cfg.dot and m > 1:
+                continue
+            for s in splits(cfg, n, k):
+                c = SkinnyConfig(**{**asdict(cfg), "split_k": s})
+                try:
+                    us = graph_us([lambda t=t, c=c, x=x: skinny_gemm(x, *t, config=c)
+                                   for t in weights])
+                except Exception as e:  # noqa: BLE001 - a config that fails is reported, skipped
+                    print(f"  {c}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                    continue
+                timed.append((us, c))
+        timed.sort(key=lambda t: t[0])
+        best_us, best = timed[0]
+        y = skinny_gemm(x, *weights[0], config=best).float()
+        want = skinny_gemm_ref(x, *weights[0]).float()
+        err = ((y - want).norm() / want.norm()).item()
+        rows.append({
+            "kind": "fp8" if fp8 else "bf16", "n": n, "k": k, "m": m, "m_bucket": m_bucket(m),
+            "layer": SHAPES[(n, k)], "weight_mb": wbytes / 1e6, "cublas_us": cublas,
+            "best_us": best_us, "best": asdict(best), "rel_err": err,
+            "pct_ceiling": wbytes / best_us / 1e3 / CEILING_GBPS * 100,
+            "cublas_pct_ceiling": wbytes / cublas / 1e3 / CEILING_GBPS * 100,
+            "top": [{"us": u, **asdict(c)} for u, c in timed[:6]]})
+        r = rows[-1]
+        print(f"{r['kind']:4} {n:6}x{k:<6} M={m:2} cublas {cublas:7.1f} us  best {best_us:7.1f} "
+              f"us ({r['pct_ceiling']:5.1f}%) {best} err {err:.1e}", flush=True)
+    return rows
+
+
+def write(out: str, res: dict) -> None:
+    """`out`.json (every row), `out`.md (the table) and `out`-table.json (the configs)."""
+    rows = res["rows"]
+    Path(f"{out}.json").write_text(json.dumps(res, indent=1) + "\n")
+    table = {"device": res["device"], "date": res["date"], "entries": [
+        {"fp8": r["kind"] == "fp8", "m_bucket": r["m_bucket"], "n": r["n"], "k": r["k"],
+         "config": r["best"], "beats_cublas": r["best_us"] < WIN_MARGIN * r["cublas_us"]}
+        for r in rows]}
+    Path(f"{out}-table.json").write_text(json.dumps(table, indent=1) + "\n")
+    md = ["| kind | layer | N x K | M | cuBLAS us | % ceil | kernel us | % ceil | config |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    md += [f"| {r['kind']} | {r['layer']} | {r['n']} x {r['k']} | {r['m']} | "
+           f"{r['cublas_us']:.1f} | {r['cublas_pct_ceiling']:.0f} | {r['best_us']:.1f} | "
+           f"{r['pct_ceiling']:.0f} | {tuple(r['best'].values())} |" for r in rows]
+    Path(f"{out}.md").write_text("\n".join(md) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one config per kind")
+    ap.add_argument("--workers", type=int, default=14, help="compile processes")
+    ap.add_argument("--out", default="bench/results/skinny-gemm")
+    args = ap.parse_args()
+    t0 = time.monotonic()
+    jobs = [(fp8, c) for fp8 in (True, False) for c in grid(fp8, args.quick)]
+    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
+        list(pool.map(compile_batch, [jobs[i::args.workers] for i in range(args.workers)]))
+    print(f"compiled {len(jobs)} configs in {time.monotonic() - t0:.0f} s", flush=True)
+    rows: list[dict] = []
+    res = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE,
+           "date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__, "rows": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    for fp8, (n, k) in itertools.product((True, False), SHAPES):
+        w = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16)
+        copies = max(2, -(-ROTATE_BYTES // (n * k * (1 if fp8 else 2))))
+        weights = [quantize(w) if fp8 else (w.clone(),) for _ in range(copies)]
+        del w
+        try:
+            rows += sweep_case(fp8, n, k, grid(fp8, args.quick), weights)
+        except Exception as e:  # noqa: BLE001 - keep the other shapes' results
+            print(f"{n}x{k} fp8={fp8}: {type(e).__name__}: {e}", flush=True)
+        del weights
+        res["seconds"] = time.monotonic() - t0
+        write(args.out, res)  # after every shape: a run cut short keeps what it measured
+
+
+if __name__ == "__main__":
+    main()

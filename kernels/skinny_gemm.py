@@ -1,0 +1,156 @@
+"""Skinny matmul y = x W^T (* scale) (+ b) for a few rows of x: the decode-time linear layers.
+
+At decode batch 1..16 a linear layer reads its whole weight to produce a handful of outputs,
+so it is memory bound and the kernel's job is to stream W at the device's bandwidth. W is
+16-bit or float8_e4m3fn with one float32 scale per output channel (weight-only fp8: the
+weight is widened to x's dtype in registers and the activations are never quantized).
+
+Each program owns BLOCK_N output channels and one of SPLIT_K slices of K. It streams its
+`[BLOCK_N, BLOCK_K]` weight tiles (contiguous along K, 16-byte loads) against all M rows of x
+(held as a `[BLOCK_M, BLOCK_K]` tile, BLOCK_M = 16) and accumulates in float32: with `DOT` as
+a tensor-core product with the operands swapped (acc `[BLOCK_N, BLOCK_M]` = W x^T, so the
+tiny M is the MMA's N side), without it as a broadcast multiply and row sum (M = 1 only).
+Split-K lets a small N fill the 132 SMs: each slice adds its partial sums into a float32
+workspace with atomics, bumps a per-column-block counter, and the slice that arrives last
+reads the sums back (an atomic add of zero, served by L2), zeroes them, writes y and resets
+the counter.
+The workspace and counters are therefore all-zero between calls and the kernel needs no
+memset: one launch per linear, safe to capture in a CUDA graph. Calls that share a workspace
+must not run concurrently (one compute stream).
+
+Launch configs come from `kernels.skinny_gemm_configs`, a table measured on the GPU keyed on
+(weight kind, M bucket, N, K), with a rule for shapes it does not hold: no autotuning, so
+nothing is compiled or benchmarked inside a graph capture.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.skinny_gemm_configs import SkinnyConfig, pick_config
+
+MAX_ROWS = 16  # x rows one launch handles; larger batches go to the tensor-core GEMMs
+BLOCK_M = 16  # x rows padded to the smallest MMA width
+
+_workspaces: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+
+@triton.jit(do_not_specialize=["M", "tiles_per_split", "SPLIT_K"])
+def _skinny_gemm_kernel(
+    x_ptr,  # [M, K], unit stride along K
+    w_ptr,  # [N, K], unit stride along K (16-bit or fp8)
+    scale_ptr,  # [N] float32 when HAS_SCALE
+    b_ptr,  # [N] when HAS_BIAS
+    y_ptr,  # [M, N] contiguous
+    ws_ptr,  # [M * N] float32 split-K sums, all zero between calls
+    lock_ptr,  # [cdiv(N, BLOCK_N)] int32 arrival counters, all zero between calls
+    M, N, K, stride_xm, stride_wn, tiles_per_split, SPLIT_K,
+    HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    offs_m = tl.arange(0, BLOCK_M)  # [BM]
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    t_lo = pid_k * tiles_per_split  # this slice's BLOCK_K tiles of K
+    t_hi = tl.minimum(t_lo + tiles_per_split, tl.cdiv(K, BLOCK_K))
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BN, 1]
+    x_rows = x_ptr + offs_m[:, None] * stride_xm  # [BM, 1]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    for t in range(t_lo, t_hi):
+        # Tile starts are multiples of BLOCK_K (known to the compiler: 16-byte loads), and
+        # only the last tile of K can be partial.
+        offs_k = t * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK]
+        mask_k = (offs_k < K) | EVEN_K
+        w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
+                    other=0.0, eviction_policy="evict_first")  # [BN, BK]
+        if DOT:
+            x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
+                        other=0.0)  # [BM, BK]
+            acc += tl.dot(w.to(x.dtype), tl.trans(x))  # [BN, BM]
+        else:
+            x1 = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)  # [BK], row 0
+            acc += tl.sum(w.to(tl.float32) * x1[None, :], axis=1)[:, None]  # [BN, 1] -> all M
+    y_tile = offs_m[None, :] * N + offs_n[:, None]  # [BN, BM] offsets into y (and ws)
+    mask = mask_n[:, None] & mask_m[None, :]  # [BN, BM]
+    if SPLIT_K > 1:
+        tl.atomic_add(ws_ptr + y_tile, acc, mask=mask, sem="relaxed")
+        tl.debug_barrier()
+        arrived = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            zero = tl.zeros_like(acc)
+            acc = tl.atomic_add(ws_ptr + y_tile, zero, mask=mask, sem="acquire")  # read at L2
+            tl.store(ws_ptr + y_tile, zero, mask=mask)
+            tl.atomic_xchg(lock_ptr + pid_n, 0)
+            _skinny_epilogue(acc, offs_n, mask_n, y_tile, mask, scale_ptr, b_ptr, y_ptr,
+                             HAS_SCALE, HAS_BIAS)
+    else:
+        _skinny_epilogue(acc, offs_n, mask_n, y_tile, mask, scale_ptr, b_ptr, y_ptr,
+                         HAS_SCALE, HAS_BIAS)
+
+
+@triton.jit
+def _skinny_epilogue(acc, offs_n, mask_n, y_tile, mask, scale_ptr, b_ptr, y_ptr,
+                     HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    if HAS_SCALE:
+        acc *= tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)[:, None]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
+    tl.store(y_ptr + y_tile, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _workspace(device: torch.device, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The device's zeroed split-K sums (float32, room for MAX_ROWS x n) and counters (int32,
+    n), grown when a wider layer comes. A grown-out pair stays allocated: a CUDA graph
+    captured with it keeps using it. The first forward of a model reaches the widest layer."""
+    pairs = _workspaces.setdefault(device, [])
+    if not pairs or pairs[-1][1].numel() < n:
+        pairs.append((torch.zeros(MAX_ROWS * n, dtype=torch.float32, device=device),
+                      torch.zeros(n, dtype=torch.int32, device=device)))
+    return pairs[-1]
+
+
+def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None, *,
+                config: SkinnyConfig | None = None) -> torch.Tensor:
+    """x `[M, K]` (1 <= M <= MAX_ROWS, unit stride along K) times `weight` `[N, K]` (16-bit
+    or float8_e4m3fn, unit stride along K) transposed, each output channel times `scale`
+    `[N]` float32 when given, plus `bias` `[N]`: y `[M, N]` in x's dtype, float32 accumulate."""
+    assert x.dim() == 2 and weight.dim() == 2, "x must be [M, K] and weight [N, K]"
+    M, K = x.shape
+    N = weight.shape[0]
+    assert weight.shape[1] == K, f"x has K={K}, weight {tuple(weight.shape)}"
+    assert 1 <= M <= MAX_ROWS, f"skinny_gemm handles 1..{MAX_ROWS} rows, got {M}"
+    assert x.stride(1) == 1 and weight.stride(1) == 1, "x and weight need unit stride along K"
+    for name, t in (("scale", scale), ("bias", bias)):
+        assert t is None or (t.shape == (N,) and t.is_contiguous()), f"{name} must be [{N}]"
+    fp8 = weight.dtype == torch.float8_e4m3fn
+    cfg = config or pick_config(fp8, M, N, K)
+    dot = cfg.dot or M > 1
+    tiles = triton.cdiv(K, cfg.block_k)
+    tiles_per_split = triton.cdiv(tiles, cfg.split_k)
+    split = triton.cdiv(tiles, tiles_per_split)
+    grid = (triton.cdiv(N, cfg.block_n), split)
+    ws, lock = _workspace(x.device, N)
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    _skinny_gemm_kernel[grid](
+        x, weight, scale if scale is not None else x, bias if bias is not None else x, y,
+        ws, lock, M, N, K, x.stride(0), weight.stride(0), tiles_per_split,
+        SPLIT_K=split, HAS_SCALE=scale is not None, HAS_BIAS=bias is not None,
+        EVEN_K=K % cfg.block_k == 0, DOT=dot,
+        BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return y
+
+
+def skinny_gemm_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Torch reference of `skinny_gemm`: the product in float32, rounded to x's dtype."""
+    w = weight.float() if scale is None else weight.float() * scale[:, None]  # [N, K]
+    y = x.float() @ w.T  # [M, N]
+    return (y if bias is None else y + bias.float()).to(x.dtype)

@@ -1,0 +1,72 @@
+"""Launch configs of `kernels.skinny_gemm`, chosen by a table measured on the GPU.
+
+`skinny_gemm_table.json` beside this file is what `bench.skinny_gemm` writes as
+`<out>-table.json`: for each (fp8 weight, M bucket, N, K) it swept, the fastest config and
+whether it beat cuBLAS. `TABLE` holds the configs; `BEATS_CUBLAS` the 16-bit keys where the
+kernel won, the only places the 16-bit linears use it. Shapes the table does not hold get
+`rule_config`: enough split-K to put about three programs on each SM. Without the file the
+table is empty: fp8 runs on `rule_config`, 16-bit linears stay on cuBLAS.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+SMS = 132  # H200 streaming multiprocessors
+TABLE_FILE = Path(__file__).with_name("skinny_gemm_table.json")
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """Launch knobs: output channels and K elements per tile, K slices, warps, pipeline
+    stages, and whether M = 1 also goes through the tensor-core product."""
+
+    block_n: int = 32
+    block_k: int = 256
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    dot: bool = True
+
+
+def m_bucket(m: int) -> int:
+    """The power of two at or above m: the table's row key."""
+    return 1 << max(0, m - 1).bit_length()
+
+
+def rule_config(fp8: bool, m: int, n: int, k: int) -> SkinnyConfig:
+    """A config for a shape the sweep did not measure."""
+    block_n, block_k = 32, 512 if fp8 else 256
+    split = 1
+    while -(-n // block_n) * split < 3 * SMS and k // (block_k * split * 2) >= 2:
+        split *= 2
+    return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split)
+
+
+def pick_config(fp8: bool, m: int, n: int, k: int) -> SkinnyConfig:
+    """The measured config for (fp8, bucket(m), n, k), else `rule_config`."""
+    return TABLE.get((fp8, m_bucket(m), n, k)) or rule_config(fp8, m, n, k)
+
+
+def beats_cublas(m: int, n: int, k: int) -> bool:
+    """Whether the kernel measured faster than cuBLAS for a 16-bit weight of this shape."""
+    return (m_bucket(m), n, k) in BEATS_CUBLAS
+
+
+def load_table(path: Path) -> tuple[dict[tuple[bool, int, int, int], SkinnyConfig],
+                                     frozenset[tuple[int, int, int]]]:
+    """(configs by (fp8, M bucket, N, K), 16-bit (M bucket, N, K) keys that beat cuBLAS)
+    from a table file; both empty when there is none."""
+    if not path.exists():
+        return {}, frozenset()
+    entries = json.loads(path.read_text())["entries"]
+    table = {(e["fp8"], e["m_bucket"], e["n"], e["k"]): SkinnyConfig(**e["config"])
+             for e in entries}
+    wins = frozenset((e["m_bucket"], e["n"], e["k"]) for e in entries
+                     if not e["fp8"] and e["beats_cublas"])
+    return table, wins
+
+
+TABLE, BEATS_CUBLAS = load_table(TABLE_FILE)

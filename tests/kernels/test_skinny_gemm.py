@@ -1,0 +1,87 @@
+import json
+
+import pytest
+import torch
+
+from kernels.skinny_gemm import MAX_ROWS, _workspaces, skinny_gemm, skinny_gemm_ref
+from kernels.skinny_gemm_configs import (
+    SkinnyConfig,
+    load_table,
+    m_bucket,
+    pick_config,
+    rule_config,
+)
+from tests.kernels.cases import DEVICE, DTYPES, randn
+
+FP8 = torch.float8_e4m3fn
+# Odd N and K (not multiples of any tile), M = 1, 3 and the largest handled; and a K that
+# every tile divides (the unmasked loads).
+SHAPES = [(1, 37, 100), (3, 50, 300), (MAX_ROWS, 33, 129), (2, 40, 256)]
+CONFIGS = [
+    SkinnyConfig(block_n=16, block_k=64, split_k=1),
+    SkinnyConfig(block_n=32, block_k=32, split_k=3),  # split-K: atomics and arrival counters
+    SkinnyConfig(block_n=16, block_k=64, split_k=2, dot=False),  # row-sum path (M = 1)
+]
+TOL = {torch.float32: 1e-4 if DEVICE == "cpu" else 3e-3, torch.float16: 3e-3,
+       torch.bfloat16: 2e-2}
+
+
+def inputs(m, n, k, dtype, fp8, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = randn(m, k, dtype=dtype, gen=gen)  # [M, K]
+    w = randn(n, k, gen=gen)  # [N, K] f32
+    bias = randn(n, dtype=dtype, gen=gen)  # [N]
+    if not fp8:
+        return x, w.to(dtype), None, bias
+    scale = w.abs().amax(1) / 448.0  # [N]
+    return x, (w / scale[:, None]).to(FP8), scale, bias
+
+
+def close(got, want, dtype):
+    err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+    assert err < TOL[dtype], err
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fp8", [False, True], ids=["16bit", "fp8"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["plain", "splitk", "rowsum"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_matches_reference(shape, cfg, fp8, dtype):
+    x, w, scale, bias = inputs(*shape, dtype, fp8, seed=sum(shape))
+    y = skinny_gemm(x, w, scale, bias, config=cfg)
+    assert y.shape == (shape[0], shape[1]) and y.dtype == dtype
+    close(y, skinny_gemm_ref(x, w, scale, bias), dtype)
+
+
+def test_split_k_leaves_workspace_zero_for_the_next_call():
+    cfg = SkinnyConfig(block_n=16, block_k=32, split_k=4)
+    for seed, (m, n, k) in enumerate([(2, 40, 200), (5, 40, 200), (1, 17, 150)]):
+        x, w, scale, _ = inputs(m, n, k, torch.float32, fp8=True, seed=seed)
+        close(skinny_gemm(x, w, scale, config=cfg), skinny_gemm_ref(x, w, scale), torch.float32)
+        for ws, lock in _workspaces[x.device]:
+            assert not ws.any() and not lock.any()
+
+
+def test_strided_rows_and_unmeasured_shapes():
+    x, w, scale, _ = inputs(3, 24, 80, torch.float32, fp8=True, seed=7)
+    wide = torch.zeros(3, 96, device=DEVICE)
+    wide[:, :80] = x
+    close(skinny_gemm(wide[:, :80], w, scale), skinny_gemm_ref(x, w, scale), torch.float32)
+    assert m_bucket(1) == 1 and m_bucket(3) == 4 and m_bucket(16) == 16
+    assert pick_config(True, 3, 24, 80) == rule_config(True, 3, 24, 80)
+    assert rule_config(True, 1, 4096, 4096).split_k > 1  # a small N is split to fill the SMs
+
+
+def test_table_file_picks_configs_and_cublas_wins(tmp_path):
+    cfg = {"block_n": 64, "block_k": 128, "split_k": 4, "num_warps": 8, "num_stages": 2,
+           "dot": True}
+    entries = [{"fp8": True, "m_bucket": 4, "n": 96, "k": 512, "config": cfg,
+                "beats_cublas": False},
+               {"fp8": False, "m_bucket": 1, "n": 96, "k": 512, "config": cfg,
+                "beats_cublas": True}]
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"device": "test", "entries": entries}))
+    table, wins = load_table(path)
+    assert table[(True, 4, 96, 512)] == SkinnyConfig(**cfg)
+    assert wins == {(1, 96, 512)}
+    assert load_table(tmp_path / "missing.json") == ({}, frozenset())
