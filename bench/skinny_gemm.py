@@ -15,6 +15,7 @@ kernels/skinny_gemm_table.json).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import statistics
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
 
 from kernels.skinny_gemm_configs import SkinnyConfig, m_bucket
 
@@ -79,8 +81,10 @@ def compile_batch(cfgs: list[tuple[bool, SkinnyConfig]]) -> int:
         for fp8, cfg in cfgs:
             xm = x[: 2 if cfg.dot else 1, :k]
             for split in (1, 2):
-                skinny_gemm(xm, q if fp8 else w, s if fp8 else None,
-                            config=SkinnyConfig(**{**asdict(cfg), "split_k": split}))
+                # a config over the shared memory fails again when timed, and is skipped there
+                with contextlib.suppress(triton.runtime.errors.OutOfResources):
+                    skinny_gemm(xm, q if fp8 else w, s if fp8 else None,
+                                config=SkinnyConfig(**{**asdict(cfg), "split_k": split}))
     torch.cuda.synchronize()
     return len(cfgs)
 
