@@ -39,6 +39,23 @@ class MlaDecodeConfig:
 
 
 @triton.jit
+def latent_softmax_step(q_nope, q_rope, c_kv, k_rope, mask, m, l_sum, acc, qk_scale):
+    """Fold one tile of latent rows into the running (max, sum, acc) of M query rows.
+
+    q_nope [M, BLOCK_DL], q_rope [M, BLOCK_DR], c_kv [N, BLOCK_DL] (K's nope part and V),
+    k_rope [N, BLOCK_DR], mask [M, N] or [1, N]; base-2 logits. A row must see a key in the
+    first tile it folds (m stays finite).
+    """
+    qk = tl.dot(q_nope, tl.trans(c_kv)) + tl.dot(q_rope, tl.trans(k_rope))  # [M, N]
+    qk = tl.where(mask, qk * qk_scale, float("-inf"))
+    m_new = tl.maximum(m, tl.max(qk, 1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(qk - m_new[:, None])  # [M, N]
+    acc = acc * alpha[:, None] + tl.dot(p.to(c_kv.dtype), c_kv)  # [M, BLOCK_DL]
+    return m_new, l_sum * alpha + tl.sum(p, 1), acc
+
+
+@triton.jit
 def _mla_decode_kernel(
     q_ptr,
     kv_ptr,
@@ -97,15 +114,9 @@ def _mla_decode_kernel(
         c_kv = tl.load(rows + offs_l[None, :], mask=mask_n[:, None] & mask_l[None, :], other=0.0)
         mask_nr = mask_n[:, None] & mask_r[None, :]
         k_rope = tl.load(rows + DL + offs_r[None, :], mask=mask_nr, other=0.0)
-        qk = tl.dot(q_nope, tl.trans(c_kv)) + tl.dot(q_rope, tl.trans(k_rope))  # [BLOCK_H, BLOCK_N]
-        qk = tl.where(mask_n[None, :], qk * qk_scale, float("-inf"))
-
-        m_new = tl.maximum(m, tl.max(qk, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(qk - m_new[:, None])  # [BLOCK_H, BLOCK_N]
-        l_sum = l_sum * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(c_kv.dtype), c_kv)  # [BLOCK_H, BLOCK_DL]
-        m = m_new
+        m, l_sum, acc = latent_softmax_step(
+            q_nope, q_rope, c_kv, k_rope, mask_n[None, :], m, l_sum, acc, qk_scale
+        )
 
     # An empty split (short sequence) stores o = 0, lse = -inf: it gets zero weight in the merge.
     has_keys = l_sum > 0

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from kernels.mla_extend import mla_extend_ref
+from kernels.mla_extend import mla_extend, mla_extend_ref
 from kernels.paging import page_slots
-from tests.kernels.cases import ATTN_TOL, DEVICE, page_table, randn
+from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, page_table, randn
 
 DIMS = [(32, 16), (24, 8), (64, 32)]  # (Dl, Dr): power-of-two, odd, and wider latents
 
@@ -54,3 +54,62 @@ def test_reference_matches_naive(dims, page_size):
     assert ref.shape == (14, 3, dims[0])
     tol = ATTN_TOL[torch.float32]
     torch.testing.assert_close(ref.double(), naive(*args, dims[0]), atol=tol, rtol=tol)
+
+
+def check(args, dtype, kv_lora_rank, **kwargs):
+    out = mla_extend(*args, kv_lora_rank=kv_lora_rank, **kwargs)
+    ref = mla_extend_ref(*args, kv_lora_rank=kv_lora_rank)
+    tol = ATTN_TOL[dtype]
+    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dims", DIMS, ids=str)
+@pytest.mark.parametrize("heads", [1, 3, 19])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_matches_reference(dtype, dims, heads, page_size):
+    # Prefixes 0 / unaligned / long; new runs across a block, of one token, and unaligned.
+    args = make_inputs([0, 37, 70], [70, 1, 12], heads, dims, page_size, dtype, seed=heads)
+    check(args, dtype, dims[0])
+
+
+def test_empty_sequence_and_explicit_max_len():
+    args = make_inputs([20, 5, 0], [3, 0, 66], 4, (32, 16), 16, torch.float32, seed=1)
+    check(args, torch.float32, 32, max_new_len=66)
+
+
+def test_more_heads_than_a_block():
+    # 70 heads > the 64-row block: a token's heads span two programs.
+    args = make_inputs([5, 0], [3, 2], 70, (32, 16), 16, torch.float32, seed=5)
+    check(args, torch.float32, 32)
+
+
+def test_strided_q_and_kv_new():
+    # q and the new latent rows as views of one fused projection output.
+    q, kv_new, *rest = make_inputs([10, 30], [20, 9], 4, (24, 8), 1, torch.float32, seed=2)
+    fused = torch.cat([q.flatten(1), kv_new.flatten(1)], dim=1)  # [T, 4 * 32 + 32]
+    out = mla_extend(fused[:, :128].view(-1, 4, 32), fused[:, None, 128:], *rest, kv_lora_rank=24)
+    tol = ATTN_TOL[torch.float32]
+    ref = mla_extend_ref(q, kv_new, *rest, kv_lora_rank=24)
+    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+
+
+def test_rejects_bad_inputs():
+    q, kv_new, kv, qo_indptr, *rest = make_inputs([3], [4], 2, (32, 16), 1, torch.float32)
+    with pytest.raises(AssertionError, match="qo_indptr must be int32"):
+        mla_extend(q, kv_new, kv, qo_indptr.long(), *rest, kv_lora_rank=32)
+    with pytest.raises(AssertionError, match="kv_new"):
+        mla_extend(q, kv_new[:, :, :40], kv, qo_indptr, *rest, kv_lora_rank=32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads", [16, 128])
+def test_deepseek_shapes_gpu(dtype, page_size, heads):
+    # Dl 512 + Dr 64 as DeepSeek-V2/V3; ragged prefixes and new runs.
+    gen = torch.Generator().manual_seed(3)
+    prefix = torch.randint(0, 1500, (5,), generator=gen).tolist()
+    new = torch.randint(1, 300, (5,), generator=gen).tolist()
+    args = make_inputs(prefix, new, heads, (512, 64), page_size, dtype, seed=4)
+    check(args, dtype, 512)
