@@ -2,7 +2,8 @@
 
 Decode is memory bound on the latent rows, (Dl + Dr) * 2 bytes per token and layer in 16 bits
 (1,152 for DeepSeek's 512 + 64); its bytes are those rows plus q, the output and the page table,
-and its target is a share of the copy ceiling. H 16 is DeepSeek-V2-Lite, H 128 V2/V3.
+and its target is a share of the copy ceiling; an fp8 pool reads 1 byte a value plus a float32
+scale per row. H 16 is DeepSeek-V2-Lite, H 128 V2/V3.
 `--sweep` times launch configs and split counts at a few points. Writes `<out>.json`, `<out>.md`.
 
     python -m bench.kernels_mla [--sweep] [--extend] [--dtype bfloat16] [--out PREFIX]
@@ -28,6 +29,7 @@ if not torch.cuda.is_available():
 from bench.kernels_common import COPY_CEILING_GBPS, PRESETS, Row, timeit  # noqa: E402
 from kernels.mla_decode import MlaDecodeConfig, mla_decode, mla_decode_num_splits  # noqa: E402
 from kernels.mla_extend import mla_extend  # noqa: E402
+from kernels.store_kv import quantize_ref  # noqa: E402
 
 FULL = {"batches": (1, 32, 128), "contexts": (1024, 4096), "heads": (16, 128), "dims": (512, 64),
         "layouts": (("token", 1), ("paged16", 16)),
@@ -40,40 +42,47 @@ SWEEP_CONFIGS = [MlaDecodeConfig(16, 16), MlaDecodeConfig(16, 32), MlaDecodeConf
                  MlaDecodeConfig(32, 32), MlaDecodeConfig(32, 32, num_warps=8),
                  MlaDecodeConfig(64, 32, num_warps=8)]  # fmt: skip
 SWEEP_SPLITS = (1, 2, 4, 8, 16)
+FP8 = torch.float8_e4m3fn
 
 
-def latent_pool(B, L, D, page_size, dtype, dev):
+def latent_pool(B, L, D, page_size, dtype, pool_dtype, dev):
     """A pool of B sequences x L random latent rows over shuffled pages (page 0 unused).
 
-    Returns (kv_pool [S, 1, D], kv_indptr [B+1] int32, kv_indices int32)."""
+    Returns (kv_pool [S, 1, D], kv_indptr [B+1] int32, kv_indices int32, scale): scale is
+    {"kv_scale": [S, 1] float32} for an 8-bit pool_dtype, else {}."""
     pages_per_seq = L // page_size
     pages = torch.randperm(B * pages_per_seq, device=dev, dtype=torch.int32) + 1
     kv_pool = torch.randn((B * pages_per_seq + 1) * page_size, 1, D, device=dev, dtype=dtype)
     kv_indptr = torch.arange(B + 1, device=dev, dtype=torch.int32) * pages_per_seq
-    return kv_pool, kv_indptr, pages
+    if pool_dtype == dtype:
+        return kv_pool, kv_indptr, pages, {}
+    kv_pool, kv_scale = quantize_ref(kv_pool, pool_dtype)  # [S, 1, D], [S, 1]
+    return kv_pool, kv_indptr, pages, {"kv_scale": kv_scale}
 
 
-def decode_case(B, L, H, page_size, s, dtype, dev):
+def decode_case(B, L, H, page_size, s, dtype, pool_dtype, dev):
     """(run, bytes read and written) of one decode shape; run takes num_splits/config."""
     Dl, Dr = s["dims"]
     q = torch.randn(B, H, Dl + Dr, device=dev, dtype=dtype)  # [B, H, Dl + Dr]
-    kv_pool, indptr, indices = latent_pool(B, L, Dl + Dr, page_size, dtype, dev)
+    kv_pool, indptr, indices, scale = latent_pool(B, L, Dl + Dr, page_size, dtype, pool_dtype,
+                                                  dev)  # fmt: skip
     seq_lens = torch.full((B,), L, dtype=torch.int32, device=dev)
     run = partial(mla_decode, q, kv_pool, indptr, indices, seq_lens, page_size,
-                  (Dl + Dr) ** -0.5, kv_lora_rank=Dl)  # fmt: skip
-    rows_bytes = B * L * (Dl + Dr) * kv_pool.element_size()
+                  (Dl + Dr) ** -0.5, kv_lora_rank=Dl, **scale)  # fmt: skip
+    rows_bytes = B * L * ((Dl + Dr) * kv_pool.element_size() + 4 * bool(scale))
     return run, rows_bytes + q.nbytes + B * H * Dl * q.element_size() + indices.nbytes
 
 
 def bench_decode(s, p, dev, dtype):
     rows = []
-    for (B, L, H), (layout, page_size) in product(
-        product(s["batches"], s["contexts"], s["heads"]), s["layouts"]
+    for (B, L, H), (layout, page_size), pool_dtype in product(
+        product(s["batches"], s["contexts"], s["heads"]), s["layouts"], (dtype, FP8)
     ):
-        run, nbytes = decode_case(B, L, H, page_size, s, dtype, dev)
+        run, nbytes = decode_case(B, L, H, page_size, s, dtype, pool_dtype, dev)
         splits = mla_decode_num_splits(B, H, L)  # given, as under CUDA graphs: no host sync
         t = timeit(partial(run, num_splits=splits), p)
-        rows.append(Row("mla_decode", f"{layout} B{B} L{L} H{H}", t, nbytes,
+        pool = "fp8" if pool_dtype == FP8 else str(dtype)[6:]
+        rows.append(Row("mla_decode", f"{layout} {pool} B{B} L{L} H{H}", t, nbytes,
                         note=f"splits {splits}"))  # fmt: skip
         print(f"{rows[-1].case}: {t:.1f} us, {100 * rows[-1].gbps / COPY_CEILING_GBPS:.1f}%",
               flush=True)  # fmt: skip
@@ -84,7 +93,7 @@ def sweep_decode(s, p, dev, dtype):
     """Token-layout decode over launch configs and split counts at s["sweep_points"]."""
     out = []
     for B, L, H in s["sweep_points"]:
-        run, nbytes = decode_case(B, L, H, 1, s, dtype, dev)
+        run, nbytes = decode_case(B, L, H, 1, s, dtype, dtype, dev)
         for cfg, splits in product(SWEEP_CONFIGS, SWEEP_SPLITS):
             t = timeit(partial(run, num_splits=splits, config=cfg), p)
             out.append({"B": B, "L": L, "H": H, "splits": splits, **asdict(cfg), "time_us": t,
@@ -101,7 +110,7 @@ def bench_extend(s, p, dev, dtype):
         T = B * new
         q = torch.randn(T, H, Dl + Dr, device=dev, dtype=dtype)  # [T, H, Dl + Dr]
         kv_new = torch.randn(T, 1, Dl + Dr, device=dev, dtype=dtype)  # [T, 1, Dl + Dr]
-        kv_pool, indptr, indices = latent_pool(B, prefix, Dl + Dr, 16, dtype, dev)
+        kv_pool, indptr, indices, _ = latent_pool(B, prefix, Dl + Dr, 16, dtype, dtype, dev)
         qo = torch.arange(B + 1, device=dev, dtype=torch.int32) * new
         prefix_lens = torch.full((B,), prefix, dtype=torch.int32, device=dev)
         run = partial(mla_extend, q, kv_new, kv_pool, qo, prefix_lens, indptr, indices, 16,
