@@ -69,7 +69,7 @@ def latent_softmax_step(
     return m_new, l_new, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "heads"])  # one compile for any split count
 def _mla_decode_kernel(
     q_ptr,
     kv_ptr,

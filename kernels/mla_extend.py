@@ -25,7 +25,7 @@ from kernels.paging import expand_pages
 from kernels.store_kv import QUANT_MAX, dequantize_ref
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["heads"])
 def _mla_extend_kernel(
     q_ptr,
     kv_new_ptr,
