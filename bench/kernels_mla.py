@@ -20,12 +20,13 @@ from itertools import product
 from pathlib import Path
 
 import torch
-from triton.runtime.errors import OutOfResources
 
 if __package__ in (None, ""):  # run as a file: bench/ would shadow the `kernels` package
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+from triton.runtime.errors import OutOfResources  # noqa: E402
 
 from bench.kernels_common import COPY_CEILING_GBPS, PRESETS, Row, timeit  # noqa: E402
 from kernels.mla_decode import MlaDecodeConfig, mla_decode, mla_decode_num_splits  # noqa: E402

@@ -51,8 +51,8 @@ def _mla_extend_kernel(
     BLOCK_DL: tl.constexpr,
     BLOCK_DR: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    mb = tl.program_id(1)
+    mb = tl.program_id(0)  # row blocks first: grid dim 0 has no 65535 limit
+    b = tl.program_id(1)
 
     q_start = tl.load(qo_indptr_ptr + b)
     new_len = tl.load(qo_indptr_ptr + b + 1) - q_start
@@ -176,7 +176,7 @@ def mla_extend(
     qo_indptr, prefix_lens, kv_indptr, kv_indices = (
         t.contiguous() for t in (qo_indptr, prefix_lens, kv_indptr, kv_indices)
     )
-    _mla_extend_kernel[(B, triton.cdiv(max_new_len * H, block_m))](
+    _mla_extend_kernel[(triton.cdiv(max_new_len * H, block_m), B)](
         q, kv_new, kv_pool, kv_scale, o, qo_indptr, prefix_lens, kv_indptr, kv_indices,
         sm_scale * LOG2E, q.stride(0), q.stride(1), kv_new.stride(0), kv_pool.stride(0),
         heads=H, DL=Dl, DR=Dr, PAGE_SIZE=page_size, QUANT=kv_pool.dtype in QUANT_MAX,
