@@ -30,11 +30,16 @@ from kernels.store_kv import QUANT_MAX, dequantize_ref
 
 @dataclass(frozen=True)
 class MlaDecodeConfig:
-    """Launch knobs of the stage-1 kernel (bench/kernels_mla.py --sweep searches them)."""
+    """Launch knobs of the stage-1 kernel (bench/kernels_mla.py --sweep searches them).
+
+    The default is the one whose sm_90 build keeps its [block_h, Dl] float32 accumulator and
+    both dot operands in registers without spilling (160 registers a thread for a 16-bit pool,
+    238 for fp8, at Dl 512); 4 warps needs 249 (and spills with fp8), 64 heads a block spills.
+    """
 
     block_h: int = 16
     block_n: int = 32
-    num_warps: int = 4
+    num_warps: int = 8
     num_stages: int = 2
 
     def __post_init__(self):
