@@ -1,9 +1,10 @@
 """MLA (latent attention) kernel benchmark: decode over a paged latent pool, and extend.
 
-Decode is memory bound on the latent rows, (Dl + Dr) * 2 bytes per token and layer in 16 bits
-(1,152 for DeepSeek's 512 + 64); its bytes are those rows plus q, the output and the page table,
-and its target is a share of the copy ceiling; an fp8 pool reads 1 byte a value plus a float32
-scale per row. H 16 is DeepSeek-V2-Lite, H 128 V2/V3. With 128 heads every row costs
+Decode with few heads is memory bound on the latent rows, (Dl + Dr) * 2 bytes per token and
+layer in 16 bits (1,152 for DeepSeek's 512 + 64); its bytes are those rows plus q, the output
+and the page table, and its target is a share of the copy ceiling; an fp8 pool reads 1 byte a
+value plus a float32 scale per row. H 16 is DeepSeek-V2-Lite, H 128 V2/V3. With 128 heads every
+row costs
 128 x 2 x (2 Dl + Dr) = 278 kFLOP against its 1,152 bytes, past the H200's ridge (780 TFLOP/s
 over 4.26 TB/s = 183 FLOP/byte): that decode is compute bound, so its rows also show TFLOP/s.
 `--sweep` times launch configs and split counts at a few points. Writes `<out>.json`, `<out>.md`.
