@@ -130,10 +130,13 @@ def test_rejects_bad_inputs():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("heads", [16, 128])
-@pytest.mark.parametrize("pool_dtype", [None, torch.float8_e4m3fn], ids=["pool16", "fp8"])
-def test_deepseek_shapes_gpu(dtype, page_size, heads, pool_dtype):
+@pytest.mark.parametrize(
+    "page_size, pool_dtype",
+    [(1, None), (16, None), (16, torch.float8_e4m3fn)],
+    ids=["token", "paged16", "paged16-fp8"],
+)
+def test_deepseek_shapes_gpu(dtype, heads, page_size, pool_dtype):
     # Dl 512 + Dr 64 as DeepSeek-V2/V3, ragged lengths up to 3000, split and unsplit.
     lens = torch.randint(1, 3000, (9,), generator=torch.Generator().manual_seed(5)).tolist()
     args, kv_scale = make_inputs(lens, heads, (512, 64), page_size, dtype, seed=6), None
