@@ -5,7 +5,8 @@ through the page table, BLOCK_N keys at a time, for all Hq/Hkv query heads of th
 once (tl.dot with the group padded to 16 rows; a plain multiply-reduce when the group is one
 head), and writes a partial output plus its log-sum-exp. Stage 2 merges the splits. An fp8 or
 int8 pool has its own stage 1 (`decode_attention_quant`), feeding the same merge.
-Splitting the keys is what fills the GPU when batch * kv_heads is small next to the SM count.
+Splitting the keys is what fills the GPU when batch * kv_heads is small next to the SM count;
+with one split (a large batch, or a short context) stage 1 writes the output and no merge runs.
 Decode is memory bound: each K/V byte is read once, so the ceiling is bytes / copy bandwidth.
 """
 
@@ -63,7 +64,7 @@ def _decode_attention_kernel(
     kv_indptr_ptr,
     kv_indices_ptr,
     seq_lens_ptr,
-    mid_o_ptr,  # [B, Hq, num_splits, HEAD_DIM] contiguous float32
+    mid_o_ptr,  # [B, Hq, num_splits, HEAD_DIM] contiguous float32 (or o itself: one split)
     mid_lse_ptr,  # [B, Hq, num_splits] contiguous float32
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
     num_splits,
@@ -137,7 +138,8 @@ def _decode_attention_kernel(
     lse = tl.where(has_keys, m + tl.log2(l_safe), float("-inf"))
     row = b * Q_HEADS + offs_h  # [BLOCK_H] rows of mid_lse, num_splits entries each
     mid = (row[:, None] * num_splits + split) * HEAD_DIM + offs_d[None, :]
-    tl.store(mid_o_ptr + mid, o, mask=mask_h[:, None] & mask_d[None, :])
+    # one split: mid_o is the output itself (q's dtype), and no merge follows
+    tl.store(mid_o_ptr + mid, o.to(mid_o_ptr.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
     tl.store(mid_lse_ptr + row * num_splits + split, lse, mask=mask_h)
 
 
@@ -247,7 +249,10 @@ def decode_attention(
 
     group = Hq // Hkv
     block_d = triton.next_power_of_2(D)
-    mid_o = torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=q.device)
+    if num_splits == 1:  # stage 1 normalizes its only split straight into out: no merge
+        mid_o = out.view(B, Hq, 1, D)
+    else:
+        mid_o = torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(B, Hq, num_splits, dtype=torch.float32, device=q.device)
     if quant:
         config = config or (QUANT_MHA_CONFIG if Hq == Hkv else QUANT_GQA_CONFIG)
@@ -267,6 +272,8 @@ def decode_attention(
             BLOCK_H=max(16, triton.next_power_of_2(group)) if use_dot else 1,
             num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
+    if num_splits == 1:
+        return out
     _decode_attention_merge_kernel[(B * Hq,)](
         mid_o, mid_lse, out, num_splits, HEAD_DIM=D,
         BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,

@@ -40,7 +40,7 @@ def _decode_attention_quant_kernel(
     kv_indptr_ptr,
     kv_indices_ptr,
     seq_lens_ptr,
-    mid_o_ptr,  # [B, Hq, num_splits, HEAD_DIM] contiguous float32
+    mid_o_ptr,  # [B, Hq, num_splits, HEAD_DIM] contiguous float32 (or o itself: one split)
     mid_lse_ptr,  # [B, Hq, num_splits] contiguous float32
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
     num_splits,
@@ -123,7 +123,8 @@ def _decode_attention_quant_kernel(
     lse = tl.where(has_keys, m + tl.log2(l_safe), float("-inf"))
     row = b * Q_HEADS + offs_h  # [BLOCK_H] rows of mid_lse, num_splits entries each
     mid = (row[:, None] * num_splits + split) * HEAD_DIM + offs_d[None, :]
-    tl.store(mid_o_ptr + mid, o, mask=mask_h[:, None] & mask_d[None, :])
+    # one split: mid_o is the output itself (q's dtype), and no merge follows
+    tl.store(mid_o_ptr + mid, o.to(mid_o_ptr.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
     tl.store(mid_lse_ptr + row * num_splits + split, lse, mask=mask_h)
 
 
@@ -132,7 +133,8 @@ def decode_attention_quant_stage1(
     page_size: int, qk_scale: float, config,
 ) -> None:  # fmt: skip
     """Launch stage 1 over a quantized pool into `mid_o`/`mid_lse` (shapes as in
-    `decode_attention`, which validates the inputs); `config` is a `DecodeConfig`."""
+    `decode_attention`, which validates the inputs; with one split `mid_o` may be the output,
+    `[B, Hq, 1, D]` in q's dtype); `config` is a `DecodeConfig`."""
     B, Hq, D = q.shape
     Hkv = k_buf.shape[1]
     num_splits = mid_lse.shape[2]

@@ -9,8 +9,9 @@ import torch
 
 from kernels.decode_attention import decode_attention, decode_num_splits
 from kernels.extend_attention import extend_attention
+from kernels.rope_store_kv import rope_store_kv
 from kernels.store_kv import store_kv
-from runtime.worker.attention import AttentionBackend
+from runtime.worker.attention import AttentionBackend, Rotary
 from runtime.worker.forward_batch import ForwardBatch
 
 
@@ -27,7 +28,8 @@ class TritonAttentionMeta:
 
 
 class TritonAttention(AttentionBackend):
-    """Stores new K/V with `store_kv`, then split-KV decode or varlen extend attention.
+    """Stores new K/V with `store_kv` (or rotates q and k and stores in one launch,
+    `rope_store_kv`), then split-KV decode or varlen extend attention.
 
     Decode reads every position through the page table (`kv_indices`, `fb.page_size`
     slots a page); extend reads the cached prefix through it and the new tokens straight
@@ -38,6 +40,7 @@ class TritonAttention(AttentionBackend):
     """
 
     supports_graphs = True
+    fuses_rope = True
 
     def __init__(self, pool) -> None:
         super().__init__(pool)
@@ -62,11 +65,43 @@ class TritonAttention(AttentionBackend):
     def forward(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch
     ) -> torch.Tensor:
-        meta: TritonAttentionMeta = fb.attn_meta
         k_buf, v_buf = self.pool.k[layer_id], self.pool.v[layer_id]  # [slots, Hkv, D]
         k_scale, v_scale = self.pool.scales(layer_id)  # [slots, Hkv] f32, or None x2
         k, v = k.contiguous(), v.contiguous()  # views of the fused QKV output otherwise
         store_kv(k, v, k_buf, v_buf, fb.out_slots, k_scale=k_scale, v_scale=v_scale)
+        return self._attend(layer_id, q, k, v, fb)
+
+    def forward_rotary(
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        fb: ForwardBatch,
+        rotary: Rotary,
+    ) -> torch.Tensor:
+        k_buf, v_buf = self.pool.k[layer_id], self.pool.v[layer_id]  # [slots, Hkv, D]
+        k_scale, v_scale = self.pool.scales(layer_id)  # [slots, Hkv] f32, or None x2
+        q, k, v = rope_store_kv(
+            q, k, v, k_buf, v_buf, fb.out_slots, fb.positions, rotary.cos_sin_cache,
+            k_scale=k_scale, v_scale=v_scale, q_norm=rotary.q_norm, k_norm=rotary.k_norm,
+            eps=rotary.eps, kv_out=not fb.is_decode,
+        )  # [T, Hq, D] rotated; an extend's new K/V [T, Hkv, D] x2, decode None x2  # fmt: skip
+        return self._attend(layer_id, q, k, v, fb)
+
+    def _attend(
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        fb: ForwardBatch,
+    ) -> torch.Tensor:
+        """Attention of q over the pool, K/V of the new tokens already stored; an extend
+        also reads the new tokens' `k`, `v` as given (decode reads only the pool)."""
+        meta: TritonAttentionMeta = fb.attn_meta
+        k_buf, v_buf = self.pool.k[layer_id], self.pool.v[layer_id]  # [slots, Hkv, D]
+        k_scale, v_scale = self.pool.scales(layer_id)  # [slots, Hkv] f32, or None x2
         if fb.is_decode:
             return decode_attention(
                 q, k_buf, v_buf, meta.kv_indptr, meta.kv_indices, meta.seq_lens, fb.page_size,
