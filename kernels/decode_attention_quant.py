@@ -124,7 +124,8 @@ def _decode_attention_quant_kernel(
     row = b * Q_HEADS + offs_h  # [BLOCK_H] rows of mid_lse, num_splits entries each
     mid = (row[:, None] * num_splits + split) * HEAD_DIM + offs_d[None, :]
     # one split: mid_o is the output itself (q's dtype), and no merge follows
-    tl.store(mid_o_ptr + mid, o.to(mid_o_ptr.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
+    o = o.to(mid_o_ptr.dtype.element_ty)
+    tl.store(mid_o_ptr + mid, o, mask=mask_h[:, None] & mask_d[None, :])
     tl.store(mid_lse_ptr + row * num_splits + split, lse, mask=mask_h)
 
 
