@@ -13,6 +13,23 @@ from kernels.rope_store_kv import rope_store_kv
 from kernels.store_kv import store_kv
 from runtime.worker.attention import AttentionBackend, Rotary
 from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.quant.fp8_linear import MIN_CAPABILITY, QuantizationError
+
+
+def check_pool_support(
+    pool_dtype: torch.dtype, device: torch.device, capability: tuple[int, int] | None = None
+) -> None:
+    """Raise QuantizationError when the kernels cannot run a `pool_dtype` pool on `device`:
+    Triton converts to and from float8_e4m3fn only on CUDA compute capability 8.9+.
+    `capability` overrides the device's (for tests)."""
+    if pool_dtype != torch.float8_e4m3fn or device.type != "cuda":
+        return
+    cap = capability or torch.cuda.get_device_capability(device)
+    if tuple(cap) < MIN_CAPABILITY:
+        raise QuantizationError(
+            f"--kv-dtype fp8 needs fp8 conversions in the Triton attention kernels (CUDA "
+            f"compute capability {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}+); this GPU is "
+            f"{cap[0]}.{cap[1]}; serve it with --kv-dtype int8 or auto")
 
 
 @dataclass(frozen=True)
@@ -44,6 +61,7 @@ class TritonAttention(AttentionBackend):
 
     def __init__(self, pool) -> None:
         super().__init__(pool)
+        check_pool_support(pool.dtype, pool.k[0].device)
         self.sm_scale = 1.0 / math.sqrt(pool.head_dim)
         self.num_sms = (
             torch.cuda.get_device_properties(0).multi_processor_count

@@ -13,9 +13,10 @@ from kernels.rope import apply_rope_ref, rope_cos_sin_cache
 from runtime.model_config import resolve_model
 from runtime.worker.attention import Rotary
 from runtime.worker.attention_torch import TorchAttention
-from runtime.worker.attention_triton import TritonAttention
+from runtime.worker.attention_triton import TritonAttention, check_pool_support
 from runtime.worker.kv_pool import KVPool
 from runtime.worker.model_runner import ModelRunner, make_attention
+from runtime.worker.quant.fp8_linear import QuantizationError
 from tests.worker.batching import Chunk, attend, greedy, make_batch
 from tests.worker.checkpoints import tiny_checkpoint
 
@@ -143,3 +144,15 @@ def test_graph_buffers_replay_a_decode_batch(page_size):
     want = attend(TorchAttention(pools[0]), 0, q[:3], k[:3], v[:3], fb)
     torch.testing.assert_close(got[:3], want, atol=2e-5, rtol=2e-5)
     assert not got[3].any()  # the padding row read nothing
+
+
+def test_fp8_pool_is_refused_where_triton_has_no_fp8():
+    """`--kv-dtype fp8` stops at start-up, with the flags to use instead, on a GPU whose
+    Triton cannot convert to fp8 (an A100); int8 and the model's dtype run anywhere."""
+    cuda = torch.device("cuda")
+    check_pool_support(torch.float8_e4m3fn, cuda, capability=(9, 0))  # Hopper
+    check_pool_support(torch.float8_e4m3fn, torch.device("cpu"))  # interpreted
+    for dtype in (torch.int8, torch.bfloat16):
+        check_pool_support(dtype, cuda, capability=(8, 0))
+    with pytest.raises(QuantizationError, match=r"--kv-dtype fp8 .* 8\.9\+.* is 8\.0.*int8"):
+        check_pool_support(torch.float8_e4m3fn, cuda, capability=(8, 0))
