@@ -38,7 +38,7 @@ def _norm_rotate(
 ):
     """One token's heads `[BLOCK_H, BLOCK_D]` normed (if NORM) and rotated, fp32 values rounded
     to the input dtype. cos/sin `[1, BLOCK_D]` are the position's table row repeated per half."""
-    half: tl.constexpr = HEAD_DIM // 2
+    half = HEAD_DIM // 2
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     # rotate_half partner of lane d: x[d + D/2] negated in the first half, x[d - D/2] after
@@ -99,7 +99,7 @@ def _rope_store_kv_kernel(
     t = tl.program_id(0)
     pos = tl.load(positions_ptr + t).to(tl.int64)
     slot = tl.load(slots_ptr + t).to(tl.int64)
-    half: tl.constexpr = HEAD_DIM // 2
+    half = HEAD_DIM // 2
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     freq = tl.where(offs_d < half, offs_d, offs_d - half)  # [BLOCK_D]: the table column
@@ -197,6 +197,7 @@ def rope_store_kv(
     k_out = torch.empty(T, Hkv, D, dtype=k.dtype, device=k.device) if kv_out else None
     v_out = torch.empty_like(k_out) if kv_out else None
     if T > 0:
+        block_hq, block_d = triton.next_power_of_2(Hq), triton.next_power_of_2(D)
         _rope_store_kv_kernel[(T,)](
             q, k, v, q_out, k_out if kv_out else q_out, v_out if kv_out else q_out,
             k_buf, v_buf, k_scale if quant else k_buf, v_scale if quant else k_buf,
@@ -205,9 +206,9 @@ def rope_store_kv(
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_buf.stride(0),
             k_buf.stride(1), cos_sin_cache.stride(0),
             Q_HEADS=Hq, KV_HEADS=Hkv, HEAD_DIM=D, NORM=norm, KV_OUT=kv_out,
-            BLOCK_HQ=triton.next_power_of_2(Hq), BLOCK_HK=triton.next_power_of_2(Hkv),
-            BLOCK_D=triton.next_power_of_2(D), QUANT=quant, IS_INT=k_buf.dtype == torch.int8,
-            QMAX=QUANT_MAX.get(k_buf.dtype, 1.0),
+            BLOCK_HQ=block_hq, BLOCK_HK=triton.next_power_of_2(Hkv), BLOCK_D=block_d,
+            QUANT=quant, IS_INT=k_buf.dtype == torch.int8, QMAX=QUANT_MAX.get(k_buf.dtype, 1.0),
+            num_warps=8 if block_hq * block_d >= 4096 else 4,  # q tile and its partner in fp32
         )  # fmt: skip
     return q_out, k_out, v_out
 
