@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels.decode_attention_quant import decode_attention_quant_stage1
-from kernels.decode_split_merge import _merge_if_last
+from kernels.decode_split_merge import _decode_attention_merge_kernel, _merge_if_last
 from kernels.store_kv import QUANT_MAX, dequantize_ref
 
 H200_SMS = 132
@@ -151,34 +151,6 @@ def _decode_attention_kernel(
     if MERGE:
         _merge_if_last(counters_ptr + b * tl.num_programs(1) + kvh, mid_o_ptr, mid_lse_ptr,
                        o_ptr, row, mask_h, num_splits, HEAD_DIM, BLOCK_H, BLOCK_D)
-
-
-@triton.jit
-def _decode_attention_merge_kernel(
-    mid_o_ptr,
-    mid_lse_ptr,
-    o_ptr,  # [B, Hq, HEAD_DIM] contiguous
-    num_splits,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    row = tl.program_id(0)  # b * Hq + h
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_s = offs_s < num_splits
-    mask_d = offs_d < HEAD_DIM
-    lse = tl.load(mid_lse_ptr + row * num_splits + offs_s, mask=mask_s, other=float("-inf"))
-    parts = tl.load(
-        mid_o_ptr + (row * num_splits + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
-        mask=mask_s[:, None] & mask_d[None, :],
-        other=0.0,
-    )  # [BLOCK_S, BLOCK_D]
-    m = tl.max(lse, 0)
-    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # [BLOCK_S]; all zero if no keys
-    total = tl.sum(w, 0)
-    o = tl.sum(w[:, None] * parts, 0) / tl.where(total > 0, total, 1.0)  # [BLOCK_D]
-    tl.store(o_ptr + row * HEAD_DIM + offs_d, o.to(o_ptr.dtype.element_ty), mask=mask_d)
 
 
 def decode_num_splits(batch: int, kv_heads: int, max_seq_len: int, num_sms: int = H200_SMS) -> int:

@@ -1,6 +1,8 @@
-"""The split-KV merge done by decode stage 1 itself: the last split to finish merges them all.
+"""Merging split-KV decode partials: a second kernel, or stage 1 itself.
 
-Each stage-1 program of a (sequence, kv head) stores its partial output and log-sum-exp, then
+`_decode_attention_merge_kernel` runs one program per (sequence, query head) over every
+split's partial output and log-sum-exp. `_merge_if_last` does the same work inside stage 1:
+each stage-1 program of a (sequence, kv head) stores its partial output and log-sum-exp, then
 counts itself done on that pair's counter. The program that brings the count to num_splits
 reads every split's partial and writes the normalized output, then sets the counter back to
 zero for the next launch. This saves the merge kernel's launch, which at small batch costs
@@ -51,3 +53,30 @@ def _merge_if_last(
         dst = o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :]
         tl.store(dst, o.to(o_ptr.dtype.element_ty), mask=mask)
 
+
+@triton.jit
+def _decode_attention_merge_kernel(
+    mid_o_ptr,
+    mid_lse_ptr,
+    o_ptr,  # [B, Hq, HEAD_DIM] contiguous
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0)  # b * Hq + h
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < num_splits
+    mask_d = offs_d < HEAD_DIM
+    lse = tl.load(mid_lse_ptr + row * num_splits + offs_s, mask=mask_s, other=float("-inf"))
+    parts = tl.load(
+        mid_o_ptr + (row * num_splits + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :],
+        other=0.0,
+    )  # [BLOCK_S, BLOCK_D]
+    m = tl.max(lse, 0)
+    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # [BLOCK_S]; all zero if no keys
+    total = tl.sum(w, 0)
+    o = tl.sum(w[:, None] * parts, 0) / tl.where(total > 0, total, 1.0)  # [BLOCK_D]
+    tl.store(o_ptr + row * HEAD_DIM + offs_d, o.to(o_ptr.dtype.element_ty), mask=mask_d)
