@@ -31,6 +31,7 @@ from runtime.worker.model_runner import ModelRunner
 # first match wins: kernel name pattern -> group
 GROUPS = (
     ("attention", re.compile(r"decode_attention|extend_attention")),
+    ("rope+store_kv", re.compile(r"rope_store_kv")),
     ("store_kv", re.compile(r"store_kv")),
     ("rmsnorm", re.compile(r"rmsnorm")),
     ("rope", re.compile(r"rope")),

@@ -6,13 +6,16 @@ what its kernels need beyond that (split counts, padded widths, ...) once per st
 `prepare`, into `fb.attn_meta`, and the model calls `forward` once per layer. A backend
 that runs in CUDA graphs also owns the static buffers a captured decode reads:
 `init_graph` allocates them, `prepare_capture` points a capture batch at them and
-`prepare_replay` fills them from a real batch. `torch` and `triton` are the two backends
-(`attention_torch.py`, `attention_triton.py`); `model_runner.make_attention` picks one.
+`prepare_replay` fills them from a real batch. A backend with `fuses_rope` also takes q
+and k before their rotation (`forward_rotary`) and rotates them in its store. `torch` and
+`triton` are the two backends (`attention_torch.py`, `attention_triton.py`);
+`model_runner.make_attention` picks one.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 
@@ -20,10 +23,23 @@ from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.kv_pool import KVPool
 
 
+@dataclass(frozen=True)
+class Rotary:
+    """What a layer does to q and k before attention: RoPE from `cos_sin_cache` `[max_pos, D]`
+    (`kernels.rope.rope_cos_sin_cache`), after a per-head RMSNorm of q and k when the model
+    has one (Qwen3: `q_norm`/`k_norm` weights `[D]`, `eps`)."""
+
+    cos_sin_cache: torch.Tensor
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    eps: float = 1e-6
+
+
 class AttentionBackend(ABC):
     """Stores each layer's new K/V in the KV pool, then attends over the page table."""
 
     supports_graphs = False  # True: implements init_graph, prepare_capture, prepare_replay
+    fuses_rope = False  # True: implements forward_rotary
 
     def __init__(self, pool: KVPool) -> None:
         self.pool = pool
@@ -39,6 +55,19 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:
         """Store `k`, `v` ([T, Hkv, D]) at `fb.out_slots` in layer `layer_id`'s pool, then
         return causal attention of `q` ([T, Hq, D]) over each sequence's KV: [T, Hq, D]."""
+
+    def forward_rotary(
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        fb: ForwardBatch,
+        rotary: Rotary,
+    ) -> torch.Tensor:
+        """`forward` of q and k before `rotary` (applied here at `fb.positions`, fused with
+        the store): the same result as rotating them first and calling `forward`."""
+        raise NotImplementedError(f"{type(self).__name__} does not fuse RoPE")
 
     def init_graph(self, max_bs: int, max_context: int, page_size: int) -> None:
         """Allocate the static buffers of decode graphs of up to `max_bs` sequences of up to

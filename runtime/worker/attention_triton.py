@@ -9,9 +9,27 @@ import torch
 
 from kernels.decode_attention import decode_attention, decode_num_splits
 from kernels.extend_attention import extend_attention
+from kernels.rope_store_kv import rope_store_kv
 from kernels.store_kv import store_kv
-from runtime.worker.attention import AttentionBackend
+from runtime.worker.attention import AttentionBackend, Rotary
 from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.quant.fp8_linear import MIN_CAPABILITY, QuantizationError
+
+
+def check_pool_support(
+    pool_dtype: torch.dtype, device: torch.device, capability: tuple[int, int] | None = None
+) -> None:
+    """Raise QuantizationError when the kernels cannot run a `pool_dtype` pool on `device`:
+    Triton converts to and from float8_e4m3fn only on CUDA compute capability 8.9+.
+    `capability` overrides the device's (for tests)."""
+    if pool_dtype != torch.float8_e4m3fn or device.type != "cuda":
+        return
+    cap = capability or torch.cuda.get_device_capability(device)
+    if tuple(cap) < MIN_CAPABILITY:
+        raise QuantizationError(
+            f"--kv-dtype fp8 needs fp8 conversions in the Triton attention kernels (CUDA "
+            f"compute capability {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}+); this GPU is "
+            f"{cap[0]}.{cap[1]}; serve it with --kv-dtype int8 or auto")
 
 
 @dataclass(frozen=True)
@@ -23,25 +41,33 @@ class TritonAttentionMeta:
     kv_indices: torch.Tensor  # [>= P] page ids
     seq_lens: torch.Tensor  # [B] int32
     num_splits: int  # decode: split-KV programs per sequence
+    split_counters: torch.Tensor | None  # decode: [>= B * Hkv] int32 zeros, stage 1 merges
     max_new_len: int  # extend: the longest run of new tokens (sizes the grid)
 
 
 class TritonAttention(AttentionBackend):
-    """Stores new K/V with `store_kv`, then split-KV decode or varlen extend attention.
+    """Stores new K/V with `store_kv` (or rotates q and k and stores in one launch,
+    `rope_store_kv`), then split-KV decode or varlen extend attention.
 
     Decode reads every position through the page table (`kv_indices`, `fb.page_size`
     slots a page); extend reads the cached prefix through it and the new tokens straight
     from k/v. A quantized pool (fp8/int8) passes its per-(slot, head) scales to all three
     kernels: `store_kv` quantizes, the attention kernels dequantize on load (the new
     tokens of an extend are read unquantized). Decode graphs read a static copy of the
-    page table, with the split count fixed for the longest context.
+    page table, with the split count fixed for the longest context. Split decode merges in
+    its one kernel, on counters this backend keeps (one set for eager steps, one for graphs).
     """
 
     supports_graphs = True
+    fuses_rope = True
 
     def __init__(self, pool) -> None:
         super().__init__(pool)
+        check_pool_support(pool.dtype, pool.k[0].device)
         self.sm_scale = 1.0 / math.sqrt(pool.head_dim)
+        # zeros between launches; the last split of each (sequence, kv head) merges the
+        # others into the output, so decode needs no merge kernel (`decode_split_merge`)
+        self.split_counters = torch.zeros(0, dtype=torch.int32, device=pool.k[0].device)
         self.num_sms = (
             torch.cuda.get_device_properties(0).multi_processor_count
             if torch.cuda.is_available()
@@ -50,9 +76,14 @@ class TritonAttention(AttentionBackend):
 
     def prepare(self, fb: ForwardBatch) -> None:
         decode = fb.is_decode
+        counters = fb.batch_size * self.pool.kv_heads
+        if decode and self.split_counters.numel() < counters:
+            self.split_counters = torch.zeros(counters, dtype=torch.int32,
+                                              device=self.split_counters.device)
         fb.attn_meta = TritonAttentionMeta(
             fb.kv_indptr, fb.kv_indices, fb.seq_lens,
             num_splits=self._splits(fb.batch_size, max(fb.seq_lens_cpu)) if decode else 0,
+            split_counters=self.split_counters if decode else None,
             max_new_len=0 if decode else max(fb.extend_lens_cpu),
         )  # fmt: skip
 
@@ -62,15 +93,48 @@ class TritonAttention(AttentionBackend):
     def forward(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch
     ) -> torch.Tensor:
-        meta: TritonAttentionMeta = fb.attn_meta
         k_buf, v_buf = self.pool.k[layer_id], self.pool.v[layer_id]  # [slots, Hkv, D]
         k_scale, v_scale = self.pool.scales(layer_id)  # [slots, Hkv] f32, or None x2
         k, v = k.contiguous(), v.contiguous()  # views of the fused QKV output otherwise
         store_kv(k, v, k_buf, v_buf, fb.out_slots, k_scale=k_scale, v_scale=v_scale)
+        return self._attend(layer_id, q, k, v, fb)
+
+    def forward_rotary(
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        fb: ForwardBatch,
+        rotary: Rotary,
+    ) -> torch.Tensor:
+        k_buf, v_buf = self.pool.k[layer_id], self.pool.v[layer_id]  # [slots, Hkv, D]
+        k_scale, v_scale = self.pool.scales(layer_id)  # [slots, Hkv] f32, or None x2
+        q, k, v = rope_store_kv(
+            q, k, v, k_buf, v_buf, fb.out_slots, fb.positions, rotary.cos_sin_cache,
+            k_scale=k_scale, v_scale=v_scale, q_norm=rotary.q_norm, k_norm=rotary.k_norm,
+            eps=rotary.eps, kv_out=not fb.is_decode,
+        )  # [T, Hq, D] rotated; an extend's new K/V [T, Hkv, D] x2, decode None x2  # fmt: skip
+        return self._attend(layer_id, q, k, v, fb)
+
+    def _attend(
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        fb: ForwardBatch,
+    ) -> torch.Tensor:
+        """Attention of q over the pool, K/V of the new tokens already stored; an extend
+        also reads the new tokens' `k`, `v` as given (decode reads only the pool)."""
+        meta: TritonAttentionMeta = fb.attn_meta
+        k_buf, v_buf = self.pool.k[layer_id], self.pool.v[layer_id]  # [slots, Hkv, D]
+        k_scale, v_scale = self.pool.scales(layer_id)  # [slots, Hkv] f32, or None x2
         if fb.is_decode:
             return decode_attention(
                 q, k_buf, v_buf, meta.kv_indptr, meta.kv_indices, meta.seq_lens, fb.page_size,
                 self.sm_scale, k_scale=k_scale, v_scale=v_scale, num_splits=meta.num_splits,
+                split_counters=meta.split_counters,
             )  # [B, Hq, D]  # fmt: skip
         return extend_attention(
             q, k, v, k_buf, v_buf, fb.qo_indptr, fb.prefix_lens, meta.kv_indptr,
@@ -85,12 +149,15 @@ class TritonAttention(AttentionBackend):
         self.graph_kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=device)  # [N+1]
         pages = max_bs * -(-max_context // page_size)  # every row at full context
         self.graph_kv_indices = torch.zeros(pages, dtype=torch.int64, device=device)  # [pages]
+        self.graph_split_counters = torch.zeros(max_bs * self.pool.kv_heads, dtype=torch.int32,
+                                                device=device)  # [N * Hkv]
 
     def prepare_capture(self, fb: ForwardBatch) -> None:
         bs = fb.batch_size
         fb.attn_meta = TritonAttentionMeta(
             self.graph_kv_indptr[: bs + 1], self.graph_kv_indices, self.graph_seq_lens[:bs],
-            num_splits=self._splits(bs, self.max_context), max_new_len=0,
+            num_splits=self._splits(bs, self.max_context),
+            split_counters=self.graph_split_counters, max_new_len=0,
         )  # fmt: skip
 
     def prepare_replay(self, fb: ForwardBatch, padded: int) -> None:

@@ -51,6 +51,21 @@ def test_splits_and_empty_sequences(num_splits):
     assert (decode_attention(*args, num_splits=num_splits)[1] == 0).all()
 
 
+@pytest.mark.parametrize("pool_dtype", [None, torch.int8], ids=["plain", "int8"])
+@pytest.mark.parametrize("heads", [(4, 2, 32), (3, 3, 48)], ids=str)
+@pytest.mark.parametrize("num_splits", [2, 8])
+def test_stage1_merges_its_splits_with_counters(num_splits, heads, pool_dtype):
+    """With a counter buffer the last split of each (sequence, kv head) merges (no merge
+    kernel) into the same output, and leaves the counters zero for the next launch."""
+    args, scales = make_inputs([65, 0, 9, 200], heads, 16, torch.float32, pool_dtype, seed=2)
+    counters = torch.zeros(4 * heads[1] + 3, dtype=torch.int32, device=DEVICE)
+    ref = decode_attention_ref(*args, **scales)
+    for _ in range(2):  # the second launch starts from the counters the first one left
+        out = decode_attention(*args, **scales, num_splits=num_splits, split_counters=counters)
+        torch.testing.assert_close(out, ref, atol=ATTN_TOL[torch.float32], rtol=1e-4)
+        assert not counters.any()
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize(
     "pool_dtype",
@@ -129,3 +144,20 @@ def test_large_gpu(dtype, page_size, pool_dtype):
     check(args, scales, dtype)
     args, scales = make_inputs(lens, (32, 32, 128), page_size, dtype, pool_dtype, seed=8)
     check(args, scales, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pool_dtype", [None, torch.float8_e4m3fn], ids=["fp16", "fp8"])
+def test_stage1_merge_large_gpu(pool_dtype):
+    """Many splits finishing in any order on many SMs: every launch merges the same (the
+    merging program sums the splits in order, whichever it is) and matches the merge kernel."""
+    lens = torch.randint(1, 3000, (17,), generator=torch.Generator().manual_seed(9)).tolist()
+    args, scales = make_inputs(lens, (32, 8, 128), 16, torch.float16, pool_dtype, seed=9)
+    counters = torch.zeros(17 * 8, dtype=torch.int32, device=DEVICE)
+    want = decode_attention(*args, **scales, num_splits=16)  # stage 1, then the merge kernel
+    first = decode_attention(*args, **scales, num_splits=16, split_counters=counters)
+    torch.testing.assert_close(first, want, atol=2e-3, rtol=2e-3)
+    for _ in range(50):
+        out = decode_attention(*args, **scales, num_splits=16, split_counters=counters)
+        assert torch.equal(out, first)
+    assert not counters.any()

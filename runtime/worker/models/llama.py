@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.rope import ROPE_TYPES, rope_cos_sin_cache
-from runtime.worker.attention import AttentionBackend
+from runtime.worker.attention import AttentionBackend, Rotary
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.models.parallel import (
     QUANTIZATIONS,
@@ -150,12 +150,22 @@ class LlamaAttention(nn.Module):
         q = q.reshape(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        if attn.fuses_rope:  # q/k norm and RoPE run inside the backend's KV store
+            out = attn.forward_rotary(self.layer_id, q, k, v, fb, self.rotary(ops))
+            return self.o_proj(out.reshape(tokens, -1))  # [T, hidden]
         if self.qk_norm:  # per head, over head_dim
             q = ops.rmsnorm(q, self.q_norm.weight, self.q_norm.eps)  # [T, Hq, D]
             k = ops.rmsnorm(k, self.k_norm.weight, self.k_norm.eps)  # [T, Hkv, D]
         q, k = ops.rope(q, k, fb.positions)
         out = attn.forward(self.layer_id, q, k, v, fb)  # [T, Hq, D]
         return self.o_proj(out.reshape(tokens, -1))  # [T, hidden]
+
+
+    def rotary(self, ops: Ops) -> Rotary:
+        """This layer's q/k treatment before attention, for a backend that fuses it."""
+        if not self.qk_norm:
+            return Rotary(ops.cos_sin_cache)
+        return Rotary(ops.cos_sin_cache, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
 
 
 class LlamaMLP(nn.Module):
