@@ -93,3 +93,18 @@ def test_write_backs_loads_and_host_slot_reuse_keep_every_byte(device, kv_dtype,
 def test_a_plan_without_copies_issues_nothing(device):
     pool = KVPool(2, 9, 1, 8, torch.float32, device.removesuffix("-kernel"))
     assert KVTransfer(pool, 4).run(plan()) is None
+
+
+@pytest.mark.gpu
+def test_host_pools_made_and_dropped_in_turn_keep_registering():
+    """Small host pools (two groups each, fp8) created and dropped one after another: no two
+    registrations share a page and a dropped pool is unregistered, so the next registration
+    of the same memory succeeds and its copies are right."""
+    for i in range(12):
+        pool = KVPool(2, 9, 1, 8, torch.bfloat16, "cuda", "fp8")
+        pool.k[0].view(torch.uint8).fill_(i)
+        xfer = KVTransfer(pool, 3 + i % 4)
+        xfer.run(plan(writeback=([1, 2], [2, 1])))
+        torch.cuda.synchronize()
+        assert (xfer.hosts[0][0, 1:3].view(torch.uint8) == i).all()
+        del xfer, pool
