@@ -1,9 +1,11 @@
 """`KVTransfer`: the host KV pool (`--host-kv-gib`) and the copies a plan orders between it
 and the device pool.
 
-The host pool follows the device pool's layout: the tensors of `KVPool.layer_tensors()`
+The host pool mirrors the device pool's tensors: those of `KVPool.layer_tensors()`
 (every layer's K, then every layer's V, then a quantized pool's scales) are grouped by
-shape and dtype, and each group has one host tensor `[members, host_slots + 1, ...]`.
+shape and dtype, and each group has one host tensor `[host_slots + 1, members, ...]`,
+slot-major, so that a slot's rows of every member are one contiguous run of whole lines
+(the kernel writes short rows, the scales, as such runs: see `kernels.kv_copy`).
 All of them live in one page-aligned anonymous mapping, registered with the device once
 (pinned in place, mapped for the kernel) and unregistered before it can be unmapped:
 memory freed while registered, or two registrations sharing a page, make the next
@@ -115,10 +117,11 @@ class KVTransfer:
         for t in dev:
             groups.setdefault((tuple(t.shape[1:]), t.dtype), []).append(t)
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
-        # per shape/dtype group: the device tensors and one host tensor [n, host_slots + 1, ...]
-        self.hosts = self._host_tensors([((len(ts), num_slots + 1, *shape), dtype)
+        # per shape/dtype group: the device tensors and one slot-major host tensor
+        # [host_slots + 1, n, ...] (a slot's rows of the group side by side)
+        self.hosts = self._host_tensors([((num_slots + 1, len(ts), *shape), dtype)
                                          for (shape, dtype), ts in groups.items()])
-        self.groups = [(SlotTensors.of(ts, self.device), SlotTensors.of(list(h), self.device))
+        self.groups = [(SlotTensors.of(ts, self.device), SlotTensors.slot_major(h, self.device))
                        for ts, h in zip(groups.values(), self.hosts, strict=True)]
         self.copy = copy_slots if self.cuda else copy_slots_ref
 
