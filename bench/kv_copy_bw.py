@@ -2,6 +2,7 @@
 (pinned host -> device) of scattered slots in the KV pool's own layout, through
 `KVTransfer`, against a plain pinned copy of the same bytes (what the bus allows).
 The times are wall time per call, so they include building and uploading the slot lists.
+A second table times each group's launch alone (K/V rows; a quantized pool's scale rows).
 
     python -m bench.kv_copy_bw                 # dummy:llama3-8b shape on the GPU
     python -m bench.kv_copy_bw --smoke         # dummy:tiny shape on the CPU
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import time
 from pathlib import Path
@@ -72,7 +74,24 @@ def _row(xfer: KVTransfer, nbytes: int, device: torch.device, dev: list[int],
                                         device, repeat) / 1e9,
         "bus_h2d_gbps": nbytes / _timed(lambda: flat.copy_(pinned, non_blocking=True),
                                         device, repeat) / 1e9,
+        "groups": _groups(xfer, device, dev, host, repeat),
     }
+
+
+def _groups(xfer: KVTransfer, device: torch.device, dev: list[int], host: list[int],
+            repeat: int) -> list[dict]:
+    """GB/s of each group's launch alone (slot lists already on the device)."""
+    d, h = (torch.tensor(x, dtype=torch.int64, device=device) for x in (dev, host))
+    out = []
+    for dev_t, host_t in xfer.groups:
+        nbytes = len(dev) * len(dev_t.tensors) * dev_t.row_words * dev_t.base.element_size()
+        writeback = functools.partial(xfer.copy, dev_t, host_t, d, h)
+        load = functools.partial(xfer.copy, host_t, dev_t, h, d)
+        out.append({"members": len(dev_t.tensors),
+                    "row_bytes": dev_t.row_words * dev_t.base.element_size(),
+                    "writeback_gbps": nbytes / _timed(writeback, device, repeat) / 1e9,
+                    "load_gbps": nbytes / _timed(load, device, repeat) / 1e9})
+    return out
 
 
 def report(res: dict) -> str:
@@ -87,6 +106,11 @@ def report(res: dict) -> str:
                      f"{r['bus_d2h_gbps']:.1f} | {r['writeback_gbps'] / r['bus_d2h_gbps']:.0%} | "
                      f"{r['load_gbps']:.1f} | {r['bus_h2d_gbps']:.1f} | "
                      f"{r['load_gbps'] / r['bus_h2d_gbps']:.0%} |")
+    last = res["rows"][-1]
+    lines += ["", f"Each group's launch alone, {last['tokens']} tokens:", "",
+              "| members | row bytes | write-back | load |", "|---|---|---|---|"]
+    lines += [f"| {g['members']} | {g['row_bytes']} | {g['writeback_gbps']:.1f} | "
+              f"{g['load_gbps']:.1f} |" for g in last["groups"]]
     return "\n".join([*lines, "", f"git {res['git']}", ""])
 
 

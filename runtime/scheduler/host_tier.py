@@ -16,7 +16,9 @@ host slots: a prefix may be cached on the device, on the host, or on both.
 The copy orders travel in the next `BatchPlan`, write-backs before loads. The worker runs
 them before that step's forward, in order, on one copy stream that the forward waits
 for, so a device slot freed here can be handed out in the same step and a host slot
-reused by a later order never races an earlier one. Host slots a load reads stay
+reused by a later order never races an earlier one. Within one kind (one launch) a slot
+is the destination of at most one order: a later order into a slot replaces an earlier
+one, whose bytes were evicted meanwhile. Host slots a load reads stay
 locked (or, swapped, held) until the plan carrying the load is built (`take_orders`).
 """
 
@@ -146,7 +148,9 @@ class HostTier:
             return None
         wb, ld = self._writebacks, self._loads
         self._writebacks, self._loads = [], []
-        return CopyOrders(*_cat(wb), *_cat(ld))
+        wb_dev, wb_host = _cat(wb)
+        ld_host, ld_dev = _cat(ld)
+        return CopyOrders(*_last_into_each(wb_dev, wb_host), *_last_into_each(ld_host, ld_dev))
 
     def stats(self) -> HostStats:
         return HostStats(total=self.allocator.total,
@@ -166,3 +170,14 @@ def _cat(pairs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.nda
         return _NONE, _NONE
     return (np.concatenate([a for a, _ in pairs]).astype(np.int32),
             np.concatenate([b for _, b in pairs]).astype(np.int32))
+
+
+def _last_into_each(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The orders `src[i] -> dst[i]` less those a later order into the same slot overrides.
+    A slot written back, evicted and taken again within one step is ordered twice; one
+    launch copies in no particular order, so only the last order may reach it."""
+    _, last = np.unique(dst[::-1], return_index=True)  # first in reverse: last in order
+    if len(last) == len(dst):
+        return src, dst
+    keep = np.sort(len(dst) - 1 - last)
+    return src[keep], dst[keep]

@@ -1,27 +1,48 @@
 """`KVTransfer`: the host KV pool (`--host-kv-gib`) and the copies a plan orders between it
 and the device pool.
 
-The host pool follows the device pool's layout: the tensors of `KVPool.layer_tensors()`
+The host pool mirrors the device pool's tensors: those of `KVPool.layer_tensors()`
 (every layer's K, then every layer's V, then a quantized pool's scales) are grouped by
-shape and dtype, and each group has one host tensor `[members, host_slots + 1, ...]`,
-registered with the device (pinned in place). Its slots are the scheduler's host slot ids.
+shape and dtype, and each group has one host tensor `[host_slots + 1, members, ...]`,
+slot-major, so that a slot's rows of every member are one contiguous run of whole lines
+(the kernel writes short rows, the scales, as such runs: see `kernels.kv_copy`).
+All of them live in one page-aligned anonymous mapping, registered with the device once
+(pinned in place, mapped for the kernel) and unregistered before it can be unmapped:
+memory freed while registered, or two registrations sharing a page, make the next
+registration of those pages fail. Its slots are the scheduler's host slot ids.
 
 A plan's copies run before its forward, write-backs first, on a copy stream of their own.
 Each is one `kernels.kv_copy` launch per group (all layers, K and V): the kernel reads the
 scattered device slots and writes the scattered host slots directly over the bus, or the
 reverse for a load, so nothing is staged and the CPU touches no KV. The slot lists go up
 as one index tensor, copied from pinned memory without blocking, on the same stream.
-The compute stream waits for the copy stream before the step's forward, so the forward
-never reads a slot still loading nor writes one still being written back: a device slot
-the scheduler frees in the plan that orders its write-back can be reused by that step.
-Stream order alone keeps a host slot's write-back before a later load or reuse of it.
+
+Ordering (one rule, the overlap's delayed release): a copy never waits for the device,
+and needs no event of its own, because of what the scheduler orders and when.
+- Against the compute stream, before: the copy stream does not wait for the batches in
+  flight. It need not: the scheduler orders a copy only of device slots that no batch in
+  flight reads or writes. A write-back reads a radix-tree node that no running request
+  locks, or the blocks of a request swapped out while nothing is in flight; a finished
+  request's KV reaches the tree only once every batch holding it completed (the CUDA
+  event the sender thread waits on). A load writes slots just taken from the free list,
+  which holds no slot of a batch in flight for the same reason. Waiting for the compute
+  stream instead would put each plan's copies behind the forward before it, on the
+  critical path, for nothing.
+- Against the compute stream, after: the compute stream waits for the copy stream before
+  the step's forward, so it never reads a slot still loading nor writes one still being
+  written back: a device slot the scheduler frees in the plan that orders its write-back
+  can be reused by that step.
+- Among copies: stream order keeps a host slot's write-back before a later load or reuse
+  of it; within one launch the scheduler never orders two copies into one slot.
 On the CPU the same copies run synchronously through the torch reference.
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import time
+import weakref
 
 import torch
 
@@ -30,6 +51,7 @@ from runtime.messages import BatchPlan
 from runtime.worker.kv_pool import GiB, KVPool
 
 _HOST_REGISTER_MAPPED = 2  # cudaHostRegisterMapped
+_HOST_ALIGN = 4096  # each host tensor starts on a page of its own
 
 
 def host_memory_available() -> int:
@@ -94,23 +116,34 @@ class KVTransfer:
         groups: dict[tuple, list[torch.Tensor]] = {}
         for t in dev:
             groups.setdefault((tuple(t.shape[1:]), t.dtype), []).append(t)
-        # per shape/dtype group: the device tensors and one host tensor [n, host_slots + 1, ...]
-        self.hosts = [self._host_tensor((len(ts), num_slots + 1, *shape), dtype)
-                      for (shape, dtype), ts in groups.items()]
-        self.groups = [(SlotTensors.of(ts, self.device), SlotTensors.of(list(h), self.device))
-                       for ts, h in zip(groups.values(), self.hosts, strict=True)]
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+        # per shape/dtype group: the device tensors and one slot-major host tensor
+        # [host_slots + 1, n, ...] (a slot's rows of the group side by side)
+        self.hosts = self._host_tensors([((num_slots + 1, len(ts), *shape), dtype)
+                                         for (shape, dtype), ts in groups.items()])
+        self.groups = [(SlotTensors.of(ts, self.device), SlotTensors.slot_major(h, self.device))
+                       for ts, h in zip(groups.values(), self.hosts, strict=True)]
         self.copy = copy_slots if self.cuda else copy_slots_ref
 
-    def _host_tensor(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-        host = torch.zeros(shape, dtype=dtype)
-        if self.cuda:  # registered in place: pinned without rounding the size up, and
-            # mapped, so the copy kernel reads and writes it directly
-            err = torch.cuda.cudart().cudaHostRegister(
-                host.data_ptr(), host.numel() * host.element_size(), _HOST_REGISTER_MAPPED)
+    def _host_tensors(self, specs: list[tuple[tuple, torch.dtype]]) -> list[torch.Tensor]:
+        """Zeroed host tensors of `specs` (shape, dtype), each page-aligned in one anonymous
+        mapping; on a GPU registered with it, mapped, so the copy kernel addresses them."""
+        nbytes = [torch.Size(shape).numel() * dtype.itemsize for shape, dtype in specs]
+        starts = [0]
+        for n in nbytes:  # each tensor rounded up to whole pages
+            starts.append(starts[-1] + -(-n // _HOST_ALIGN) * _HOST_ALIGN)
+        buf = mmap.mmap(-1, starts[-1], flags=mmap.MAP_PRIVATE)
+        raw = torch.frombuffer(buf, dtype=torch.uint8)  # [total bytes], zero pages
+        tensors = [raw[start:start + n].view(dtype).view(shape)
+                   for (shape, dtype), start, n in zip(specs, starts, nbytes)]
+        if self.cuda:
+            err = torch.cuda.cudart().cudaHostRegister(raw.data_ptr(), len(buf),
+                                                       _HOST_REGISTER_MAPPED)
             if int(err) != 0:
                 raise RuntimeError(f"cudaHostRegister of the host KV pool failed ({err})")
-        return host
+            # unregistered (after the copies in flight) before the mapping can go away
+            weakref.finalize(self, _unregister, self.stream, raw.data_ptr(), buf).atexit = False
+        return tensors
 
     @property
     def num_bytes(self) -> int:
@@ -147,3 +180,10 @@ class KVTransfer:
         if self.cuda:
             both = both.pin_memory().to(self.device, non_blocking=True)
         return both[0], both[1]
+
+
+def _unregister(stream: torch.cuda.Stream, ptr: int, buf: mmap.mmap) -> None:
+    """Unpin the host pool at `ptr` once `stream`'s copies are done; `buf`, its mapping,
+    is held until then."""
+    stream.synchronize()
+    torch.cuda.cudart().cudaHostUnregister(ptr)

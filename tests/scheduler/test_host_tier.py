@@ -55,6 +55,53 @@ def test_multi_turn_prefixes_come_back_from_the_host(overlap):
     sched.check_invariants()
 
 
+class CopyRaceCheck:
+    """Wraps a scheduler's `plan` and a fake worker's `run`: fails if a plan's copies touch
+    a device slot that a batch in flight when it was planned reads or writes. On a GPU the
+    copies run on a stream that does not wait for the forwards in flight (see
+    runtime/worker/kv_transfer.py): this is the rule that makes that safe."""
+
+    def __init__(self, sched, worker) -> None:
+        self.sched, self.worker = sched, worker
+        self._plan, self._run = sched.plan, worker.run
+        sched.plan, worker.run = self.plan, self.run
+        self.behind: dict[int, list[int]] = {}  # batch id -> batches in flight at planning
+        self.touched: dict[int, set[int]] = {}  # batch id -> slots its forward read or wrote
+        self.checked = 0  # plans with copies, planned while a batch was in flight
+
+    def plan(self):
+        plan = self._plan()
+        if plan is not None:  # the new batch is the last one in flight
+            self.behind[plan.batch_id] = [b.batch_id for b in list(self.sched.in_flight)[:-1]]
+        return plan
+
+    def run(self, plan):
+        copies = set(plan.writeback_dev) | set(plan.load_dev)
+        for b in self.behind.pop(plan.batch_id):
+            assert not copies & self.touched[b], (plan.batch_id, b, copies & self.touched[b])
+            self.checked += bool(copies)
+        res = self._run(plan)
+        w = self.worker
+        self.touched[plan.batch_id] = {
+            w.slot(row, pos) for row, p, e in zip(plan.rows, plan.prefix_lens, plan.extend_lens)
+            for pos in range(p + e)}
+        return res
+
+
+@pytest.mark.parametrize("preempt", ["recompute", "swap"])
+def test_copies_never_touch_the_slots_of_a_batch_in_flight(preempt):
+    convs = conversations(12, 4, seed=5)
+    sched, worker = build_mode("token", num_slots=160, rows=16, host_slots=4096,
+                               host_kv_gib=1, overlap=True, chunk_size=64, preempt=preempt,
+                               schedule_conservativeness=0.0)
+    check = CopyRaceCheck(sched, worker)
+    run_turns(sched, worker, convs)
+    host = sched.kv.stats().host
+    assert host.load_tokens > 0 and host.writeback_tokens > 0
+    assert check.checked > 0  # copies really were planned beside a batch in flight
+    assert sched.num_swaps > 0 or preempt == "recompute"
+
+
 def test_host_tier_raises_the_hit_rate_over_the_device_alone():
     convs = conversations(12, 4, seed=1)
     rates = {}
@@ -104,6 +151,21 @@ def test_a_pinned_host_prefix_is_not_evicted_before_its_load_is_planned():
     tier.write_back(np.array([9, 9]), np.array([1, 2]))  # no room: dropped, not evicted over
     assert tier.match(np.array([1, 2, 3, 4]), 0).tolist() == held.tolist()
     assert tier.take_orders() is None  # nothing was copied
+    tier.check_invariants()
+
+
+def test_a_host_slot_reused_within_one_step_gets_only_its_last_write_back():
+    """One launch copies in no particular order: a host slot evicted and written again
+    before the orders are taken must be the destination of one order, the later one."""
+    tier = HostTier(4)
+    tier.write_back(np.array([1, 2, 3, 4]), np.array([5, 6, 7, 8]))
+    tier.write_back(np.array([9, 9, 9]), np.array([10, 11, 12]))  # evicts [1..4] for room
+    orders = tier.take_orders()
+    host = orders.writeback_host.tolist()
+    assert len(set(host)) == len(host)
+    assert tier.match(np.array([9, 9, 9]), 0).tolist() == [
+        h for d, h in zip(orders.writeback_dev.tolist(), host) if d in (10, 11, 12)]
+    assert {10, 11, 12} <= set(orders.writeback_dev.tolist())
     tier.check_invariants()
 
 

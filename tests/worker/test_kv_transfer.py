@@ -85,7 +85,7 @@ def test_write_backs_loads_and_host_slot_reuse_keep_every_byte(device, kv_dtype,
     if device == "cuda":
         torch.cuda.synchronize()
     # the host pool holds c's bytes: its groups' members are the pool's tensors in order
-    host_members = [m for h in xfer.hosts for m in h]  # [num_host_slots + 1, ...] each
+    host_members = [m for h in xfer.hosts for m in h.unbind(1)]  # [host slots + 1, ...] each
     assert same([m[host].contiguous().view(torch.uint8) for m in host_members], want_c)
 
 
@@ -93,3 +93,18 @@ def test_write_backs_loads_and_host_slot_reuse_keep_every_byte(device, kv_dtype,
 def test_a_plan_without_copies_issues_nothing(device):
     pool = KVPool(2, 9, 1, 8, torch.float32, device.removesuffix("-kernel"))
     assert KVTransfer(pool, 4).run(plan()) is None
+
+
+@pytest.mark.gpu
+def test_host_pools_made_and_dropped_in_turn_keep_registering():
+    """Small host pools (two groups each, fp8) created and dropped one after another: no two
+    registrations share a page and a dropped pool is unregistered, so the next registration
+    of the same memory succeeds and its copies are right."""
+    for i in range(12):
+        pool = KVPool(2, 9, 1, 8, torch.bfloat16, "cuda", "fp8")
+        pool.k[0].view(torch.uint8).fill_(i)
+        xfer = KVTransfer(pool, 3 + i % 4)
+        xfer.run(plan(writeback=([1, 2], [2, 1])))
+        torch.cuda.synchronize()
+        assert (xfer.hosts[0][1:3, 0].view(torch.uint8) == i).all()
+        del xfer, pool
