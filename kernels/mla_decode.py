@@ -62,14 +62,14 @@ def _mla_decode_kernel(
     kv_indptr_ptr,
     kv_indices_ptr,
     seq_lens_ptr,
-    o_ptr,  # [B, HEADS, num_splits, DL] float32 partials, or [B, HEADS, DL] when DIRECT
-    lse_ptr,  # [B, HEADS, num_splits] float32, unused when DIRECT
+    o_ptr,  # [B, heads, num_splits, DL] float32 partials, or [B, heads, DL] when DIRECT
+    lse_ptr,  # [B, heads, num_splits] float32, unused when DIRECT
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
     num_splits,
     stride_qb,
     stride_qh,
     stride_kvs,
-    HEADS: tl.constexpr,
+    heads,
     DL: tl.constexpr,
     DR: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -90,7 +90,7 @@ def _mla_decode_kernel(
     page_base = tl.load(kv_indptr_ptr + b)
 
     offs_h = hg * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask_h = offs_h < HEADS
+    mask_h = offs_h < heads
     offs_l = tl.arange(0, BLOCK_DL)
     mask_l = offs_l < DL
     offs_r = tl.arange(0, BLOCK_DR)
@@ -122,7 +122,7 @@ def _mla_decode_kernel(
     has_keys = l_sum > 0
     l_safe = tl.where(has_keys, l_sum, 1.0)
     o = acc / l_safe[:, None]  # [BLOCK_H, BLOCK_DL]
-    row = b * HEADS + offs_h  # [BLOCK_H]
+    row = b * heads + offs_h  # [BLOCK_H]
     if DIRECT:
         tl.store(o_ptr + row[:, None] * DL + offs_l[None, :], o.to(o_ptr.dtype.element_ty), mask_hl)
     else:
@@ -204,7 +204,7 @@ def mla_decode(
     block_dl = max(16, triton.next_power_of_2(Dl))
     _mla_decode_kernel[(B, triton.cdiv(H, config.block_h), num_splits)](
         q, kv_pool, kv_indptr, kv_indices, seq_lens, dst, lse, sm_scale * LOG2E, num_splits,
-        q.stride(0), q.stride(1), kv_pool.stride(0), HEADS=H, DL=Dl, DR=Dr,
+        q.stride(0), q.stride(1), kv_pool.stride(0), heads=H, DL=Dl, DR=Dr,
         PAGE_SIZE=page_size, DIRECT=direct, BLOCK_H=config.block_h, BLOCK_N=config.block_n,
         BLOCK_DL=block_dl, BLOCK_DR=max(16, triton.next_power_of_2(Dr)),
         num_warps=config.num_warps, num_stages=config.num_stages,

@@ -28,7 +28,7 @@ def _mla_extend_kernel(
     q_ptr,
     kv_new_ptr,
     kv_ptr,
-    o_ptr,  # [T, HEADS, DL] contiguous
+    o_ptr,  # [T, heads, DL] contiguous
     qo_indptr_ptr,
     prefix_lens_ptr,
     kv_indptr_ptr,
@@ -38,7 +38,7 @@ def _mla_extend_kernel(
     stride_qh,
     stride_newt,
     stride_kvs,
-    HEADS: tl.constexpr,
+    heads,
     DL: tl.constexpr,
     DR: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -52,15 +52,15 @@ def _mla_extend_kernel(
 
     q_start = tl.load(qo_indptr_ptr + b)
     new_len = tl.load(qo_indptr_ptr + b + 1) - q_start
-    active = mb * BLOCK_M < new_len * HEADS  # programs past this sequence's rows do nothing
+    active = mb * BLOCK_M < new_len * heads  # programs past this sequence's rows do nothing
     prefix_len = tl.where(active, tl.load(prefix_lens_ptr + b), 0)
-    last_tok = ((mb + 1) * BLOCK_M - 1) // HEADS  # the block's last token: the causal bound
+    last_tok = ((mb + 1) * BLOCK_M - 1) // heads  # the block's last token: the causal bound
     new_end = tl.where(active, tl.minimum(new_len, last_tok + 1), 0)
     page_base = tl.load(kv_indptr_ptr + b)
 
-    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # query rows, token * HEADS + head
-    tok = offs_m // HEADS  # [BLOCK_M] new-token index within the sequence
-    head = offs_m % HEADS
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # query rows, token * heads + head
+    tok = offs_m // heads  # [BLOCK_M] new-token index within the sequence
+    head = offs_m % heads
     mask_m = tok < new_len
     offs_l = tl.arange(0, BLOCK_DL)
     mask_l = offs_l < DL
@@ -102,7 +102,7 @@ def _mla_extend_kernel(
         )
 
     o = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]  # [BLOCK_M, BLOCK_DL]
-    o_rows = ((q_start + tok).to(tl.int64) * HEADS + head) * DL  # [BLOCK_M]
+    o_rows = ((q_start + tok).to(tl.int64) * heads + head) * DL  # [BLOCK_M]
     tl.store(o_ptr + o_rows[:, None] + offs_l[None, :], o.to(o_ptr.dtype.element_ty), mask_ml)
 
 
@@ -168,7 +168,7 @@ def mla_extend(
     _mla_extend_kernel[(B, triton.cdiv(max_new_len * H, block_m))](
         q, kv_new, kv_pool, o, qo_indptr, prefix_lens, kv_indptr, kv_indices,
         sm_scale * LOG2E, q.stride(0), q.stride(1), kv_new.stride(0), kv_pool.stride(0),
-        HEADS=H, DL=Dl, DR=Dr, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_N=block_n,
+        heads=H, DL=Dl, DR=Dr, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_DL=max(16, triton.next_power_of_2(Dl)), BLOCK_DR=max(16, triton.next_power_of_2(Dr)),
         num_warps=warps, num_stages=2,
     )  # fmt: skip

@@ -1,6 +1,15 @@
 """Mixture-of-experts kernels: routing (`grouped_topk`) and the expert FFN (`fused_moe`)."""
 
-from kernels.fused_moe import fused_moe_ref
+from kernels.fused_moe import MoeConfig, fused_moe, fused_moe_ref, moe_config
+from kernels.moe_align import MoeAlignment, moe_align_block_size
 from kernels.moe_routing import grouped_topk
 
-__all__ = ["fused_moe_ref", "grouped_topk"]
+__all__ = [
+    "MoeAlignment",
+    "MoeConfig",
+    "fused_moe",
+    "fused_moe_ref",
+    "grouped_topk",
+    "moe_align_block_size",
+    "moe_config",
+]

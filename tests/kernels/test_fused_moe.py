@@ -1,10 +1,13 @@
 """fused_moe (Triton) against fused_moe_ref, and fused_moe_ref against transformers' experts."""
 
+import pytest
 import torch
 from transformers import DeepseekV2Config
 from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Experts
 
-from kernels.moe import fused_moe_ref, grouped_topk
+from kernels.moe import MoeConfig, fused_moe, fused_moe_ref, grouped_topk, moe_align_block_size
+from kernels.moe_align import max_padded_rows
+from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, randn
 
 
 def test_reference_matches_deepseek_experts():
@@ -22,3 +25,67 @@ def test_reference_matches_deepseek_experts():
     want = experts(x, ids.long(), weights)
     got = fused_moe_ref(x, experts.gate_up_proj.data, experts.down_proj.data, weights, ids)
     torch.testing.assert_close(got, want)
+
+
+def moe_inputs(T, H, inter, E, k, dtype, seed):
+    """Random activations, experts scaled to keep outputs O(1), and a softmax routing."""
+    gen = torch.Generator().manual_seed(seed)
+    x = randn(T, H, dtype=dtype, gen=gen)  # [T, H]
+    w13 = randn(E, 2 * inter, H, dtype=dtype, gen=gen) / H**0.5  # [E, 2I, H]
+    w2 = randn(E, H, inter, dtype=dtype, gen=gen) / inter**0.5  # [E, H, I]
+    weights, ids = grouped_topk(randn(T, E, gen=gen), k, renormalize=True)  # [T, k] each
+    return x, w13, w2, weights, ids
+
+
+SMALL_TILES = MoeConfig(16, 16, 16)  # several tiles and K steps even on tiny H, I
+
+
+@pytest.mark.parametrize("T", [1, 7, 33])
+@pytest.mark.parametrize("E, k", [(8, 2), (64, 6)])
+def test_matches_reference_odd_shapes(T, E, k):
+    x, w13, w2, weights, ids = moe_inputs(T, 40, 24, E, k, torch.float32, seed=T * E + k)
+    got = fused_moe(x, w13, w2, weights, ids, config=SMALL_TILES)
+    want = fused_moe_ref(x, w13, w2, weights, ids)
+    tol = ATTN_TOL[torch.float32]
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T", [1, 33, 300])
+def test_matches_reference_default_tiles(dtype, T):
+    # T = 300 with E = 8, k = 2 puts 75 rows on each expert: the widest tiles.
+    x, w13, w2, weights, ids = moe_inputs(T, 72, 40, 8, 2, dtype, seed=T)
+    got = fused_moe(x, w13, w2, weights, ids)
+    want = fused_moe_ref(x, w13, w2, weights, ids)
+    assert got.dtype == dtype and got.shape == x.shape
+    tol = ATTN_TOL[dtype]
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+def test_width_shards_sum_to_the_whole():
+    """Tensor parallelism: each rank holds a slice of I; the partial outputs add up."""
+    x, w13, w2, weights, ids = moe_inputs(7, 40, 24, 8, 2, torch.float32, seed=1)
+    gate, up = w13.chunk(2, dim=1)  # [E, I, H] each
+    parts = []
+    for s in (slice(0, 16), slice(16, 24)):
+        w13_s = torch.cat([gate[:, s], up[:, s]], dim=1).contiguous()  # [E, 2I_r, H]
+        w2_s = w2[:, :, s].contiguous()  # [E, H, I_r]
+        parts.append(fused_moe(x, w13_s, w2_s, weights, ids, config=SMALL_TILES))
+    tol = ATTN_TOL[torch.float32]
+    want = fused_moe_ref(x, w13, w2, weights, ids)
+    torch.testing.assert_close(parts[0] + parts[1], want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("T, E, k, block_m", [(1, 64, 6, 16), (33, 8, 2, 16), (7, 64, 6, 32)])
+def test_alignment_groups_every_pick_once(T, E, k, block_m):
+    ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).to(torch.int32)  # [T, k]
+    sorted_ids, block_expert, num_padded = moe_align_block_size(ids.to(DEVICE), E, block_m)
+    n = T * k
+    used = sorted_ids[: int(num_padded)].cpu()
+    assert sorted(used[used < n].tolist()) == list(range(n))
+    assert (used <= n).all() and int(num_padded) % block_m == 0
+    assert sorted_ids.numel() == max_padded_rows(n, E, block_m)
+    flat = ids.flatten()
+    for b in range(int(num_padded) // block_m):
+        rows = used[b * block_m : (b + 1) * block_m]
+        assert (flat[rows[rows < n].long()] == int(block_expert[b])).all()
