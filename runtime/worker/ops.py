@@ -2,9 +2,10 @@
 the Triton kernels on a GPU.
 
 The model calls `ops.rmsnorm`, `ops.add_rmsnorm` (residual add fused with the norm),
-`ops.rope`, `ops.silu_mul` and `ops.fused_moe` (routed experts); `TorchOps` calls each kernel's `*_ref` (the CPU
-correctness reference, equal to transformers in float32), `TritonOps` launches the kernels
-in `kernels/`. Both take the RoPE table of `kernels.rope.rope_cos_sin_cache`.
+`ops.rope`, `ops.silu_mul` and `ops.fused_moe` (routed experts); `TorchOps` calls each
+kernel's `*_ref` (the CPU correctness reference, equal to transformers in float32),
+`TritonOps` launches the kernels in `kernels/`. Both take the RoPE table of
+`kernels.rope.rope_cos_sin_cache`.
 """
 
 from __future__ import annotations
