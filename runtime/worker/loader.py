@@ -21,6 +21,7 @@ from safetensors import safe_open
 
 from runtime.model_config import ModelSpec
 from runtime.worker.models.deepseek import DeepseekForCausalLM
+from runtime.worker.models.deepseek import tp_split_dim as deepseek_split_dim
 from runtime.worker.models.deepseek_arch import SUPPORTED_TYPES as DEEPSEEK_TYPES
 from runtime.worker.models.deepseek_arch import DeepseekArch
 from runtime.worker.models.llama import LlamaArch, LlamaForCausalLM, tp_split_dim
@@ -106,11 +107,13 @@ class ShardLoader:
         self.fp8 = {f"{name}.weight": m for name, m in model.named_modules()
                     if isinstance(m, Fp8Linear)}  # weight parameter name -> its layer
         self.pending = set(self.targets)
+        self.split_dim = (deepseek_split_dim if isinstance(model, DeepseekForCausalLM)
+                          else tp_split_dim)
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
         param_name, start, rows = self.targets[name]
         dest = self.params[param_name].narrow(0, start, rows)
-        dim = tp_split_dim(name) if self.tp.size > 1 else None
+        dim = self.split_dim(name) if self.tp.size > 1 else None
         if dim is not None and tensor.shape[dim] % self.tp.size == 0:
             tensor = tensor.chunk(self.tp.size, dim)[self.tp.rank]  # this rank's share
         if tensor.shape != dest.shape:

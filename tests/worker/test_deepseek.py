@@ -145,3 +145,28 @@ def test_dummy_presets():
         27, 576, 64, "deepseek_v2")
     # 27 layers x 576 latent values x 2 bytes in bf16: 1,152 bytes a token and layer
     assert 27 * lite.latent_dim * 2 == 27 * 1152
+
+
+def test_tp_shards_are_slices_of_the_whole_model():
+    """At TP 2 each rank holds half the heads and half of every FFN's width (each expert's
+    gate, up and down included); latent projections and the router are replicated."""
+    from runtime.worker.loader import load_model
+    from runtime.worker.tp import TPGroup
+
+    spec = resolve_model("dummy:deepseek-tiny")  # 4 heads (32 + 32 qk, 32 v), experts 128 wide
+    whole = dict(load_model(spec, "cpu", torch.float32, seed=1).named_parameters())
+    ranks = [dict(load_model(spec, "cpu", torch.float32, seed=1, tp=TPGroup(r, 2))
+                  .named_parameters()) for r in range(2)]
+    attn, moe = "model.layers.1.self_attn.", "model.layers.1.mlp."
+    w13 = whole[moe + "experts.w13"].view(8, 2, 2, 64, 256)  # [E, gate|up, rank, I/2, H]
+    w2 = whole[moe + "experts.w2"].view(8, 256, 2, 64)  # [E, H, rank, I/2]
+    for r, shard in enumerate(ranks):
+        assert torch.equal(shard[attn + "q_proj.weight"], whole[attn + "q_proj.weight"].chunk(2)[r])
+        assert torch.equal(shard[attn + "kv_b_proj.weight"],
+                           whole[attn + "kv_b_proj.weight"].chunk(2)[r])
+        assert torch.equal(shard[attn + "o_proj.weight"],
+                           whole[attn + "o_proj.weight"].chunk(2, dim=1)[r])
+        for name in (attn + "kv_a_proj_with_mqa.weight", moe + "gate.weight"):
+            assert torch.equal(shard[name], whole[name])
+        assert torch.equal(shard[moe + "experts.w13"], w13[:, :, r].reshape(-1, 256))
+        assert torch.equal(shard[moe + "experts.w2"], w2[:, :, r].reshape(-1, 64))

@@ -10,7 +10,11 @@ before o_proj. Scores equal the expanded form's: q_nope . (W_UK c) = (q_nope W_U
 
 Checkpoints lay the rope dims out in interleaved pairs; the loader permutes the rows that
 produce q_rope and k_rope so the rotate-half RoPE of `ops.rope` applies unchanged.
-Tensor parallelism and fp8 weights are not supported for this family yet.
+Under tensor parallelism (`TPGroup` of size N) each rank holds 1/N of the heads (q and
+kv_b_proj rows, o_proj columns, all-reduced) and of every FFN's width (experts included,
+`deepseek_moe.py`); the latent projections, norms and router are replicated, and so is the
+latent pool: every rank stores each token's whole latent row. fp8 weights are not supported
+for this family yet.
 """
 
 from __future__ import annotations
@@ -27,10 +31,22 @@ from runtime.worker.models.deepseek_arch import DeepseekArch
 from runtime.worker.models.deepseek_moe import DeepseekMoE, GatedMLP
 from runtime.worker.models.deepseek_rope import deepseek_cos_sin_cache, deinterleave_perm
 from runtime.worker.models.llama import RMSNorm
+from runtime.worker.models.parallel import RowParallelLinear, VocabParallelEmbedding
 from runtime.worker.ops import TorchOps, TritonOps
 from runtime.worker.tp import TPGroup
 
 Ops = TorchOps | TritonOps
+# checkpoint modules cut along their output rows (dim 0) or input columns (dim 1) under TP
+COLUMN_PARALLEL = ("q_proj", "q_b_proj", "kv_b_proj", "gate_proj", "up_proj", "embed_tokens",
+                   "lm_head")
+ROW_PARALLEL = ("o_proj", "down_proj")
+
+
+def tp_split_dim(hf_name: str) -> int | None:
+    """The dim along which tensor `hf_name` of a checkpoint is split over TP ranks; None
+    when every rank holds all of it (latent projections, norms, the router)."""
+    module = hf_name.split(".")[-2]
+    return 0 if module in COLUMN_PARALLEL else 1 if module in ROW_PARALLEL else None
 
 
 @dataclass(frozen=True)
@@ -43,10 +59,11 @@ class MlaShape:
 
 
 class DeepseekAttention(nn.Module):
-    def __init__(self, arch: DeepseekArch, layer_id: int) -> None:
+    def __init__(self, arch: DeepseekArch, layer_id: int, tp: TPGroup) -> None:
         super().__init__()
         self.arch, self.layer_id = arch, layer_id
-        h, hid = arch.num_heads, arch.hidden_size
+        self.num_heads = h = tp.shard(arch.num_heads, "attention heads")  # this rank's
+        hid = arch.hidden_size
         if arch.q_lora_rank is None:
             self.q_proj = nn.Linear(hid, h * arch.qk_head_dim, bias=False)
         else:
@@ -58,7 +75,7 @@ class DeepseekAttention(nn.Module):
         self.kv_b_proj = nn.Linear(
             arch.kv_lora_rank, h * (arch.qk_nope_head_dim + arch.v_head_dim), bias=False
         )
-        self.o_proj = nn.Linear(h * arch.v_head_dim, hid, bias=False)
+        self.o_proj = RowParallelLinear(h * arch.v_head_dim, hid, False, tp)
         self.w_uk: torch.Tensor | None = None  # [H, nope, L], set by `absorb`
         self.w_uv_t: torch.Tensor | None = None  # [H, L, v], set by `absorb`
 
@@ -70,7 +87,7 @@ class DeepseekAttention(nn.Module):
     def absorb(self) -> None:
         """Split kv_b_proj into W_UK and W_UV (once the weights are in)."""
         a = self.arch
-        w = self.kv_b_proj.weight.view(a.num_heads, a.qk_nope_head_dim + a.v_head_dim, -1)
+        w = self.kv_b_proj.weight.view(self.num_heads, a.qk_nope_head_dim + a.v_head_dim, -1)
         self.w_uk = w[:, : a.qk_nope_head_dim].contiguous()  # [H, nope, L]
         self.w_uv_t = w[:, a.qk_nope_head_dim :].transpose(1, 2).contiguous()  # [H, L, v]
 
@@ -79,7 +96,7 @@ class DeepseekAttention(nn.Module):
         """Permute the rope rows of the q and kv_a projections from pairs to halves."""
         a = self.arch
         perm = deinterleave_perm(a.qk_rope_head_dim).to(self.kv_b_proj.weight.device)
-        q = self.q_weight().view(a.num_heads, a.qk_head_dim, -1)  # [H, qk, in]
+        q = self.q_weight().view(self.num_heads, a.qk_head_dim, -1)  # [H, qk, in]
         q[:, a.qk_nope_head_dim :] = q[:, a.qk_nope_head_dim :][:, perm]
         kv = self.kv_a_proj_with_mqa.weight  # [L + Dr, hidden]
         kv[a.kv_lora_rank :] = kv[a.kv_lora_rank :][perm]
@@ -93,7 +110,7 @@ class DeepseekAttention(nn.Module):
         else:
             norm = self.q_a_layernorm
             q = self.q_b_proj(ops.rmsnorm(self.q_a_proj(x), norm.weight, norm.eps))
-        q = q.view(tokens, a.num_heads, a.qk_head_dim)  # [T, H, qk]
+        q = q.view(tokens, self.num_heads, a.qk_head_dim)  # [T, H, qk]
         q_nope, q_rope = q.split([a.qk_nope_head_dim, a.qk_rope_head_dim], dim=-1)
         c_kv, k_rope = self.kv_a_proj_with_mqa(x).split(
             [a.kv_lora_rank, a.qk_rope_head_dim], dim=-1
@@ -110,14 +127,14 @@ class DeepseekAttention(nn.Module):
 
 
 class DeepseekDecoderLayer(nn.Module):
-    def __init__(self, arch: DeepseekArch, layer_id: int) -> None:
+    def __init__(self, arch: DeepseekArch, layer_id: int, tp: TPGroup) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.self_attn = DeepseekAttention(arch, layer_id)
+        self.self_attn = DeepseekAttention(arch, layer_id, tp)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp = (
-            DeepseekMoE(arch) if arch.is_moe_layer(layer_id)
-            else GatedMLP(arch.hidden_size, arch.intermediate_size)
+            DeepseekMoE(arch, tp) if arch.is_moe_layer(layer_id)
+            else GatedMLP(arch.hidden_size, arch.intermediate_size, tp)
         )  # fmt: skip
 
     def forward(
@@ -137,10 +154,11 @@ class DeepseekDecoderLayer(nn.Module):
 
 
 class DeepseekModel(nn.Module):
-    def __init__(self, arch: DeepseekArch) -> None:
+    def __init__(self, arch: DeepseekArch, tp: TPGroup) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(DeepseekDecoderLayer(arch, i) for i in range(arch.num_layers))
+        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, tp)
+        self.layers = nn.ModuleList(DeepseekDecoderLayer(arch, i, tp)
+                                    for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.ops: Ops | None = None  # set by init_buffers once the device is known
 
@@ -162,16 +180,17 @@ class DeepseekForCausalLM(nn.Module):
                  quantization: str = "none") -> None:
         super().__init__()
         self.tp = tp = tp or TPGroup()
-        if tp.size > 1 or quantization != "none":
-            raise NotImplementedError(
-                f"{arch.kind}: tensor parallelism and fp8 weights are not supported yet"
-            )
+        if quantization != "none":
+            raise NotImplementedError(f"{arch.kind}: fp8 weights are not supported yet")
         self.arch = arch
         self.quantization = quantization
-        self.mla = MlaShape(arch.num_heads, arch.kv_lora_rank, arch.sm_scale)
-        self.model = DeepseekModel(arch)
+        self.model = DeepseekModel(arch, tp)
+        heads = self.model.layers[0].self_attn.num_heads  # this rank's
+        self.mla = MlaShape(heads, arch.kv_lora_rank, arch.sm_scale)
         if not arch.tie_word_embeddings:
-            self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+            self.lm_head = nn.Linear(
+                arch.hidden_size, tp.shard(arch.vocab_size, "the vocabulary"), bias=False
+            )
 
     def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Final-normed hidden states of every new token: [T, hidden]."""
@@ -180,7 +199,8 @@ class DeepseekForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head over selected rows: [S, hidden] -> [S, vocab] float32."""
         head = self.model.embed_tokens if self.arch.tie_word_embeddings else self.lm_head
-        return F.linear(hidden, head.weight).float()
+        logits = F.linear(hidden, head.weight)  # [S, vocab / tp], this rank's rows
+        return self.tp.all_gather_last(logits).float()  # [S, vocab]
 
     def init_buffers(self) -> None:
         """Once the weights are in: the RoPE table, each layer's W_UK / W_UV, and (for
@@ -196,7 +216,8 @@ class DeepseekForCausalLM(nn.Module):
 
     def checkpoint_targets(self) -> dict[str, tuple[str, int, int]]:
         """Every tensor a transformers checkpoint must provide, by its name there:
-        (our parameter name, first row, row count) along dim 0 of that parameter."""
+        (our parameter name, first row, row count) along dim 0 of that parameter. Under TP
+        the rows are this rank's share of the tensor cut by `tp_split_dim`."""
         a = self.arch
         targets: dict[str, tuple[str, int, int]] = {}
         for name, param in self.named_parameters():
@@ -207,7 +228,8 @@ class DeepseekForCausalLM(nn.Module):
                 targets[f"{prefix}.gate_proj.{leaf}"] = (name, 0, inter)
                 targets[f"{prefix}.up_proj.{leaf}"] = (name, inter, inter)
             elif module == "experts":
-                e, h, i = a.n_routed_experts, a.hidden_size, a.moe_intermediate_size
+                e, h = a.n_routed_experts, a.hidden_size
+                i = param.shape[0] // (2 * e) if leaf == "w13" else param.shape[1]  # local I
                 for x in range(e):
                     if leaf == "w13":
                         targets[f"{prefix}.experts.{x}.gate_proj.weight"] = (name, x * 2 * i, i)

@@ -4,6 +4,10 @@ experts) and the mixture of experts (router, routed experts, shared experts).
 The routed experts' weights are stacked: `w13` holds every expert's gate rows then up rows
 and `w2` its down projection, stored flat (`[E * 2I, H]`, `[E * H, I]`) so a checkpoint's
 per-expert tensors load as row ranges, and viewed `[E, 2I, H]` / `[E, H, I]` to compute.
+
+Under tensor parallelism every rank holds all E experts at 1/N of their width (I / N
+columns of gate and up, the same rows of down), as it holds 1/N of each MLP: each rank's
+output is a partial sum, and the layer all-reduces the routed and shared parts at once.
 """
 
 from __future__ import annotations
@@ -14,18 +18,23 @@ from torch import nn
 
 from kernels.moe import grouped_topk
 from runtime.worker.models.deepseek_arch import DeepseekArch
+from runtime.worker.tp import TPGroup
 
 
 class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)), gate and up fused into one projection."""
+    """down(silu(gate(x)) * up(x)), gate and up fused into one projection; this rank's
+    1/N of the width. Its output is all-reduced, unless `partial` (the caller sums it)."""
 
-    def __init__(self, hidden: int, inter: int) -> None:
+    def __init__(self, hidden: int, inter: int, tp: TPGroup, partial: bool = False) -> None:
         super().__init__()
+        self.tp, self.partial = tp, partial
+        inter = tp.shard(inter, "the MLP intermediate size")
         self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, ops) -> torch.Tensor:
-        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))  # [T, hidden]
+        y = self.down_proj(ops.silu_mul(self.gate_up_proj(x)))  # [T, hidden], this rank's
+        return y if self.partial else self.tp.all_reduce(y)
 
 
 class Router(nn.Module):
@@ -42,9 +51,10 @@ class Router(nn.Module):
 class Experts(nn.Module):
     """The routed experts' stacked weights."""
 
-    def __init__(self, arch: DeepseekArch) -> None:
+    def __init__(self, arch: DeepseekArch, tp: TPGroup) -> None:
         super().__init__()
-        e, h, i = arch.n_routed_experts, arch.hidden_size, arch.moe_intermediate_size
+        e, h = arch.n_routed_experts, arch.hidden_size
+        i = tp.shard(arch.moe_intermediate_size, "the experts' intermediate size")
         self.shape = (e, h, i)
         self.w13 = nn.Parameter(torch.empty(e * 2 * i, h))  # expert e: rows [e*2I, (e+1)*2I)
         self.w2 = nn.Parameter(torch.empty(e * h, i))  # expert e: rows [e*H, (e+1)*H)
@@ -58,13 +68,14 @@ class DeepseekMoE(nn.Module):
     """Each token goes to `num_experts_per_tok` routed experts (grouped top-k of the
     router's scores), their outputs weighted and summed, plus the shared experts' output."""
 
-    def __init__(self, arch: DeepseekArch) -> None:
+    def __init__(self, arch: DeepseekArch, tp: TPGroup) -> None:
         super().__init__()
-        self.arch = arch
+        self.arch, self.tp = arch, tp
         self.gate = Router(arch)
-        self.experts = Experts(arch)
+        self.experts = Experts(arch, tp)
         self.shared_experts = (
-            GatedMLP(arch.hidden_size, arch.moe_intermediate_size * arch.n_shared_experts)
+            GatedMLP(arch.hidden_size, arch.moe_intermediate_size * arch.n_shared_experts, tp,
+                     partial=True)
             if arch.n_shared_experts else None
         )  # fmt: skip
 
@@ -77,7 +88,7 @@ class DeepseekMoE(nn.Module):
             renormalize=a.norm_topk_prob, routed_scaling_factor=a.routed_scaling_factor,
         )  # [T, k] fp32, [T, k] int32  # fmt: skip
         w13, w2 = self.experts.stacked()
-        out = ops.fused_moe(x, w13, w2, weights, ids)  # [T, hidden]
+        out = ops.fused_moe(x, w13, w2, weights, ids)  # [T, hidden], partial under TP
         if self.shared_experts is not None:
             out = out + self.shared_experts(x, ops)
-        return out
+        return self.tp.all_reduce(out)
