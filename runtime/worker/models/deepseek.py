@@ -59,6 +59,9 @@ class MlaShape:
 
 
 class DeepseekAttention(nn.Module):
+    """MLA of one layer in the absorbed form: this rank's heads attend over the latent pool
+    row of every position; kv_b_proj is kept for the checkpoint and split into W_UK / W_UV."""
+
     def __init__(self, arch: DeepseekArch, layer_id: int, tp: TPGroup) -> None:
         super().__init__()
         self.arch, self.layer_id = arch, layer_id
