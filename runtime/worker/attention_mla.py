@@ -11,6 +11,8 @@ graphs) of `TritonAttention`. A quantized (fp8/int8) latent pool is not supporte
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from kernels.mla_decode import mla_decode, mla_decode_num_splits, mla_decode_ref
@@ -19,7 +21,15 @@ from runtime.worker.attention_torch import TorchAttention, TorchAttentionMeta
 from runtime.worker.attention_triton import TritonAttention, TritonAttentionMeta
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.kv_pool import KVPool
-from runtime.worker.models.deepseek import MlaShape
+
+
+@dataclass(frozen=True)
+class MlaShape:
+    """What an MLA attention backend needs of the model."""
+
+    num_heads: int  # this rank's query heads
+    kv_lora_rank: int  # L: the latent width; a pool row is L + rope dims
+    sm_scale: float
 
 
 def check_latent_pool(pool: KVPool, mla: MlaShape) -> None:

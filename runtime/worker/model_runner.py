@@ -10,7 +10,7 @@ import torch
 
 from runtime.model_config import ModelSpec
 from runtime.worker.attention import AttentionBackend
-from runtime.worker.attention_mla import TorchMLAAttention, TritonMLAAttention
+from runtime.worker.attention_mla import MlaShape, TorchMLAAttention, TritonMLAAttention
 from runtime.worker.attention_torch import TorchAttention
 from runtime.worker.attention_triton import TritonAttention
 from runtime.worker.forward_batch import ForwardBatch
@@ -24,7 +24,7 @@ from runtime.worker.kv_pool import (
     slots_for_memory,
 )
 from runtime.worker.loader import load_model
-from runtime.worker.models.deepseek import DeepseekForCausalLM, MlaShape
+from runtime.worker.models.deepseek import DeepseekForCausalLM
 from runtime.worker.quant.fp8_linear import check_fp8_support
 from runtime.worker.sampler import Sampler
 from runtime.worker.tp import TPGroup

@@ -19,13 +19,12 @@ for this family yet.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from runtime.worker.attention import AttentionBackend
+from runtime.worker.attention_mla import MlaShape
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.models.deepseek_arch import DeepseekArch
 from runtime.worker.models.deepseek_moe import DeepseekMoE, GatedMLP
@@ -47,15 +46,6 @@ def tp_split_dim(hf_name: str) -> int | None:
     when every rank holds all of it (latent projections, norms, the router)."""
     module = hf_name.split(".")[-2]
     return 0 if module in COLUMN_PARALLEL else 1 if module in ROW_PARALLEL else None
-
-
-@dataclass(frozen=True)
-class MlaShape:
-    """What an MLA attention backend needs of the model."""
-
-    num_heads: int
-    kv_lora_rank: int  # L: the latent width; a pool row is L + rope dims
-    sm_scale: float
 
 
 class DeepseekAttention(nn.Module):
