@@ -4,16 +4,22 @@ reference (`name_ref`). `kernels` imports nothing from `runtime`."""
 from kernels.activation import silu_and_mul
 from kernels.decode_attention import DecodeConfig, decode_attention, decode_num_splits
 from kernels.extend_attention import extend_attention
+from kernels.mla_decode import MlaDecodeConfig, mla_decode, mla_decode_num_splits
+from kernels.mla_extend import mla_extend
 from kernels.rmsnorm import rmsnorm
 from kernels.rope import apply_rope, rope_cos_sin_cache
 from kernels.store_kv import store_kv
 
 __all__ = [
     "DecodeConfig",
+    "MlaDecodeConfig",
     "apply_rope",
     "decode_attention",
     "decode_num_splits",
     "extend_attention",
+    "mla_decode",
+    "mla_decode_num_splits",
+    "mla_extend",
     "rmsnorm",
     "rope_cos_sin_cache",
     "silu_and_mul",

@@ -40,7 +40,7 @@ def moe_config(num_tokens: int, top_k: int, num_experts: int) -> MoeConfig:
     return MoeConfig(64, 128, 64, group_m=8, num_stages=3)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_picks", "num_blocks_m"])  # one compile for every T
 def _moe_gemm_kernel(
     a_ptr, b_ptr, c_ptr, weight_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
     N, K, num_picks, num_blocks_m,
@@ -101,14 +101,14 @@ def _moe_gemm_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & n_mask[None, :])
 
 
-def _moe_gemm(a, b, c, weights, align, n, k, top_k, gated, mul_weight, cfg: MoeConfig):
+def _moe_gemm(a, b, c, weights, align, n, k, cfg: MoeConfig, *, a_row_div, gated, mul_weight):
     num_blocks_m = align.block_expert.numel()
     grid = (num_blocks_m * triton.cdiv(n, cfg.block_n),)
     _moe_gemm_kernel[grid](
         a, b, c, weights, align.sorted_ids, align.block_expert, align.num_padded,
         n, k, c.shape[0], num_blocks_m,
         a.stride(0), b.stride(0), b.stride(1), c.stride(0),
-        A_ROW_DIV=top_k, GATED=gated, MUL_WEIGHT=mul_weight,
+        A_ROW_DIV=a_row_div, GATED=gated, MUL_WEIGHT=mul_weight,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -139,14 +139,17 @@ def fused_moe(
     assert weights.shape == ids.shape == (T, top_k), f"weights {weights.shape}, ids {ids.shape}"
     assert x.stride(1) == 1 and w13.stride(2) == 1 and w2.stride(2) == 1, "K must be contiguous"
     weights = weights.float().contiguous()  # [T, k], read at flat pick t * k + j
+    ids = ids.to(torch.int32).contiguous()  # [T, k]
     if T == 0:
         return x.new_zeros(T, H)
     cfg = config or moe_config(T, top_k, E)
     align = moe_align_block_size(ids, E, cfg.block_m)
     act = torch.empty(T * top_k, inter, dtype=x.dtype, device=x.device)  # [T*k, I]
-    _moe_gemm(x, w13, act, weights, align, inter, H, top_k, True, False, cfg)
+    _moe_gemm(x, w13, act, weights, align, inter, H, cfg, a_row_div=top_k, gated=True,
+              mul_weight=False)  # fmt: skip
     out = torch.empty(T * top_k, H, dtype=x.dtype, device=x.device)  # [T*k, H]
-    _moe_gemm(act, w2, out, weights, align, H, inter, 1, False, True, cfg)
+    _moe_gemm(act, w2, out, weights, align, H, inter, cfg, a_row_div=1, gated=False,
+              mul_weight=True)  # fmt: skip
     return out.view(T, top_k, H).sum(dim=1)
 
 
@@ -157,7 +160,8 @@ def fused_moe_ref(
     weights: torch.Tensor,
     ids: torch.Tensor,
 ) -> torch.Tensor:
-    """Torch reference of `fused_moe`, in float32 with one pass per expert that is hit."""
+    """Torch reference of `fused_moe`, in float32 with one pass per expert that is hit
+    (it syncs with the host to find them: not for CUDA graphs)."""
     T, H = x.shape
     inter = w13.shape[1] // 2
     out = torch.zeros(T, H, dtype=torch.float32, device=x.device)  # [T, H]

@@ -11,6 +11,10 @@ the whole head group, using the same tile as K (scores, with the rope columns) a
 Dl columns). Decode is memory bound on those rows, (Dl + Dr) * 2 bytes per token in 16 bits.
 Stage 2 is `decode_attention`'s merge. With one split, stage 1 writes the output directly: the
 float32 partials of H heads x Dl columns would otherwise add traffic comparable to the rows.
+
+An fp8 (e4m3) or int8 pool keeps one float32 scale per row (`store_kv`'s layout for one KV
+head). Its values widen exactly to q's dtype and the scale never touches a tile: it multiplies
+its row's score and its row's softmax weight.
 """
 
 from dataclasses import dataclass
@@ -21,15 +25,21 @@ import triton
 import triton.language as tl
 
 from kernels.decode_attention import LOG2E, _decode_attention_merge_kernel, decode_num_splits
+from kernels.store_kv import QUANT_MAX, dequantize_ref
 
 
 @dataclass(frozen=True)
 class MlaDecodeConfig:
-    """Launch knobs of the stage-1 kernel (bench/kernels_mla.py --sweep searches them)."""
+    """Launch knobs of the stage-1 kernel (bench/kernels_mla.py --sweep searches them).
+
+    The default is the one whose sm_90 build keeps its [block_h, Dl] float32 accumulator and
+    both dot operands in registers without spilling (160 registers a thread for a 16-bit pool,
+    238 for fp8, at Dl 512); 4 warps needs 249 (and spills with fp8), 64 heads a block spills.
+    """
 
     block_h: int = 16
     block_n: int = 32
-    num_warps: int = 4
+    num_warps: int = 8
     num_stages: int = 2
 
     def __post_init__(self):
@@ -39,26 +49,36 @@ class MlaDecodeConfig:
 
 
 @triton.jit
-def latent_softmax_step(q_nope, q_rope, c_kv, k_rope, mask, m, l_sum, acc, qk_scale):
+def latent_softmax_step(
+    q_nope, q_rope, c_kv, k_rope, row_scale, mask, m, l_sum, acc, qk_scale, QUANT: tl.constexpr
+):
     """Fold one tile of latent rows into the running (max, sum, acc) of M query rows.
 
     q_nope [M, BLOCK_DL], q_rope [M, BLOCK_DR], c_kv [N, BLOCK_DL] (K's nope part and V),
-    k_rope [N, BLOCK_DR], mask [M, N] or [1, N]; base-2 logits. A row must see a key in the
-    first tile it folds (m stays finite).
+    k_rope [N, BLOCK_DR], mask [M, N] or [1, N]; base-2 logits. When QUANT, c_kv and k_rope
+    are 8-bit and row_scale [N] float32 their rows' scales. A row must see a key in the first
+    tile it folds (m stays finite).
     """
-    qk = tl.dot(q_nope, tl.trans(c_kv)) + tl.dot(q_rope, tl.trans(k_rope))  # [M, N]
+    c_kv = c_kv.to(q_nope.dtype)  # exact for e4m3 and int8
+    qk = tl.dot(q_nope, tl.trans(c_kv)) + tl.dot(q_rope, tl.trans(k_rope.to(q_nope.dtype)))
+    if QUANT:
+        qk = qk * row_scale[None, :]  # [M, N]
     qk = tl.where(mask, qk * qk_scale, float("-inf"))
     m_new = tl.maximum(m, tl.max(qk, 1))
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(qk - m_new[:, None])  # [M, N]
+    l_new = l_sum * alpha + tl.sum(p, 1)
+    if QUANT:
+        p = p * row_scale[None, :]
     acc = acc * alpha[:, None] + tl.dot(p.to(c_kv.dtype), c_kv)  # [M, BLOCK_DL]
-    return m_new, l_sum * alpha + tl.sum(p, 1), acc
+    return m_new, l_new, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "heads"])  # one compile for any split count
 def _mla_decode_kernel(
     q_ptr,
     kv_ptr,
+    kv_scale_ptr,  # [num_slots] float32, read only when QUANT
     kv_indptr_ptr,
     kv_indices_ptr,
     seq_lens_ptr,
@@ -73,6 +93,7 @@ def _mla_decode_kernel(
     DL: tl.constexpr,
     DR: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    QUANT: tl.constexpr,
     DIRECT: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -114,8 +135,12 @@ def _mla_decode_kernel(
         c_kv = tl.load(rows + offs_l[None, :], mask=mask_n[:, None] & mask_l[None, :], other=0.0)
         mask_nr = mask_n[:, None] & mask_r[None, :]
         k_rope = tl.load(rows + DL + offs_r[None, :], mask=mask_nr, other=0.0)
+        row_scale = offs_n  # unused unless QUANT
+        if QUANT:
+            row_scale = tl.load(kv_scale_ptr + slot, mask=mask_n, other=0.0)  # [BLOCK_N]
         m, l_sum, acc = latent_softmax_step(
-            q_nope, q_rope, c_kv, k_rope, mask_n[None, :], m, l_sum, acc, qk_scale
+            q_nope, q_rope, c_kv, k_rope, row_scale, mask_n[None, :], m, l_sum, acc, qk_scale,
+            QUANT,
         )
 
     # An empty split (short sequence) stores o = 0, lse = -inf: it gets zero weight in the merge.
@@ -130,6 +155,23 @@ def _mla_decode_kernel(
         mid = (row[:, None] * num_splits + split) * DL + offs_l[None, :]
         tl.store(o_ptr + mid, o, mask=mask_hl)
         tl.store(lse_ptr + row * num_splits + split, lse, mask=mask_h)
+
+
+def check_pool_scale(
+    kv_pool: torch.Tensor, kv_scale: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """Check a latent pool against q's dtype; returns the scale tensor the kernel reads (a
+    placeholder for a 16-bit pool)."""
+    if kv_pool.dtype not in QUANT_MAX:
+        assert kv_pool.dtype == dtype, f"pool dtype {kv_pool.dtype} != q dtype {dtype}"
+        return kv_pool  # unused: QUANT is off
+    assert kv_scale is not None and kv_scale.shape == (kv_pool.shape[0], 1), (
+        f"a {kv_pool.dtype} pool needs kv_scale float32 [{kv_pool.shape[0]}, 1]"
+    )
+    assert kv_scale.dtype == torch.float32 and kv_scale.is_contiguous(), (
+        "kv_scale must be contiguous float32"
+    )
+    return kv_scale
 
 
 def mla_decode_num_splits(batch: int, heads: int, max_seq_len: int, block_h: int = 16) -> int:
@@ -150,6 +192,7 @@ def mla_decode(
     sm_scale: float,
     *,
     kv_lora_rank: int = 512,
+    kv_scale: torch.Tensor | None = None,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
     config: MlaDecodeConfig | None = None,
@@ -161,6 +204,7 @@ def mla_decode(
     `[num_slots, 1, Dl + Dr]` of q's dtype, one layer's latent rows (c_kv, then the rotated
     rope key); Dl = kv_lora_rank. kv_indptr `[B+1]` int32 and kv_indices `[nnz]` int32/int64
     page ids (CSR), seq_lens `[B]` int32 (0 gives zeros), page_size as `decode_attention`.
+    A float8_e4m3fn or int8 pool needs kv_scale `[num_slots, 1]` float32 (contiguous).
     num_splits None picks `mla_decode_num_splits` from seq_lens.max(), a host sync: pass it
     explicitly under CUDA graphs. `out` (contiguous `[B, H, Dl]`, q's dtype) receives o if given.
     """
@@ -171,8 +215,8 @@ def mla_decode(
     assert kv_pool.dim() == 3 and kv_pool.shape[1:] == (1, D), (
         f"kv_pool {tuple(kv_pool.shape)} must be [num_slots, 1, {D}]"
     )
-    assert kv_pool.dtype == q.dtype, f"pool dtype {kv_pool.dtype} != q dtype {q.dtype}"
     assert q.stride(-1) == 1 and kv_pool.stride(-1) == 1, "q, kv_pool must be contiguous in D"
+    kv_scale = check_pool_scale(kv_pool, kv_scale, q.dtype)
     assert kv_indptr.shape == (B + 1,) and kv_indptr.dtype == torch.int32, (
         f"kv_indptr must be int32 [{B + 1}], got {kv_indptr.dtype} {tuple(kv_indptr.shape)}"
     )
@@ -203,10 +247,11 @@ def mla_decode(
         lse = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
     block_dl = max(16, triton.next_power_of_2(Dl))
     _mla_decode_kernel[(B, triton.cdiv(H, config.block_h), num_splits)](
-        q, kv_pool, kv_indptr, kv_indices, seq_lens, dst, lse, sm_scale * LOG2E, num_splits,
-        q.stride(0), q.stride(1), kv_pool.stride(0), heads=H, DL=Dl, DR=Dr,
-        PAGE_SIZE=page_size, DIRECT=direct, BLOCK_H=config.block_h, BLOCK_N=config.block_n,
-        BLOCK_DL=block_dl, BLOCK_DR=max(16, triton.next_power_of_2(Dr)),
+        q, kv_pool, kv_scale, kv_indptr, kv_indices, seq_lens, dst, lse, sm_scale * LOG2E,
+        num_splits, q.stride(0), q.stride(1), kv_pool.stride(0), heads=H, DL=Dl, DR=Dr,
+        PAGE_SIZE=page_size, QUANT=kv_pool.dtype in QUANT_MAX, DIRECT=direct,
+        BLOCK_H=config.block_h, BLOCK_N=config.block_n, BLOCK_DL=block_dl,
+        BLOCK_DR=max(16, triton.next_power_of_2(Dr)),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if not direct:
@@ -227,6 +272,7 @@ def mla_decode_ref(
     sm_scale: float,
     *,
     kv_lora_rank: int = 512,
+    kv_scale: torch.Tensor | None = None,
     max_seq_len: int | None = None,
 ) -> torch.Tensor:
     """Torch reference of `mla_decode`, in float32 (or q's wider dtype); returns `[B, H, Dl]`.
@@ -249,7 +295,8 @@ def mla_decode_ref(
     slots = kv_indices[entries].long() * page_size + cols[None, :] % page_size  # [B, L]
     slots = torch.where(valid, slots, 0)
     acc = torch.promote_types(q.dtype, torch.float32)
-    rows = kv_pool[slots, 0].to(acc)[:, None]  # [B, 1, L, Dl + Dr]
+    scale = None if kv_scale is None else kv_scale[slots, 0]  # [B, L]
+    rows = dequantize_ref(kv_pool[slots, 0], scale).to(acc)[:, None]  # [B, 1, L, Dl + Dr]
     out = F.scaled_dot_product_attention(
         q.to(acc)[:, None], rows, rows[..., :Dl], attn_mask=valid[:, None, None, :], scale=sm_scale
     )  # [B, 1, H, Dl]

@@ -5,6 +5,7 @@ Sequence i has `prefix_lens[i]` latent rows in the pool (read through the page t
 `kv_new`; the new rows are read from `kv_new`, so the caller may store them into the pool before
 or after this call. Every head of a new token attends to the whole prefix and causally to the
 new tokens, over the same latent rows (MQA): scores over all Dl + Dr columns, V = the first Dl.
+An fp8 or int8 pool (one float32 scale per row) only changes how the prefix is read.
 
 The kernel flattens each sequence's (new token, head) pairs into query rows, row = token * H +
 head, and one program takes BLOCK_M of them: since every head shares the latent rows, one tile
@@ -19,15 +20,17 @@ import triton
 import triton.language as tl
 
 from kernels.decode_attention import LOG2E
-from kernels.mla_decode import latent_softmax_step
+from kernels.mla_decode import check_pool_scale, latent_softmax_step
 from kernels.paging import expand_pages
+from kernels.store_kv import QUANT_MAX, dequantize_ref
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["heads"])
 def _mla_extend_kernel(
     q_ptr,
     kv_new_ptr,
     kv_ptr,
+    kv_scale_ptr,  # [num_slots] float32, read only when QUANT
     o_ptr,  # [T, heads, DL] contiguous
     qo_indptr_ptr,
     prefix_lens_ptr,
@@ -42,13 +45,14 @@ def _mla_extend_kernel(
     DL: tl.constexpr,
     DR: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    QUANT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_DL: tl.constexpr,
     BLOCK_DR: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    mb = tl.program_id(1)
+    mb = tl.program_id(0)  # row blocks first: grid dim 0 has no 65535 limit
+    b = tl.program_id(1)
 
     q_start = tl.load(qo_indptr_ptr + b)
     new_len = tl.load(qo_indptr_ptr + b + 1) - q_start
@@ -85,8 +89,12 @@ def _mla_extend_kernel(
         c_kv = tl.load(rows + offs_l[None, :], mask=mask_n[:, None] & mask_l[None, :], other=0.0)
         mask_nr = mask_n[:, None] & mask_r[None, :]
         k_rope = tl.load(rows + DL + offs_r[None, :], mask=mask_nr, other=0.0)
+        row_scale = offs_n  # unused unless QUANT
+        if QUANT:
+            row_scale = tl.load(kv_scale_ptr + slot, mask=mask_n, other=0.0)  # [BLOCK_N]
         m, l_sum, acc = latent_softmax_step(
-            q_nope, q_rope, c_kv, k_rope, mask_n[None, :], m, l_sum, acc, qk_scale
+            q_nope, q_rope, c_kv, k_rope, row_scale, mask_n[None, :], m, l_sum, acc, qk_scale,
+            QUANT,
         )
 
     for n0 in range(0, new_end, BLOCK_N):  # new tokens, causal per row
@@ -98,7 +106,7 @@ def _mla_extend_kernel(
         k_rope = tl.load(rows + DL + offs_r[None, :], mask=mask_nr, other=0.0)
         causal = (offs_n[None, :] <= tok[:, None]) & mask_n[None, :]  # [BLOCK_M, BLOCK_N]
         m, l_sum, acc = latent_softmax_step(
-            q_nope, q_rope, c_kv, k_rope, causal, m, l_sum, acc, qk_scale
+            q_nope, q_rope, c_kv, k_rope, offs_n, causal, m, l_sum, acc, qk_scale, False
         )
 
     o = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]  # [BLOCK_M, BLOCK_DL]
@@ -118,6 +126,7 @@ def mla_extend(
     sm_scale: float,
     *,
     kv_lora_rank: int = 512,
+    kv_scale: torch.Tensor | None = None,
     max_new_len: int | None = None,
 ) -> torch.Tensor:
     """MLA attention of a varlen batch's new tokens over prefix + themselves, absorbed form;
@@ -128,6 +137,7 @@ def mla_extend(
     Sequence i's rows are `qo_indptr[i]:qo_indptr[i+1]` (int32 `[B+1]`); its `prefix_lens[i]`
     (int32 `[B]`) cached rows are read from kv_pool `[num_slots, 1, Dl + Dr]` (q's dtype)
     through the CSR page table kv_indptr `[B+1]` int32 / kv_indices int32/int64 page ids.
+    A float8_e4m3fn or int8 pool needs kv_scale `[num_slots, 1]` float32 (contiguous).
     max_new_len (the longest run of new tokens) sizes the grid; None reads it from qo_indptr,
     a host sync.
     """
@@ -139,7 +149,8 @@ def mla_extend(
     assert kv_pool.dim() == 3 and kv_pool.shape[1:] == (1, D), (
         f"kv_pool {tuple(kv_pool.shape)} must be [num_slots, 1, {D}]"
     )
-    assert kv_new.dtype == kv_pool.dtype == q.dtype, "q, kv_new, kv_pool must share a dtype"
+    assert kv_new.dtype == q.dtype, f"kv_new dtype {kv_new.dtype} != q dtype {q.dtype}"
+    kv_scale = check_pool_scale(kv_pool, kv_scale, q.dtype)
     for name, x in (("q", q), ("kv_new", kv_new), ("kv_pool", kv_pool)):
         assert x.stride(-1) == 1, f"{name} must be contiguous in its last dim"
     B = prefix_lens.shape[0]
@@ -165,11 +176,12 @@ def mla_extend(
     qo_indptr, prefix_lens, kv_indptr, kv_indices = (
         t.contiguous() for t in (qo_indptr, prefix_lens, kv_indptr, kv_indices)
     )
-    _mla_extend_kernel[(B, triton.cdiv(max_new_len * H, block_m))](
-        q, kv_new, kv_pool, o, qo_indptr, prefix_lens, kv_indptr, kv_indices,
+    _mla_extend_kernel[(triton.cdiv(max_new_len * H, block_m), B)](
+        q, kv_new, kv_pool, kv_scale, o, qo_indptr, prefix_lens, kv_indptr, kv_indices,
         sm_scale * LOG2E, q.stride(0), q.stride(1), kv_new.stride(0), kv_pool.stride(0),
-        heads=H, DL=Dl, DR=Dr, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_DL=max(16, triton.next_power_of_2(Dl)), BLOCK_DR=max(16, triton.next_power_of_2(Dr)),
+        heads=H, DL=Dl, DR=Dr, PAGE_SIZE=page_size, QUANT=kv_pool.dtype in QUANT_MAX,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_DL=max(16, triton.next_power_of_2(Dl)),
+        BLOCK_DR=max(16, triton.next_power_of_2(Dr)),
         num_warps=warps, num_stages=2,
     )  # fmt: skip
     return o
@@ -187,6 +199,7 @@ def mla_extend_ref(
     sm_scale: float,
     *,
     kv_lora_rank: int = 512,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Torch reference of `mla_extend`, in float32 (or q's wider dtype); returns `[T, H, Dl]`.
 
@@ -205,7 +218,9 @@ def mla_extend_ref(
         if n == 0:
             continue
         slots = expand_pages(kv_indices[page_starts[b] :], prefix, page_size)  # [P]
-        rows = torch.cat([kv_pool[slots, 0], kv_new[lo:hi, 0]]).to(acc)  # [P+n, Dl + Dr]
+        scale = None if kv_scale is None else kv_scale[slots, 0]  # [P]
+        prefix_rows = dequantize_ref(kv_pool[slots, 0], scale).to(acc)  # [P, Dl + Dr]
+        rows = torch.cat([prefix_rows, kv_new[lo:hi, 0].to(acc)])  # [P+n, Dl + Dr]
         qi = q[lo:hi].to(acc).reshape(1, 1, n * H, D)  # [1, 1, n*H, D], row = token * H + head
         tok = torch.arange(n * H, device=q.device)[:, None] // H  # [n*H, 1]
         cols = torch.arange(prefix + n, device=q.device)[None, :]  # [1, P+n]

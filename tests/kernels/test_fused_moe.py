@@ -2,15 +2,16 @@
 
 import pytest
 import torch
-from transformers import DeepseekV2Config
-from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Experts
 
 from kernels.moe import MoeConfig, fused_moe, fused_moe_ref, grouped_topk, moe_align_block_size
-from kernels.moe_align import max_padded_rows
+from kernels.moe_align import max_padded_rows, moe_align_block_size_ref
 from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, randn
 
 
 def test_reference_matches_deepseek_experts():
+    from transformers import DeepseekV2Config
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Experts
+
     T, H, inter, E, k = 7, 32, 24, 8, 2
     config = DeepseekV2Config(
         hidden_size=H, num_attention_heads=4, moe_intermediate_size=inter, n_routed_experts=E
@@ -37,7 +38,7 @@ def moe_inputs(T, H, inter, E, k, dtype, seed):
     return x, w13, w2, weights, ids
 
 
-SMALL_TILES = MoeConfig(16, 16, 16)  # several tiles and K steps even on tiny H, I
+SMALL_TILES = MoeConfig(16, 32, 16)  # partial N tiles and several K steps on tiny H, I
 
 
 @pytest.mark.parametrize("T", [1, 7, 33])
@@ -76,16 +77,62 @@ def test_width_shards_sum_to_the_whole():
     torch.testing.assert_close(parts[0] + parts[1], want, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("T, E, k, block_m", [(1, 64, 6, 16), (33, 8, 2, 16), (7, 64, 6, 32)])
+@pytest.mark.parametrize(
+    "T, E, k, block_m",
+    [(1, 64, 6, 16), (33, 8, 2, 16), (7, 64, 6, 32), (40, 60, 6, 16), (9, 256, 8, 64),
+     (300, 8, 2, 64)],
+)  # fmt: skip
 def test_alignment_groups_every_pick_once(T, E, k, block_m):
-    ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).to(torch.int32)  # [T, k]
-    sorted_ids, block_expert, num_padded = moe_align_block_size(ids.to(DEVICE), E, block_m)
-    n = T * k
-    used = sorted_ids[: int(num_padded)].cpu()
-    assert sorted(used[used < n].tolist()) == list(range(n))
-    assert (used <= n).all() and int(num_padded) % block_m == 0
-    assert sorted_ids.numel() == max_padded_rows(n, E, block_m)
-    flat = ids.flatten()
-    for b in range(int(num_padded) // block_m):
-        rows = used[b * block_m : (b + 1) * block_m]
-        assert (flat[rows[rows < n].long()] == int(block_expert[b])).all()
+    gen = torch.Generator().manual_seed(T)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)])  # [T, k]
+    ids = ids.to(torch.int32).to(DEVICE)
+    got = moe_align_block_size(ids, E, block_m)
+    want = moe_align_block_size_ref(ids, E, block_m)
+    assert torch.equal(got.num_padded, want.num_padded)
+    assert torch.equal(got.sorted_ids, want.sorted_ids)
+    used = int(want.num_padded) // block_m
+    assert torch.equal(got.block_expert[:used], want.block_expert[:used])
+    # what the GEMM relies on: every pick once, each block one expert's, padding = T * k
+    n, rows = T * k, want.sorted_ids[: int(want.num_padded)].cpu()
+    assert sorted(rows[rows < n].tolist()) == list(range(n)) and (rows <= n).all()
+    assert got.sorted_ids.numel() == max_padded_rows(n, E, block_m)
+    experts = ids.flatten().cpu()[rows.clamp(max=n - 1).long()].view(used, block_m)
+    block_expert = want.block_expert[:used, None].cpu()
+    assert ((experts == block_expert) | (rows.view(used, block_m) == n)).all()
+
+
+@pytest.mark.gpu
+def test_deepseek_v2_lite_shape_bf16():
+    _, w13, w2, _, _ = moe_inputs(1, 2048, 1408, 64, 6, torch.bfloat16, seed=0)  # the experts
+    for T in (1, 64, 257):
+        x, _, _, weights, ids = moe_inputs(T, 2048, 1, 64, 6, torch.bfloat16, seed=T)
+        got = fused_moe(x, w13, w2, weights, ids)
+        want = fused_moe_ref(x, w13, w2, weights, ids)
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays_new_routing():
+    """Routing and experts captured once replay correctly on other tokens and picks."""
+    T, H, inter, E, k = 16, 256, 192, 64, 6
+    x, w13, w2, _, _ = moe_inputs(T, H, inter, E, k, torch.bfloat16, seed=0)
+    logits = torch.randn(T, E, device=DEVICE)  # [T, E], refilled before each replay
+
+    def step():
+        weights, ids = grouped_topk(logits, k, n_group=8, topk_group=3, renormalize=True)
+        return fused_moe(x, w13, w2, weights, ids), weights, ids
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, weights, ids = step()
+    for seed in (1, 2):
+        gen = torch.Generator().manual_seed(seed)
+        x.copy_(randn(T, H, dtype=torch.bfloat16, gen=gen))
+        logits.copy_(randn(T, E, gen=gen))
+        graph.replay()
+        want_w, want_ids = grouped_topk(logits, k, n_group=8, topk_group=3, renormalize=True)
+        assert torch.equal(ids.sort(dim=-1).values, want_ids.sort(dim=-1).values)
+        want = fused_moe_ref(x, w13, w2, want_w, want_ids)
+        torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)

@@ -3,9 +3,11 @@ import torch
 
 from kernels.mla_decode import MlaDecodeConfig, mla_decode, mla_decode_num_splits, mla_decode_ref
 from kernels.paging import page_slots
+from kernels.store_kv import quantize_ref
 from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, page_table, randn
 
 DIMS = [(32, 16), (24, 8), (64, 32)]  # (Dl, Dr): power-of-two, odd, and wider latents
+QUANT_POOLS = [pytest.param(torch.int8, id="int8"), pytest.param(torch.float8_e4m3fn, id="fp8")]
 
 
 def make_inputs(lens, heads, dims, page_size, dtype, seed=0):
@@ -43,9 +45,16 @@ def test_reference_matches_naive(dims, page_size):
     torch.testing.assert_close(ref.double(), naive(*args, dims[0]), atol=tol, rtol=tol)
 
 
-def check(args, dtype, kv_lora_rank, **kwargs):
-    out = mla_decode(*args, kv_lora_rank=kv_lora_rank, **kwargs)
-    ref = mla_decode_ref(*args, kv_lora_rank=kv_lora_rank)
+def quantize_pool(args, pool_dtype):
+    """The inputs with the pool quantized to pool_dtype, and its kv_scale `[S, 1]`."""
+    q, kv_pool, *rest = args
+    kv_pool, kv_scale = quantize_ref(kv_pool, pool_dtype)  # [S, 1, D], [S, 1]
+    return (q, kv_pool, *rest), kv_scale
+
+
+def check(args, dtype, kv_lora_rank, kv_scale=None, **kwargs):
+    out = mla_decode(*args, kv_lora_rank=kv_lora_rank, kv_scale=kv_scale, **kwargs)
+    ref = mla_decode_ref(*args, kv_lora_rank=kv_lora_rank, kv_scale=kv_scale)
     tol = ATTN_TOL[dtype]
     torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
     return out
@@ -67,6 +76,17 @@ def test_splits_and_empty_sequences(num_splits):
     args = make_inputs([65, 0, 9, 130], 4, (32, 16), 16, torch.float32, seed=1)
     out = check(args, torch.float32, 32, num_splits=num_splits)
     assert (out[1] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pool_dtype", QUANT_POOLS)
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_quantized_pool(dtype, pool_dtype, page_size):
+    # 8-bit rows with one float32 scale each; split and unsplit.
+    args = make_inputs([1, 70, 23], 19, (24, 8), page_size, dtype, seed=7)
+    args, kv_scale = quantize_pool(args, pool_dtype)
+    check(args, dtype, 24, kv_scale)
+    check(args, dtype, 24, kv_scale, num_splits=3)
 
 
 @pytest.mark.parametrize(
@@ -104,15 +124,23 @@ def test_rejects_bad_inputs():
         mla_decode(q, kv, indptr, indices, lens, *rest)  # the default rank 512 is too wide
     with pytest.raises(AssertionError, match="seq_lens must be int32"):
         mla_decode(q, kv, indptr, indices, lens.long(), *rest, kv_lora_rank=32)
+    with pytest.raises(AssertionError, match="needs kv_scale"):
+        mla_decode(q, kv.to(torch.int8), indptr, indices, lens, *rest, kv_lora_rank=32)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("heads", [16, 128])
-def test_deepseek_shapes_gpu(dtype, page_size, heads):
+@pytest.mark.parametrize(
+    "page_size, pool_dtype",
+    [(1, None), (16, None), (16, torch.float8_e4m3fn)],
+    ids=["token", "paged16", "paged16-fp8"],
+)
+def test_deepseek_shapes_gpu(dtype, heads, page_size, pool_dtype):
     # Dl 512 + Dr 64 as DeepSeek-V2/V3, ragged lengths up to 3000, split and unsplit.
     lens = torch.randint(1, 3000, (9,), generator=torch.Generator().manual_seed(5)).tolist()
-    args = make_inputs(lens, heads, (512, 64), page_size, dtype, seed=6)
-    check(args, dtype, 512)
-    check(args, dtype, 512, num_splits=1)
+    args, kv_scale = make_inputs(lens, heads, (512, 64), page_size, dtype, seed=6), None
+    if pool_dtype is not None:
+        args, kv_scale = quantize_pool(args, pool_dtype)
+    check(args, dtype, 512, kv_scale)
+    check(args, dtype, 512, kv_scale, num_splits=1)

@@ -3,6 +3,7 @@ import torch
 
 from kernels.mla_extend import mla_extend, mla_extend_ref
 from kernels.paging import page_slots
+from kernels.store_kv import quantize_ref
 from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, page_table, randn
 
 DIMS = [(32, 16), (24, 8), (64, 32)]  # (Dl, Dr): power-of-two, odd, and wider latents
@@ -56,9 +57,16 @@ def test_reference_matches_naive(dims, page_size):
     torch.testing.assert_close(ref.double(), naive(*args, dims[0]), atol=tol, rtol=tol)
 
 
-def check(args, dtype, kv_lora_rank, **kwargs):
-    out = mla_extend(*args, kv_lora_rank=kv_lora_rank, **kwargs)
-    ref = mla_extend_ref(*args, kv_lora_rank=kv_lora_rank)
+def quantize_pool(args, pool_dtype):
+    """The inputs with the pool quantized to pool_dtype, and its kv_scale `[S, 1]`."""
+    q, kv_new, kv_pool, *rest = args
+    kv_pool, kv_scale = quantize_ref(kv_pool, pool_dtype)  # [S, 1, D], [S, 1]
+    return (q, kv_new, kv_pool, *rest), kv_scale
+
+
+def check(args, dtype, kv_lora_rank, kv_scale=None, **kwargs):
+    out = mla_extend(*args, kv_lora_rank=kv_lora_rank, kv_scale=kv_scale, **kwargs)
+    ref = mla_extend_ref(*args, kv_lora_rank=kv_lora_rank, kv_scale=kv_scale)
     tol = ATTN_TOL[dtype]
     torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
 
@@ -76,6 +84,18 @@ def test_matches_reference(dtype, dims, heads, page_size):
 def test_empty_sequence_and_explicit_max_len():
     args = make_inputs([20, 5, 0], [3, 0, 66], 4, (32, 16), 16, torch.float32, seed=1)
     check(args, torch.float32, 32, max_new_len=66)
+
+
+@pytest.mark.parametrize(
+    "pool_dtype",
+    [pytest.param(torch.int8, id="int8"), pytest.param(torch.float8_e4m3fn, id="fp8")],
+)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantized_prefix(dtype, pool_dtype):
+    # The prefix is read from an 8-bit pool; the new rows stay in q's dtype.
+    args = make_inputs([70, 17, 0], [5, 40, 3], 6, (24, 8), 16, dtype, seed=6)
+    args, kv_scale = quantize_pool(args, pool_dtype)
+    check(args, dtype, 24, kv_scale)
 
 
 def test_more_heads_than_a_block():
@@ -103,13 +123,19 @@ def test_rejects_bad_inputs():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("heads", [16, 128])
-def test_deepseek_shapes_gpu(dtype, page_size, heads):
+@pytest.mark.parametrize(
+    "page_size, pool_dtype",
+    [(1, None), (16, None), (16, torch.float8_e4m3fn)],
+    ids=["token", "paged16", "paged16-fp8"],
+)
+def test_deepseek_shapes_gpu(dtype, heads, page_size, pool_dtype):
     # Dl 512 + Dr 64 as DeepSeek-V2/V3; ragged prefixes and new runs.
     gen = torch.Generator().manual_seed(3)
     prefix = torch.randint(0, 1500, (5,), generator=gen).tolist()
     new = torch.randint(1, 300, (5,), generator=gen).tolist()
-    args = make_inputs(prefix, new, heads, (512, 64), page_size, dtype, seed=4)
-    check(args, dtype, 512)
+    args, kv_scale = make_inputs(prefix, new, heads, (512, 64), page_size, dtype, seed=4), None
+    if pool_dtype is not None:
+        args, kv_scale = quantize_pool(args, pool_dtype)
+    check(args, dtype, 512, kv_scale)
