@@ -170,3 +170,25 @@ def test_tp_shards_are_slices_of_the_whole_model():
             assert torch.equal(shard[name], whole[name])
         assert torch.equal(shard[moe + "experts.w13"], w13[:, :, r].reshape(-1, 256))
         assert torch.equal(shard[moe + "experts.w2"], w2[:, :, r].reshape(-1, 64))
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "int8"])
+def test_quantized_latent_pool_tracks_transformers(kv_dtype, tmp_path):
+    """One float32 scale a latent row: 576 + 4 bytes a token and layer at DeepSeek's shape;
+    here the logits stay within 10% of their range of the unquantized model's (e4m3 keeps 3
+    mantissa bits), and the greedy picks agree wherever the top two are further apart."""
+    hf = tiny_deepseek("v2", tmp_path)
+    runner = ModelRunner(resolve_model(str(tmp_path)), "cpu", torch.float32, kv_slots=512,
+                         max_rows=4, kv_dtype=kv_dtype)
+    assert runner.kv_bytes_per_token == 3 * (40 + 4) and runner.kv_pool.k_scale[0].shape == (
+        513, 1)
+    gen = torch.Generator().manual_seed(6)
+    seqs = [torch.randint(0, 256, (sum(s),), generator=gen).tolist() for s in SCHEDULE]
+    for got, seq in zip(run(runner, seqs, 4, False), seqs):
+        with torch.no_grad():
+            want = hf(torch.tensor([seq])).logits[0]  # [n, V]
+        scale = want.abs().max().item()
+        torch.testing.assert_close(got, want, atol=0.1 * scale, rtol=0)
+        top2 = want.topk(2, dim=-1).values  # [n, 2]
+        clear = (top2[:, 0] - top2[:, 1]) > 0.2 * scale
+        assert (got.argmax(-1) == want.argmax(-1))[clear].all()
