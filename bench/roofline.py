@@ -5,6 +5,11 @@ floor(step) = (weight bytes + KV bytes) / 4.26 TB/s, the H200's measured copy ba
 (bytes read + written, device.md). The untied embedding table is the exception among the
 weights: a step gathers only the batch's rows of it, so only those count. A prefill's floor
 is its FLOPs at the measured dense matmul rate.
+
+For a mixture-of-experts model (DeepSeek) a step reads only the routed experts its tokens
+pick: with k of E experts a token, uniform routing touches 1 - (1 - k/E)^batch of them per
+layer on average, and that share of the experts' bytes counts. Its KV is one latent row a
+token and layer (MLA), and its attention FLOPs those of the absorbed form.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from runtime.model_config import resolve_model
-from runtime.worker.models.llama import LlamaArch, LlamaForCausalLM
+from runtime.worker.loader import build_model
+from runtime.worker.models.deepseek import DeepseekForCausalLM
 
 BANDWIDTH = 4.26e12  # bytes/s
 COMPUTE = 780e12  # FLOP/s, dense bf16 matmul (device.md); taken for fp16 too
@@ -27,34 +33,50 @@ class ModelBytes:
     params: int  # bytes of every parameter (and of the fp8 weights' scales)
     embed: int  # bytes of the embedding table when it is not also the LM head (else 0)
     row: int  # bytes of one embedding row
-    kv_per_token: int  # 2 (K and V) x layers x kv_heads x head_dim x element size
+    kv_per_token: int  # 2 (K, V) x layers x kv_heads x head_dim x size; MLA: layers x latent
     body_params: int  # parameters every token multiplies: all but embedding and LM head
     head_params: int  # LM head parameters (applied to sampled tokens only)
     attn_flops_per_pair: int  # attention FLOPs per (query, key) pair, all layers
+    expert_bytes: int = 0  # bytes of every routed expert (MoE), part of `params`
+    experts: int = 0  # routed experts per MoE layer
+    top_k: int = 0  # experts a token picks
 
     @classmethod
     def of(cls, model: str, dtype: torch.dtype, quantization: str = "none") -> ModelBytes:
         """Sizes of `model` in `dtype`, from a copy built on the meta device (no memory).
         With fp8 `quantization` the projections count 1 byte per weight plus their float32
         scales; the prefill floor still counts the 16-bit matmul rate."""
-        a = LlamaArch.from_hf(resolve_model(model).hf_config())
         with torch.device("meta"):
-            meta = LlamaForCausalLM(a, quantization=quantization)
+            meta = build_model(resolve_model(model).hf_config(), None, quantization)
+        a = meta.arch
         params = sum(t.numel() for t in meta.parameters())
         size, table = dtype.itemsize, a.vocab_size * a.hidden_size
         stored = sum(t.numel() * (1 if t.dtype == torch.float8_e4m3fn else size)
                      for t in meta.parameters()) + sum(t.numel() * 4 for t in meta.buffers())
         tables = 1 if a.tie_word_embeddings else 2
+        if isinstance(meta, DeepseekForCausalLM):
+            moe = dict(expert_bytes=size * sum(t.numel() for n, t in meta.named_parameters()
+                                               if ".experts." in n),
+                       experts=a.n_routed_experts, top_k=a.num_experts_per_tok)
+            kv = a.num_layers * a.latent_dim * size
+            # absorbed: q.k over L + Dr dims, p.v over L, per head
+            attn = 2 * a.num_layers * a.num_heads * (a.latent_dim + a.kv_lora_rank)
+        else:
+            moe = {}
+            kv = 2 * a.num_layers * a.num_kv_heads * a.head_dim * size
+            attn = 4 * a.num_layers * a.num_heads * a.head_dim  # q.k and p.v
         return cls(
             params=stored, embed=0 if a.tie_word_embeddings else table * size,
-            row=a.hidden_size * size,
-            kv_per_token=2 * a.num_layers * a.num_kv_heads * a.head_dim * size,
+            row=a.hidden_size * size, kv_per_token=kv,
             body_params=params - tables * table, head_params=table,
-            attn_flops_per_pair=4 * a.num_layers * a.num_heads * a.head_dim)  # q.k and p.v
+            attn_flops_per_pair=attn, **moe)
 
     def step(self, batch: int, ctx: int) -> tuple[int, int]:
         """(weight bytes, KV bytes) read by a decode step of `batch` sequences x `ctx` positions."""
         weights = self.params - self.embed + (batch * self.row if self.embed else 0)
+        if self.experts:  # the expected share of routed experts the batch touches
+            touched = 1 - (1 - self.top_k / self.experts) ** batch
+            weights -= round(self.expert_bytes * (1 - touched))
         return weights, batch * ctx * self.kv_per_token
 
     def floor_ms(self, batch: int, ctx: int) -> float:

@@ -40,7 +40,24 @@ DUMMY_PRESETS: dict[str, dict] = {
                       rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
                                         high_freq_factor=4.0,
                                         original_max_position_embeddings=8192)),
+    # DeepSeek-V2-Lite: MLA (no q LoRA), 64 routed experts + 2 shared, the first layer dense
+    "deepseek-v2-lite": dict(model_type="deepseek_v2", hidden_size=2048, intermediate_size=10944,
+                             num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
+                             vocab_size=102400, max_position_embeddings=8192, rms_norm_eps=1e-6,
+                             rope_theta=10000.0, q_lora_rank=None, kv_lora_rank=512,
+                             qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                             n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6,
+                             moe_intermediate_size=1408, first_k_dense_replace=1,
+                             topk_method="greedy", routed_scaling_factor=1.0),
     # small shapes for tests
+    "deepseek-tiny": dict(model_type="deepseek_v2", hidden_size=256, intermediate_size=512,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                          vocab_size=1024, max_position_embeddings=2048, rms_norm_eps=1e-6,
+                          rope_theta=10000.0, q_lora_rank=None, kv_lora_rank=64,
+                          qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=32,
+                          n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+                          moe_intermediate_size=128, first_k_dense_replace=1,
+                          topk_method="greedy", routed_scaling_factor=1.0),
     "tiny": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                  num_attention_heads=8, num_key_value_heads=2, vocab_size=1024,
                  max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0),
@@ -67,11 +84,13 @@ class ModelSpec:
 
     def hf_config(self):
         """The transformers config (imports transformers lazily)."""
-        from transformers import AutoConfig, LlamaConfig
+        from transformers import AutoConfig
 
         if self.dummy_preset is not None:
-            return LlamaConfig(**{"tie_word_embeddings": False, **DUMMY_PRESETS[self.dummy_preset]},
-                               bos_token_id=1, eos_token_id=2)
+            preset = {"model_type": "llama", "tie_word_embeddings": False,
+                      **DUMMY_PRESETS[self.dummy_preset]}
+            return AutoConfig.for_model(preset.pop("model_type"), **preset, bos_token_id=1,
+                                        eos_token_id=2)
         return AutoConfig.from_pretrained(self.path)
 
 

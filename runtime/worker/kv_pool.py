@@ -1,5 +1,9 @@
 """The KV pool: per-layer K and V tensors indexed by slot, and how many slots fit in memory.
 
+A latent pool (`planes=1`, multi-head latent attention) holds one tensor per layer, `k`,
+whose row per slot is the token's compressed latent (`[num_slots, 1, latent_dim]`); its
+`v` list is empty, since values are read from the same rows.
+
 The scheduler owns which slot holds which token; the worker only owns the tensors. Slot 0
 is a padding sink: it is never a real token, so batched gathers may point padding at it.
 
@@ -31,11 +35,12 @@ def kv_storage_dtype(kv_dtype: str, dtype: torch.dtype) -> torch.dtype:
     return KV_STORAGE[kv_dtype]
 
 
-def kv_bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Bytes one token occupies in a pool of element `dtype`: 2 (K and V) x layers x kv_heads
-    x (head_dim x bytes, plus a float32 scale when `dtype` is a quantized one)."""
+def kv_bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                       planes: int = 2) -> int:
+    """Bytes one token occupies in a pool of element `dtype`: planes (2: K and V; 1: a latent)
+    x layers x kv_heads x (head_dim x bytes, plus a float32 scale when `dtype` is quantized)."""
     scale = SCALE_DTYPE.itemsize if dtype in QUANT_MAX else 0
-    return 2 * num_layers * kv_heads * (head_dim * dtype.itemsize + scale)
+    return planes * num_layers * kv_heads * (head_dim * dtype.itemsize + scale)
 
 
 def slots_for_memory(
@@ -67,7 +72,8 @@ class KVPool:
     in `self.dtype` (the model's `dtype`, or fp8/int8 for a quantized `kv_dtype`).
 
     A quantized pool also holds `k_scale[layer]`, `v_scale[layer]` `[num_slots, kv_heads]`
-    float32; an unquantized one has empty scale lists.
+    float32; an unquantized one has empty scale lists. With `planes=1` (a latent pool) only
+    `k` (and `k_scale`) exist: `v` and `v_scale` are empty.
     """
 
     def __init__(
@@ -79,9 +85,13 @@ class KVPool:
         dtype: torch.dtype,
         device: torch.device | str,
         kv_dtype: str = "auto",
+        planes: int = 2,
     ) -> None:
         if num_slots < 2:
             raise ValueError(f"num_slots must be >= 2 (slot 0 is padding), got {num_slots}")
+        if planes not in (1, 2):
+            raise ValueError(f"planes must be 1 (latent) or 2 (K and V), got {planes}")
+        self.planes = planes
         self.num_layers = num_layers
         self.num_slots = num_slots
         self.kv_heads = kv_heads
@@ -92,20 +102,23 @@ class KVPool:
         # because a masked score times a NaN value is still NaN
         shape = (num_slots, kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(num_layers)]
+        v_layers = num_layers if planes == 2 else 0
+        self.v = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(v_layers)]
         # ones: the scale `quantize_ref` gives an all-zero row, so unwritten slots read as 0
         n_scales = num_layers if self.quantized else 0
         self.k_scale = [
             torch.ones(shape[:2], dtype=SCALE_DTYPE, device=device) for _ in range(n_scales)
         ]
         self.v_scale = [
-            torch.ones(shape[:2], dtype=SCALE_DTYPE, device=device) for _ in range(n_scales)
+            torch.ones(shape[:2], dtype=SCALE_DTYPE, device=device)
+            for _ in range(n_scales if planes == 2 else 0)
         ]
 
     @property
     def bytes_per_token(self) -> int:
-        """K, V and (when quantized) their scales, over all layers."""
-        return kv_bytes_per_token(self.num_layers, self.kv_heads, self.head_dim, self.dtype)
+        """K, V (or the latent) and (when quantized) their scales, over all layers."""
+        return kv_bytes_per_token(self.num_layers, self.kv_heads, self.head_dim, self.dtype,
+                                  self.planes)
 
     @property
     def total_bytes(self) -> int:
@@ -119,4 +132,5 @@ class KVPool:
         """Layer `layer_id`'s (k_scale, v_scale) `[num_slots, kv_heads]`, or Nones unquantized."""
         if not self.quantized:
             return None, None
-        return self.k_scale[layer_id], self.v_scale[layer_id]
+        v_scale = self.v_scale[layer_id] if self.planes == 2 else None
+        return self.k_scale[layer_id], v_scale

@@ -20,6 +20,10 @@ import torch
 from safetensors import safe_open
 
 from runtime.model_config import ModelSpec
+from runtime.worker.models.deepseek import DeepseekForCausalLM
+from runtime.worker.models.deepseek import tp_split_dim as deepseek_split_dim
+from runtime.worker.models.deepseek_arch import SUPPORTED_TYPES as DEEPSEEK_TYPES
+from runtime.worker.models.deepseek_arch import DeepseekArch
 from runtime.worker.models.llama import LlamaArch, LlamaForCausalLM, tp_split_dim
 from runtime.worker.quant.fp8_linear import Fp8Linear
 from runtime.worker.tp import TPGroup
@@ -27,6 +31,14 @@ from runtime.worker.tp import TPGroup
 DUMMY_STD = 0.02
 # tensors some checkpoints carry that we recompute or do not use
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+CausalLM = LlamaForCausalLM | DeepseekForCausalLM
+
+
+def build_model(config, tp: TPGroup | None, quantization: str) -> CausalLM:
+    """The model class for a transformers config's `model_type`, on the current device."""
+    if getattr(config, "model_type", "llama") in DEEPSEEK_TYPES:
+        return DeepseekForCausalLM(DeepseekArch.from_hf(config), tp, quantization)
+    return LlamaForCausalLM(LlamaArch.from_hf(config), tp, quantization)
 
 
 class WeightLoadError(RuntimeError):
@@ -35,11 +47,11 @@ class WeightLoadError(RuntimeError):
 
 def load_model(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype,
                seed: int = 0, tp: TPGroup | None = None,
-               quantization: str = "none") -> LlamaForCausalLM:
+               quantization: str = "none") -> CausalLM:
     """The model for `spec` (this rank's shard of it) on `device` in `dtype`, with its
     weights (projections in fp8 with `quantization="fp8"`), in eval mode."""
     with torch.device("meta"):
-        model = LlamaForCausalLM(LlamaArch.from_hf(spec.hf_config()), tp, quantization)
+        model = build_model(spec.hf_config(), tp, quantization)
     model.to(dtype=dtype)  # still meta: no memory touched
     for module in model.modules():
         if isinstance(module, Fp8Linear):
@@ -54,7 +66,7 @@ def load_model(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype,
     return model.eval()
 
 
-def init_dummy(model: LlamaForCausalLM, seed: int) -> None:
+def init_dummy(model: CausalLM, seed: int) -> None:
     """Random weights: matrices ~ N(0, 0.02), norms ones, biases zeros.
 
     Each whole (unsharded) parameter is drawn in turn on the model's device from a generator
@@ -65,7 +77,7 @@ def init_dummy(model: LlamaForCausalLM, seed: int) -> None:
     first = model.model.embed_tokens.weight  # the model's dtype, whatever its projections'
     gen = torch.Generator(device=first.device).manual_seed(seed)
     with torch.device("meta"):
-        whole = LlamaForCausalLM(model.arch)  # the --tp 1 shapes
+        whole = type(model)(model.arch)  # the --tp 1 shapes
     pieces: dict[str, list[tuple[str, int, int]]] = {}
     for hf_name, (param_name, start, rows) in whole.checkpoint_targets().items():
         pieces.setdefault(param_name, []).append((hf_name, start, rows))
@@ -88,18 +100,20 @@ class ShardLoader:
     (possibly fused) parameters, quantizing those of fp8 layers, and tracks which are still
     missing."""
 
-    def __init__(self, model: LlamaForCausalLM) -> None:
+    def __init__(self, model: CausalLM) -> None:
         self.tp = model.tp
         self.targets = model.checkpoint_targets()
         self.params = dict(model.named_parameters())
         self.fp8 = {f"{name}.weight": m for name, m in model.named_modules()
                     if isinstance(m, Fp8Linear)}  # weight parameter name -> its layer
         self.pending = set(self.targets)
+        self.split_dim = (deepseek_split_dim if isinstance(model, DeepseekForCausalLM)
+                          else tp_split_dim)
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
         param_name, start, rows = self.targets[name]
         dest = self.params[param_name].narrow(0, start, rows)
-        dim = tp_split_dim(name) if self.tp.size > 1 else None
+        dim = self.split_dim(name) if self.tp.size > 1 else None
         if dim is not None and tensor.shape[dim] % self.tp.size == 0:
             tensor = tensor.chunk(self.tp.size, dim)[self.tp.rank]  # this rank's share
         if tensor.shape != dest.shape:
@@ -132,7 +146,7 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return found
 
 
-def load_hf_folder(model: LlamaForCausalLM, folder: Path) -> None:
+def load_hf_folder(model: CausalLM, folder: Path) -> None:
     """Copy every checkpoint tensor into its (possibly fused) parameter, converting dtype.
 
     Raises WeightLoadError for a missing tensor, an unknown one, or a shape mismatch. With

@@ -10,6 +10,7 @@ import torch
 
 from runtime.model_config import ModelSpec
 from runtime.worker.attention import AttentionBackend
+from runtime.worker.attention_mla import MlaShape, TorchMLAAttention, TritonMLAAttention
 from runtime.worker.attention_torch import TorchAttention
 from runtime.worker.attention_triton import TritonAttention
 from runtime.worker.forward_batch import ForwardBatch
@@ -23,6 +24,7 @@ from runtime.worker.kv_pool import (
     slots_for_memory,
 )
 from runtime.worker.loader import load_model
+from runtime.worker.models.deepseek import DeepseekForCausalLM
 from runtime.worker.quant.fp8_linear import check_fp8_support
 from runtime.worker.sampler import Sampler
 from runtime.worker.tp import TPGroup
@@ -31,14 +33,18 @@ CPU_DEFAULT_SLOTS = 16384
 CPU_KV_BUDGET = 2 * GiB  # the CPU default never takes more than this
 ACTIVATION_RESERVE = 1 * GiB  # on top of the logits and sampler temporaries
 ATTENTION_BACKENDS = {"triton": TritonAttention, "torch": TorchAttention}
+MLA_BACKENDS = {"triton": TritonMLAAttention, "torch": TorchMLAAttention}
 
 log = logging.getLogger("sluice.worker")
 
 
-def make_attention(name: str, pool: KVPool, device: torch.device) -> AttentionBackend:
+def make_attention(
+    name: str, pool: KVPool, device: torch.device, mla: MlaShape | None = None
+) -> AttentionBackend:
     """The attention backend `name` (`ServerConfig.attention_backend`) over `pool`: "auto"
     is triton on a CUDA device and torch elsewhere. Triton off CUDA runs only interpreted
-    (TRITON_INTERPRET=1, as the tests do)."""
+    (TRITON_INTERPRET=1, as the tests do). With `mla` (a latent-attention model) the
+    backend is that kind's MLA variant over a latent pool."""
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name not in ATTENTION_BACKENDS:
@@ -50,6 +56,8 @@ def make_attention(name: str, pool: KVPool, device: torch.device) -> AttentionBa
             f"the triton attention backend needs a CUDA device, not {device} "
             "(or TRITON_INTERPRET=1)"
         )
+    if mla is not None:
+        return MLA_BACKENDS[name](pool, mla)
     return ATTENTION_BACKENDS[name](pool)
 
 
@@ -66,6 +74,7 @@ class ModelRunner:
     are captured only for a backend that supports them.
     Under tensor parallelism (`tp`) the runner holds this rank's shard of the model and of
     the KV heads (`kv_bytes_per_token` is this rank's share); the logits are whole.
+    A latent-attention (MLA) model gets a latent pool: one `[L + Dr]` row a token and layer.
     `quantization="fp8"` holds the projections' weights in fp8 (`Fp8Linear`); a device
     without fp8 matmul raises `QuantizationError` before anything is loaded.
     """
@@ -95,9 +104,13 @@ class ModelRunner:
         self.model = load_model(spec, self.device, dtype, seed, tp, quantization)
         arch = self.model.arch
         self.vocab_size = arch.vocab_size
-        kv_heads = arch.num_kv_heads // tp.size  # this rank's
+        mla = self.model.mla if isinstance(self.model, DeepseekForCausalLM) else None
+        if mla is None:  # K and V of this rank's KV heads
+            planes, kv_heads, head_dim = 2, arch.num_kv_heads // tp.size, arch.head_dim
+        else:  # one latent row a token
+            planes, kv_heads, head_dim = 1, 1, arch.latent_dim
         self.kv_bytes_per_token = kv_bytes_per_token(
-            arch.num_layers, kv_heads, arch.head_dim, kv_storage_dtype(kv_dtype, dtype)
+            arch.num_layers, kv_heads, head_dim, kv_storage_dtype(kv_dtype, dtype), planes
         )
         if kv_slots == 0:
             # never more than every row at full context could use; every rank the same
@@ -108,9 +121,9 @@ class ModelRunner:
         # the KV storage by name, as /get_model_info and /metrics show it: fp8, int8, bfloat16...
         self.kv_dtype = kv_dtype if kv_dtype != "auto" else str(dtype).removeprefix("torch.")
         self.kv_pool = KVPool(
-            arch.num_layers, kv_slots + 1, kv_heads, arch.head_dim, dtype, self.device, kv_dtype
+            arch.num_layers, kv_slots + 1, kv_heads, head_dim, dtype, self.device, kv_dtype, planes
         )
-        self.attn = make_attention(attention_backend, self.kv_pool, self.device)
+        self.attn = make_attention(attention_backend, self.kv_pool, self.device, mla)
         self.sampler = Sampler(max_rows, self.vocab_size, self.device, seed)
         limits = [spec.max_context, kv_slots]
         if arch.sliding_window is not None:  # exact only while the window covers everything

@@ -2,9 +2,10 @@
 the Triton kernels on a GPU.
 
 The model calls `ops.rmsnorm`, `ops.add_rmsnorm` (residual add fused with the norm),
-`ops.rope` and `ops.silu_mul`; `TorchOps` calls each kernel's `*_ref` (the CPU
-correctness reference, equal to transformers in float32), `TritonOps` launches the kernels
-in `kernels/`. Both take the RoPE table of `kernels.rope.rope_cos_sin_cache`.
+`ops.rope`, `ops.silu_mul` and `ops.fused_moe` (routed experts); `TorchOps` calls each
+kernel's `*_ref` (the CPU correctness reference, equal to transformers in float32),
+`TritonOps` launches the kernels in `kernels/`. Both take the RoPE table of
+`kernels.rope.rope_cos_sin_cache`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from kernels.activation import silu_and_mul, silu_and_mul_ref
+from kernels.moe import fused_moe, fused_moe_ref
 from kernels.rmsnorm import rmsnorm, rmsnorm_ref
 from kernels.rope import apply_rope, apply_rope_ref
 
@@ -45,6 +47,11 @@ class TorchOps:
         """silu(gate) * up of x `[T, 2 * inter]` (gate first)."""
         return silu_and_mul_ref(x)
 
+    @staticmethod
+    def fused_moe(x, w13, w2, weights, ids) -> torch.Tensor:
+        """Routed experts of x `[T, H]`: w13 `[E, 2I, H]`, w2 `[E, H, I]`, picks `[T, k]`."""
+        return fused_moe_ref(x, w13, w2, weights, ids)
+
 
 class TritonOps:
     """The same ops through the Triton kernels (GPU)."""
@@ -73,3 +80,7 @@ class TritonOps:
     @staticmethod
     def silu_mul(x: torch.Tensor) -> torch.Tensor:
         return silu_and_mul(x)
+
+    @staticmethod
+    def fused_moe(x, w13, w2, weights, ids) -> torch.Tensor:
+        return fused_moe(x, w13, w2, weights, ids)
