@@ -85,6 +85,8 @@ class TritonMLAAttention(TritonAttention):
     """`mla_decode` (split-KV, head groups) and `mla_extend` on the latent pool; decode
     graphs read the static page table of `TritonAttention`."""
 
+    fuses_rope = False  # the model rotates the rope part of q and of the latent itself
+
     def __init__(self, pool: KVPool, mla: MlaShape) -> None:
         check_latent_pool(pool, mla)
         super().__init__(pool)
