@@ -71,10 +71,8 @@ def bench_decode(p, dev, dtype, args):
         for (layout, page_size), pool_dtype in product(LAYOUTS, (dtype, *QUANT_POOLS.values())):
             k_buf, v_buf, indptr, indices, scales = paged_pool(k, v, page_size, pool_dtype)
             splits = decode_num_splits(B, Hkv, L)  # given, as under CUDA graphs: no host sync
-            counters = torch.zeros(B * Hkv, dtype=torch.int32, device=dev)  # as the backend
             run = partial(decode_attention, q, k_buf, v_buf, indptr, indices, seq_lens,
-                          page_size, D**-0.5, num_splits=splits, split_counters=counters,
-                          **scales)  # fmt: skip
+                          page_size, D**-0.5, num_splits=splits, **scales)  # fmt: skip
             err = "" if ref is None else f"err vs sdpa {(run() - ref).abs().max().item():.1e}"
             kv_bytes = 2 * B * L * Hkv * D * k_buf.element_size()
             nbytes = kv_bytes + 2 * q.nbytes + indices.nbytes + 2 * B * L * Hkv * 4 * bool(scales)
