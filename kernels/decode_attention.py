@@ -6,9 +6,7 @@ once (tl.dot with the group padded to 16 rows; a plain multiply-reduce when the 
 head), and writes a partial output plus its log-sum-exp. Stage 2 merges the splits. An fp8 or
 int8 pool has its own stage 1 (`decode_attention_quant`), feeding the same merge.
 Splitting the keys is what fills the GPU when batch * kv_heads is small next to the SM count;
-with one split (a large batch, or a short context) stage 1 writes the output and no merge runs,
-and given a counter buffer the last split of each (sequence, kv head) merges them
-(`decode_split_merge`), again with no second launch.
+with one split (a large batch, or a short context) stage 1 writes the output and no merge runs.
 Decode is memory bound: each K/V byte is read once, so the ceiling is bytes / copy bandwidth.
 """
 
@@ -20,7 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels.decode_attention_quant import decode_attention_quant_stage1
-from kernels.decode_split_merge import _decode_attention_merge_kernel, _merge_if_last
+from kernels.decode_split_merge import _decode_attention_merge_kernel
 from kernels.store_kv import QUANT_MAX, dequantize_ref
 
 H200_SMS = 132
@@ -69,8 +67,6 @@ def _decode_attention_kernel(
     seq_lens_ptr,
     mid_o_ptr,  # [B, Hq, num_splits, HEAD_DIM] contiguous float32 (or o itself: one split)
     mid_lse_ptr,  # [B, Hq, num_splits] contiguous float32
-    o_ptr,  # [B, Hq, HEAD_DIM] contiguous: written here when MERGE
-    counters_ptr,  # [>= B * Hkv] int32 zeros, one per (sequence, kv head), used when MERGE
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
     num_splits,
     stride_qb,
@@ -85,7 +81,6 @@ def _decode_attention_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    MERGE: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -148,9 +143,6 @@ def _decode_attention_kernel(
     o = o.to(mid_o_ptr.dtype.element_ty)
     tl.store(mid_o_ptr + mid, o, mask=mask_h[:, None] & mask_d[None, :])
     tl.store(mid_lse_ptr + row * num_splits + split, lse, mask=mask_h)
-    if MERGE:
-        _merge_if_last(counters_ptr + b * tl.num_programs(1) + kvh, mid_o_ptr, mid_lse_ptr,
-                       o_ptr, row, mask_h, num_splits, HEAD_DIM, BLOCK_H, BLOCK_D)
 
 
 def decode_num_splits(batch: int, kv_heads: int, max_seq_len: int, num_sms: int = H200_SMS) -> int:
@@ -178,7 +170,6 @@ def decode_attention(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
     config: DecodeConfig | None = None,
-    split_counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its paged KV; returns o `[B, Hq, D]`.
 
@@ -188,9 +179,7 @@ def decode_attention(
     A float8_e4m3fn or int8 pool needs k_scale/v_scale `[num_slots, Hkv]` float32 (contiguous).
     num_splits None picks `decode_num_splits` from seq_lens.max(), a host sync: pass it
     explicitly under CUDA graphs. `out` (contiguous, q's shape and dtype) receives o if given.
-    `config` overrides the default launch knobs (`DecodeConfig`). `split_counters` (int32,
-    contiguous, at least B * Hkv entries, all zero) lets stage 1 merge its own splits
-    (`decode_split_merge`) instead of a second kernel; it is zero again on return.
+    `config` overrides the default launch knobs (`DecodeConfig`).
     """
     assert q.dim() == 3, f"q must be [B, Hq, D], got {tuple(q.shape)}"
     B, Hq, D = q.shape
@@ -226,16 +215,10 @@ def decode_attention(
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous(), (
         f"out must be a contiguous {q.dtype} {tuple(q.shape)}"
     )
-    if split_counters is not None:
-        assert split_counters.dtype == torch.int32 and split_counters.is_contiguous(), (
-            "split_counters must be contiguous int32"
-        )
-        assert split_counters.numel() >= B * Hkv, f"split_counters needs {B * Hkv} entries"
     if B == 0:
         return out
     if num_splits is None:
         num_splits = decode_num_splits(B, Hkv, int(seq_lens.max()))
-    counters = split_counters if num_splits > 1 else None  # one split writes out directly
     kv_indptr, kv_indices, seq_lens = (t.contiguous() for t in (kv_indptr, kv_indices, seq_lens))
 
     group = Hq // Hkv
@@ -249,22 +232,21 @@ def decode_attention(
         config = config or (QUANT_MHA_CONFIG if Hq == Hkv else QUANT_GQA_CONFIG)
         decode_attention_quant_stage1(
             q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
-            out, counters, page_size, sm_scale * LOG2E, config,
+            page_size, sm_scale * LOG2E, config,
         )  # fmt: skip
     else:
         config = config or (MHA_CONFIG if Hq == Hkv else GQA_CONFIG)
         use_dot = group > 1 if config.use_dot is None else config.use_dot
         assert use_dot or group == 1, "the multiply-reduce path handles one query head per group"
         _decode_attention_kernel[(B, Hkv, num_splits)](
-            q, k_buf, v_buf, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse, out,
-            out if counters is None else counters, sm_scale * LOG2E, num_splits, q.stride(0),
-            q.stride(1), k_buf.stride(0), k_buf.stride(1), Q_HEADS=Hq, GROUP=group, HEAD_DIM=D,
-            PAGE_SIZE=page_size,
+            q, k_buf, v_buf, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
+            sm_scale * LOG2E, num_splits, q.stride(0), q.stride(1), k_buf.stride(0),
+            k_buf.stride(1), Q_HEADS=Hq, GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size,
             USE_DOT=use_dot, BLOCK_N=config.block_n, BLOCK_D=block_d,
             BLOCK_H=max(16, triton.next_power_of_2(group)) if use_dot else 1,
-            MERGE=counters is not None, num_warps=config.num_warps, num_stages=config.num_stages,
+            num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
-    if num_splits == 1 or counters is not None:  # stage 1 wrote out
+    if num_splits == 1:
         return out
     _decode_attention_merge_kernel[(B * Hq,)](
         mid_o, mid_lse, out, num_splits, HEAD_DIM=D,

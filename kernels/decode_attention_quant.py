@@ -19,8 +19,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.decode_split_merge import _merge_if_last
-
 INT8_OFFSET = tl.constexpr(1152.0)  # fp16 bits 0x6480; 0x6480 + x for int8 x reads as 1152 + x
 
 
@@ -44,8 +42,6 @@ def _decode_attention_quant_kernel(
     seq_lens_ptr,
     mid_o_ptr,  # [B, Hq, num_splits, HEAD_DIM] contiguous float32 (or o itself: one split)
     mid_lse_ptr,  # [B, Hq, num_splits] contiguous float32
-    o_ptr,  # [B, Hq, HEAD_DIM] contiguous: written here when MERGE
-    counters_ptr,  # [>= B * Hkv] int32 zeros, one per (sequence, kv head), used when MERGE
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
     num_splits,
     stride_qb,
@@ -61,7 +57,6 @@ def _decode_attention_quant_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    MERGE: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -132,19 +127,15 @@ def _decode_attention_quant_kernel(
     o = o.to(mid_o_ptr.dtype.element_ty)
     tl.store(mid_o_ptr + mid, o, mask=mask_h[:, None] & mask_d[None, :])
     tl.store(mid_lse_ptr + row * num_splits + split, lse, mask=mask_h)
-    if MERGE:
-        _merge_if_last(counters_ptr + b * tl.num_programs(1) + kvh, mid_o_ptr, mid_lse_ptr,
-                       o_ptr, row, mask_h, num_splits, HEAD_DIM, BLOCK_H, BLOCK_D)
 
 
 def decode_attention_quant_stage1(
     q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
-    out, counters, page_size: int, qk_scale: float, config,
+    page_size: int, qk_scale: float, config,
 ) -> None:  # fmt: skip
     """Launch stage 1 over a quantized pool into `mid_o`/`mid_lse` (shapes as in
     `decode_attention`, which validates the inputs; with one split `mid_o` may be the output,
-    `[B, Hq, 1, D]` in q's dtype); with `counters` (see `decode_attention`) the last split of
-    each (sequence, kv head) merges into `out`; `config` is a `DecodeConfig`."""
+    `[B, Hq, 1, D]` in q's dtype); `config` is a `DecodeConfig`."""
     B, Hq, D = q.shape
     Hkv = k_buf.shape[1]
     num_splits = mid_lse.shape[2]
@@ -154,12 +145,11 @@ def decode_attention_quant_stage1(
     half = q.dtype in (torch.float16, torch.bfloat16)
     _decode_attention_quant_kernel[(B, Hkv, num_splits)](
         q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
-        out, out if counters is None else counters, qk_scale, num_splits, q.stride(0),
-        q.stride(1), k_buf.stride(0), k_buf.stride(1),
+        qk_scale, num_splits, q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
         Q_HEADS=Hq, GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size,
         DOT_DTYPE=tl.float16 if half else tl.float32, INT_OFFSET=half and k_buf.dtype == torch.int8,
         BLOCK_H=block_h,
-        BLOCK_N=config.block_n, BLOCK_D=block_d, MERGE=counters is not None,
+        BLOCK_N=config.block_n, BLOCK_D=block_d,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
 

@@ -41,7 +41,6 @@ class TritonAttentionMeta:
     kv_indices: torch.Tensor  # [>= P] page ids
     seq_lens: torch.Tensor  # [B] int32
     num_splits: int  # decode: split-KV programs per sequence
-    split_counters: torch.Tensor | None  # decode: [>= B * Hkv] int32 zeros, stage 1 merges
     max_new_len: int  # extend: the longest run of new tokens (sizes the grid)
 
 
@@ -54,8 +53,7 @@ class TritonAttention(AttentionBackend):
     from k/v. A quantized pool (fp8/int8) passes its per-(slot, head) scales to all three
     kernels: `store_kv` quantizes, the attention kernels dequantize on load (the new
     tokens of an extend are read unquantized). Decode graphs read a static copy of the
-    page table, with the split count fixed for the longest context. Split decode merges in
-    its one kernel, on counters this backend keeps (one set for eager steps, one for graphs).
+    page table, with the split count fixed for the longest context.
     """
 
     supports_graphs = True
@@ -65,9 +63,6 @@ class TritonAttention(AttentionBackend):
         super().__init__(pool)
         check_pool_support(pool.dtype, pool.k[0].device)
         self.sm_scale = 1.0 / math.sqrt(pool.head_dim)
-        # zeros between launches; the last split of each (sequence, kv head) merges the
-        # others into the output, so decode needs no merge kernel (`decode_split_merge`)
-        self.split_counters = torch.zeros(0, dtype=torch.int32, device=pool.k[0].device)
         self.num_sms = (
             torch.cuda.get_device_properties(0).multi_processor_count
             if torch.cuda.is_available()
@@ -76,14 +71,9 @@ class TritonAttention(AttentionBackend):
 
     def prepare(self, fb: ForwardBatch) -> None:
         decode = fb.is_decode
-        counters = fb.batch_size * self.pool.kv_heads
-        if decode and self.split_counters.numel() < counters:
-            self.split_counters = torch.zeros(counters, dtype=torch.int32,
-                                              device=self.split_counters.device)
         fb.attn_meta = TritonAttentionMeta(
             fb.kv_indptr, fb.kv_indices, fb.seq_lens,
             num_splits=self._splits(fb.batch_size, max(fb.seq_lens_cpu)) if decode else 0,
-            split_counters=self.split_counters if decode else None,
             max_new_len=0 if decode else max(fb.extend_lens_cpu),
         )  # fmt: skip
 
@@ -134,7 +124,6 @@ class TritonAttention(AttentionBackend):
             return decode_attention(
                 q, k_buf, v_buf, meta.kv_indptr, meta.kv_indices, meta.seq_lens, fb.page_size,
                 self.sm_scale, k_scale=k_scale, v_scale=v_scale, num_splits=meta.num_splits,
-                split_counters=meta.split_counters,
             )  # [B, Hq, D]  # fmt: skip
         return extend_attention(
             q, k, v, k_buf, v_buf, fb.qo_indptr, fb.prefix_lens, meta.kv_indptr,
@@ -149,15 +138,12 @@ class TritonAttention(AttentionBackend):
         self.graph_kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=device)  # [N+1]
         pages = max_bs * -(-max_context // page_size)  # every row at full context
         self.graph_kv_indices = torch.zeros(pages, dtype=torch.int64, device=device)  # [pages]
-        self.graph_split_counters = torch.zeros(max_bs * self.pool.kv_heads, dtype=torch.int32,
-                                                device=device)  # [N * Hkv]
 
     def prepare_capture(self, fb: ForwardBatch) -> None:
         bs = fb.batch_size
         fb.attn_meta = TritonAttentionMeta(
             self.graph_kv_indptr[: bs + 1], self.graph_kv_indices, self.graph_seq_lens[:bs],
-            num_splits=self._splits(bs, self.max_context),
-            split_counters=self.graph_split_counters, max_new_len=0,
+            num_splits=self._splits(bs, self.max_context), max_new_len=0,
         )  # fmt: skip
 
     def prepare_replay(self, fb: ForwardBatch, padded: int) -> None:

@@ -51,21 +51,6 @@ def test_splits_and_empty_sequences(num_splits):
     assert (decode_attention(*args, num_splits=num_splits)[1] == 0).all()
 
 
-@pytest.mark.parametrize("pool_dtype", [None, torch.int8], ids=["plain", "int8"])
-@pytest.mark.parametrize("heads", [(4, 2, 32), (3, 3, 48)], ids=str)
-@pytest.mark.parametrize("num_splits", [2, 8])
-def test_stage1_merges_its_splits_with_counters(num_splits, heads, pool_dtype):
-    """With a counter buffer the last split of each (sequence, kv head) merges (no merge
-    kernel) into the same output, and leaves the counters zero for the next launch."""
-    args, scales = make_inputs([65, 0, 9, 200], heads, 16, torch.float32, pool_dtype, seed=2)
-    counters = torch.zeros(4 * heads[1] + 3, dtype=torch.int32, device=DEVICE)
-    ref = decode_attention_ref(*args, **scales)
-    for _ in range(2):  # the second launch starts from the counters the first one left
-        out = decode_attention(*args, **scales, num_splits=num_splits, split_counters=counters)
-        torch.testing.assert_close(out, ref, atol=ATTN_TOL[torch.float32], rtol=1e-4)
-        assert not counters.any()
-
-
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize(
     "pool_dtype",

@@ -156,30 +156,3 @@ def test_fp8_pool_is_refused_where_triton_has_no_fp8():
         check_pool_support(dtype, cuda, capability=(8, 0))
     with pytest.raises(QuantizationError, match=r"--kv-dtype fp8 .* 8\.9\+.* is 8\.0.*int8"):
         check_pool_support(torch.float8_e4m3fn, cuda, capability=(8, 0))
-
-
-def test_long_decode_splits_and_merges_in_one_kernel():
-    """Decode over 301 and 601 positions runs 3 splits eagerly (4 in a graph sized for 1024)
-    that merge inside the attention kernel; the counters are zero again after every layer."""
-    torch.manual_seed(4)
-    pools = [KVPool(2, 96 * 16, KV_HEADS, HEAD_DIM, torch.float32, "cpu") for _ in range(2)]
-    for a, b in zip(pools[0].k + pools[0].v, pools[1].k + pools[1].v):
-        b.copy_(a.normal_())
-    fb = make_batch([Chunk(0, [0]), Chunk(1, [0])], [600, 300], 2, page_size=16)
-    q = torch.randn(2, Q_HEADS, HEAD_DIM)
-    k, v = torch.randn(2, KV_HEADS, HEAD_DIM), torch.randn(2, KV_HEADS, HEAD_DIM)
-    reference, triton, want = TorchAttention(pools[0]), TritonAttention(pools[1]), []
-    for layer in (0, 1):  # the second layer starts from the counters the first one left
-        want.append(attend(reference, layer, q, k, v, fb))
-        got = attend(triton, layer, q, k, v, fb)
-        assert fb.attn_meta.num_splits == 3
-        torch.testing.assert_close(got, want[layer], atol=2e-5, rtol=2e-5)
-        assert not triton.split_counters.any()
-    triton.init_graph(2, 1024, 16)
-    captured = replace(fb)
-    triton.prepare_capture(captured)
-    triton.prepare_replay(fb, 2)
-    assert captured.attn_meta.num_splits == 4
-    got = triton.forward(0, q, k, v, captured)
-    torch.testing.assert_close(got, want[0], atol=2e-5, rtol=2e-5)
-    assert not triton.graph_split_counters.any()
