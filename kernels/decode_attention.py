@@ -38,6 +38,7 @@ class DecodeConfig:
     num_warps: int = 4
     num_stages: int = 2
     use_dot: bool | None = None
+    words: bool = True
 
     def __post_init__(self):
         assert self.block_n >= 16 and self.block_n & (self.block_n - 1) == 0, (
