@@ -1,8 +1,10 @@
 """Launch-config sweep of decode attention over fp8 and int8 KV pools on the issue's shapes.
 
 For MHA 32/32 and GQA 32/8 (head_dim 128, bf16 q, B64 L4096) it times every config of
-`CONFIGS` on the token layout for each quantized pool, the best one at 2x and 4x the default
-split count, then the best two on paged-16; each beside the 16-bit pool's default kernel.
+`CONFIGS` (byte or 32-bit word loads, pipelined by Triton or prefetched by the loop) on the
+token layout for each quantized pool, the best one at 2x and 4x the default split count, then
+the two defaults and the token layout's best on paged-16; each beside the 16-bit pool's
+default kernel.
 % is of the copy ceiling on the bytes the kernel reads (K/V plus the float32 scales); `vs16` is
 the 16-bit pool's time over this one's; `diff` is the max |o - o of the pool's first row|.
 Each row is printed and the JSON rewritten as it lands, so a time limit keeps what finished.
@@ -24,10 +26,13 @@ from bench.kernels_attention import QUANT_POOLS, paged_pool
 from bench.kernels_common import COPY_CEILING_GBPS, Preset, timeit
 from kernels.decode_attention import DecodeConfig, decode_attention, decode_num_splits
 
-CONFIGS = [DecodeConfig(block_n=128, num_warps=4, num_stages=3, words=False)] + [
-    DecodeConfig(block_n=n, num_warps=w, num_stages=s)
-    for n, w, s in ((64, 4, 1), (64, 4, 2), (64, 8, 2), (128, 4, 1), (128, 4, 2), (128, 8, 1),
-                    (128, 8, 2))  # fmt: skip
+CONFIGS = [  # the defaults (token; paged GQA), then the register-prefetch variants
+    DecodeConfig(block_n=128, num_warps=4, num_stages=3),
+    DecodeConfig(block_n=128, num_warps=4, num_stages=2, words=True),
+    DecodeConfig(block_n=64, num_warps=4, num_stages=1, prefetch=True),
+] + [
+    DecodeConfig(block_n=n, num_warps=4, num_stages=1, words=True, prefetch=True)
+    for n in (32, 64, 128)
 ]
 
 
@@ -86,7 +91,9 @@ def main():
                     measure(layout, page_size, Hkv, name, pool, CONFIGS)
                     measure(layout, page_size, Hkv, name, pool, best(layout, Hkv, name, 1), (2, 4))
                 else:
-                    measure(layout, page_size, Hkv, name, pool, best("token", Hkv, name, 2))
+                    top = best("token", Hkv, name, 1)
+                    measure(layout, page_size, Hkv, name, pool, CONFIGS[:2] + [
+                        c for c in top if c not in CONFIGS[:2]])  # fmt: skip
     except TimeoutError:
         print(f"budget of {args.budget_s} s spent: {len(rows)} rows", flush=True)
 
