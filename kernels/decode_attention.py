@@ -32,9 +32,10 @@ class DecodeConfig:
 
     use_dot None means tl.dot only for GQA groups; True also pads a single head to 16 rows.
     A quantized pool always uses tl.dot (its kernel ignores use_dot); `words` loads its codes
-    as 32-bit words and widens them by bit arithmetic (else as bytes, widened by casts), and
-    `prefetch` has the loop carry the next tile's codes in registers (best with num_stages=1,
-    which leaves the loads to it). The 16-bit kernel ignores both.
+    as 32-bit words and widens them by bit arithmetic (else, or when head_dim or the pool's
+    strides are not multiples of 4, as bytes widened by casts), and `prefetch` has the loop
+    carry the next tile's codes in registers (meant for num_stages=1, so that Triton's
+    pipeliner leaves those loads alone). The 16-bit kernel ignores both.
     """
 
     block_n: int = 64
