@@ -33,13 +33,19 @@ class DecodeConfig:
     """Launch knobs of the stage-1 kernel (bench/kernels.py --sweep searches them).
 
     use_dot None means tl.dot only for GQA groups; True also pads a single head to 16 rows.
-    A quantized pool always uses tl.dot (its kernel ignores use_dot).
+    A quantized pool always uses tl.dot (its kernel ignores use_dot); `words` loads its codes
+    as 32-bit words and widens them by bit arithmetic (else, or when head_dim or the pool's
+    strides are not multiples of 4, as bytes widened by casts), and `prefetch` has the loop
+    carry the next tile's codes in registers (meant for num_stages=1, so that Triton's
+    pipeliner leaves those loads alone). The 16-bit kernel ignores both.
     """
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
     use_dot: bool | None = None
+    words: bool = False
+    prefetch: bool = False
 
     def __post_init__(self):
         assert self.block_n >= 16 and self.block_n & (self.block_n - 1) == 0, (
@@ -51,10 +57,13 @@ class DecodeConfig:
 # MHA 961 us with padded tl.dot, 128 keys a tile; GQA (32/8 heads) 249 us with 64 keys a tile
 MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3, use_dot=True)
 GQA_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=2)
-# quantized pools (bench/results/2026-12-01-decode-fp8-h200.md): 128 keys a tile, 4 warps, 3
-# stages led for MHA and GQA; 256-key tiles and 8 warps were 1.3-1.8x slower
+# quantized pools, `python -m bench.decode_quant_sweep` on the H200 (B64 L4096 D128, bf16 q;
+# bench/results/2026-12-01-decode-fp8-words-h200.md): byte loads led on the token layout (MHA
+# fp8 920 us, GQA 260 us) and for paged MHA; 32-bit words led for paged GQA (fp8 233 us
+# against 268 us, int8 241 against 283 us)
 QUANT_MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
 QUANT_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
+QUANT_PAGED_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2, words=True)
 
 
 @triton.jit
@@ -229,7 +238,9 @@ def decode_attention(
         mid_o = torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(B, Hq, num_splits, dtype=torch.float32, device=q.device)
     if quant:
-        config = config or (QUANT_MHA_CONFIG if Hq == Hkv else QUANT_GQA_CONFIG)
+        if config is None:
+            gqa_config = QUANT_PAGED_GQA_CONFIG if page_size > 1 else QUANT_GQA_CONFIG
+            config = QUANT_MHA_CONFIG if Hq == Hkv else gqa_config
         decode_attention_quant_stage1(
             q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
             page_size, sm_scale * LOG2E, config,
