@@ -5,9 +5,10 @@
 whether it beat cuBLAS (for fp8 weights: per-token activation quant + `torch._scaled_mm`).
 `TABLE` holds the configs, `VERDICTS` whether the kernel won; `use_kernel` reads them: a
 16-bit linear uses the kernel only where it won, an fp8 linear everywhere but where it lost
-(unmeasured fp8 shapes keep the kernel, which skips the activation quant). Shapes the table does not hold get `rule_config`: enough split-K
-to put about three programs on each SM. Without the file the table is empty: fp8 runs on
-`rule_config`, 16-bit linears stay on cuBLAS.
+(unmeasured fp8 shapes keep the kernel, which skips the activation quant). Shapes the table
+does not hold get `rule_config`: enough split-K to put about three programs on each SM.
+Without the file the table is empty: fp8 runs on `rule_config`, 16-bit linears stay on
+cuBLAS.
 """
 
 from __future__ import annotations
