@@ -9,10 +9,10 @@ it saves). They do so on CUDA wherever the measured table (`use_kernel`) does no
 tensor-core path below was faster for that row count and weight shape. Other batches
 quantize each token's activations too, with a scale of their own (dynamic, per token:
 `kernels.fp8_quant`), and the product is `y[t, o] = s_x[t] * s_w[o] * (q_x q_w^T)[t, o]`. On
-a CUDA device with fp8 matmul (compute capability 8.9+) that is one `torch._scaled_mm` (row-
-wise scales, bf16 out); elsewhere, and for shapes `_scaled_mm` refuses (a dim not a multiple
-of 16), the same numbers are computed by dequantizing the operands and multiplying in
-float32: correct, not fast. Float16 and float32 models get the bf16 product cast to their
+a CUDA device with fp8 matmul (compute capability 8.9+) that is one `torch._scaled_mm`
+(row-wise scales, bf16 out); elsewhere, and for shapes `_scaled_mm` refuses (a dim not a
+multiple of 16), the same numbers are computed by dequantizing the operands and multiplying
+in float32: correct, not fast. Float16 and float32 models get the bf16 product cast to their
 dtype (row-wise `_scaled_mm` writes bf16 only). Per-output-channel scales make fused and
 sharded weights simple: the rows of Q, K and V (or gate and up) quantize independently, and
 a row-parallel shard is quantized over the columns it holds.
