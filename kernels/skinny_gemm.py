@@ -10,11 +10,10 @@ Each program owns BLOCK_N output channels and one of SPLIT_K slices of K, and st
 - tensor core (`dot`): all M rows of x as a `[BLOCK_M, BLOCK_K]` tile (BLOCK_M = 16), the
   product with the operands swapped (acc `[BLOCK_N, BLOCK_M]` = W x^T: the tiny M is the
   MMA's N side); any M.
-- row sum (`dot=False`, M <= 4): each weight element widened once to float32 and multiplied
-  into one float32 partial sum per x row that the thread keeps per element it holds; the
-  partial sums are reduced across K once, after the loop. Per weight byte that is one
-  conversion and one FMA per row, no shuffles or MMA operand reshuffling in the loop, and the
-  weights are read once for up to four rows.
+- row sum (`dot=False`, M <= 4): each weight element widened once to float32, multiplied by
+  each x row and summed in-thread into float32 partial sums (one per `fold` elements a thread
+  holds, per row), reduced across K once, after the loop: no shuffles or MMA operand
+  reshuffling in the loop, and the weights read once for up to four rows.
 Split-K lets a small N fill the 132 SMs: each slice adds its partial sums into a float32
 workspace with atomics, bumps a per-column-block counter, and the slice that arrives last
 reads the sums back (an atomic add of zero, served by L2), zeroes them, writes y and resets
@@ -86,7 +85,7 @@ def _skinny_rowsum_kernel(
     x_ptr, w_ptr, scale_ptr, b_ptr, y_ptr, ws_ptr, lock_ptr,  # as in _skinny_dot_kernel
     M, N, K, stride_xm, stride_wn, tiles_per_split, SPLIT_K,
     HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -97,30 +96,33 @@ def _skinny_rowsum_kernel(
     t_lo = pid_k * tiles_per_split
     t_hi = tl.minimum(t_lo + tiles_per_split, tl.cdiv(K, BLOCK_K))
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BN, 1]
-    # One float32 partial product per weight element a thread holds, per x row: summed
-    # across K once, after the loop.
-    acc0 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    acc1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    acc3 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    # Float32 partial sums, one per row of x and per VEC weight elements a thread holds (at
+    # most one 16-byte load): each tile's products are summed in-thread into them, and across
+    # K once, after the loop. VEC > 1 costs an add per product and saves registers: more
+    # programs per SM, more loads in flight.
+    acc0 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
+    acc3 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
     for t in range(t_lo, t_hi):
         offs_k = t * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK]
         mask_k = (offs_k < K) | EVEN_K
         w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
                     other=0.0, eviction_policy="evict_first")  # [BN, BK]
         wf = w.to(tl.float32)
-        acc0 += wf * tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)[None, :]
+        x0 = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0)  # [BK]
+        acc0 += _fold(wf * x0.to(tl.float32)[None, :], BLOCK_N, BLOCK_K, VEC)
         if ROWS > 1:  # rows past M re-read the last row: their sums are never stored
             x1 = tl.load(x_ptr + tl.minimum(1, M - 1) * stride_xm + offs_k, mask=mask_k,
-                         other=0.0)  # [BK]
-            acc1 += wf * x1.to(tl.float32)[None, :]
+                         other=0.0)
+            acc1 += _fold(wf * x1.to(tl.float32)[None, :], BLOCK_N, BLOCK_K, VEC)
         if ROWS > 2:
             x2 = tl.load(x_ptr + tl.minimum(2, M - 1) * stride_xm + offs_k, mask=mask_k,
                          other=0.0)
-            acc2 += wf * x2.to(tl.float32)[None, :]
+            acc2 += _fold(wf * x2.to(tl.float32)[None, :], BLOCK_N, BLOCK_K, VEC)
             x3 = tl.load(x_ptr + tl.minimum(3, M - 1) * stride_xm + offs_k, mask=mask_k,
                          other=0.0)
-            acc3 += wf * x3.to(tl.float32)[None, :]
+            acc3 += _fold(wf * x3.to(tl.float32)[None, :], BLOCK_N, BLOCK_K, VEC)
     row = offs_m[None, :]  # [1, R]
     acc = tl.where(row == 0, tl.sum(acc0, axis=1)[:, None], 0.0)  # [BN, R]
     if ROWS > 1:
@@ -130,6 +132,12 @@ def _skinny_rowsum_kernel(
         acc = tl.where(row == 3, tl.sum(acc3, axis=1)[:, None], acc)
     _skinny_finish(acc, pid_n, offs_n, offs_m, mask_n, mask_m, N, ws_ptr, lock_ptr,
                    scale_ptr, b_ptr, y_ptr, SPLIT_K, HAS_SCALE, HAS_BIAS)
+
+
+@triton.jit
+def _fold(p, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr):
+    """`[BN, BK]` -> `[BN, BK / VEC]`: sums of VEC neighbours along K (one thread's)."""
+    return tl.sum(tl.reshape(p, [BLOCK_N, BLOCK_K // VEC, VEC]), axis=2)
 
 
 @triton.jit
@@ -200,13 +208,16 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | Non
     ws, lock = _workspace(x.device, N)
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     rowsum = not cfg.dot and M <= ROWSUM_ROWS
-    kernel, rows = (_skinny_rowsum_kernel, m_bucket(M)) if rowsum else (_skinny_dot_kernel, BLOCK_M)
-    kernel[grid](
-        x, weight, scale if scale is not None else x, bias if bias is not None else x, y,
-        ws, lock, M, N, K, x.stride(0), weight.stride(0), tiles_per_split, split,
-        scale is not None, bias is not None, K % cfg.block_k == 0, rows, cfg.block_n,
-        cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    args = (x, weight, scale if scale is not None else x, bias if bias is not None else x, y,
+            ws, lock, M, N, K, x.stride(0), weight.stride(0), tiles_per_split, split,
+            scale is not None, bias is not None, K % cfg.block_k == 0)
+    if rowsum:
+        vec = min(cfg.fold, 16 // weight.element_size(), cfg.block_k)  # within one load
+        _skinny_rowsum_kernel[grid](*args, m_bucket(M), cfg.block_n, cfg.block_k, vec,
+                                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    else:
+        _skinny_dot_kernel[grid](*args, BLOCK_M, cfg.block_n, cfg.block_k,
+                                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
 
 

@@ -24,7 +24,9 @@ TABLE_FILE = Path(__file__).with_name("skinny_gemm_table.json")
 @dataclass(frozen=True)
 class SkinnyConfig:
     """Launch knobs: output channels and K elements per tile, K slices, warps, pipeline
-    stages, and whether M = 1 also goes through the tensor-core product."""
+    stages, whether M <= 4 also goes through the tensor-core product, and (row-sum kernel)
+    how many neighbouring products along K a thread sums into one partial sum (capped at
+    one 16-byte load)."""
 
     block_n: int = 32
     block_k: int = 256
@@ -32,6 +34,7 @@ class SkinnyConfig:
     num_warps: int = 4
     num_stages: int = 3
     dot: bool = True
+    fold: int = 16
 
 
 def m_bucket(m: int) -> int:

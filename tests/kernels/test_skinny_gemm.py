@@ -22,6 +22,7 @@ CONFIGS = [
     SkinnyConfig(block_n=16, block_k=64, split_k=1),
     SkinnyConfig(block_n=32, block_k=32, split_k=3),  # split-K: atomics and arrival counters
     SkinnyConfig(block_n=16, block_k=64, split_k=2, dot=False),  # row-sum kernel (M <= 4)
+    SkinnyConfig(block_n=8, block_k=32, split_k=1, num_warps=2, dot=False, fold=1),
 ]
 TOL = {torch.float32: 1e-4 if DEVICE == "cpu" else 3e-3, torch.float16: 3e-3,
        torch.bfloat16: 2e-2}
@@ -45,7 +46,7 @@ def close(got, want, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fp8", [False, True], ids=["16bit", "fp8"])
-@pytest.mark.parametrize("cfg", CONFIGS, ids=["plain", "splitk", "rowsum"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["plain", "splitk", "rowsum", "rowsum-unfolded"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_matches_reference(shape, cfg, fp8, dtype):
     x, w, scale, bias = inputs(*shape, dtype, fp8, seed=sum(shape))
