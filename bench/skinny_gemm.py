@@ -84,10 +84,10 @@ def fits(cfg: SkinnyConfig, m: int, fp8: bool) -> bool:
 
 
 def splits(cfg: SkinnyConfig, n: int, k: int) -> list[int]:
-    """Split-K values worth timing: 1, and those that put 132..1600 programs on the grid."""
+    """Split-K values worth timing: 1, and those that put up to 2048 programs on the grid."""
     tiles = -(-n // cfg.block_n)
     return [s for s in (1, 2, 4, 8, 16)
-            if s == 1 or (tiles * s <= 1600 and k // s >= cfg.block_k and tiles * (s // 2) < 400)]
+            if s == 1 or (tiles * s <= 2048 and k // s >= cfg.block_k and tiles * (s // 2) < 800)]
 
 
 def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
