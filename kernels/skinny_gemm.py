@@ -98,8 +98,8 @@ def _skinny_rowsum_kernel(
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BN, 1]
     # Float32 partial sums, one per row of x and per VEC weight elements a thread holds (at
     # most one 16-byte load): each tile's products are summed in-thread into them, and across
-    # K once, after the loop. VEC > 1 costs an add per product and saves registers: more
-    # programs per SM, more loads in flight.
+    # K once, after the loop. A larger VEC saves registers: more programs per SM, more loads
+    # in flight.
     acc0 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
     acc1 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
@@ -111,18 +111,18 @@ def _skinny_rowsum_kernel(
                     other=0.0, eviction_policy="evict_first")  # [BN, BK]
         wf = w.to(tl.float32)
         x0 = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0)  # [BK]
-        acc0 += _fold(wf * x0.to(tl.float32)[None, :], BLOCK_N, BLOCK_K, VEC)
+        acc0 = _fma_fold(acc0, wf, x0.to(tl.float32), BLOCK_N, BLOCK_K, VEC)
         if ROWS > 1:  # rows past M re-read the last row: their sums are never stored
             x1 = tl.load(x_ptr + tl.minimum(1, M - 1) * stride_xm + offs_k, mask=mask_k,
                          other=0.0)
-            acc1 += _fold(wf * x1.to(tl.float32)[None, :], BLOCK_N, BLOCK_K, VEC)
+            acc1 = _fma_fold(acc1, wf, x1.to(tl.float32), BLOCK_N, BLOCK_K, VEC)
         if ROWS > 2:
             x2 = tl.load(x_ptr + tl.minimum(2, M - 1) * stride_xm + offs_k, mask=mask_k,
                          other=0.0)
-            acc2 += _fold(wf * x2.to(tl.float32)[None, :], BLOCK_N, BLOCK_K, VEC)
+            acc2 = _fma_fold(acc2, wf, x2.to(tl.float32), BLOCK_N, BLOCK_K, VEC)
             x3 = tl.load(x_ptr + tl.minimum(3, M - 1) * stride_xm + offs_k, mask=mask_k,
                          other=0.0)
-            acc3 += _fold(wf * x3.to(tl.float32)[None, :], BLOCK_N, BLOCK_K, VEC)
+            acc3 = _fma_fold(acc3, wf, x3.to(tl.float32), BLOCK_N, BLOCK_K, VEC)
     row = offs_m[None, :]  # [1, R]
     acc = tl.where(row == 0, tl.sum(acc0, axis=1)[:, None], 0.0)  # [BN, R]
     if ROWS > 1:
@@ -135,9 +135,17 @@ def _skinny_rowsum_kernel(
 
 
 @triton.jit
-def _fold(p, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr):
-    """`[BN, BK]` -> `[BN, BK / VEC]`: sums of VEC neighbours along K (one thread's)."""
-    return tl.sum(tl.reshape(p, [BLOCK_N, BLOCK_K // VEC, VEC]), axis=2)
+def _fma_fold(acc, w, x, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr):
+    """acc `[BN, BK / VEC]` plus the products w `[BN, BK]` * x `[BK]`, VEC neighbours along
+    K (one thread's) into each partial sum: a chain of VEC FMAs, split in halves by parity."""
+    if VEC == 1:
+        acc += w * x[None, :]
+    else:
+        w_even, w_odd = tl.split(tl.reshape(w, [BLOCK_N, BLOCK_K // 2, 2]))  # [BN, BK/2] each
+        x_even, x_odd = tl.split(tl.reshape(x, [BLOCK_K // 2, 2]))  # [BK/2] each
+        acc = _fma_fold(acc, w_even, x_even, BLOCK_N, BLOCK_K // 2, VEC // 2)
+        acc = _fma_fold(acc, w_odd, x_odd, BLOCK_N, BLOCK_K // 2, VEC // 2)
+    return acc
 
 
 @triton.jit
