@@ -37,6 +37,7 @@ from kernels.skinny_gemm_configs import SkinnyConfig, m_bucket, pick_config
 
 MAX_ROWS = 16  # x rows one launch handles; larger batches go to the tensor-core GEMMs
 BLOCK_M = 16  # x rows padded to the smallest MMA width
+FP16_MAX = tl.constexpr(65504.0)  # bf16 x rows go into the fp8 tensor-core product as fp16
 ROWSUM_ROWS = 4  # x rows the row-sum kernel handles (a config with dot=False, M <= this)
 
 _workspaces: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -75,7 +76,13 @@ def _skinny_dot_kernel(
                     other=0.0, eviction_policy="evict_first")  # [BN, BK]
         x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
                     other=0.0)  # [BM, BK]
-        acc += tl.dot(w.to(x.dtype), tl.trans(x))  # [BN, BM]
+        if w_ptr.dtype.element_ty == tl.float8e4nv and x_ptr.dtype.element_ty == tl.bfloat16:
+            # e4m3 widens to fp16 in one packed conversion (to bf16 it takes a second,
+            # slow one); bf16 x is exact in fp16 within its range, clamped to it.
+            xh = tl.clamp(x.to(tl.float32), -FP16_MAX, FP16_MAX).to(tl.float16)  # [BM, BK]
+            acc += tl.dot(w.to(tl.float16), tl.trans(xh))  # [BN, BM]
+        else:
+            acc += tl.dot(w.to(x.dtype), tl.trans(x))  # [BN, BM]
     _skinny_finish(acc, pid_n, offs_n, offs_m, mask_n, mask_m, N, ws_ptr, lock_ptr,
                    scale_ptr, b_ptr, y_ptr, SPLIT_K, HAS_SCALE, HAS_BIAS)
 

@@ -97,3 +97,14 @@ def test_unmeasured_shapes_use_the_kernel_for_fp8_only(monkeypatch):
     assert not use_kernel(True, 3, 96, 512)  # measured: fp8 cuBLAS won at M bucket 4
     assert use_kernel(True, 2, 96, 512) and use_kernel(True, 1, 7, 9)  # unmeasured fp8
     assert use_kernel(False, 1, 96, 512) and not use_kernel(False, 2, 96, 512)
+
+
+@pytest.mark.parametrize("shape", [(3, 50, 300), (MAX_ROWS, 33, 129)], ids=str)
+def test_fp8_tensor_core_product_of_bf16_rows_runs_in_fp16(shape):
+    """bf16 rows against an fp8 weight on the tensor-core kernel go through fp16: the same
+    product, with x clamped into fp16's range (+-65504)."""
+    m, n, k = shape
+    x, w, scale, bias = inputs(m, n, k, torch.bfloat16, fp8=True, seed=m + n)
+    x[0, 0] = 1e5  # beyond fp16
+    y = skinny_gemm(x, w, scale, bias, config=SkinnyConfig(block_n=16, block_k=64, split_k=2))
+    close(y, skinny_gemm_ref(x.clamp(-65504, 65504), w, scale, bias), torch.bfloat16)
