@@ -11,7 +11,8 @@ kernels/skinny_gemm_table.json): the `--merge` table (by default that file) with
 this run measured replaced, so a restricted run keeps the other rows.
 
 `--fp8-decode` is the restricted run (about a minute): fp8 weights, the llama3-8b shapes,
-M in 1, 2, 4, the row-sum kernel's grid and the tensor-core configs that won before.
+the row-sum kernel's grid (M = 1, 2, 4) and a few tensor-core configs around those that won
+before (M = 1..16).
 
     python -m bench.skinny_gemm [--quick | --fp8-decode] [--out bench/results/skinny-gemm]
 """
@@ -44,7 +45,7 @@ SHAPES = {  # (N, K): the layers that have it
 }
 ROWS = (1, 2, 4, 8, 16)
 FP8_DECODE_SHAPES = list(SHAPES)[:4]  # llama3-8b
-FP8_DECODE_ROWS = (1, 2, 4)
+FP8_DECODE_ROWS = ROWS  # the row-sum grid only up to ROWSUM_ROWS
 ROWSUM_REGS = 64  # row-sum partial sums a thread may hold (more: ~200+ registers)
 ROWSUM_BYTES = 128  # row-sum weight tile bytes a thread may hold (8 16-byte loads)
 ROTATE_BYTES = 256 << 20  # weight copies cycled per timing, well over the 50 MB L2
@@ -62,8 +63,8 @@ def grid(fp8: bool, quick: bool, fp8_decode: bool = False) -> list[SkinnyConfig]
     if quick:
         bns, bks, row_bns, row_bks, warps, stages = (32,), bks[1:2], (16,), row_bks[1:2], (4,), (3,)
         row_warps, folds = (4,), (16,)
-    if fp8_decode:  # the tensor-core configs that won at M = 2..16 in the full sweep
-        bns, bks, warps = (64,), (256,), (4,)
+    if fp8_decode:  # around the tensor-core configs that won at M = 2..16 in the full sweep
+        bns, bks, warps = (32, 64), (256, 512), (4,)
     out = [SkinnyConfig(bn, bk, 1, w, s, True)
            for bn, bk, w, s in itertools.product(bns, bks, warps, stages)]
     # The row-sum kernel pipelines nothing: one stage.
@@ -220,7 +221,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one config per kind")
     ap.add_argument("--fp8-decode", action="store_true",
-                    help="fp8 only, llama3-8b shapes, M in 1, 2, 4 (about a minute)")
+                    help="fp8 only, llama3-8b shapes, the row-sum grid (about a minute)")
     ap.add_argument("--workers", type=int, default=14, help="compile processes")
     ap.add_argument("--out", default="bench/results/skinny-gemm")
     ap.add_argument("--merge", default=str(TABLE_FILE),
