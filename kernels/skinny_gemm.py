@@ -3,13 +3,15 @@
 At decode batch 1..16 a linear layer reads its whole weight to produce a handful of outputs,
 so it is memory bound and the kernel's job is to stream W at the device's bandwidth. W is
 16-bit or float8_e4m3fn with one float32 scale per output channel (weight-only fp8: the
-weight is widened to x's dtype in registers and the activations are never quantized).
+weight is widened in registers and the activations are never quantized).
 
 Each program owns BLOCK_N output channels and one of SPLIT_K slices of K, and streams its
 `[BLOCK_N, BLOCK_K]` weight tiles (contiguous along K, 16-byte loads). Two kernels:
 - tensor core (`dot`): all M rows of x as a `[BLOCK_M, BLOCK_K]` tile (BLOCK_M = 16), the
   product with the operands swapped (acc `[BLOCK_N, BLOCK_M]` = W x^T: the tiny M is the
-  MMA's N side); any M.
+  MMA's N side); any M. An fp8 weight against bf16 rows multiplies in fp16 (e4m3 -> fp16
+  is one packed conversion per two weights, -> bf16 a second, slow one per weight; bf16 x
+  is exact in fp16 within its range and is clamped to it).
 - row sum (`dot=False`, M <= 4): each weight element widened once to float32, multiplied by
   each x row and summed in-thread into float32 partial sums (one per `fold` elements a thread
   holds, per row), reduced across K once, after the loop: no shuffles or MMA operand
