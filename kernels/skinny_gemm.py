@@ -3,13 +3,19 @@
 At decode batch 1..16 a linear layer reads its whole weight to produce a handful of outputs,
 so it is memory bound and the kernel's job is to stream W at the device's bandwidth. W is
 16-bit or float8_e4m3fn with one float32 scale per output channel (weight-only fp8: the
-weight is widened to x's dtype in registers and the activations are never quantized).
+weight is widened in registers and the activations are never quantized).
 
-Each program owns BLOCK_N output channels and one of SPLIT_K slices of K. It streams its
-`[BLOCK_N, BLOCK_K]` weight tiles (contiguous along K, 16-byte loads) against all M rows of x
-(held as a `[BLOCK_M, BLOCK_K]` tile, BLOCK_M = 16) and accumulates in float32: with `DOT` as
-a tensor-core product with the operands swapped (acc `[BLOCK_N, BLOCK_M]` = W x^T, so the
-tiny M is the MMA's N side), without it as a broadcast multiply and row sum (M = 1 only).
+Each program owns BLOCK_N output channels and one of SPLIT_K slices of K, and streams its
+`[BLOCK_N, BLOCK_K]` weight tiles (contiguous along K, 16-byte loads). Two kernels:
+- tensor core (`dot`): all M rows of x as a `[BLOCK_M, BLOCK_K]` tile (BLOCK_M = 16), the
+  product with the operands swapped (acc `[BLOCK_N, BLOCK_M]` = W x^T: the tiny M is the
+  MMA's N side); any M. An fp8 weight against bf16 rows multiplies in fp16 (e4m3 -> fp16
+  is one packed conversion per two weights, -> bf16 a second, slow one per weight; bf16 x
+  is exact in fp16 within its range and is clamped to it).
+- row sum (`dot=False`, M <= 4): each weight element widened once to float32, multiplied by
+  each x row and summed in-thread into float32 partial sums (one per `fold` elements a thread
+  holds, per row), reduced across K once, after the loop: no shuffles or MMA operand
+  reshuffling in the loop, and the weights read once for up to four rows.
 Split-K lets a small N fill the 132 SMs: each slice adds its partial sums into a float32
 workspace with atomics, bumps a per-column-block counter, and the slice that arrives last
 reads the sums back (an atomic add of zero, served by L2), zeroes them, writes y and resets
@@ -29,16 +35,18 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.skinny_gemm_configs import SkinnyConfig, pick_config
+from kernels.skinny_gemm_configs import SkinnyConfig, m_bucket, pick_config
 
 MAX_ROWS = 16  # x rows one launch handles; larger batches go to the tensor-core GEMMs
 BLOCK_M = 16  # x rows padded to the smallest MMA width
+FP16_MAX = tl.constexpr(65504.0)  # bf16 x rows go into the fp8 tensor-core product as fp16
+ROWSUM_ROWS = 4  # x rows the row-sum kernel handles (a config with dot=False, M <= this)
 
 _workspaces: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
 
 @triton.jit(do_not_specialize=["M", "tiles_per_split", "SPLIT_K"])
-def _skinny_gemm_kernel(
+def _skinny_dot_kernel(
     x_ptr,  # [M, K], unit stride along K
     w_ptr,  # [N, K], unit stride along K (16-bit or fp8)
     scale_ptr,  # [N] float32 when HAS_SCALE
@@ -48,7 +56,7 @@ def _skinny_gemm_kernel(
     lock_ptr,  # [cdiv(N, BLOCK_N)] int32 arrival counters, all zero between calls
     M, N, K, stride_xm, stride_wn, tiles_per_split, SPLIT_K,
     HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -68,13 +76,93 @@ def _skinny_gemm_kernel(
         mask_k = (offs_k < K) | EVEN_K
         w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
                     other=0.0, eviction_policy="evict_first")  # [BN, BK]
-        if DOT:
-            x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
-                        other=0.0)  # [BM, BK]
-            acc += tl.dot(w.to(x.dtype), tl.trans(x))  # [BN, BM]
+        x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
+                    other=0.0)  # [BM, BK]
+        if w_ptr.dtype.element_ty == tl.float8e4nv and x_ptr.dtype.element_ty == tl.bfloat16:
+            # e4m3 widens to fp16 in one packed conversion (to bf16 it takes a second,
+            # slow one); bf16 x is exact in fp16 within its range, clamped to it.
+            xh = tl.clamp(x.to(tl.float32), -FP16_MAX, FP16_MAX).to(tl.float16)  # [BM, BK]
+            acc += tl.dot(w.to(tl.float16), tl.trans(xh))  # [BN, BM]
         else:
-            x1 = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)  # [BK], row 0
-            acc += tl.sum(w.to(tl.float32) * x1[None, :], axis=1)[:, None]  # [BN, 1] -> all M
+            acc += tl.dot(w.to(x.dtype), tl.trans(x))  # [BN, BM]
+    _skinny_finish(acc, pid_n, offs_n, offs_m, mask_n, mask_m, N, ws_ptr, lock_ptr,
+                   scale_ptr, b_ptr, y_ptr, SPLIT_K, HAS_SCALE, HAS_BIAS)
+
+
+@triton.jit(do_not_specialize=["M", "tiles_per_split", "SPLIT_K"])
+def _skinny_rowsum_kernel(
+    x_ptr, w_ptr, scale_ptr, b_ptr, y_ptr, ws_ptr, lock_ptr,  # as in _skinny_dot_kernel
+    M, N, K, stride_xm, stride_wn, tiles_per_split, SPLIT_K,
+    HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    offs_m = tl.arange(0, ROWS)  # [R]
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    t_lo = pid_k * tiles_per_split
+    t_hi = tl.minimum(t_lo + tiles_per_split, tl.cdiv(K, BLOCK_K))
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BN, 1]
+    # Float32 partial sums, one per row of x and per VEC weight elements a thread holds (at
+    # most one 16-byte load): each tile's products are summed in-thread into them, and across
+    # K once, after the loop. A larger VEC saves registers: more programs per SM, more loads
+    # in flight.
+    acc0 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
+    acc3 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
+    for t in range(t_lo, t_hi):
+        offs_k = t * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK]
+        mask_k = (offs_k < K) | EVEN_K
+        w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
+                    other=0.0, eviction_policy="evict_first")  # [BN, BK]
+        wf = w.to(tl.float32)
+        x0 = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0)  # [BK]
+        acc0 = _fma_fold(acc0, wf, x0.to(tl.float32), BLOCK_N, BLOCK_K, VEC)
+        if ROWS > 1:  # rows past M re-read the last row: their sums are never stored
+            x1 = tl.load(x_ptr + tl.minimum(1, M - 1) * stride_xm + offs_k, mask=mask_k,
+                         other=0.0)
+            acc1 = _fma_fold(acc1, wf, x1.to(tl.float32), BLOCK_N, BLOCK_K, VEC)
+        if ROWS > 2:
+            x2 = tl.load(x_ptr + tl.minimum(2, M - 1) * stride_xm + offs_k, mask=mask_k,
+                         other=0.0)
+            acc2 = _fma_fold(acc2, wf, x2.to(tl.float32), BLOCK_N, BLOCK_K, VEC)
+            x3 = tl.load(x_ptr + tl.minimum(3, M - 1) * stride_xm + offs_k, mask=mask_k,
+                         other=0.0)
+            acc3 = _fma_fold(acc3, wf, x3.to(tl.float32), BLOCK_N, BLOCK_K, VEC)
+    row = offs_m[None, :]  # [1, R]
+    acc = tl.where(row == 0, tl.sum(acc0, axis=1)[:, None], 0.0)  # [BN, R]
+    if ROWS > 1:
+        acc = tl.where(row == 1, tl.sum(acc1, axis=1)[:, None], acc)
+    if ROWS > 2:
+        acc = tl.where(row == 2, tl.sum(acc2, axis=1)[:, None], acc)
+        acc = tl.where(row == 3, tl.sum(acc3, axis=1)[:, None], acc)
+    _skinny_finish(acc, pid_n, offs_n, offs_m, mask_n, mask_m, N, ws_ptr, lock_ptr,
+                   scale_ptr, b_ptr, y_ptr, SPLIT_K, HAS_SCALE, HAS_BIAS)
+
+
+@triton.jit
+def _fma_fold(acc, w, x, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr):
+    """acc `[BN, BK / VEC]` plus the products w `[BN, BK]` * x `[BK]`, VEC neighbours along
+    K (one thread's) into each partial sum: a chain of VEC FMAs, split in halves by parity."""
+    if VEC == 1:
+        acc += w * x[None, :]
+    else:
+        w_even, w_odd = tl.split(tl.reshape(w, [BLOCK_N, BLOCK_K // 2, 2]))  # [BN, BK/2] each
+        x_even, x_odd = tl.split(tl.reshape(x, [BLOCK_K // 2, 2]))  # [BK/2] each
+        acc = _fma_fold(acc, w_even, x_even, BLOCK_N, BLOCK_K // 2, VEC // 2)
+        acc = _fma_fold(acc, w_odd, x_odd, BLOCK_N, BLOCK_K // 2, VEC // 2)
+    return acc
+
+
+@triton.jit
+def _skinny_finish(acc, pid_n, offs_n, offs_m, mask_n, mask_m, N, ws_ptr, lock_ptr,
+                   scale_ptr, b_ptr, y_ptr, SPLIT_K, HAS_SCALE: tl.constexpr,
+                   HAS_BIAS: tl.constexpr):
+    """Write a program's `[BN, BM]` sums: straight to y, or with split-K through the
+    workspace, the last slice to arrive writing y."""
     y_tile = offs_m[None, :] * N + offs_n[:, None]  # [BN, BM] offsets into y (and ws)
     mask = mask_n[:, None] & mask_m[None, :]  # [BN, BM]
     if SPLIT_K > 1:
@@ -130,21 +218,23 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | Non
         assert t is None or (t.shape == (N,) and t.is_contiguous()), f"{name} must be [{N}]"
     fp8 = weight.dtype == torch.float8_e4m3fn
     cfg = config or pick_config(fp8, M, N, K)
-    dot = cfg.dot or M > 1
     tiles = triton.cdiv(K, cfg.block_k)
     tiles_per_split = triton.cdiv(tiles, cfg.split_k)
     split = triton.cdiv(tiles, tiles_per_split)
     grid = (triton.cdiv(N, cfg.block_n), split)
     ws, lock = _workspace(x.device, N)
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    _skinny_gemm_kernel[grid](
-        x, weight, scale if scale is not None else x, bias if bias is not None else x, y,
-        ws, lock, M, N, K, x.stride(0), weight.stride(0), tiles_per_split,
-        SPLIT_K=split, HAS_SCALE=scale is not None, HAS_BIAS=bias is not None,
-        EVEN_K=K % cfg.block_k == 0, DOT=dot,
-        BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    rowsum = not cfg.dot and M <= ROWSUM_ROWS
+    args = (x, weight, scale if scale is not None else x, bias if bias is not None else x, y,
+            ws, lock, M, N, K, x.stride(0), weight.stride(0), tiles_per_split, split,
+            scale is not None, bias is not None, K % cfg.block_k == 0)
+    if rowsum:
+        vec = min(cfg.fold, 16 // weight.element_size(), cfg.block_k)  # within one load
+        _skinny_rowsum_kernel[grid](*args, m_bucket(M), cfg.block_n, cfg.block_k, vec,
+                                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    else:
+        _skinny_dot_kernel[grid](*args, BLOCK_M, cfg.block_n, cfg.block_k,
+                                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
 
 

@@ -2,10 +2,13 @@
 
 `skinny_gemm_table.json` beside this file is what `bench.skinny_gemm` writes as
 `<out>-table.json`: for each (fp8 weight, M bucket, N, K) it swept, the fastest config and
-whether it beat cuBLAS. `TABLE` holds the configs; `BEATS_CUBLAS` the 16-bit keys where the
-kernel won, the only places the 16-bit linears use it. Shapes the table does not hold get
-`rule_config`: enough split-K to put about three programs on each SM. Without the file the
-table is empty: fp8 runs on `rule_config`, 16-bit linears stay on cuBLAS.
+whether it beat cuBLAS (for fp8 weights: per-token activation quant + `torch._scaled_mm`).
+`TABLE` holds the configs, `VERDICTS` whether the kernel won; `use_kernel` reads them: a
+16-bit linear uses the kernel only where it won, an fp8 linear everywhere but where it lost
+(unmeasured fp8 shapes keep the kernel, which skips the activation quant). Shapes the table
+does not hold get `rule_config`: enough split-K to put about three programs on each SM.
+Without the file the table is empty: fp8 runs on `rule_config`, 16-bit linears stay on
+cuBLAS.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ TABLE_FILE = Path(__file__).with_name("skinny_gemm_table.json")
 @dataclass(frozen=True)
 class SkinnyConfig:
     """Launch knobs: output channels and K elements per tile, K slices, warps, pipeline
-    stages, and whether M = 1 also goes through the tensor-core product."""
+    stages, whether M <= 4 also goes through the tensor-core product, and (row-sum kernel)
+    how many neighbouring products along K a thread sums into one partial sum (capped at
+    one 16-byte load)."""
 
     block_n: int = 32
     block_k: int = 256
@@ -29,6 +34,7 @@ class SkinnyConfig:
     num_warps: int = 4
     num_stages: int = 3
     dot: bool = True
+    fold: int = 16
 
 
 def m_bucket(m: int) -> int:
@@ -37,11 +43,15 @@ def m_bucket(m: int) -> int:
 
 
 def rule_config(fp8: bool, m: int, n: int, k: int) -> SkinnyConfig:
-    """A config for a shape the sweep did not measure."""
-    block_n, block_k = 32, 512 if fp8 else 256
+    """A config for a shape the sweep did not measure: fp8 weights at up to four rows on the
+    row-sum kernel (it beat the tensor-core one at M = 1 on every swept shape)."""
+    rowsum = fp8 and m <= 4
+    block_n, block_k = (16, 512) if rowsum else (32, 512 if fp8 else 256)
     split = 1
     while -(-n // block_n) * split < 3 * SMS and k // (block_k * split * 2) >= 2:
         split *= 2
+    if rowsum:
+        return SkinnyConfig(block_n, block_k, split, num_warps=8, num_stages=1, dot=False)
     return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split)
 
 
@@ -50,23 +60,25 @@ def pick_config(fp8: bool, m: int, n: int, k: int) -> SkinnyConfig:
     return TABLE.get((fp8, m_bucket(m), n, k)) or rule_config(fp8, m, n, k)
 
 
-def beats_cublas(m: int, n: int, k: int) -> bool:
-    """Whether the kernel measured faster than cuBLAS for a 16-bit weight of this shape."""
-    return (m_bucket(m), n, k) in BEATS_CUBLAS
+def use_kernel(fp8: bool, m: int, n: int, k: int) -> bool:
+    """Whether a linear of this weight kind and shape runs the kernel rather than cuBLAS: the
+    table's verdict, else yes for fp8 weights and no for 16-bit ones."""
+    return VERDICTS.get((fp8, m_bucket(m), n, k), fp8)
 
 
-def load_table(path: Path) -> tuple[dict[tuple[bool, int, int, int], SkinnyConfig],
-                                     frozenset[tuple[int, int, int]]]:
-    """(configs by (fp8, M bucket, N, K), 16-bit (M bucket, N, K) keys that beat cuBLAS)
-    from a table file; both empty when there is none."""
+Key = tuple[bool, int, int, int]  # (fp8 weight, M bucket, N, K)
+
+
+def load_table(path: Path) -> tuple[dict[Key, SkinnyConfig], dict[Key, bool]]:
+    """(configs by key, whether the kernel beat cuBLAS by key) from a table file; both empty
+    when there is none."""
     if not path.exists():
-        return {}, frozenset()
+        return {}, {}
     entries = json.loads(path.read_text())["entries"]
-    table = {(e["fp8"], e["m_bucket"], e["n"], e["k"]): SkinnyConfig(**e["config"])
-             for e in entries}
-    wins = frozenset((e["m_bucket"], e["n"], e["k"]) for e in entries
-                     if not e["fp8"] and e["beats_cublas"])
-    return table, wins
+    keys = [(e["fp8"], e["m_bucket"], e["n"], e["k"]) for e in entries]
+    table = {key: SkinnyConfig(**e["config"]) for key, e in zip(keys, entries, strict=True)}
+    verdicts = {key: e["beats_cublas"] for key, e in zip(keys, entries, strict=True)}
+    return table, verdicts
 
 
-TABLE, BEATS_CUBLAS = load_table(TABLE_FILE)
+TABLE, VERDICTS = load_table(TABLE_FILE)

@@ -10,17 +10,19 @@ from kernels.skinny_gemm_configs import (
     m_bucket,
     pick_config,
     rule_config,
+    use_kernel,
 )
 from tests.kernels.cases import DEVICE, DTYPES, randn
 
 FP8 = torch.float8_e4m3fn
-# Odd N and K (not multiples of any tile), M = 1, 3 and the largest handled; and a K that
-# every tile divides (the unmasked loads).
-SHAPES = [(1, 37, 100), (3, 50, 300), (MAX_ROWS, 33, 129), (2, 40, 256)]
+# Odd N and K (not multiples of any tile), M = 1, 3, 4 (the row-sum kernel's padded and
+# full rows) and the largest handled; and a K that every tile divides (the unmasked loads).
+SHAPES = [(1, 37, 100), (3, 50, 300), (4, 21, 170), (MAX_ROWS, 33, 129), (2, 40, 256)]
 CONFIGS = [
     SkinnyConfig(block_n=16, block_k=64, split_k=1),
     SkinnyConfig(block_n=32, block_k=32, split_k=3),  # split-K: atomics and arrival counters
-    SkinnyConfig(block_n=16, block_k=64, split_k=2, dot=False),  # row-sum path (M = 1)
+    SkinnyConfig(block_n=16, block_k=64, split_k=2, dot=False),  # row-sum kernel (M <= 4)
+    SkinnyConfig(block_n=8, block_k=32, split_k=1, num_warps=2, dot=False, fold=1),
 ]
 TOL = {torch.float32: 1e-4 if DEVICE == "cpu" else 3e-3, torch.float16: 3e-3,
        torch.bfloat16: 2e-2}
@@ -44,7 +46,7 @@ def close(got, want, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fp8", [False, True], ids=["16bit", "fp8"])
-@pytest.mark.parametrize("cfg", CONFIGS, ids=["plain", "splitk", "rowsum"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["plain", "splitk", "rowsum", "rowsum-unfolded"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_matches_reference(shape, cfg, fp8, dtype):
     x, w, scale, bias = inputs(*shape, dtype, fp8, seed=sum(shape))
@@ -81,7 +83,28 @@ def test_table_file_picks_configs_and_cublas_wins(tmp_path):
                 "beats_cublas": True}]
     path = tmp_path / "table.json"
     path.write_text(json.dumps({"device": "test", "entries": entries}))
-    table, wins = load_table(path)
+    table, verdicts = load_table(path)
     assert table[(True, 4, 96, 512)] == SkinnyConfig(**cfg)
-    assert wins == {(1, 96, 512)}
-    assert load_table(tmp_path / "missing.json") == ({}, frozenset())
+    assert verdicts == {(True, 4, 96, 512): False, (False, 1, 96, 512): True}
+    assert load_table(tmp_path / "missing.json") == ({}, {})
+
+
+def test_unmeasured_shapes_use_the_kernel_for_fp8_only(monkeypatch):
+    import kernels.skinny_gemm_configs as configs
+
+    monkeypatch.setattr(configs, "VERDICTS", {(True, 4, 96, 512): False,
+                                              (False, 1, 96, 512): True})
+    assert not use_kernel(True, 3, 96, 512)  # measured: fp8 cuBLAS won at M bucket 4
+    assert use_kernel(True, 2, 96, 512) and use_kernel(True, 1, 7, 9)  # unmeasured fp8
+    assert use_kernel(False, 1, 96, 512) and not use_kernel(False, 2, 96, 512)
+
+
+@pytest.mark.parametrize("shape", [(3, 50, 300), (MAX_ROWS, 33, 129)], ids=str)
+def test_fp8_tensor_core_product_of_bf16_rows_runs_in_fp16(shape):
+    """bf16 rows against an fp8 weight on the tensor-core kernel go through fp16: the same
+    product, with x clamped into fp16's range (+-65504)."""
+    m, n, k = shape
+    x, w, scale, bias = inputs(m, n, k, torch.bfloat16, fp8=True, seed=m + n)
+    x[0, 0] = 1e5  # beyond fp16
+    y = skinny_gemm(x, w, scale, bias, config=SkinnyConfig(block_n=16, block_k=64, split_k=2))
+    close(y, skinny_gemm_ref(x.clamp(-65504, 65504), w, scale, bias), torch.bfloat16)

@@ -184,6 +184,25 @@ def test_kernel_and_scaled_mm_paths_match_reference(shape, dtype):
 
 
 @pytest.mark.gpu
+def test_few_tokens_take_scaled_mm_where_the_table_says_it_wins(monkeypatch):
+    """A decode batch whose shape the table gives to cuBLAS quantizes its activations too:
+    the product of the per-token-quantized x, not the weight-only one."""
+    from kernels.fp8_quant import per_token_fp8_ref
+    from runtime.worker.quant import fp8_linear as fl
+
+    monkeypatch.setattr(fl, "use_kernel", lambda fp8, m, n, k: False)
+    w = weights(96, 256).cuda()
+    x = torch.randn(4, 256, device="cuda").bfloat16()
+    q, scale = quantize_rows(w)
+    xq, xs = per_token_fp8_ref(x)  # [4, 256] fp8, [4, 1] f32
+    want = (xq.float() * xs) @ (q.float() * scale[:, None]).t()  # [4, 96]
+    got = fl.fp8_linear(x, q, scale)
+    torch.testing.assert_close(got.float(), want, rtol=1.6e-2, atol=1e-3)
+    monkeypatch.setattr(fl, "use_kernel", lambda fp8, m, n, k: True)
+    assert not torch.equal(fl.fp8_linear(x, q, scale), got)  # weight-only: other numbers
+
+
+@pytest.mark.gpu
 def test_graph_decode_matches_eager_and_the_cpu_path():
     """dummy:tiny in bf16 with fp8 weights: CUDA-graph decode gives the eager steps' logits
     (so no host sync broke the capture), and they stay near the 16-bit model's."""

@@ -1,20 +1,21 @@
 """FP8 weights (`--quantization fp8`): a linear layer holding float8_e4m3fn weights with one
 float32 scale per output channel, quantized at load from a 16-bit checkpoint.
 
-At most `WEIGHT_ONLY_ROWS` tokens (decode batches) run weight-only: the activations stay in
-16 bits and the product is `y[t, o] = s_w[o] * (x q_w^T)[t, o]`, on CUDA one
+At most `WEIGHT_ONLY_ROWS` tokens (decode batches) can run weight-only: the activations stay
+in 16 bits and the product is `y[t, o] = s_w[o] * (x q_w^T)[t, o]`, on CUDA one
 `kernels.skinny_gemm` launch that streams the fp8 weight and widens it in registers (the
 step is bound by weight bytes, and quantizing the few activation rows would cost more than
-it saves). Larger batches quantize each token's activations too, with a scale of their own
-(dynamic, per token: `kernels.fp8_quant`), and the product is
-`y[t, o] = s_x[t] * s_w[o] * (q_x q_w^T)[t, o]`. On a CUDA device with fp8 matmul (compute
-capability 8.9+) that is one `torch._scaled_mm` (row-wise scales, bf16 out); elsewhere, and
-for shapes `_scaled_mm` refuses (a dim not a multiple of 16), the same numbers are computed
-by dequantizing the operands and multiplying in float32: correct, not fast. Float16 and
-float32 models get the bf16 product cast to their dtype (row-wise `_scaled_mm` writes bf16
-only). Per-output-channel scales make fused and sharded weights simple: the rows of Q, K and
-V (or gate and up) quantize independently, and a row-parallel shard is quantized over the
-columns it holds.
+it saves). They do so on CUDA wherever the measured table (`use_kernel`) does not say the
+tensor-core path below was faster for that row count and weight shape. Other batches
+quantize each token's activations too, with a scale of their own (dynamic, per token:
+`kernels.fp8_quant`), and the product is `y[t, o] = s_x[t] * s_w[o] * (q_x q_w^T)[t, o]`. On
+a CUDA device with fp8 matmul (compute capability 8.9+) that is one `torch._scaled_mm`
+(row-wise scales, bf16 out); elsewhere, and for shapes `_scaled_mm` refuses (a dim not a
+multiple of 16), the same numbers are computed by dequantizing the operands and multiplying
+in float32: correct, not fast. Float16 and float32 models get the bf16 product cast to their
+dtype (row-wise `_scaled_mm` writes bf16 only). Per-output-channel scales make fused and
+sharded weights simple: the rows of Q, K and V (or gate and up) quantize independently, and
+a row-parallel shard is quantized over the columns it holds.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch import nn
 
 from kernels.fp8_quant import FP8, FP8_MAX, per_token_fp8, per_token_fp8_ref
 from kernels.skinny_gemm import MAX_ROWS, skinny_gemm
+from kernels.skinny_gemm_configs import use_kernel
 
 MIN_CAPABILITY = (8, 9)  # Ada and Hopper onwards have fp8 tensor cores
 SCALED_MM_ALIGN = 16  # _scaled_mm wants both weight dims a multiple of this
@@ -68,14 +70,17 @@ def _scaled_mm_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
     """x `[T, in]` times fp8 `weight` `[out, in]` with `weight_scale` `[out]` (+ bias) ->
-    `[T, out]` in x's dtype: weight-only up to `WEIGHT_ONLY_ROWS` tokens, above that the
-    activations quantized per token. No host sync."""
-    if 0 < x.shape[0] <= WEIGHT_ONLY_ROWS:
-        if x.is_cuda:
-            return skinny_gemm(x.contiguous(), weight, weight_scale, bias)  # [T, out]
+    `[T, out]` in x's dtype: weight-only up to `WEIGHT_ONLY_ROWS` tokens (on CUDA where the
+    kernel wins or `_scaled_mm` cannot run), above that the activations quantized per token.
+    No host sync."""
+    t = x.shape[0]
+    scaled_mm = _scaled_mm_ok(x, weight)
+    if 0 < t <= WEIGHT_ONLY_ROWS and not x.is_cuda:
         y = F.linear(x.float(), weight.float() * weight_scale[:, None])  # [T, out] f32
         return (y if bias is None else y + bias.float()).to(x.dtype)
-    if _scaled_mm_ok(x, weight):
+    if 0 < t <= WEIGHT_ONLY_ROWS and (not scaled_mm or use_kernel(True, t, *weight.shape)):
+        return skinny_gemm(x.contiguous(), weight, weight_scale, bias)  # [T, out]
+    if scaled_mm:
         xq, xs = per_token_fp8(x)  # [T, in] fp8, [T, 1] f32
         fused = bias if bias is not None and bias.dtype == torch.bfloat16 else None
         y = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=weight_scale.view(1, -1),
