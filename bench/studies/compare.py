@@ -2,6 +2,8 @@
 
     python -m bench.studies.compare [--quick | --cpu-smoke] [--gpu-memory-budget 80GiB]
                             [--time-budget S] [--out-dir bench/results] [--tag h200]
+                            [--modes sglang,sglang-fp8] [--cells c100] [--sweep 50,100,800]
+                            [--model dummy:deepseek-v2-lite --dtype bfloat16] [--max-running N]
 
 For each mode a fresh `sluice serve` (`bench/server_proc.py`) on the same model, a short
 warm-up (Triton compiles, first prefill), then each workload through the load generator
@@ -10,7 +12,8 @@ warm-up (Triton compiles, first prefill), then each workload through the load ge
 - `paged`: vLLM-style blocks of 16, prefix caching by block hash, synchronous loop;
 - `contiguous`: the seeds' "original approach", a region of prompt + max_tokens per request
   reserved at admission (as HF static batching pads every row to its full length);
-- `token-no-overlap`: `sglang` with the overlap loop off.
+- `token-no-overlap`: `sglang` with the overlap loop off;
+- `sglang-fp8`: `sglang` over an fp8 KV pool; `paged-swap`, `sglang-hicache`: with a host tier.
 
 Workloads: a concurrency sweep (the seeds' 50 / 100 / 150 at ~2048-token sequences, one
 request per client), fixed-length at the HF peers' shape (64 x 512 in / 128 out), the
@@ -19,7 +22,10 @@ seeds' mixed 30/60/10 load with early stops (variable-length streaming), long co
 runs beside them for fragmentation by block size.
 
 `--gpu-memory-budget` mirrors the seeds' A100-80GB on a bigger GPU: the KV pool gets
-`(budget - weights - reserve) / KV bytes per token` slots, passed as `--kv-slots`.
+`(budget - weights - reserve) / KV bytes per token` slots, passed as `--kv-slots`; the bytes
+per token are those of the mode's pool (fp8 with its scales for `sglang-fp8`, DeepSeek's latent
+row for a `--model` of that family: `bench.studies.matrix.preset_bytes`). `--model` / `--dtype`
+run the profile's workloads on another `dummy:` preset, `--sweep` sets the concurrency cells.
 `--time-budget` bounds the whole matrix: each mode gets an equal share of what is left and
 each workload a deadline from its weight; a cut-off workload is marked truncated, a failed
 one (server died, refused) is recorded with the log's tail, and the matrix goes on. JSON and
@@ -53,7 +59,16 @@ from bench.server_proc import (
 from bench.serving import run_load
 from bench.serving_data import arrival_times, make_dataset
 from bench.serving_metrics import finite, parse_slo
-from bench.studies.matrix import MODES, PROFILES, Cell, Profile, budget_kv_slots, parse_bytes
+from bench.studies.matrix import (
+    MODES,
+    PROFILES,
+    Cell,
+    Profile,
+    budget_kv_slots,
+    customize,
+    mode_kv_dtype,
+    parse_bytes,
+)
 from bench.studies.plots import write_plots
 from bench.studies.report import write_markdown
 
@@ -121,7 +136,8 @@ def run_cell(server: SluiceServer, p: Profile, cell: Cell, deadline: float, kvb:
 def run_mode(mode: str, p: Profile, args, results: dict, mode_end: float, kv_slots: int,
              kvb: int, save) -> None:
     """Start the mode's server, warm it up, run the profile's workloads until `mode_end`."""
-    entry = results["modes"].setdefault(mode, {"args": MODES[mode], "cells": {}})
+    entry = results["modes"].setdefault(mode, {"args": MODES[mode], "cells": {},
+                                               "kv_slots": kv_slots, "kv_bytes_per_token": kvb})
     step_log = Path(args.work_dir) / f"{mode}-steps.jsonl"
     step_log.unlink(missing_ok=True)
     server_args = ["--model", p.model, "--dtype", p.dtype, "--device", p.device,
@@ -181,11 +197,18 @@ def main() -> None:
     g.add_argument("--quick", action="store_true", help="fewer requests, shorter outputs")
     g.add_argument("--cpu-smoke", action="store_true", help="dummy:tiny on the CPU, tiny counts")
     ap.add_argument("--gpu-memory-budget", default=None, help="e.g. 80GiB: cap the KV pool as "
-                    "if the GPU had this much memory (default: the profile's)")
+                    "if the GPU had this much memory (default: the profile's; given, it also "
+                    "replaces the cpu-smoke profile's fixed pool)")
     ap.add_argument("--kv-slots", type=int, default=0, help="KV pool size; overrides the budget")
     ap.add_argument("--time-budget", type=float, default=None, help="seconds for the matrix")
     ap.add_argument("--modes", default=None, help=f"subset of {','.join(MODES)}")
     ap.add_argument("--cells", default=None, help="subset of the profile's workloads")
+    ap.add_argument("--sweep", default=None, help="concurrency cells, e.g. 50,100,150,800 "
+                    "(replace the profile's sweep; named c<N>)")
+    ap.add_argument("--model", default=None, help="a dummy: preset (default: the profile's)")
+    ap.add_argument("--dtype", default=None, help="the model's dtype (default: the profile's)")
+    ap.add_argument("--max-running", type=int, default=None, help="the servers' --max-running "
+                    "(default: the profile's, 256)")
     ap.add_argument("--slo", default="ttft:5000,tpot:100", help="goodput SLOs (ms)")
     ap.add_argument("--out-dir", default="bench/results", help="JSON, Markdown and 4 PNGs")
     ap.add_argument("--work-dir", default=None, help="server logs, step timings, "
@@ -194,8 +217,10 @@ def main() -> None:
     ap.add_argument("--no-fragmentation", action="store_true")
     args = ap.parse_args()
     p = PROFILES["cpu-smoke" if args.cpu_smoke else "quick" if args.quick else "full"]
-    p = p.select(args.cells)
+    p = customize(p, args.model, args.dtype, args.max_running, args.sweep).select(args.cells)
     modes = args.modes.split(",") if args.modes else list(MODES)
+    if set(modes) - set(MODES):
+        raise SystemExit(f"unknown modes {sorted(set(modes) - set(MODES))}; have {list(MODES)}")
     t0 = time.monotonic()
     end = t0 + (args.time_budget or p.time_budget)
     date = datetime.date.today().isoformat()
@@ -207,9 +232,12 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
 
     budget = parse_bytes(args.gpu_memory_budget or p.gpu_memory_budget)
-    arith = budget_kv_slots(p, budget)
-    kv_slots = args.kv_slots or p.kv_slots or arith["kv_slots"]
-    arith["used"] = "--kv-slots" if (args.kv_slots or p.kv_slots) else "--gpu-memory-budget"
+    budgets = {kd: budget_kv_slots(p, budget, kd) for kd in dict.fromkeys(map(mode_kv_dtype,
+                                                                               modes))}
+    arith = budgets.get("auto") or next(iter(budgets.values()))  # the report's: the 16-bit one
+    fixed = args.kv_slots or (0 if args.gpu_memory_budget else p.kv_slots)  # the flag wins
+    kv_slots = fixed or arith["kv_slots"]
+    arith["used"] = "--kv-slots" if fixed else "--gpu-memory-budget"
     frag = None
     if not args.no_fragmentation:
         frag = subprocess.Popen([sys.executable, "-m", "bench.studies.fragmentation", "--requests",
@@ -219,6 +247,7 @@ def main() -> None:
         "command": "python -m bench.studies.compare " + " ".join(sys.argv[1:]), "date": date,
         "device": device_name(), "git": git_rev(), "profile": p.name, "model": p.model,
         "dtype": p.dtype, "kv_slots": kv_slots, "kv_budget": arith, "slo_ms": parse_slo(args.slo),
+        "kv_budgets": budgets,
         "time_budget_s": end - t0, "modes": modes, "work_dir": str(work)}, "modes": {}}
     prefix = out / args.stem
 
@@ -232,12 +261,14 @@ def main() -> None:
         except Exception:
             prefix.with_suffix(".md").write_text("report failed:\n" + traceback.format_exc())
 
-    print(f"KV pool: {kv_slots} slots ("
-          + (arith["explain"] if arith["used"] == "--gpu-memory-budget" else "--kv-slots") + ")",
-          flush=True)
+    for kd, b in budgets.items():
+        print(f"KV pool ({kd}): {fixed or b['kv_slots']} slots ("
+              + (b["explain"] if not fixed else "--kv-slots") + ")", flush=True)
     for i, mode in enumerate(modes):
         mode_end = time.monotonic() + (end - time.monotonic()) / (len(modes) - i)
-        run_mode(mode, p, args, results, mode_end, kv_slots, arith["kv_bytes_per_token"], save)
+        b = budgets[mode_kv_dtype(mode)]
+        run_mode(mode, p, args, results, mode_end, fixed or b["kv_slots"],
+                 b["kv_bytes_per_token"], save)
     if frag is not None and "fragmentation" not in results:
         try:
             frag.wait(max(10.0, end - time.monotonic()))

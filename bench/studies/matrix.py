@@ -30,7 +30,16 @@ MODES: dict[str, list[str]] = {
                    "--host-kv-gib", "{host_kv_gib}"],
     "sglang-hicache": ["--kv", "token", "--overlap", "--host-kv-gib", "{host_kv_gib}"],
     "contiguous": ["--kv", "contiguous", "--reserve", "request"],  # the seeds' "original"
+    # `sglang` over an fp8 pool (a float32 scale per token and KV head): the same memory
+    # budget holds ~1.9x the tokens (its slots are sized with the fp8 bytes per token)
+    "sglang-fp8": ["--kv", "token", "--overlap", "--kv-dtype", "fp8"],
 }
+
+
+def mode_kv_dtype(mode: str) -> str:
+    """The `--kv-dtype` a mode's server gets (`auto`: the model's dtype)."""
+    args = MODES[mode]
+    return args[args.index("--kv-dtype") + 1] if "--kv-dtype" in args else "auto"
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,23 @@ def _sweep(concurrency: tuple[int, ...], input_len: int, output_len: int,
                  for c, w, s in zip(concurrency, weights, (50, 100, 150)))
 
 
+def customize(p: Profile, model: str | None = None, dtype: str | None = None,
+              max_running: int | None = None, sweep: str | None = None) -> Profile:
+    """`p` on another `dummy:` preset / dtype / `--max-running`, and with `sweep` ("50,100,800")
+    its sweep cells replaced by one per concurrency (one request per client, the profile's
+    sweep lengths; the seeds' 50 / 100 / 150 keep standing for theirs; a cell's share of the
+    time grows with its concurrency, as the full profile's do)."""
+    given = {"model": model, "dtype": dtype, "max_running": max_running}
+    p = dataclasses.replace(p, **{k: v for k, v in given.items() if v})
+    if not sweep:
+        return p
+    first = next(c for c in p.cells if c.kind == "sweep")
+    cells = tuple(Cell(f"c{c}", "sweep", "fixed", c, c, first.input_len, first.output_len,
+                       weight=0.2 + c / 50, seeds_concurrency=c if c in (50, 100, 150) else 0)
+                  for c in map(int, sweep.split(",")))
+    return dataclasses.replace(p, cells=cells + tuple(c for c in p.cells if c.kind != "sweep"))
+
+
 FULL = Profile(
     "full", "dummy:llama-7b-32k", "float16", "cuda", time_budget=480, cells=(
         *_sweep((50, 100, 150), 1792, 256, (1.2, 2.2, 3.2)),
@@ -139,30 +165,40 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * base ** " KMGT".index(m.group(2).upper() or " "))
 
 
-def preset_bytes(model: str, dtype: str) -> tuple[int, int]:
-    """(weight bytes, KV bytes per token) of a `dummy:` Llama preset in `dtype`."""
-    from runtime.model_config import DUMMY_PRESETS
+def preset_bytes(model: str, dtype: str, kv_dtype: str = "auto") -> tuple[int, int]:
+    """(weight bytes, KV bytes per token) of a model (a Llama or a DeepSeek MLA preset) in
+    `dtype`, its KV as the worker's pool stores it in `kv_dtype` (`runtime/worker/kv_pool.py`,
+    one rank): Llama K and V of every KV head, DeepSeek one latent row (kv_lora_rank +
+    qk_rope_head_dim values) a layer, each row with a float32 scale when quantized."""
+    import torch
 
-    c = DUMMY_PRESETS[model.removeprefix("dummy:")]
-    h, inter, layers, v = (c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"],
-                           c["vocab_size"])
-    head_dim = h // c["num_attention_heads"]
-    kv_dim = c["num_key_value_heads"] * head_dim
-    per_layer = 2 * h * h + 2 * h * kv_dim + 3 * h * inter + 2 * h  # q,o  k,v  mlp  2 norms
-    params = 2 * v * h + layers * per_layer + h  # untied embedding and LM head, final norm
-    size = {"float16": 2, "bfloat16": 2, "float32": 4}[dtype]
-    return params * size, 2 * layers * kv_dim * size
+    from bench.roofline import ModelBytes
+    from runtime.model_config import resolve_model
+    from runtime.worker.kv_pool import kv_bytes_per_token, kv_storage_dtype
+    from runtime.worker.loader import DEEPSEEK_TYPES, DeepseekArch, LlamaArch
+
+    dt = getattr(torch, dtype)
+    config = resolve_model(model).hf_config()
+    stored = kv_storage_dtype(kv_dtype, dt)
+    if getattr(config, "model_type", "llama") in DEEPSEEK_TYPES:
+        a = DeepseekArch.from_hf(config)
+        kv = kv_bytes_per_token(a.num_layers, 1, a.latent_dim, stored, planes=1)
+    else:
+        a = LlamaArch.from_hf(config)
+        kv = kv_bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim, stored)
+    return ModelBytes.of(model, dt).params, kv
 
 
-def budget_kv_slots(p: Profile, budget: int) -> dict:
-    """KV slots that fit `budget` bytes of GPU memory beside the weights and a reserve."""
-    weights, kv_per_token = preset_bytes(p.model, p.dtype)
+def budget_kv_slots(p: Profile, budget: int, kv_dtype: str = "auto") -> dict:
+    """KV slots that fit `budget` bytes of GPU memory beside the weights and a reserve, for a
+    pool of `kv_dtype`."""
+    weights, kv_per_token = preset_bytes(p.model, p.dtype, kv_dtype)
     logits = 8 * (p.max_running + ROW_SLACK) * p.vocab * 4  # fp32 logits + sampler temporaries
     reserve = ACTIVATION_RESERVE + CONTEXT_RESERVE + logits
     slots = max(0, (budget - weights - reserve) // kv_per_token)
     return {"budget_bytes": budget, "weight_bytes": weights, "reserve_bytes": reserve,
-            "kv_bytes_per_token": kv_per_token, "kv_slots": int(slots),
+            "kv_bytes_per_token": kv_per_token, "kv_slots": int(slots), "kv_dtype": kv_dtype,
             "explain": f"({budget / GiB:.1f} GiB budget - {weights / GiB:.2f} GiB weights - "
                        f"{reserve / GiB:.2f} GiB activations/context) / "
-                       f"{kv_per_token / 1024:.0f} KiB per token = {slots} slots "
+                       f"{kv_per_token / 1024:.1f} KiB per token = {slots} slots "
                        f"= {slots // 2048} sequences of 2048 tokens"}

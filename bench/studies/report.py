@@ -30,6 +30,9 @@ def _header(res: dict) -> list[str]:
     if kv["used"] == "--gpu-memory-budget":
         lines.append(f"KV pool from `--gpu-memory-budget`: {kv['explain']}; passed to each "
                      f"server as `--kv-slots {m['kv_slots']}`.")
+        for kd, b in m.get("kv_budgets", {}).items():  # the modes of another KV dtype
+            if kd != kv.get("kv_dtype", "auto"):
+                lines.append(f"The `--kv-dtype {kd}` modes' pool: {b['explain']}.")
     else:
         lines.append(f"KV pool: `--kv-slots {m['kv_slots']}` (the memory budget is not applied "
                      f"in this profile).")
@@ -37,6 +40,8 @@ def _header(res: dict) -> list[str]:
               "--max-running`):", ""]
     for mode, e in res["modes"].items():
         extra = f", error: {e['error'].splitlines()[0]}" if e.get("error") else ""
+        if e.get("kv_slots", m["kv_slots"]) != m["kv_slots"]:
+            extra += f", `--kv-slots {e['kv_slots']}`"
         lines.append(f"- `{mode}`: `{' '.join(e['args'])}`, start {fmt(e.get('start_s'), '.1f')}"
                      f" s, warm-up {fmt(e.get('warmup_s'), '.1f')} s{extra}")
     return lines + [""]
