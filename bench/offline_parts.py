@@ -26,6 +26,7 @@ class Preset:
     model: str = "dummy:llama-7b"
     dtype: str = "float16"
     quantization: str = "none"  # Sluice's weights: none or fp8 (HF peers stay 16-bit)
+    kv_dtype: str = "auto"  # Sluice's KV pool: auto (the model's dtype), fp8 or int8
     batch: int = 64
     input_len: int = 512
     output_len: int = 128
@@ -86,7 +87,7 @@ def part_engine(p: Preset, overlap: bool) -> dict:
     os.environ[ENV] = str(timing)  # the worker process the Engine spawns inherits it
     t0 = time.perf_counter()
     with Engine(model=p.model, dtype=p.dtype, quantization=p.quantization, overlap=overlap,
-                chunk_size=p.chunk_size,
+                chunk_size=p.chunk_size, kv_dtype=p.kv_dtype,
                 kv_slots=p.kv_slots, max_running=max(p.batch, 64), torch_threads=p.torch_threads,
                 seed=p.seed, log_level="warning") as eng:
         start_s = time.perf_counter() - t0
@@ -106,13 +107,14 @@ def part_engine(p: Preset, overlap: bool) -> dict:
             cached += sum(o.cached_tokens for o in outs)
             time.sleep(0.5)
             runs.append((wall, _read_steps(timing)[first:]))
-        num_steps = eng.stats().num_steps
+        stats = eng.stats()
     walls = sorted(w for w, _ in runs)
     wall = walls[len(walls) // 2]
     return {"overlap": overlap, "engine_start_s": start_s, "wall_s": wall,
             "tok_s": p.batch * p.output_len / wall,
             "all_tok_s": [p.batch * p.output_len / w for w, _ in runs],
-            "steps_per_run": [len(s) for _, s in runs], "engine_steps_total": num_steps,
+            "steps_per_run": [len(s) for _, s in runs], "engine_steps_total": stats.num_steps,
+            "kv_slots": stats.kv_total, "retractions": stats.num_retractions,
             "prefix_cached_tokens": cached,
             "step_log_last_run": runs[-1][1],  # the worker's per-step lines, for a closer look
             "idle": idle_stats([s for _, s in runs])}

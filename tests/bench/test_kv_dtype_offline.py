@@ -1,0 +1,28 @@
+"""`python -m bench.kv_dtype_offline` at a CPU scale: two engines (16-bit and fp8 KV pools of
+the same bytes) generate the same prompts; checks the report's structure and the pools'
+capacities, no timings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import kv_dtype_offline
+
+
+@pytest.mark.timeout(180)
+def test_fp8_pool_holds_more_tokens_in_the_same_bytes(tmp_path):
+    out = tmp_path / "kvd"
+    kv_dtype_offline.main(["--model", "dummy:tiny", "--dtype", "float32", "--batch", "4",
+                           "--input-len", "64", "--output-len", "8", "--kv-gib", "0.00025",
+                           "--out", str(out)])
+    res = json.loads(out.with_suffix(".json").read_text())
+    runs, kvb = res["runs"], res["kv_bytes_per_token"]
+    assert kvb == {"auto": 2 * 2 * 2 * 32 * 4, "fp8": 2 * 2 * 2 * (32 + 4)}  # dummy:tiny
+    for kd, r in runs.items():
+        assert "error" not in r, r["error"]
+        assert r["kv_slots"] == int(0.00025 * (1 << 30)) // kvb[kd]
+    assert runs["auto"]["kv_slots"] < 4 * 72 < runs["fp8"]["kv_slots"]  # fp8 holds the batch
+    assert res["ratio"] == pytest.approx(runs["fp8"]["tok_s"] / runs["auto"]["tok_s"])
+    assert "| fp8 / auto | 0.281 |" in out.with_suffix(".md").read_text()
