@@ -13,7 +13,11 @@ Targets (issue 16, on the H200, `dummy:llama3-8b` bf16): the fp8 batch-1 decode 
 0.6x the bf16 step; fp8 offline throughput at least 1.3x bf16.
 
     python -m bench.fp8_weights [--model dummy:llama3-8b] [--dtype bfloat16] [--tiny]
-                                [--skip-offline] [--out bench/results/fp8-weights]
+                                [--skip-offline | --skip-compare] [--budget-s 300]
+                                [--out bench/results/fp8-weights]
+
+`--skip-compare` runs the offline part alone; `--budget-s` bounds it (a format whose run
+would start past it is skipped, each run is cut at what is left).
 """
 
 from __future__ import annotations
@@ -101,10 +105,12 @@ def run_child(args: list[str], timeout: float) -> dict:
 
 
 def markdown(res: dict) -> str:
-    c = res["compare"]
+    c = res.get("compare")
     lines = [f"# FP8 weights vs 16-bit: {res['model']} {res['dtype']}", "",
              f"Command: `{res['command']}`  ", f"Device: {res['device']}, {res['date']}", ""]
-    if "error" in c:
+    if c is None:
+        lines += ["compare: skipped (`--skip-compare`)", ""]
+    elif "error" in c:
         lines += [f"compare: {c['error']}", ""]
     else:
         lines += ["| decode batch | context | 16-bit ms | fp8 ms | fp8 / 16-bit | floors ms |",
@@ -146,7 +152,11 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=576, help="positions per decode sequence")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--tiny", action="store_true", help="dummy:tiny fp32 smoke run (CPU too)")
-    ap.add_argument("--skip-offline", action="store_true")
+    skip = ap.add_mutually_exclusive_group()
+    skip.add_argument("--skip-offline", action="store_true")
+    skip.add_argument("--skip-compare", action="store_true", help="the offline part alone")
+    ap.add_argument("--budget-s", type=float, default=1200,
+                    help="seconds for the offline part (both formats)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "fp8-weights"))
     ap.add_argument("--part", help=argparse.SUPPRESS)  # internal: run one part, in a child
     ap.add_argument("--part-out", help=argparse.SUPPRESS)
@@ -163,16 +173,17 @@ def main() -> None:
     res = {"model": args.model, "dtype": args.dtype, "command": command,
            "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "device": torch.cuda.get_device_name()
            if torch.cuda.is_available() else "cpu", "torch": torch.__version__}
-    res["compare"] = run_child(["--part", "compare", "--model", args.model, "--dtype",
-                                args.dtype, "--batches", args.batches, "--context",
-                                str(args.context), "--iters", str(args.iters)], 600)
+    if not args.skip_compare:
+        res["compare"] = run_child(["--part", "compare", "--model", args.model, "--dtype",
+                                    args.dtype, "--batches", args.batches, "--context",
+                                    str(args.context), "--iters", str(args.iters)], 600)
     if not args.skip_offline:
         from bench.offline import run_part
         from bench.offline_parts import PRESETS
 
         base = PRESETS["tiny" if args.tiny else "full"]
         base = replace(base, model=args.model, dtype=args.dtype)
-        deadline = time.monotonic() + 1200
+        deadline = time.monotonic() + args.budget_s
         res["offline"] = {q: run_part("sluice_overlap", replace(base, quantization=q), deadline)
                           for q in FORMATS}
         for r in res["offline"].values():
