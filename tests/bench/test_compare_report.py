@@ -10,9 +10,9 @@ import pytest
 from bench.serving import LoadRun
 from bench.serving_metrics import RequestResult, finite
 from bench.studies.claims import claims, derived, seeds_rows, star_rows
-from bench.studies.matrix import FULL, budget_kv_slots, parse_bytes
+from bench.studies.matrix import FULL, budget_kv_slots, customize, mode_kv_dtype, parse_bytes
 from bench.studies.plots import write_plots
-from bench.studies.report import write_markdown
+from bench.studies.report import _header, write_markdown
 
 GiB = 1 << 30
 KVB = 512 * 1024  # the 7B shape's KV bytes per token
@@ -115,3 +115,29 @@ def test_memory_budget_arithmetic():
     assert b["weight_bytes"] == 6_738_415_616 * 2 and b["kv_bytes_per_token"] == KVB
     assert b["kv_slots"] == (80 * GiB - b["weight_bytes"] - b["reserve_bytes"]) // KVB
     assert 125_000 < b["kv_slots"] < 140_000  # ~65 sequences of 2048 tokens
+
+
+def test_pool_bytes_follow_the_kv_dtype_and_the_model():
+    fp8 = budget_kv_slots(FULL, 80 * GiB, "fp8")
+    assert fp8["kv_bytes_per_token"] == 2 * 32 * 32 * (128 + 4)  # a float32 scale a (token, head)
+    assert 1.9 < fp8["kv_slots"] / budget_kv_slots(FULL, 80 * GiB)["kv_slots"] < 1.95
+    ds = customize(FULL, "dummy:deepseek-v2-lite", "bfloat16", 800, "50,800")
+    assert (ds.vocab, ds.max_context, ds.max_running) == (102400, 8192, 800)
+    assert [(c.name, c.n, c.input_len, c.output_len, c.seeds_concurrency)
+            for c in ds.cells if c.kind == "sweep"] == [("c50", 50, 1792, 256, 50),
+                                                        ("c800", 800, 1792, 256, 0)]
+    bf16, latent_fp8 = budget_kv_slots(ds, 80 * GiB), budget_kv_slots(ds, 80 * GiB, "fp8")
+    assert bf16["kv_bytes_per_token"] == 27 * (512 + 64) * 2  # one latent row a layer
+    assert latent_fp8["kv_bytes_per_token"] == 27 * (512 + 64 + 4)
+    assert 750 < bf16["kv_slots"] // 2048 < 850  # ~800 sequences of 2048 tokens under 80 GiB
+    assert mode_kv_dtype("sglang-fp8") == "fp8" and mode_kv_dtype("paged") == "auto"
+
+
+def test_report_names_each_pool():
+    res = _results()
+    res["meta"]["kv_budgets"] = {"auto": res["meta"]["kv_budget"],
+                                 "fp8": {"explain": "80 GiB - ... / 264.0 KiB"}}
+    res["modes"]["sglang-fp8"] = {"args": ["--kv-dtype", "fp8"], "cells": {}, "kv_slots": 258924}
+    md = "\n".join(_header(res))
+    assert "The `--kv-dtype fp8` modes' pool: 80 GiB - ... / 264.0 KiB." in md
+    assert "`--kv-dtype fp8`, start n/m s, warm-up n/m s, `--kv-slots 258924`" in md
