@@ -238,6 +238,8 @@ def main() -> None:
     fixed = args.kv_slots or (0 if args.gpu_memory_budget else p.kv_slots)  # the flag wins
     kv_slots = fixed or arith["kv_slots"]
     arith["used"] = "--kv-slots" if fixed else "--gpu-memory-budget"
+    if not fixed and any(b["kv_slots"] < 2 for b in budgets.values()):  # 0 would mean "auto"
+        raise SystemExit(f"no KV pool fits the budget: {arith['explain']}")
     frag = None
     if not args.no_fragmentation:
         frag = subprocess.Popen([sys.executable, "-m", "bench.studies.fragmentation", "--requests",
