@@ -1,10 +1,10 @@
 """Launch-config sweep of decode attention over fp8 and int8 KV pools on the issue's shapes.
 
-For MHA 32/32 and GQA 32/8 (head_dim 128, bf16 q, B64 L4096) it times the tensor-core
-kernel's two defaults and every lanes config (`configs_for`) on the token layout for fp8
-(fp8's five best for int8), the best one at 2x and 4x the default split count and with
-`heads_first`, then the two defaults and the token layout's three best on paged-16; each
-beside the 16-bit pool's default kernel.
+For MHA 32/32 and GQA 32/8 (head_dim 128, bf16 q, B64 L4096) it times every config of
+`CONFIGS` (byte or 32-bit word loads, pipelined by Triton or prefetched by the loop) on the
+token layout for each quantized pool, the best one at 2x and 4x the default split count, then
+the two defaults and the token layout's best on paged-16; each beside the 16-bit pool's
+default kernel.
 % is of the copy ceiling on the bytes the kernel reads (K/V plus the float32 scales); `vs16` is
 the 16-bit pool's time over this one's; `diff` is the max |o - o of the pool's first row|.
 Each row is printed and the JSON rewritten as it lands, so a time limit keeps what finished.
@@ -15,7 +15,7 @@ Each row is printed and the JSON rewritten as it lands, so a time limit keeps wh
 import argparse
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from functools import partial
 from itertools import product
 from pathlib import Path
@@ -26,24 +26,14 @@ from bench.kernels_attention import QUANT_POOLS, paged_pool
 from bench.kernels_common import COPY_CEILING_GBPS, Preset, timeit
 from kernels.decode_attention import DecodeConfig, decode_attention, decode_num_splits
 
-BASELINES = [  # the tensor-core kernel's defaults (token; paged GQA)
+CONFIGS = [  # the defaults (token; paged GQA), then the register-prefetch variants
     DecodeConfig(block_n=128, num_warps=4, num_stages=3),
     DecodeConfig(block_n=128, num_warps=4, num_stages=2, words=True),
-]
-LANES = [  # the lanes kernel: pipelined by Triton, or prefetched by the loop
-    DecodeConfig(block_n=n, num_warps=w, num_stages=s, lanes=True)
-    for n, w, s in product((16, 32, 64), (2, 4, 8), (1, 3))
+    DecodeConfig(block_n=64, num_warps=4, num_stages=1, prefetch=True),
 ] + [
-    DecodeConfig(block_n=n, num_warps=w, num_stages=1, lanes=True, prefetch=True)
-    for n, w in product((16, 32, 64), (2, 4, 8))
+    DecodeConfig(block_n=n, num_warps=4, num_stages=1, words=True, prefetch=True)
+    for n in (32, 64, 128)
 ]
-
-
-def configs_for(group: int) -> list[DecodeConfig]:
-    """The baselines and the lanes configs whose float32 accumulator (group x block_n x 128
-    per program) stays within 128 registers a thread."""
-    fits = [c for c in LANES if group * c.block_n * 128 // (32 * c.num_warps) <= 128]
-    return BASELINES + fits
 
 
 def main():
@@ -98,19 +88,12 @@ def main():
                 if pool == dtype:
                     measure(layout, page_size, Hkv, name, pool, [None])
                 elif layout == "token":
-                    swept = configs_for(Hq // Hkv)  # int8: fp8's five best lanes configs
-                    if name != "fp8":
-                        swept = BASELINES + [c for c in best(layout, Hkv, "fp8", 7)
-                                             if c not in BASELINES][:5]
-                    measure(layout, page_size, Hkv, name, pool, swept)
-                    top = best(layout, Hkv, name, 1)
-                    measure(layout, page_size, Hkv, name, pool, top, (2, 4))
-                    measure(layout, page_size, Hkv, name, pool,
-                            [replace(c, heads_first=True) for c in top if c.lanes])
+                    measure(layout, page_size, Hkv, name, pool, CONFIGS)
+                    measure(layout, page_size, Hkv, name, pool, best(layout, Hkv, name, 1), (2, 4))
                 else:
-                    top = best("token", Hkv, name, 3)
-                    measure(layout, page_size, Hkv, name, pool, BASELINES + [
-                        c for c in top if c not in BASELINES])  # fmt: skip
+                    top = best("token", Hkv, name, 1)
+                    measure(layout, page_size, Hkv, name, pool, CONFIGS[:2] + [
+                        c for c in top if c not in CONFIGS[:2]])  # fmt: skip
     except TimeoutError:
         print(f"budget of {args.budget_s} s spent: {len(rows)} rows", flush=True)
 

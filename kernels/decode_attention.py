@@ -17,7 +17,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.decode_attention_lanes import decode_attention_lanes_stage1
 from kernels.decode_attention_quant import decode_attention_quant_stage1
 from kernels.decode_split_merge import _decode_attention_merge_kernel
 from kernels.store_kv import QUANT_MAX, dequantize_ref
@@ -38,10 +37,7 @@ class DecodeConfig:
     as 32-bit words and widens them by bit arithmetic (else, or when head_dim or the pool's
     strides are not multiples of 4, as bytes widened by casts), and `prefetch` has the loop
     carry the next tile's codes in registers (meant for num_stages=1, so that Triton's
-    pipeliner leaves those loads alone). `lanes` runs a quantized pool through the kernel
-    without tensor cores (`decode_attention_lanes`: block_n keys a tile, each its own lane of
-    the softmax; it ignores `words` and honours `prefetch`), and `heads_first` orders its grid
-    so that a sequence's kv heads run side by side. The 16-bit kernel ignores all four.
+    pipeliner leaves those loads alone). The 16-bit kernel ignores both.
     """
 
     block_n: int = 64
@@ -50,8 +46,6 @@ class DecodeConfig:
     use_dot: bool | None = None
     words: bool = False
     prefetch: bool = False
-    lanes: bool = False
-    heads_first: bool = False
 
     def __post_init__(self):
         assert self.block_n >= 16 and self.block_n & (self.block_n - 1) == 0, (
@@ -247,8 +241,7 @@ def decode_attention(
         if config is None:
             gqa_config = QUANT_PAGED_GQA_CONFIG if page_size > 1 else QUANT_GQA_CONFIG
             config = QUANT_MHA_CONFIG if Hq == Hkv else gqa_config
-        stage1 = decode_attention_lanes_stage1 if config.lanes else decode_attention_quant_stage1
-        stage1(
+        decode_attention_quant_stage1(
             q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
             page_size, sm_scale * LOG2E, config,
         )  # fmt: skip

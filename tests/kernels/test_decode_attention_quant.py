@@ -1,6 +1,5 @@
-"""The quantized decode kernels' load paths: 32-bit words widened by bit arithmetic, bytes
-widened by casts, the register prefetch of the next tile, and the lanes kernel (no tensor
-cores; prefetched or not, either grid order), each against the reference."""
+"""The quantized decode kernel's load paths: 32-bit words widened by bit arithmetic, bytes
+widened by casts, and the register prefetch of the next tile, each against the reference."""
 
 import pytest
 import torch
@@ -16,8 +15,6 @@ LOAD_PATHS = [
     DecodeConfig(block_n=32, words=True),
     DecodeConfig(block_n=16, num_stages=1, prefetch=True),
     DecodeConfig(block_n=64, num_stages=1, words=True, prefetch=True),
-    DecodeConfig(block_n=16, lanes=True),
-    DecodeConfig(block_n=32, num_stages=1, lanes=True, prefetch=True, heads_first=True),
 ]
 
 
