@@ -1,9 +1,10 @@
 """Launch-config sweep of decode attention over fp8 and int8 KV pools on the issue's shapes.
 
-For MHA 32/32 and GQA 32/8 (head_dim 128, bf16 q, B64 L4096) it times the two defaults
-and every `OCCUPANCY` config (register caps that let an SM hold 16-20 warps instead of 8) on
-the token layout over an fp8 pool, then the defaults and fp8's five best for int8 and for
-both pools on paged-16; each beside the 16-bit pool's default kernel.
+For MHA 32/32 and GQA 32/8 (head_dim 128, bf16 q, B64 L4096) it times every config of
+`CONFIGS` (byte or 32-bit word loads, pipelined by Triton or prefetched by the loop) on the
+token layout for each quantized pool, the best one at 2x and 4x the default split count, then
+the two defaults and the token layout's best on paged-16; each beside the 16-bit pool's
+default kernel.
 % is of the copy ceiling on the bytes the kernel reads (K/V plus the float32 scales); `vs16` is
 the 16-bit pool's time over this one's; `diff` is the max |o - o of the pool's first row|.
 Each row is printed and the JSON rewritten as it lands, so a time limit keeps what finished.
@@ -25,16 +26,14 @@ from bench.kernels_attention import QUANT_POOLS, paged_pool
 from bench.kernels_common import COPY_CEILING_GBPS, Preset, timeit
 from kernels.decode_attention import DecodeConfig, decode_attention, decode_num_splits
 
-BASELINES = [  # the defaults (token; paged GQA)
+CONFIGS = [  # the defaults (token; paged GQA), then the register-prefetch variants
     DecodeConfig(block_n=128, num_warps=4, num_stages=3),
     DecodeConfig(block_n=128, num_warps=4, num_stages=2, words=True),
+    DecodeConfig(block_n=64, num_warps=4, num_stages=1, prefetch=True),
+] + [
+    DecodeConfig(block_n=n, num_warps=4, num_stages=1, words=True, prefetch=True)
+    for n in (32, 64, 128)
 ]
-OCCUPANCY = [  # register caps: 128 holds 16 warps an SM, 96 holds 20 (the defaults hold 8)
-    DecodeConfig(block_n=n, num_warps=w, num_stages=s, maxnreg=r)
-    for n, w, s, r in ((128, 8, 3, 128), (128, 8, 3, 96), (64, 4, 2, 128), (64, 4, 3, 128),
-                       (64, 4, 2, 96), (32, 4, 2, None), (32, 4, 2, 128), (32, 4, 3, 128),
-                       (32, 4, 2, 96), (64, 8, 2, 128))
-] + [DecodeConfig(block_n=128, num_warps=4, num_stages=2, words=True, maxnreg=128)]
 
 
 def main():
@@ -55,15 +54,15 @@ def main():
     seq_lens = torch.full((B,), L, dtype=torch.int32, device=dev)
     rows, base_us = [], {}
 
-    def measure(layout, page_size, Hkv, name, pool, configs):
+    def measure(layout, page_size, Hkv, name, pool, configs, split_mults=(1,)):
         k_buf, v_buf, indptr, indices, scales = paged_pool(*kv[Hkv], page_size, pool)
         nbytes = 2 * k_buf.nbytes // k_buf.shape[0] * B * L + 2 * q.nbytes
         nbytes += indices.nbytes + 2 * B * L * Hkv * 4 * bool(scales)
         shape, ref = f"B{B} L{L} H{Hq}/{Hkv} D{D}", None
-        for cfg in configs:
+        for cfg, mult in product(configs, split_mults):
             if time.monotonic() - t0 > args.budget_s:
                 raise TimeoutError
-            splits = decode_num_splits(B, Hkv, L)
+            splits = mult * decode_num_splits(B, Hkv, L)
             run = partial(decode_attention, q, k_buf, v_buf, indptr, indices, seq_lens,
                           page_size, D**-0.5, num_splits=splits, config=cfg, **scales)  # fmt: skip
             out = run()
@@ -88,11 +87,13 @@ def main():
             for Hkv, (name, pool) in product(kv, [(str(dtype)[6:], dtype), *QUANT_POOLS.items()]):
                 if pool == dtype:
                     measure(layout, page_size, Hkv, name, pool, [None])
-                elif layout == "token" and name == "fp8":
-                    measure(layout, page_size, Hkv, name, pool, BASELINES + OCCUPANCY)
-                else:  # fp8's five best on the token layout (int8 there; both pools paged)
-                    top = [c for c in best("token", Hkv, "fp8", 7) if c not in BASELINES][:5]
-                    measure(layout, page_size, Hkv, name, pool, BASELINES + top)
+                elif layout == "token":
+                    measure(layout, page_size, Hkv, name, pool, CONFIGS)
+                    measure(layout, page_size, Hkv, name, pool, best(layout, Hkv, name, 1), (2, 4))
+                else:
+                    top = best("token", Hkv, name, 1)
+                    measure(layout, page_size, Hkv, name, pool, CONFIGS[:2] + [
+                        c for c in top if c not in CONFIGS[:2]])  # fmt: skip
     except TimeoutError:
         print(f"budget of {args.budget_s} s spent: {len(rows)} rows", flush=True)
 

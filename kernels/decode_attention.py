@@ -37,9 +37,7 @@ class DecodeConfig:
     as 32-bit words and widens them by bit arithmetic (else, or when head_dim or the pool's
     strides are not multiples of 4, as bytes widened by casts), and `prefetch` has the loop
     carry the next tile's codes in registers (meant for num_stages=1, so that Triton's
-    pipeliner leaves those loads alone). The 16-bit kernel ignores both. `maxnreg` caps the
-    quantized kernel's registers a thread (ptxas spills past it), which sets how many
-    programs an SM holds at once: more warps in flight hide more of each tile's latency.
+    pipeliner leaves those loads alone). The 16-bit kernel ignores both.
     """
 
     block_n: int = 64
@@ -48,7 +46,6 @@ class DecodeConfig:
     use_dot: bool | None = None
     words: bool = False
     prefetch: bool = False
-    maxnreg: int | None = None
 
     def __post_init__(self):
         assert self.block_n >= 16 and self.block_n & (self.block_n - 1) == 0, (

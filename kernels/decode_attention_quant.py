@@ -228,5 +228,4 @@ def decode_attention_quant_stage1(
         CODE_SCALE=256.0 if words and not is_int else 1.0,
         BLOCK_H=block_h, BLOCK_N=config.block_n, BLOCK_D=block_d,
         num_warps=config.num_warps, num_stages=config.num_stages,
-        **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
     )  # fmt: skip
