@@ -119,7 +119,8 @@ def claims(res: dict) -> list[list[str]]:
     need = 100 * 2048 * kvb / GiB
     rows.append(["KV cache 8 KB/token for a 7B fp16 model (d_model 4096, 32 layers); 100 x "
                  "2048 tokens = 53.7 GB",
-                 f"{kvb / 1024:.0f} KiB/token (2 x layers x kv_heads x head_dim x 2 B); "
+                 f"{kvb / 1024:.0f} KiB/token (per layer: K and V of each KV head, or MLA's "
+                 f"one latent row); "
                  f"100 x 2048 tokens = {need:.1f} GiB",
                  "refuted: 8 KB counts one head of 32 and K or V only (64x too small); the "
                  "53.7 GB formula counts 1 byte per fp16 value (2x too small)"
