@@ -22,11 +22,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the launch default; newer Triton warns
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 REGS_PER_SM, MAX_WARPS_PER_SM = 65536, 64
