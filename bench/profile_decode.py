@@ -37,7 +37,7 @@ GROUPS = (
     ("rope", re.compile(r"rope")),
     ("silu_mul", re.compile(r"silu")),
     ("fp8_quant", re.compile(r"per_token_fp8")),
-    ("matmul", re.compile(r"gemm|gemv|cutlass|xmma|nvjet|sm90|sm80|cublas", re.I)),
+    ("matmul", re.compile(r"skinny|gemm|gemv|cutlass|xmma|nvjet|sm90|sm80|cublas", re.I)),
 )
 STEPS = 20  # profiled steps per mode
 

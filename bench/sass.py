@@ -44,7 +44,7 @@ def kernel_source(kind: str, q_heads: int, kv_heads: int, block_n: int, words: b
         names = ["q_ptr", "k_ptr", "v_ptr", *COMMON]
         types = ["*bf16", "*bf16", "*bf16", *COMMON_TYPES]
         const = dict(Q_HEADS=q_heads, GROUP=group, HEAD_DIM=HEAD_DIM, PAGE_SIZE=1, USE_DOT=True,
-                     BLOCK_H=16, BLOCK_N=block_n, BLOCK_D=HEAD_DIM)
+                     BLOCK_H=16, BLOCK_N=block_n, BLOCK_D=HEAD_DIM, PDL=False)
         return mod._decode_attention_kernel, dict(zip(names, types)), const, 4 * block_n * HEAD_DIM
     is_int = kind == "decode-int8"
     code = "*i32" if words else "*i8" if is_int else "*fp8e4nv"
@@ -54,7 +54,7 @@ def kernel_source(kind: str, q_heads: int, kv_heads: int, block_n: int, words: b
     const = dict(Q_HEADS=q_heads, GROUP=group, HEAD_DIM=HEAD_DIM, PAGE_SIZE=1,
                  DOT_DTYPE=tl.float16, INT_OFFSET=is_int, IS_INT=is_int, WORDS=words,
                  PREFETCH=False, CODE_SCALE=256.0 if words and not is_int else 1.0, BLOCK_H=16,
-                 BLOCK_N=block_n, BLOCK_D=HEAD_DIM)
+                 BLOCK_N=block_n, BLOCK_D=HEAD_DIM, PDL=False)
     tile_bytes = 2 * block_n * HEAD_DIM
     return mod._decode_attention_quant_kernel, dict(zip(names, types)), const, tile_bytes
 

@@ -4,13 +4,17 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import pdl_args, pdl_wait
+
 BLOCK = 1024
 
 
 @triton.jit
 def _silu_and_mul_kernel(
-    x_ptr, out_ptr, stride_x, stride_o, INTER: tl.constexpr, BLOCK: tl.constexpr
+    x_ptr, out_ptr, stride_x, stride_o, INTER: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < INTER
@@ -29,7 +33,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if T > 0:
         block = min(BLOCK, triton.next_power_of_2(inter))
         _silu_and_mul_kernel[(T, triton.cdiv(inter, block))](
-            x, out, x.stride(0), out.stride(0), INTER=inter, BLOCK=block
+            x, out, x.stride(0), out.stride(0), INTER=inter, BLOCK=block, **pdl_args(x.device)
         )  # fmt: skip
     return out
 

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from kernels.decode_attention_quant import decode_attention_quant_stage1
 from kernels.decode_split_merge import _decode_attention_merge_kernel
+from kernels.pdl import pdl_args, pdl_wait
 from kernels.store_kv import QUANT_MAX, dequantize_ref
 
 H200_SMS = 132
@@ -90,7 +91,9 @@ def _decode_attention_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -255,13 +258,13 @@ def decode_attention(
             k_buf.stride(1), Q_HEADS=Hq, GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size,
             USE_DOT=use_dot, BLOCK_N=config.block_n, BLOCK_D=block_d,
             BLOCK_H=max(16, triton.next_power_of_2(group)) if use_dot else 1,
-            num_warps=config.num_warps, num_stages=config.num_stages,
+            num_warps=config.num_warps, num_stages=config.num_stages, **pdl_args(q.device),
         )  # fmt: skip
     if num_splits == 1:
         return out
     _decode_attention_merge_kernel[(B * Hq,)](
         mid_o, mid_lse, out, num_splits, HEAD_DIM=D,
-        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, **pdl_args(q.device),
     )  # fmt: skip
     return out
 

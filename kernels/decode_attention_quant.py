@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import pdl_args, pdl_wait
+
 INT8_OFFSET = tl.constexpr(1152.0)  # fp16 bits 0x6480; 0x6480 + x for int8 x reads as 1152 + x
 
 
@@ -111,7 +113,9 @@ def _decode_attention_quant_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -227,5 +231,5 @@ def decode_attention_quant_stage1(
         IS_INT=is_int, WORDS=words, PREFETCH=config.prefetch,
         CODE_SCALE=256.0 if words and not is_int else 1.0,
         BLOCK_H=block_h, BLOCK_N=config.block_n, BLOCK_D=block_d,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_args(q.device),
     )  # fmt: skip

@@ -9,6 +9,8 @@ decode kernel 1.45x slower (422 against 293 us a step for stage 1 plus this kern
 import triton
 import triton.language as tl
 
+from kernels.pdl import pdl_wait
+
 
 @triton.jit
 def _decode_attention_merge_kernel(
@@ -19,7 +21,9 @@ def _decode_attention_merge_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     row = tl.program_id(0)  # b * Hq + h
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)

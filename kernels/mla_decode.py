@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels.decode_attention import LOG2E, _decode_attention_merge_kernel, decode_num_splits
+from kernels.pdl import pdl_args
 from kernels.store_kv import QUANT_MAX, dequantize_ref
 
 
@@ -257,7 +258,7 @@ def mla_decode(
     if not direct:
         _decode_attention_merge_kernel[(B * H,)](
             dst, lse, out, num_splits, HEAD_DIM=Dl,
-            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_dl,
+            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_dl, **pdl_args(q.device),
         )  # fmt: skip
     return out
 

@@ -4,6 +4,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import pdl_args, pdl_wait
+
 
 @triton.jit
 def _rmsnorm_kernel(
@@ -18,7 +20,9 @@ def _rmsnorm_kernel(
     HIDDEN: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < HIDDEN
@@ -65,7 +69,7 @@ def rmsnorm(
         _rmsnorm_kernel[(T,)](
             x, r, weight, out, h, eps, x.stride(0), r.stride(0),
             HIDDEN=hidden, BLOCK=block, HAS_RESIDUAL=residual is not None,
-            num_warps=min(max(block // 512, 1), 8),
+            num_warps=min(max(block // 512, 1), 8), **pdl_args(x.device),
         )  # fmt: skip
     return out if residual is None else (out, h)
 

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import pdl_args, pdl_wait
 from kernels.rmsnorm import rmsnorm_ref
 from kernels.rope import apply_rope_ref
 from kernels.store_kv import QUANT_MAX, _quantize_store, store_kv_ref
@@ -95,7 +96,9 @@ def _rope_store_kv_kernel(
     QUANT: tl.constexpr,
     IS_INT: tl.constexpr,
     QMAX: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     t = tl.program_id(0)
     pos = tl.load(positions_ptr + t).to(tl.int64)
     slot = tl.load(slots_ptr + t).to(tl.int64)
@@ -209,6 +212,7 @@ def rope_store_kv(
             BLOCK_HQ=block_hq, BLOCK_HK=triton.next_power_of_2(Hkv), BLOCK_D=block_d,
             QUANT=quant, IS_INT=k_buf.dtype == torch.int8, QMAX=QUANT_MAX.get(k_buf.dtype, 1.0),
             num_warps=8 if block_hq * block_d >= 4096 else 4,  # q tile and its partner in fp32
+            **pdl_args(q.device),
         )  # fmt: skip
     return q_out, k_out, v_out
 

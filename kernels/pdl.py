@@ -1,0 +1,60 @@
+"""Programmatic dependent launch (PDL) for the decode-step kernels, on sm_90 and newer.
+
+A kernel launched with PDL may start while the kernel before it on the stream is still
+running: its programs become resident, run their set-up, and block in `griddepcontrol.wait`
+until the previous kernel has finished and its writes are visible. At decode batch 1 a step is
+~300 short kernels, and PDL hides each one's launch and ramp behind the tail of the one before.
+A weight-streaming kernel also asks L2 for its first weight tile before it waits (weights are
+no kernel's output, so they can be read early).
+
+The contract every PDL kernel keeps: `pdl_wait` comes before its first read of anything an
+earlier kernel wrote and before its first write, on every path through the kernel (so that a
+kernel never finishes before the one it follows, which keeps the wait transitive along the
+stream). Kernels that do not take part (cuBLAS, torch) are launched normally and simply
+serialize as usual.
+
+`SLUICE_PDL=0` turns it off (for A/B measurements); the Triton interpreter never uses it.
+"""
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+
+@functools.cache
+def _device_supports(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def pdl_args(device: torch.device) -> dict:
+    """Keyword arguments for a launch on `device`: the kernel's `PDL` constexpr and, where PDL
+    is on, Triton's `launch_pdl` option."""
+    on = (
+        device.type == "cuda"
+        and os.environ.get("TRITON_INTERPRET", "0") != "1"
+        and os.environ.get("SLUICE_PDL", "1") != "0"
+        and _device_supports(device.index if device.index is not None else 0)
+    )
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """Let the next kernel launch, then wait for the previous one (no-op without PDL)."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+
+
+@triton.jit
+def pdl_prefetch_l2(ptrs, PDL: tl.constexpr):
+    """Ask L2 for the lines under `ptrs` (in-bounds; one pointer per 128-byte line is enough)."""
+    if PDL:
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1];", "=r,l", [ptrs],
+            dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
