@@ -15,17 +15,12 @@ from kernels.skinny_gemm import MAX_ROWS, skinny_gemm
 from kernels.skinny_gemm_configs import use_kernel
 
 
-def uses_skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `dense_linear` runs x `[T, in]` times the 16-bit `weight` on the skinny kernel."""
-    t = x.shape[0]
-    return (x.is_cuda and x.dim() == 2 and 0 < t <= MAX_ROWS and x.dtype == weight.dtype
-            and use_kernel(False, t, *weight.shape))
-
-
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                  ) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for x `[T, in]` and a 16-bit weight `[out, in]` -> `[T, out]`."""
-    if uses_skinny(x, weight):
+    t = x.shape[0]
+    if (x.is_cuda and x.dim() == 2 and 0 < t <= MAX_ROWS and x.dtype == weight.dtype
+            and use_kernel(False, t, *weight.shape)):
         return skinny_gemm(x.contiguous(), weight, None, bias)  # [T, out]
     return F.linear(x, weight, bias)  # [T, out]
 
@@ -35,7 +30,3 @@ class DenseLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dense_linear(x, self.weight, self.bias)  # [T, out]
-
-    def skinny_operands(self, x: torch.Tensor) -> tuple | None:
-        """(weight, scale, bias) for a skinny launch on x, or None where cuBLAS runs it."""
-        return (self.weight, None, self.bias) if uses_skinny(x, self.weight) else None

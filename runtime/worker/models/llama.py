@@ -24,7 +24,6 @@ from torch import nn
 from kernels.rope import ROPE_TYPES, rope_cos_sin_cache
 from runtime.worker.attention import AttentionBackend, Rotary
 from runtime.worker.forward_batch import ForwardBatch
-from runtime.worker.models.fused_inputs import norm_linear, silu_linear
 from runtime.worker.models.parallel import (
     QUANTIZATIONS,
     VocabParallelEmbedding,
@@ -144,12 +143,10 @@ class LlamaAttention(nn.Module):
         self.qk_norm = arch.qk_norm
 
     def forward(
-        self, qkv: torch.Tensor, ops: Ops, fb: ForwardBatch, attn: AttentionBackend
+        self, x: torch.Tensor, ops: Ops, fb: ForwardBatch, attn: AttentionBackend
     ) -> torch.Tensor:
-        """Attention of the projected `qkv` `[T, (Hq + 2 Hkv) * D]` (the layer runs qkv_proj,
-        fused with the norm before it) through o_proj: `[T, hidden]`."""
-        tokens = qkv.shape[0]
-        q, k, v = qkv.split(self.sizes, dim=-1)  # [T, Hq*D], [T, Hkv*D] x2
+        tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)  # [T, Hq*D], [T, Hkv*D] x2
         q = q.reshape(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
@@ -179,10 +176,8 @@ class LlamaMLP(nn.Module):
                                           quantization)
         self.down_proj = row_linear(inter, arch.hidden_size, arch.mlp_bias, tp, quantization)
 
-    def forward(self, gate_up: torch.Tensor, ops: Ops) -> torch.Tensor:
-        """down_proj(silu(gate) * up) of the projected `gate_up` `[T, 2 * inter]` (the layer
-        runs gate_up_proj, fused with the norm before it): `[T, hidden]`."""
-        return silu_linear(self.down_proj, gate_up, ops)  # [T, hidden]
+    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))  # [T, hidden]
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -202,12 +197,15 @@ class LlamaDecoderLayer(nn.Module):
         attn: AttentionBackend,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's MLP output, the residual stream before it): [T, hidden] each."""
-        qkv, residual = norm_linear(self.self_attn.qkv_proj, h, residual, self.input_layernorm,
-                                    ops)  # [T, (Hq + 2 Hkv) * D], [T, hidden]
-        h = self.self_attn(qkv, ops, fb, attn)  # [T, hidden]
-        gate_up, residual = norm_linear(self.mlp.gate_up_proj, h, residual,
-                                        self.post_attention_layernorm, ops)  # [T, 2 * inter]
-        return self.mlp(gate_up, ops), residual
+        norm = self.input_layernorm
+        if residual is None:
+            x, residual = ops.rmsnorm(h, norm.weight, norm.eps), h
+        else:
+            x, residual = ops.add_rmsnorm(h, residual, norm.weight, norm.eps)
+        h = self.self_attn(x, ops, fb, attn)  # [T, hidden]
+        norm = self.post_attention_layernorm
+        x, residual = ops.add_rmsnorm(h, residual, norm.weight, norm.eps)
+        return self.mlp(x, ops), residual
 
 
 class LlamaModel(nn.Module):

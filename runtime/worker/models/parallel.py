@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.worker.models.dense_linear import DenseLinear, dense_linear, uses_skinny
+from runtime.worker.models.dense_linear import DenseLinear, dense_linear
 from runtime.worker.quant.fp8_linear import Fp8Linear, fp8_linear
 from runtime.worker.tp import TPGroup
 
@@ -53,12 +53,6 @@ class RowParallelLinear(nn.Module):
         y = self.tp.all_reduce(dense_linear(x, self.weight))  # [T, out], summed over ranks
         return y if self.bias is None else y + self.bias
 
-    def skinny_operands(self, x: torch.Tensor) -> tuple | None:
-        """(weight, scale, bias) for one skinny launch on x (one rank only: no all-reduce)."""
-        if self.tp.size > 1 or not uses_skinny(x, self.weight):
-            return None
-        return self.weight, None, self.bias
-
 
 class Fp8RowParallelLinear(Fp8Linear):
     """`RowParallelLinear` with an fp8 weight: each rank's `[out, in / tp]` shard has its own
@@ -73,9 +67,6 @@ class Fp8RowParallelLinear(Fp8Linear):
             return super().forward(x)  # [T, out]
         y = self.tp.all_reduce(fp8_linear(x, self.weight, self.weight_scale))  # [T, out]
         return y if self.bias is None else y + self.bias
-
-    def skinny_operands(self, x: torch.Tensor) -> tuple | None:
-        return super().skinny_operands(x) if self.tp.size == 1 else None
 
 
 class VocabParallelEmbedding(nn.Module):

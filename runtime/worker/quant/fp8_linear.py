@@ -67,13 +67,6 @@ def _scaled_mm_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return x.is_cuda and out % SCALED_MM_ALIGN == 0 and k % SCALED_MM_ALIGN == 0
 
 
-def uses_skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `fp8_linear` runs x `[T, in]` on the weight-only skinny kernel (CUDA only)."""
-    t = x.shape[0]
-    return (x.is_cuda and 0 < t <= WEIGHT_ONLY_ROWS
-            and (not _scaled_mm_ok(x, weight) or use_kernel(True, t, *weight.shape)))
-
-
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
     """x `[T, in]` times fp8 `weight` `[out, in]` with `weight_scale` `[out]` (+ bias) ->
@@ -85,7 +78,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     if 0 < t <= WEIGHT_ONLY_ROWS and not x.is_cuda:
         y = F.linear(x.float(), weight.float() * weight_scale[:, None])  # [T, out] f32
         return (y if bias is None else y + bias.float()).to(x.dtype)
-    if uses_skinny(x, weight):
+    if 0 < t <= WEIGHT_ONLY_ROWS and (not scaled_mm or use_kernel(True, t, *weight.shape)):
         return skinny_gemm(x.contiguous(), weight, weight_scale, bias)  # [T, out]
     if scaled_mm:
         xq, xs = per_token_fp8(x)  # [T, in] fp8, [T, 1] f32
@@ -127,10 +120,6 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fp8_linear(x, self.weight, self.weight_scale, self.bias)  # [T, out]
-
-    def skinny_operands(self, x: torch.Tensor) -> tuple | None:
-        """(weight, scale, bias) for a skinny launch on x, or None where another path runs it."""
-        return (self.weight, self.weight_scale, self.bias) if uses_skinny(x, self.weight) else None
 
     def load_rows(self, start: int, w: torch.Tensor) -> None:
         """Quantize 16-bit rows `w` `[rows, in]` into output channels start..start+rows."""
