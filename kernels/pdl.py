@@ -5,7 +5,7 @@ running: its programs become resident, run their set-up, and block in `griddepco
 until the previous kernel has finished and its writes are visible. At decode batch 1 a step is
 ~300 short kernels, and PDL hides each one's launch and ramp behind the tail of the one before.
 A weight-streaming kernel also asks L2 for its first weight tile before it waits (weights are
-no kernel's output, so they can be read early; `kernels.l2_prefetch.prefetch_l2`).
+no kernel's output, so they can be read early).
 
 The contract every PDL kernel keeps: `pdl_wait` comes before its first read of anything an
 earlier kernel wrote and before its first write, on every path through the kernel (so that a
@@ -48,3 +48,13 @@ def pdl_wait(PDL: tl.constexpr):
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
+
+
+@triton.jit
+def pdl_prefetch_l2(ptrs, PDL: tl.constexpr):
+    """Ask L2 for the lines under `ptrs` (in-bounds; one pointer per 128-byte line is enough)."""
+    if PDL:
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1];", "=r,l", [ptrs],
+            dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip

@@ -36,8 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.l2_prefetch import prefetch_l2
-from kernels.pdl import pdl_args, pdl_wait
+from kernels.pdl import pdl_args, pdl_prefetch_l2, pdl_wait
 from kernels.skinny_gemm_configs import SkinnyConfig, m_bucket, pick_config
 
 MAX_ROWS = 16  # x rows one launch handles; larger batches go to the tensor-core GEMMs
@@ -161,7 +160,7 @@ def _first_tile_to_l2(w_ptr, offs_n, N, K, stride_wn, t_lo, LINE: tl.constexpr,
     if PDL:
         cols = tl.minimum(t_lo * BLOCK_K + tl.arange(0, LINES) * LINE, K - 1)  # [LINES]
         rows = tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn  # [BN], in bounds
-        prefetch_l2(w_ptr + rows[:, None] + cols[None, :])
+        pdl_prefetch_l2(w_ptr + rows[:, None] + cols[None, :], PDL)
 
 
 @triton.jit

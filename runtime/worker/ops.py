@@ -2,8 +2,7 @@
 the Triton kernels on a GPU.
 
 The model calls `ops.rmsnorm`, `ops.add_rmsnorm` (residual add fused with the norm),
-`ops.rope`, `ops.silu_mul`, `ops.fused_moe` (routed experts) and `ops.warm_l2` (a
-weight brought into L2 while the code in its block runs); `TorchOps` calls each
+`ops.rope`, `ops.silu_mul` and `ops.fused_moe` (routed experts); `TorchOps` calls each
 kernel's `*_ref` (the CPU correctness reference, equal to transformers in float32),
 `TritonOps` launches the kernels in `kernels/`. Both take the RoPE table of
 `kernels.rope.rope_cos_sin_cache`.
@@ -11,12 +10,9 @@ kernel's `*_ref` (the CPU correctness reference, equal to transformers in float3
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
-
 import torch
 
 from kernels.activation import silu_and_mul, silu_and_mul_ref
-from kernels.l2_prefetch import l2_prefetch
 from kernels.moe import fused_moe, fused_moe_ref
 from kernels.rmsnorm import rmsnorm, rmsnorm_ref
 from kernels.rope import apply_rope, apply_rope_ref
@@ -56,23 +52,12 @@ class TorchOps:
         """Routed experts of x `[T, H]`: w13 `[E, 2I, H]`, w2 `[E, H, I]`, picks `[T, k]`."""
         return fused_moe_ref(x, w13, w2, weights, ids)
 
-    @staticmethod
-    def warm_l2(weight: torch.Tensor, tokens: int):
-        """A context in which `weight` (read next, by `tokens` rows) is brought into L2."""
-        return nullcontext()
-
 
 class TritonOps:
     """The same ops through the Triton kernels (GPU)."""
 
-    # `warm_l2` applies to decode-sized batches, whose projections stream their weights, and
-    # to weights that fit in the H200's 50 MB L2 beside the KV an attention reads
-    WARM_ROWS = 16
-    WARM_BYTES = 36 << 20
-
     def __init__(self, cos_sin_cache: torch.Tensor) -> None:
         self.cos_sin_cache = cos_sin_cache  # [max_pos, D] fp32
-        self._side: torch.cuda.Stream | None = None  # warm_l2's stream
 
     @staticmethod
     def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -99,22 +84,3 @@ class TritonOps:
     @staticmethod
     def fused_moe(x, w13, w2, weights, ids) -> torch.Tensor:
         return fused_moe(x, w13, w2, weights, ids)
-
-    @contextmanager
-    def warm_l2(self, weight: torch.Tensor, tokens: int):
-        """While a CUDA graph is captured, fork a side stream that prefetches `weight` into
-        L2 as the block's kernels run, and join it on exit (before the weight's reader). The
-        fork and join cost nothing at replay; outside a capture this is a no-op, so eager
-        steps pay no stream synchronization."""
-        if (tokens > self.WARM_ROWS or weight.nbytes > self.WARM_BYTES
-                or not torch.cuda.is_current_stream_capturing()):
-            yield
-            return
-        if self._side is None:
-            self._side = torch.cuda.Stream(weight.device)
-        main = torch.cuda.current_stream(weight.device)
-        self._side.wait_stream(main)
-        with torch.cuda.stream(self._side):
-            l2_prefetch(weight)
-        yield
-        main.wait_stream(self._side)

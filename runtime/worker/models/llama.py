@@ -150,20 +150,16 @@ class LlamaAttention(nn.Module):
         q = q.reshape(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        with ops.warm_l2(self.o_proj.weight, tokens):  # o_proj's weight, while attention runs
-            out = self.attend(q, k, v, ops, fb, attn)  # [T, Hq, D]
-        return self.o_proj(out.reshape(tokens, -1))  # [T, hidden]
-
-    def attend(self, q, k, v, ops: Ops, fb: ForwardBatch, attn: AttentionBackend
-               ) -> torch.Tensor:
-        """q/k norm, RoPE, KV store and attention of q `[T, Hq, D]` -> `[T, Hq, D]`."""
         if attn.fuses_rope:  # q/k norm and RoPE run inside the backend's KV store
-            return attn.forward_rotary(self.layer_id, q, k, v, fb, self.rotary(ops))
+            out = attn.forward_rotary(self.layer_id, q, k, v, fb, self.rotary(ops))
+            return self.o_proj(out.reshape(tokens, -1))  # [T, hidden]
         if self.qk_norm:  # per head, over head_dim
             q = ops.rmsnorm(q, self.q_norm.weight, self.q_norm.eps)  # [T, Hq, D]
             k = ops.rmsnorm(k, self.k_norm.weight, self.k_norm.eps)  # [T, Hkv, D]
         q, k = ops.rope(q, k, fb.positions)
-        return attn.forward(self.layer_id, q, k, v, fb)  # [T, Hq, D]
+        out = attn.forward(self.layer_id, q, k, v, fb)  # [T, Hq, D]
+        return self.o_proj(out.reshape(tokens, -1))  # [T, hidden]
+
 
     def rotary(self, ops: Ops) -> Rotary:
         """This layer's q/k treatment before attention, for a backend that fuses it."""
