@@ -7,6 +7,10 @@ torch's glue. For the matmuls it reports the bandwidth they reach on the weights
 so a step's excess over the floor splits into "GEMMs below copy bandwidth" and "time in
 kernels that move almost nothing" (latency: one launch each, dozens per layer).
 
+With programmatic dependent launch on (sm_90, `kernels.pdl`; `SLUICE_PDL=0` turns it off) a
+kernel starts before its predecessor ends and waits inside, so its profiled time includes
+that wait and the kernel times add up to more than the step: read them with PDL off.
+
     python -m bench.profile_decode [--model dummy:llama-7b] [--batches 1,64]
                                    [--context 576] [--dtype float16] [--quantization fp8]
                                    [--out bench/results/<date>-decode-profile-h200]
@@ -25,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.offline_parts import decode_batch, time_ms
 from bench.roofline import BANDWIDTH, ModelBytes
+from kernels.pdl import pdl_args
 from runtime.model_config import resolve_model
 from runtime.worker.model_runner import ModelRunner
 
@@ -106,9 +111,11 @@ def run(model: str, batches: list[int], ctx: int, dtype: str = "float16",
 
 def markdown(res: dict, command: str) -> str:
     weights = " fp8 weights" if res["quantization"] == "fp8" else ""
+    pdl = "on" if pdl_args(torch.device("cuda"))["PDL"] else "off"
     lines = [f"# Decode step profile, {res['model']} {res['dtype']}{weights}", "",
              f"Command: `{command}`  ", f"Device: {res['device']}, torch {res['torch']}, "
-             f"{datetime.date.today()}", ""]
+             f"{datetime.date.today()}; programmatic dependent launch {pdl} (kernel times "
+             "include PDL waits when on)", ""]
     for e in res["rows"]:
         lines += [f"## Batch {e['batch']}, context {e['context']}: floor {e['floor_us']:.0f} us "
                   f"({e['weights_gb']:.2f} GB weights + {e['kv_gb']:.3f} GB KV at 4.26 TB/s)", "",

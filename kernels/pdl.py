@@ -35,6 +35,7 @@ def pdl_args(device: torch.device) -> dict:
     is on, Triton's `launch_pdl` option."""
     on = (
         device.type == "cuda"
+        and torch.cuda.is_available()
         and os.environ.get("TRITON_INTERPRET", "0") != "1"
         and os.environ.get("SLUICE_PDL", "1") != "0"
         and _device_supports(device.index if device.index is not None else 0)
