@@ -111,7 +111,7 @@ def run(model: str, batches: list[int], ctx: int, dtype: str = "float16",
 
 def markdown(res: dict, command: str) -> str:
     weights = " fp8 weights" if res["quantization"] == "fp8" else ""
-    pdl = "on" if pdl_args(torch.device("cuda"))["PDL"] else "off"
+    pdl = "on" if torch.cuda.is_available() and pdl_args(torch.device("cuda"))["PDL"] else "off"
     lines = [f"# Decode step profile, {res['model']} {res['dtype']}{weights}", "",
              f"Command: `{command}`  ", f"Device: {res['device']}, torch {res['torch']}, "
              f"{datetime.date.today()}; programmatic dependent launch {pdl} (kernel times "

@@ -24,23 +24,22 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-
-@functools.cache
-def _device_supports(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) >= (9, 0)
+_OFF = {"PDL": False}
 
 
 def pdl_args(device: torch.device) -> dict:
     """Keyword arguments for a launch on `device`: the kernel's `PDL` constexpr and, where PDL
-    is on, Triton's `launch_pdl` option."""
-    on = (
-        device.type == "cuda"
-        and torch.cuda.is_available()
-        and os.environ.get("TRITON_INTERPRET", "0") != "1"
-        and os.environ.get("SLUICE_PDL", "1") != "0"
-        and _device_supports(device.index if device.index is not None else 0)
-    )
-    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+    is on, Triton's `launch_pdl` option (a shared dict: unpack it, do not change it)."""
+    if device.type != "cuda":
+        return _OFF
+    env = os.environ
+    return _args(device.index or 0, env.get("SLUICE_PDL", "1"), env.get("TRITON_INTERPRET", "0"))
+
+
+@functools.cache
+def _args(index: int, switch: str, interpret: str) -> dict:
+    on = switch != "0" and interpret != "1" and torch.cuda.get_device_capability(index) >= (9, 0)
+    return {"PDL": True, "launch_pdl": True} if on else _OFF
 
 
 @triton.jit
