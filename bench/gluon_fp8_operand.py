@@ -24,19 +24,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import tempfile
 from collections import Counter
-from pathlib import Path
 
 import torch
-import triton
-from triton.backends.compiler import GPUTarget
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from bench.sass import BIN, main_loop
+from bench.sass import compile_sm90, main_loop
 
 KEYS, COLS, ROWS = 64, 128, 16  # a V tile, and P's rows (a GQA group padded to the MMA)
 # two rows' words -> four (key, key+1) fp16 pairs; $4 holds row k's 4 bytes, $5 row k+1's
@@ -81,25 +76,17 @@ def _pv_kernel(v_ptr, p_ptr, o_ptr, stride_v, n_tiles, PAIRS: gl.constexpr):
 
 
 SIGNATURE = {"v_ptr": "*fp8e4nv", "p_ptr": "*fp16", "o_ptr": "*fp32", "stride_v": "i32",
-             "n_tiles": "i32", "PAIRS": "constexpr"}
+             "n_tiles": "i32"}
 
 
 def report() -> dict:
     """Compile for sm_90 (no GPU needed): registers and the loop's instruction mix."""
     os.environ.pop("TRITON_INTERPRET", None)
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(4)}
-    src = gluon._runtime.GluonASTSource(_pv_kernel, SIGNATURE, constexprs={"PAIRS": PAIRS_ASM},
-                                        attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "k.cubin"
-        cubin.write_bytes(k.asm["cubin"])
-        sass = subprocess.run([BIN / "cuobjdump", "-sass", cubin], capture_output=True,
-                              text=True, check=True).stdout
+    usage, sass = compile_sm90(_pv_kernel, SIGNATURE, {"PAIRS": PAIRS_ASM}, warps=4, stages=1)
     loop = main_loop(sass)
     tile = KEYS * COLS  # bytes of V a loop step reads, over 128 threads
     shared = sum(op.startswith(("LDS", "STS", "LDSM")) for op in loop)
-    return {"loop_instructions": len(loop), "per_byte": len(loop) * 128 / tile,
+    return {**usage, "loop_instructions": len(loop), "per_byte": len(loop) * 128 / tile,
             "shared": shared, "mix": Counter(loop).most_common(10)}
 
 

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.experimental import gluon
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 REGS_PER_SM, MAX_WARPS_PER_SM = 65536, 64
@@ -61,13 +62,15 @@ def kernel_source(kind: str, q_heads: int, kv_heads: int, block_n: int, words: b
 
 def compile_sm90(fn, signature: dict, const: dict, warps: int, stages: int,
                  maxnreg: int | None = None) -> tuple[dict, str]:
-    """Compile for sm_90: (resource usage from cuobjdump, SASS text). Pointers and strides are
-    marked 16-divisible, as Triton specializes them at a real launch."""
+    """Compile a Triton or Gluon kernel for sm_90: (resource usage from cuobjdump, SASS text).
+    Pointers and strides are marked 16-divisible, as Triton specializes them at a launch."""
     sig = {**signature, **{k: "constexpr" for k in const}}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(signature)
              if n.endswith("_ptr") or n.startswith("stride")}
     options = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
-    k = triton.compile(ASTSource(fn, sig, constexprs=const, attrs=attrs),
+    source = (gluon._runtime.GluonASTSource if isinstance(fn, gluon._runtime.GluonJITFunction)
+              else ASTSource)
+    k = triton.compile(source(fn, sig, constexprs=const, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options=options)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"

@@ -51,10 +51,9 @@ def pdl_wait(PDL: tl.constexpr):
 
 
 @triton.jit
-def pdl_prefetch_l2(ptrs, PDL: tl.constexpr):
-    """Ask L2 for the lines under `ptrs` (in-bounds; one pointer per 128-byte line is enough)."""
-    if PDL:
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2 [$1];", "=r,l", [ptrs],
-            dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
+def prefetch_l2(ptrs):
+    """Ask L2 for the lines under `ptrs` (in bounds; one pointer per 128-byte line is enough).
+    Compiled code only (the interpreter has no inline assembly): call it under `if PDL:`."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import pdl_args, pdl_prefetch_l2, pdl_wait
+from kernels.pdl import pdl_args, pdl_wait, prefetch_l2
 from kernels.skinny_gemm_configs import SkinnyConfig, m_bucket, pick_config
 
 MAX_ROWS = 16  # x rows one launch handles; larger batches go to the tensor-core GEMMs
@@ -160,7 +160,7 @@ def _first_tile_to_l2(w_ptr, offs_n, N, K, stride_wn, t_lo, LINE: tl.constexpr,
     if PDL:
         cols = tl.minimum(t_lo * BLOCK_K + tl.arange(0, LINES) * LINE, K - 1)  # [LINES]
         rows = tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn  # [BN], in bounds
-        pdl_prefetch_l2(w_ptr + rows[:, None] + cols[None, :], PDL)
+        prefetch_l2(w_ptr + rows[:, None] + cols[None, :])
 
 
 @triton.jit
@@ -249,16 +249,16 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | Non
             ws, lock, M, N, K, x.stride(0), weight.stride(0), tiles_per_split, split,
             scale is not None, bias is not None, K % cfg.block_k == 0)
     line = 128 // weight.element_size()  # elements in a 128-byte line
-    pdl = {"LINE": line, "LINES": max(cfg.block_k // line, 1), **pdl_args(x.device)}
+    meta = {"LINE": line, "LINES": max(cfg.block_k // line, 1), **pdl_args(x.device)}
     if rowsum:
         vec = min(cfg.fold, 16 // weight.element_size(), cfg.block_k)  # within one load
         _skinny_rowsum_kernel[grid](*args, ROWS=m_bucket(M), BLOCK_N=cfg.block_n,
                                     BLOCK_K=cfg.block_k, VEC=vec, num_warps=cfg.num_warps,
-                                    num_stages=cfg.num_stages, **pdl)
+                                    num_stages=cfg.num_stages, **meta)
     else:
         _skinny_dot_kernel[grid](*args, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n,
                                  BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
-                                 num_stages=cfg.num_stages, **pdl)
+                                 num_stages=cfg.num_stages, **meta)
     return y
 
 
