@@ -40,6 +40,13 @@ COMMON_TYPES = ["*i32", "*i32", "*i32", "*bf16", "*fp32", "fp32", "i32", "i32", 
 def kernel_source(kind: str, q_heads: int, kv_heads: int, block_n: int, words: bool):
     """(jit function, signature, constexprs, K/V bytes a tile) of one stage-1 kernel."""
     group = q_heads // kv_heads
+    if kind == "decode-fp8-gluon":  # fixed tile: 4 warps x 32 keys, head_dim 128
+        mod = importlib.import_module("kernels.decode_attention_gluon")
+        names = ["q_ptr", "k_ptr", "v_ptr", "k_scale_ptr", "v_scale_ptr", *COMMON]
+        types = ["*bf16", "*fp8e4nv", "*fp8e4nv", "*fp32", "*fp32", *COMMON_TYPES]
+        const = dict(Q_HEADS=q_heads, GROUP=group, PAGE_SIZE=1, PAIRS=mod.PAIRS_ASM)
+        return (mod._decode_fp8_gluon_kernel, dict(zip(names, types)), const,
+                2 * mod.WARPS * mod.KEYS * HEAD_DIM)
     if kind == "decode-16":
         mod = importlib.import_module("kernels.decode_attention")
         names = ["q_ptr", "k_ptr", "v_ptr", *COMMON]
@@ -123,7 +130,7 @@ def report(args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kernel", default="decode-fp8", choices=("decode-16", "decode-fp8",
-                                                               "decode-int8"))
+                                                               "decode-int8", "decode-fp8-gluon"))
     ap.add_argument("--heads", default="32/32", help="query / kv heads")
     ap.add_argument("--block-n", type=int, default=128)
     ap.add_argument("--warps", type=int, default=4)

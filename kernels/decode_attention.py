@@ -47,6 +47,7 @@ class DecodeConfig:
     use_dot: bool | None = None
     words: bool = False
     prefetch: bool = False
+    gluon: bool = False  # fp8 pools: the Gluon stage 1 (`decode_attention_gluon`), GPU only
 
     def __post_init__(self):
         assert self.block_n >= 16 and self.block_n & (self.block_n - 1) == 0, (
@@ -244,10 +245,21 @@ def decode_attention(
         if config is None:
             gqa_config = QUANT_PAGED_GQA_CONFIG if page_size > 1 else QUANT_GQA_CONFIG
             config = QUANT_MHA_CONFIG if Hq == Hkv else gqa_config
-        decode_attention_quant_stage1(
-            q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
-            page_size, sm_scale * LOG2E, config,
-        )  # fmt: skip
+        if config.gluon:
+            from kernels.decode_attention_gluon import decode_fp8_gluon_stage1
+
+            assert k_buf.dtype == torch.float8_e4m3fn and q.dtype != torch.float32, (
+                "the Gluon stage 1 takes an fp8 pool and a 16-bit q"
+            )
+            decode_fp8_gluon_stage1(
+                q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o,
+                mid_lse, page_size, sm_scale * LOG2E,
+            )  # fmt: skip
+        else:
+            decode_attention_quant_stage1(
+                q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o,
+                mid_lse, page_size, sm_scale * LOG2E, config,
+            )  # fmt: skip
     else:
         config = config or (MHA_CONFIG if Hq == Hkv else GQA_CONFIG)
         use_dot = group > 1 if config.use_dot is None else config.use_dot
