@@ -41,6 +41,8 @@ def main():
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter check)")
+    ap.add_argument("--gluon", action="store_true",
+                    help="fp8 only: the default config against the Gluon stage 1 (GPU)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     t0, p = time.monotonic(), Preset(warmup=5, iters=20)
@@ -87,6 +89,10 @@ def main():
             for Hkv, (name, pool) in product(kv, [(str(dtype)[6:], dtype), *QUANT_POOLS.items()]):
                 if pool == dtype:
                     measure(layout, page_size, Hkv, name, pool, [None])
+                elif args.gluon:
+                    if name == "fp8":
+                        measure(layout, page_size, Hkv, name, pool,
+                                [None, DecodeConfig(gluon=True)], (1, 2))
                 elif layout == "token":
                     measure(layout, page_size, Hkv, name, pool, CONFIGS)
                     measure(layout, page_size, Hkv, name, pool, best(layout, Hkv, name, 1), (2, 4))
