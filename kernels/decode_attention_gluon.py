@@ -113,7 +113,8 @@ def _decode_fp8_gluon_kernel(
 
     m = gl.full([4, 16], float("-inf"), gl.float32, layout=s_rows)
     l_sum = gl.zeros([4, 16], gl.float32, layout=s_rows)
-    acc = gl.zeros([4, 16, 128], gl.float32, layout=mma)
+    acc = gl.zeros([4, 16, 128], gl.float32, layout=mma)  # the output over c, per warp
+    c = gl.full([4], 1.0, gl.float32, layout=gl.SliceLayout(1, s_rows))
     for n0 in range(start, end, 128):
         # K^T codes [4, 128, 32]: key n0 + 32 w + n
         k_key = n0 + 32 * kw[:, None] + kn[None, :]  # [4, 32]
@@ -131,9 +132,7 @@ def _decode_fp8_gluon_kernel(
         v8 = gl.load(v_ptr + v_offs, mask=gl.expand_dims(v_key < end, 2), other=0.0)
         # scales [4, 32] per (warp, key)
         s_key = n0 + 32 * sw[:, None] + sn[None, :]
-        s_page = gl.load(kv_indices_ptr + page_base + s_key // PAGE_SIZE, mask=s_key < end,
-                         other=0)
-        s_slot = s_page.to(gl.int64) * PAGE_SIZE + s_key % PAGE_SIZE
+        s_slot = gl.convert_layout(v_slot, s_keys)  # V's keys sit in the same threads
         k_s = gl.load(k_scale_ptr + s_slot * (Q_HEADS // GROUP) + kvh, mask=s_key < end,
                       other=0.0)
         v_s = gl.load(v_scale_ptr + s_slot * (Q_HEADS // GROUP) + kvh, mask=s_key < end,
@@ -149,10 +148,12 @@ def _decode_fp8_gluon_kernel(
         l_sum = l_sum * alpha + gl.sum(p, 2)
         v_max = gl.maximum(gl.max(v_s, 1), 1e-30)  # [4]
         w = (p * gl.expand_dims(v_s / gl.expand_dims(v_max, 1), 1)).to(gl.float16)
-        pv = mma_v2(gl.convert_layout(w, a_op, assert_trivial=True),
-                    _v_operand(v8, v_pairs, b_op, PAIRS),
-                    gl.zeros([4, 16, 128], gl.float32, layout=mma))
-        acc = acc * gl.expand_dims(alpha, 2) + pv * gl.expand_dims(gl.expand_dims(v_max, 1), 1)
+        # this tile's weights are in units of v_max: rescale acc to them, then accumulate
+        v_max_rows = gl.convert_layout(v_max, gl.SliceLayout(1, s_rows))
+        factor = alpha * gl.expand_dims(c / v_max_rows, 1)  # [4, 16]
+        acc = mma_v2(gl.convert_layout(w, a_op, assert_trivial=True),
+                     _v_operand(v8, v_pairs, b_op, PAIRS), acc * gl.expand_dims(factor, 2))
+        c = v_max_rows
         m = m_new
 
     # merge the 4 warps: o = sum_w 2^(m_w - M) acc_w / sum_w 2^(m_w - M) l_w
@@ -160,7 +161,7 @@ def _decode_fp8_gluon_kernel(
     m_all_safe = gl.where(m_all == float("-inf"), 0.0, m_all)
     f = gl.exp2(m - gl.expand_dims(m_all_safe, 0))  # [4, 16]
     l_all = gl.sum(l_sum * f, 0)  # [16]
-    o = gl.sum(acc * gl.expand_dims(f, 2), 0)  # [16, 128] logical columns
+    o = gl.sum(acc * gl.expand_dims(f * gl.expand_dims(c, 1), 2), 0)  # [16, 128] logical
     has_keys = l_all > 0
     l_safe = gl.where(has_keys, l_all, 1.0)
     lse = gl.where(has_keys, m_all + gl.log2(l_safe), float("-inf"))
