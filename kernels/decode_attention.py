@@ -4,13 +4,12 @@ Stage 1 runs one program per (sequence, kv_head, split): it walks its slice of t
 through the page table, BLOCK_N keys at a time, for all Hq/Hkv query heads of the GQA group at
 once (tl.dot with the group padded to 16 rows; a plain multiply-reduce when the group is one
 head), and writes a partial output plus its log-sum-exp. Stage 2 merges the splits. An fp8 or
-int8 pool has its own stage 1 (`decode_attention_quant`), feeding the same merge.
+int8 pool has its own stage 1 (`decode_attention_quant`; fp8 with head_dim 128 on sm_89+,
+`decode_attention_gluon`), feeding the same merge. Launch configs: `decode_config`.
 Splitting the keys is what fills the GPU when batch * kv_heads is small next to the SM count;
 with one split (a large batch, or a short context) stage 1 writes the output and no merge runs.
 Decode is memory bound: each K/V byte is read once, so the ceiling is bytes / copy bandwidth.
 """
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -18,54 +17,18 @@ import triton
 import triton.language as tl
 
 from kernels.decode_attention_quant import decode_attention_quant_stage1
+from kernels.decode_config import (
+    GQA_CONFIG,
+    MHA_CONFIG,
+    DecodeConfig,
+    decode_num_splits,
+    default_quant_config,
+)
 from kernels.decode_split_merge import _decode_attention_merge_kernel
 from kernels.pdl import pdl_args, pdl_wait
 from kernels.store_kv import QUANT_MAX, dequantize_ref
 
-H200_SMS = 132
-PROGRAMS_PER_SM = 4  # enough resident programs per SM; more splits only add merge traffic
-MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more to merge than it hides
-MAX_SPLITS = 32
 LOG2E = 1.4426950408889634
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """Launch knobs of the stage-1 kernel (bench/kernels.py --sweep searches them).
-
-    use_dot None means tl.dot only for GQA groups; True also pads a single head to 16 rows.
-    A quantized pool always uses tl.dot (its kernel ignores use_dot); `words` loads its codes
-    as 32-bit words and widens them by bit arithmetic (else, or when head_dim or the pool's
-    strides are not multiples of 4, as bytes widened by casts), and `prefetch` has the loop
-    carry the next tile's codes in registers (meant for num_stages=1, so that Triton's
-    pipeliner leaves those loads alone). The 16-bit kernel ignores both.
-    """
-
-    block_n: int = 64
-    num_warps: int = 4
-    num_stages: int = 2
-    use_dot: bool | None = None
-    words: bool = False
-    prefetch: bool = False
-    gluon: bool = False  # fp8 pools: the Gluon stage 1 (`decode_attention_gluon`), GPU only
-
-    def __post_init__(self):
-        assert self.block_n >= 16 and self.block_n & (self.block_n - 1) == 0, (
-            f"block_n {self.block_n} must be a power of two >= 16"
-        )
-
-
-# fastest in `python -m bench.kernels --only decode --sweep` on the H200 (B64, L4096, D128, fp16):
-# MHA 961 us with padded tl.dot, 128 keys a tile; GQA (32/8 heads) 249 us with 64 keys a tile
-MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3, use_dot=True)
-GQA_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=2)
-# quantized pools, `python -m bench.decode_quant_sweep` on the H200 (B64 L4096 D128, bf16 q;
-# bench/results/2026-12-01-decode-fp8-words-h200.md): byte loads led on the token layout (MHA
-# fp8 920 us, GQA 260 us) and for paged MHA; 32-bit words led for paged GQA (fp8 233 us
-# against 268 us, int8 241 against 283 us)
-QUANT_MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
-QUANT_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
-QUANT_PAGED_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2, words=True)
 
 
 @triton.jit
@@ -158,16 +121,6 @@ def _decode_attention_kernel(
     tl.store(mid_lse_ptr + row * num_splits + split, lse, mask=mask_h)
 
 
-def decode_num_splits(batch: int, kv_heads: int, max_seq_len: int, num_sms: int = H200_SMS) -> int:
-    """Splits per sequence: PROGRAMS_PER_SM programs per SM, no split under MIN_SPLIT_TOKENS.
-
-    Exposed so a CUDA-graph caller can fix the split count from host-side lengths.
-    """
-    want = -(-PROGRAMS_PER_SM * num_sms // max(batch * kv_heads, 1))
-    most = -(-max_seq_len // MIN_SPLIT_TOKENS)
-    return max(1, min(want, most, MAX_SPLITS))
-
-
 def decode_attention(
     q: torch.Tensor,
     k_buf: torch.Tensor,
@@ -242,9 +195,7 @@ def decode_attention(
         mid_o = torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(B, Hq, num_splits, dtype=torch.float32, device=q.device)
     if quant:
-        if config is None:
-            gqa_config = QUANT_PAGED_GQA_CONFIG if page_size > 1 else QUANT_GQA_CONFIG
-            config = QUANT_MHA_CONFIG if Hq == Hkv else gqa_config
+        config = config or default_quant_config(q, k_buf, page_size)
         if config.gluon:
             from kernels.decode_attention_gluon import decode_fp8_gluon_stage1
 
@@ -253,7 +204,7 @@ def decode_attention(
             )
             decode_fp8_gluon_stage1(
                 q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o,
-                mid_lse, page_size, sm_scale * LOG2E,
+                mid_lse, page_size, sm_scale * LOG2E, config.block_n, config.num_stages,
             )  # fmt: skip
         else:
             decode_attention_quant_stage1(

@@ -1,0 +1,88 @@
+"""Launch configs of decode attention's stage 1: the knobs (`DecodeConfig`), the defaults
+measured on the H200 for each pool, and the split count that fills the GPU."""
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+H200_SMS = 132
+PROGRAMS_PER_SM = 4  # enough resident programs per SM; more splits only add merge traffic
+MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more to merge than it hides
+MAX_SPLITS = 32
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch knobs of the stage-1 kernel (bench/kernels.py --sweep searches them).
+
+    use_dot None means tl.dot only for GQA groups; True also pads a single head to 16 rows.
+    A quantized pool always uses tl.dot (its kernel ignores use_dot); `words` loads its codes
+    as 32-bit words and widens them by bit arithmetic (else, or when head_dim or the pool's
+    strides are not multiples of 4, as bytes widened by casts), and `prefetch` has the loop
+    carry the next tile's codes in registers (meant for num_stages=1, so that Triton's
+    pipeliner leaves those loads alone). The 16-bit kernel ignores both. `gluon` runs the
+    Gluon stage 1 over an fp8 pool (`decode_attention_gluon`: block_n 64 or 128, num_stages its
+    ring of copies, the other knobs unused).
+    """
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    use_dot: bool | None = None
+    words: bool = False
+    prefetch: bool = False
+    gluon: bool = False
+
+    def __post_init__(self):
+        assert self.block_n >= 16 and self.block_n & (self.block_n - 1) == 0, (
+            f"block_n {self.block_n} must be a power of two >= 16"
+        )
+
+
+# fastest in `python -m bench.kernels --only decode --sweep` on the H200 (B64, L4096, D128, fp16):
+# MHA 961 us with padded tl.dot, 128 keys a tile; GQA (32/8 heads) 249 us with 64 keys a tile
+MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3, use_dot=True)
+GQA_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=2)
+# quantized pools, `python -m bench.decode_quant_sweep` on the H200 (B64 L4096 D128, bf16 q;
+# bench/results/2026-12-01-decode-fp8-words-h200.md): byte loads led on the token layout (MHA
+# fp8 920 us, GQA 260 us) and for paged MHA; 32-bit words led for paged GQA (fp8 233 us
+# against 268 us, int8 241 against 283 us)
+QUANT_MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
+QUANT_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
+QUANT_PAGED_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2, words=True)
+# fp8 pools where the Gluon stage 1 applies, `python -m bench.decode_quant_sweep --gluon` on the
+# H200 (bench/results/2026-12-02-gluon-fp8-decode-h200.md): 64 keys a tile, 2 stages
+QUANT_GLUON_CONFIG = DecodeConfig(block_n=64, num_stages=2, gluon=True)
+
+
+@functools.cache
+def _converts_fp8(device: torch.device) -> bool:
+    """Whether Gluon kernels with fp8 conversion run here: CUDA sm_89+, not interpreted."""
+    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+            and torch.cuda.get_device_capability(device) >= (8, 9))
+
+
+def default_quant_config(q: torch.Tensor, k_buf: torch.Tensor, page_size: int) -> DecodeConfig:
+    """The stage-1 config over a quantized pool: the Gluon kernel for an fp8 pool with head_dim
+    128, a group of at most 16 and a 16-bit q on a GPU that converts fp8; else the Triton
+    kernel's measured defaults."""
+    Hq, D = q.shape[1:]
+    Hkv = k_buf.shape[1]
+    if (k_buf.dtype == torch.float8_e4m3fn and D == 128 and Hq // Hkv <= 16
+            and q.dtype in (torch.float16, torch.bfloat16) and _converts_fp8(q.device)):
+        return QUANT_GLUON_CONFIG
+    if Hq == Hkv:
+        return QUANT_MHA_CONFIG
+    return QUANT_PAGED_GQA_CONFIG if page_size > 1 else QUANT_GQA_CONFIG
+
+
+def decode_num_splits(batch: int, kv_heads: int, max_seq_len: int, num_sms: int = H200_SMS) -> int:
+    """Splits per sequence: PROGRAMS_PER_SM programs per SM, no split under MIN_SPLIT_TOKENS.
+
+    Exposed so a CUDA-graph caller can fix the split count from host-side lengths.
+    """
+    want = -(-PROGRAMS_PER_SM * num_sms // max(batch * kv_heads, 1))
+    most = -(-max_seq_len // MIN_SPLIT_TOKENS)
+    return max(1, min(want, most, MAX_SPLITS))
