@@ -4,12 +4,13 @@ For MHA 32/32 and GQA 32/8 (head_dim 128, bf16 q, B64 L4096) it times every conf
 `CONFIGS` (byte or 32-bit word loads, pipelined by Triton or prefetched by the loop) on the
 token layout for each quantized pool, the best one at 2x and 4x the default split count, then
 the two defaults and the token layout's best on paged-16; each beside the 16-bit pool's
-default kernel.
+default kernel. With `--gluon`, fp8 only: the Triton stage 1's default against each tile size
+and ring depth of the Gluon stage 1 (`GLUON`), at 1x and 2x the default split count.
 % is of the copy ceiling on the bytes the kernel reads (K/V plus the float32 scales); `vs16` is
 the 16-bit pool's time over this one's; `diff` is the max |o - o of the pool's first row|.
 Each row is printed and the JSON rewritten as it lands, so a time limit keeps what finished.
 
-    python -m bench.decode_quant_sweep --out /tmp/sweep [--budget-s 150] [--smoke]
+    python -m bench.decode_quant_sweep --out /tmp/sweep [--budget-s 150] [--smoke] [--gluon]
 """
 
 import argparse
@@ -25,6 +26,7 @@ import torch
 from bench.kernels_attention import QUANT_POOLS, paged_pool
 from bench.kernels_common import COPY_CEILING_GBPS, Preset, timeit
 from kernels.decode_attention import DecodeConfig, decode_attention, decode_num_splits
+from kernels.decode_config import QUANT_GQA_CONFIG, QUANT_MHA_CONFIG, QUANT_PAGED_GQA_CONFIG
 
 CONFIGS = [  # the defaults (token; paged GQA), then the register-prefetch variants
     DecodeConfig(block_n=128, num_warps=4, num_stages=3),
@@ -34,6 +36,14 @@ CONFIGS = [  # the defaults (token; paged GQA), then the register-prefetch varia
     DecodeConfig(block_n=n, num_warps=4, num_stages=1, words=True, prefetch=True)
     for n in (32, 64, 128)
 ]
+GLUON = [DecodeConfig(gluon=True, block_n=n, num_stages=u) for n in (64, 128) for u in (2, 3, 4)]
+
+
+def triton_default(q_heads: int, kv_heads: int, page_size: int) -> DecodeConfig:
+    """The Triton stage 1's default on this shape (what a GPU without fp8 conversion runs)."""
+    if q_heads == kv_heads:
+        return QUANT_MHA_CONFIG
+    return QUANT_PAGED_GQA_CONFIG if page_size > 1 else QUANT_GQA_CONFIG
 
 
 def main():
@@ -42,7 +52,8 @@ def main():
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter check)")
     ap.add_argument("--gluon", action="store_true",
-                    help="fp8 only: the default config against the Gluon stage 1 (GPU)")
+                    help="fp8 only: the Triton stage 1's default against the Gluon stage 1's "
+                         "tile sizes and ring depths (GPU)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     t0, p = time.monotonic(), Preset(warmup=5, iters=20)
@@ -92,7 +103,7 @@ def main():
                 elif args.gluon:
                     if name == "fp8":
                         measure(layout, page_size, Hkv, name, pool,
-                                [None, DecodeConfig(gluon=True)], (1, 2))
+                                [triton_default(Hq, Hkv, page_size), *GLUON], (1, 2))
                 elif layout == "token":
                     measure(layout, page_size, Hkv, name, pool, CONFIGS)
                     measure(layout, page_size, Hkv, name, pool, best(layout, Hkv, name, 1), (2, 4))

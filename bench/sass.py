@@ -37,16 +37,20 @@ COMMON_TYPES = ["*i32", "*i32", "*i32", "*bf16", "*fp32", "fp32", "i32", "i32", 
                 "i32"]
 
 
-def kernel_source(kind: str, q_heads: int, kv_heads: int, block_n: int, words: bool):
+def kernel_source(kind: str, q_heads: int, kv_heads: int, block_n: int, words: bool,
+                  stages: int = 3):
     """(jit function, signature, constexprs, K/V bytes a tile) of one stage-1 kernel."""
     group = q_heads // kv_heads
-    if kind == "decode-fp8-gluon":  # fixed tile: 4 warps x 32 keys, head_dim 128
+    if kind == "decode-fp8-gluon":  # 4 warps x block_n / 4 keys (16 or 32), head_dim 128
         mod = importlib.import_module("kernels.decode_attention_gluon")
         names = ["q_ptr", "k_ptr", "v_ptr", "k_scale_ptr", "v_scale_ptr", *COMMON]
-        types = ["*bf16", "*fp8e4nv", "*fp8e4nv", "*fp32", "*fp32", *COMMON_TYPES]
-        const = dict(Q_HEADS=q_heads, GROUP=group, PAGE_SIZE=1, PAIRS=mod.PAIRS_ASM)
-        return (mod._decode_fp8_gluon_kernel, dict(zip(names, types)), const,
-                2 * mod.WARPS * mod.KEYS * HEAD_DIM)
+        types = ["*bf16", "*i32", "*i32", "*fp32", "*fp32", *COMMON_TYPES]
+        keys = block_n // mod.WARPS
+        k_ld, v_ld, v_pairs = mod.tile_layouts(keys)
+        const = dict(Q_HEADS=q_heads, GROUP=group, PAGE_SIZE=1, PAIRS=mod.PAIRS_ASM,
+                     WIDEN=mod.WIDEN_ASM, KEYS=keys, STAGES=stages, k_ld=k_ld, v_ld=v_ld,
+                     v_pairs=v_pairs)
+        return mod._decode_fp8_gluon_kernel, dict(zip(names, types)), const, 2 * block_n * HEAD_DIM
     if kind == "decode-16":
         mod = importlib.import_module("kernels.decode_attention")
         names = ["q_ptr", "k_ptr", "v_ptr", *COMMON]
@@ -114,7 +118,7 @@ def report(args) -> dict:
         raise SystemExit("bench.sass compiles for the GPU: unset TRITON_INTERPRET")
     q_heads, kv_heads = map(int, args.heads.split("/"))
     fn, sig, const, tile_bytes = kernel_source(args.kernel, q_heads, kv_heads, args.block_n,
-                                               args.words)
+                                               args.words, args.stages)
     usage, sass = compile_sm90(fn, sig, const, args.warps, args.stages, args.maxnreg)
     loop = main_loop(sass)
     threads = 32 * args.warps

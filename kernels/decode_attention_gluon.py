@@ -1,55 +1,168 @@
-"""Stage 1 of split-KV decode attention over an fp8 (e4m3) pool, in Gluon (explicit layouts).
+"""Stage 1 of split-KV decode attention over an fp8 (e4m3) pool, in Gluon (explicit layouts):
+the default for fp8 pools with head_dim 128 on GPUs with fp8 conversion (sm_89+).
 
 The Triton stage 1 (`decode_attention_quant`) reads V's 8-bit tile back from shared memory one
 byte at a time to build the tensor-core operand of `p @ v`. Here every operand is built in
-registers, from layouts chosen so that a thread loads what its MMA fragments need
+registers, from layouts chosen so that a thread holds what its MMA fragments need
 (`bench.gluon_fp8_operand` is the probe that checked the V half on the H200):
-- the 4 warps split each 128-key tile, 32 keys each, and keep their own online softmax (the
-  batch dimension of a rank-3 `mma_v2`); they merge once, after the loop;
+- the 4 warps split each tile of `block_n` keys and keep their own online softmax (the batch
+  dimension of a rank-3 `mma_v2`); they merge once, after the loop;
+- tiles are copied global -> shared with `cp.async` (16 bytes a copy) into a ring of
+  `num_stages` stages, swizzled so neither the copies nor the loads conflict on banks; the
+  next tile's page ids load while a tile computes;
+- K and V are handled as 32-bit words of 4 codes (a loop carries words packed, bytes not);
 - K^T's operand: a thread's 32 head_dim entries of a key are made one 32-byte run by
   permuting head_dim (the contraction: q is loaded under the same permutation);
-- V's operand: a thread's 16 columns become one 16-byte run by permuting the output
-  columns (undone at the store), and two keys' words become (key, key+1) fp16 pairs with
-  `PRMT` + `cvt.rn.f16x2.e4m3x2` in one inline-assembly step;
+- V's operand: a thread's 16 columns become one 16-byte run by permuting the output columns
+  (undone at the store), and two keys' words become (key, key+1) fp16 pairs with `PRMT` +
+  `cvt.rn.f16x2.e4m3x2` in one inline-assembly step;
 - every relabelling is a reshape/permute, and each conversion into an MMA layout is asserted
   free of data movement.
 Scales as in the Triton kernel: k_scale multiplies its key's score, v_scale its softmax
-weight (normalized by the warp tile's largest). Head dim 128, group <= 16, fp8 only.
+weight (normalized by the warp tile's largest). Programs run a sequence's KV heads side by
+side, so the heads share the scales' 32-byte sectors in L2. Head dim 128, group <= 16.
 """
 
+import functools
+
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-WARPS, KEYS, ROWS, D = 4, 32, 16, 128  # warps; keys a warp takes of each tile; q rows; head dim
-
-PAIRS_ASM = (  # $4, $5: 4 bytes of key k and of key k+1 -> 4 (k, k+1) fp16 pairs
+WARPS, ROWS, D = 4, 16, 128  # warps; q rows; head dim
+# renamed after Triton 3.6
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+WIDEN_ASM = (  # $2 (= $3 = $4 = $5): a word of 4 codes -> 4 fp16, in byte order
+    "{ .reg .b16 a, b; mov.b32 {a, b}, $2;\n"
+    "cvt.rn.f16x2.e4m3x2 $0, a; cvt.rn.f16x2.e4m3x2 $1, b; }"
+)
+PAIRS_ASM = (  # $4 (= $5..$7): a word of key k; $8 (= $9..$11): of key k + 1 -> 4 (k, k+1) pairs
     "{ .reg .b32 lo, hi; .reg .b16 a, b, c, d;\n"
-    "prmt.b32 lo, $4, $5, 0x5140; prmt.b32 hi, $4, $5, 0x7362;\n"
+    "prmt.b32 lo, $4, $8, 0x5140; prmt.b32 hi, $4, $8, 0x7362;\n"
     "mov.b32 {a, b}, lo; mov.b32 {c, d}, hi;\n"
     "cvt.rn.f16x2.e4m3x2 $0, a; cvt.rn.f16x2.e4m3x2 $1, b;\n"
     "cvt.rn.f16x2.e4m3x2 $2, c; cvt.rn.f16x2.e4m3x2 $3, d; }"
 )
 
 
+@functools.cache
+def tile_layouts(keys: int):
+    """(k_ld, v_ld, v_pairs): the load layouts of a tile of 4 warps x `keys` keys, in 32-bit
+    words of 4 codes (u: word p // 4 of a key's 128 bytes; words, unlike bytes, stay packed
+    four codes a register when a loop carries them).
+
+    k_ld, K^T [warp, 32 u, keys]: byte p = 32 a + 2 m + e holds logical d = 8 m + 2 a + e
+    (a = lane % 4), so a thread's 8 words of a key are contiguous.
+    v_ld, V [warp, keys, 32 u]: byte p = 16 n0 + j holds logical column n0 + 8 j
+    (n0 = lane // 4), so a thread's 4 words of a key are contiguous.
+    v_pairs: v_ld's registers reordered for PAIRS_ASM: a word of key k, then of key k + 1.
+    """
+    k_keys = [[0, 0, 8], [0, 0, 16]][: keys // 16]
+    v_keys = [[0, 8, 0], [0, 16, 0]][: keys // 16]
+    warps = dict(warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[])
+    v_lanes = [[0, 2, 0], [0, 4, 0], [0, 0, 4], [0, 0, 8], [0, 0, 16]]
+    k_ld = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1, 0], [0, 2, 0], [0, 4, 0], *k_keys],
+        lane_bases=[[0, 8, 0], [0, 16, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]],
+        shape=[4, 32, keys], **warps)
+    v_ld = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 1, 0], *v_keys],
+        lane_bases=v_lanes, shape=[4, keys, 32], **warps)
+    v_pairs = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1, 0], [0, 0, 1], [0, 0, 2], *v_keys],
+        lane_bases=v_lanes, shape=[4, keys, 32], **warps)
+    return k_ld, v_ld, v_pairs
+
+
 @gluon.jit
-def _k_operand(k8, b_op: gl.constexpr):
-    """K^T codes [4, 128 p, 32] -> fp16 B operand [4, 128 d, 32] (d = 8 m + 2 a + e)."""
-    k = k8.to(gl.float16)
-    k = k.reshape([4, 4, 16, 2, 32]).permute(0, 2, 1, 3, 4).reshape([4, 128, 32])
+def _copies4(x):
+    """x [..] -> [.., 2, 2]: each element 4 times, in consecutive registers (no instruction)."""
+    return gl.join(gl.join(x, x), gl.join(x, x))
+
+
+@gluon.jit
+def _k_operand(kw, b_op: gl.constexpr, WIDEN: gl.constexpr, KEYS: gl.constexpr):
+    """K^T words [4, 32 u, KEYS] -> fp16 B operand [4, 128 d, KEYS] (d = 8 m + 2 a + e)."""
+    k = gl.inline_asm_elementwise(WIDEN, "=r,=r,r,r,r,r", [_copies4(kw)], dtype=gl.float16,
+                                  is_pure=True, pack=4)  # [4, 32, KEYS, byte // 2, byte % 2]
+    k = k.permute(0, 1, 3, 4, 2).reshape([4, 128, KEYS])  # byte p = 4 u + byte
+    k = k.reshape([4, 4, 16, 2, KEYS]).permute(0, 2, 1, 3, 4).reshape([4, 128, KEYS])
     return gl.convert_layout(k, b_op, assert_trivial=True)
 
 
 @gluon.jit
-def _v_operand(v8, v_pairs: gl.constexpr, b_op: gl.constexpr, PAIRS: gl.constexpr):
-    """V codes [4, 32, 128 p] -> fp16 B operand [4, 32, 128 c] (c = n0 + 8 j)."""
-    v8 = gl.convert_layout(v8, v_pairs)  # registers only
-    # each 8 registers (c0', c1', r0') come back holding V[key r0 = c0', c0 = c1', c1 = r0']
-    t = gl.inline_asm_elementwise(PAIRS, "=r,=r,=r,=r,r,r", [v8.to(gl.int8, bitcast=True)],
+def _v_operand(vw, v_pairs: gl.constexpr, b_op: gl.constexpr, PAIRS: gl.constexpr,
+               KEYS: gl.constexpr):
+    """V words [4, KEYS, 32 u] -> fp16 B operand [4, KEYS, 128 c] (c = n0 + 8 j)."""
+    vw = gl.convert_layout(vw, v_pairs)  # registers only
+    # each 8 registers (x, y, r0') come back holding V[key r0 = y, byte (r0', x)]
+    t = gl.inline_asm_elementwise(PAIRS, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [_copies4(vw)],
                                   dtype=gl.float16, is_pure=True, pack=8)
-    t = t.reshape([4, 16, 2, 32, 2, 2]).permute(0, 1, 5, 3, 2, 4).reshape([4, 32, 128])
-    v = t.reshape([4, 32, 8, 16]).permute(0, 1, 3, 2).reshape([4, 32, 128])  # logical
+    t = t.reshape([4, KEYS // 2, 2, 32, 2, 2]).permute(0, 1, 5, 3, 2, 4)
+    t = t.reshape([4, KEYS, 128])  # byte p = 4 u + 2 r0' + x
+    v = t.reshape([4, KEYS, 8, 16]).permute(0, 1, 3, 2).reshape([4, KEYS, 128])  # logical
     return gl.convert_layout(v, b_op, assert_trivial=True)
+
+
+@gluon.jit
+def _pages(kv_indices_ptr, page_base, n0, end, k_rel, v_rel, PAGE_SIZE: gl.constexpr):
+    """Page ids of the tile at key n0, in K's and in V's layout (keys past `end`: 0)."""
+    k_page = gl.load(kv_indices_ptr + page_base + (n0 + k_rel) // PAGE_SIZE,
+                     mask=n0 + k_rel < end, other=0)
+    v_page = gl.load(kv_indices_ptr + page_base + (n0 + v_rel) // PAGE_SIZE,
+                     mask=n0 + v_rel < end, other=0)
+    return k_page, v_page
+
+
+@gluon.jit
+def _issue_tile(k_smem, v_smem, ks_smem, vs_smem, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, end,
+                kvh, stride_kvs, stride_kvh, k_rel, v_rel, s_rel, kp, vp, k_page, v_page, n0,
+                s_keys: gl.constexpr, HKV: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """Start copying the tile at key n0 into one stage: K^T words [4, 32, KEYS], V words
+    [4, KEYS, 32], both scales [4, KEYS], from its keys' page ids (keys past `end` are
+    zero-filled, with no memory read); one commit group."""
+    k_key = n0 + k_rel
+    k_slot = k_page.to(gl.int64) * PAGE_SIZE + k_key % PAGE_SIZE
+    k_offs = gl.expand_dims(k_slot * stride_kvs + kvh * stride_kvh, 1) + kp[None, :, None]
+    _async_load(k_smem, k_ptr + k_offs,
+                                           mask=gl.expand_dims(k_key < end, 1))
+    v_key = n0 + v_rel
+    v_slot = v_page.to(gl.int64) * PAGE_SIZE + v_key % PAGE_SIZE
+    v_offs = gl.expand_dims(v_slot * stride_kvs + kvh * stride_kvh, 2) + vp[None, None, :]
+    _async_load(v_smem, v_ptr + v_offs,
+                                           mask=gl.expand_dims(v_key < end, 2))
+    s_slot = gl.convert_layout(v_slot, s_keys) * HKV + kvh  # V's keys sit in the same threads
+    _async_load(ks_smem, k_scale_ptr + s_slot, mask=n0 + s_rel < end)
+    _async_load(vs_smem, v_scale_ptr + s_slot, mask=n0 + s_rel < end)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _step(q, kw, vw, k_s, v_s, n0, end, s_rel, m, l_sum, acc, c, mma: gl.constexpr,
+          a_op: gl.constexpr, b_op: gl.constexpr, s_rows: gl.constexpr, PAIRS: gl.constexpr,
+          WIDEN: gl.constexpr, KEYS: gl.constexpr, v_pairs: gl.constexpr):
+    """One tile of the online softmax: (m, l_sum, acc, c) after keys n0 .. n0 + 4 KEYS."""
+    s = mma_v2(q, _k_operand(kw, b_op, WIDEN, KEYS),
+               gl.zeros([4, 16, KEYS], gl.float32, layout=mma))
+    s = s * gl.expand_dims(k_s, 1)  # [4, 16 rows, KEYS keys], base-2 logits
+    s = gl.where(gl.expand_dims(n0 + s_rel < end, 1), s, float("-inf"))
+    m_new = gl.maximum(m, gl.max(s, 2))  # [4, 16]
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a warp with no keys yet
+    alpha = gl.exp2(m - m_safe)
+    p = gl.exp2(s - gl.expand_dims(m_safe, 2))
+    l_sum = l_sum * alpha + gl.sum(p, 2)
+    v_max = gl.maximum(gl.max(v_s, 1), 1e-30)  # [4]
+    w = (p * gl.expand_dims(v_s / gl.expand_dims(v_max, 1), 1)).to(gl.float16)
+    # this tile's weights are in units of v_max: rescale acc to them, then accumulate (a warp
+    # with no key in the tile keeps acc's units)
+    v_max_rows = gl.convert_layout(v_max, gl.SliceLayout(1, s_rows))
+    v_max_rows = gl.where(v_max_rows > 1e-30, v_max_rows, c)
+    factor = alpha * gl.expand_dims(c / v_max_rows, 1)  # [4, 16]
+    acc = mma_v2(gl.convert_layout(w, a_op, assert_trivial=True),
+                 _v_operand(vw, v_pairs, b_op, PAIRS, KEYS), acc * gl.expand_dims(factor, 2))
+    return m_new, l_sum, acc, v_max_rows
 
 
 @gluon.jit
@@ -57,35 +170,27 @@ def _decode_fp8_gluon_kernel(
     q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr,
     mid_o_ptr, mid_lse_ptr, qk_scale, num_splits, stride_qb, stride_qh, stride_kvs, stride_kvh,
     Q_HEADS: gl.constexpr, GROUP: gl.constexpr, PAGE_SIZE: gl.constexpr, PAIRS: gl.constexpr,
+    WIDEN: gl.constexpr, KEYS: gl.constexpr, STAGES: gl.constexpr, k_ld: gl.constexpr,
+    v_ld: gl.constexpr, v_pairs: gl.constexpr,
 ):  # fmt: skip
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1],
                                                   instr_shape=[1, 16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-    # K^T tile [warp, 128 (physical head_dim p), 32 keys]: p = 32 a + 2 m + e holds logical
-    # d = 8 m + 2 a + e (a = lane % 4): a thread's 32 bytes of a key are contiguous
-    k_ld: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 1, 0], [0, 2, 0], [0, 4, 0], [0, 8, 0], [0, 16, 0], [0, 0, 8], [0, 0, 16]],
-        lane_bases=[[0, 32, 0], [0, 64, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]],
-        warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[4, 128, 32])
-    # V tile [warp, 32 keys, 128 (physical column p)]: p = 16 n0 + j holds logical column
-    # n0 + 8 j (n0 = lane // 4): a thread's 16 bytes of a key are contiguous
-    v_ld: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [0, 1, 0], [0, 8, 0], [0, 16, 0]],
-        lane_bases=[[0, 2, 0], [0, 4, 0], [0, 0, 16], [0, 0, 32], [0, 0, 64]],
-        warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[4, 32, 128])
-    # the same registers, ordered for PAIRS_ASM: 4 bytes of key k, then of key k + 1
-    v_pairs: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 0, 4], [0, 0, 8], [0, 8, 0], [0, 16, 0]],
-        lane_bases=[[0, 2, 0], [0, 4, 0], [0, 0, 16], [0, 0, 32], [0, 0, 64]],
-        warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[4, 32, 128])
     s_rows: gl.constexpr = gl.SliceLayout(2, mma)  # [4, 16] per (warp, q row)
-    s_keys: gl.constexpr = gl.SliceLayout(1, mma)  # [4, 32] per (warp, key)
-    b = gl.program_id(0)
-    kvh = gl.program_id(1)
+    s_keys: gl.constexpr = gl.SliceLayout(1, mma)  # [4, KEYS] per (warp, key)
+    TILE: gl.constexpr = 4 * KEYS
+    # shared stages (each [4, ..]): 16-byte chunks of a key's words swizzled by the key, so
+    # neither the copies nor the loads conflict on banks
+    k_sl: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, order=[1, 2, 0])
+    v_sl: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, order=[2, 1, 0])
+    s_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    HKV: gl.constexpr = Q_HEADS // GROUP
+    kvh = gl.program_id(0)  # a sequence's heads run side by side: they share the scales' sectors
+    b = gl.program_id(1)
     split = gl.program_id(2)
     seq_len = gl.load(seq_lens_ptr + b)
-    split_len = gl.cdiv(gl.cdiv(seq_len, num_splits), 128) * 128
+    split_len = gl.cdiv(gl.cdiv(seq_len, num_splits), TILE) * TILE
     start = split * split_len
     end = gl.minimum(start + split_len, seq_len)
     page_base = gl.load(kv_indptr_ptr + b)
@@ -101,60 +206,55 @@ def _decode_fp8_gluon_kernel(
     q = (q.to(gl.float32) * qk_scale).to(gl.float16)
     q = gl.convert_layout(gl.expand_dims(q, 0).broadcast_to([4, 16, 128]), a_op)
 
-    # pointer pieces of the K^T and V tiles
+    # a tile's keys, relative to its first, in each layout: key KEYS w + n of warp w
     kw = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(1, k_ld)))
-    kn = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, k_ld)))
-    kp = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(2, k_ld)))
+    kn = gl.arange(0, KEYS, layout=gl.SliceLayout(0, gl.SliceLayout(1, k_ld)))
+    kp = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, k_ld)))
     vw = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, v_ld)))
-    vn = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, v_ld)))
-    vp = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, v_ld)))
+    vn = gl.arange(0, KEYS, layout=gl.SliceLayout(0, gl.SliceLayout(2, v_ld)))
+    vp = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, v_ld)))
     sw = gl.arange(0, 4, layout=gl.SliceLayout(1, s_keys))
-    sn = gl.arange(0, 32, layout=gl.SliceLayout(0, s_keys))
+    sn = gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_keys))
+    k_rel = KEYS * kw[:, None] + kn[None, :]  # [4, KEYS]
+    v_rel = KEYS * vw[:, None] + vn[None, :]
+    s_rel = KEYS * sw[:, None] + sn[None, :]
 
+    # pipeline: STAGES - 1 tiles are copying into shared memory while one computes, and the
+    # page ids of the next tile to copy are loading
+    k_smem = gl.allocate_shared_memory(gl.int32, [STAGES, 4, 32, KEYS], k_sl)
+    v_smem = gl.allocate_shared_memory(gl.int32, [STAGES, 4, KEYS, 32], v_sl)
+    ks_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, KEYS], s_sl)
+    vs_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, KEYS], s_sl)
+    ld = (k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, end, kvh, stride_kvs, stride_kvh, k_rel, v_rel,
+          s_rel, kp, vp)
+    for i in gl.static_range(STAGES - 1):
+        k_page, v_page = _pages(kv_indices_ptr, page_base, start + i * TILE, end, k_rel, v_rel,
+                                PAGE_SIZE)
+        _issue_tile(k_smem.index(i), v_smem.index(i), ks_smem.index(i), vs_smem.index(i), *ld,
+                    k_page, v_page, start + i * TILE, s_keys, HKV, PAGE_SIZE)
+    ahead = start + (STAGES - 1) * TILE  # the next tile to copy
+    k_page, v_page = _pages(kv_indices_ptr, page_base, ahead, end, k_rel, v_rel, PAGE_SIZE)
     m = gl.full([4, 16], float("-inf"), gl.float32, layout=s_rows)
     l_sum = gl.zeros([4, 16], gl.float32, layout=s_rows)
     acc = gl.zeros([4, 16, 128], gl.float32, layout=mma)  # the output over c, per warp
     c = gl.full([4], 1.0, gl.float32, layout=gl.SliceLayout(1, s_rows))
-    for n0 in range(start, end, 128):
-        # K^T codes [4, 128, 32]: key n0 + 32 w + n
-        k_key = n0 + 32 * kw[:, None] + kn[None, :]  # [4, 32]
-        k_page = gl.load(kv_indices_ptr + page_base + k_key // PAGE_SIZE, mask=k_key < end,
-                         other=0)
-        k_slot = k_page.to(gl.int64) * PAGE_SIZE + k_key % PAGE_SIZE
-        k_offs = gl.expand_dims(k_slot * stride_kvs + kvh * stride_kvh, 1) + kp[None, :, None]
-        k8 = gl.load(k_ptr + k_offs, mask=gl.expand_dims(k_key < end, 1), other=0.0)
-        # V codes [4, 16, 128]
-        v_key = n0 + 32 * vw[:, None] + vn[None, :]  # [4, 32]
-        v_page = gl.load(kv_indices_ptr + page_base + v_key // PAGE_SIZE, mask=v_key < end,
-                         other=0)
-        v_slot = v_page.to(gl.int64) * PAGE_SIZE + v_key % PAGE_SIZE
-        v_offs = gl.expand_dims(v_slot * stride_kvs + kvh * stride_kvh, 2) + vp[None, None, :]
-        v8 = gl.load(v_ptr + v_offs, mask=gl.expand_dims(v_key < end, 2), other=0.0)
-        # scales [4, 32] per (warp, key)
-        s_key = n0 + 32 * sw[:, None] + sn[None, :]
-        s_slot = gl.convert_layout(v_slot, s_keys)  # V's keys sit in the same threads
-        k_s = gl.load(k_scale_ptr + s_slot * (Q_HEADS // GROUP) + kvh, mask=s_key < end,
-                      other=0.0)
-        v_s = gl.load(v_scale_ptr + s_slot * (Q_HEADS // GROUP) + kvh, mask=s_key < end,
-                      other=0.0)
-
-        s = mma_v2(q, _k_operand(k8, b_op), gl.zeros([4, 16, 32], gl.float32, layout=mma))
-        s = s * gl.expand_dims(k_s, 1)  # [4, 16 rows, 32 keys], base-2 logits
-        s = gl.where(gl.expand_dims(s_key < end, 1), s, float("-inf"))
-        m_new = gl.maximum(m, gl.max(s, 2))  # [4, 16]
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a warp with no keys yet
-        alpha = gl.exp2(m - m_safe)
-        p = gl.exp2(s - gl.expand_dims(m_safe, 2))
-        l_sum = l_sum * alpha + gl.sum(p, 2)
-        v_max = gl.maximum(gl.max(v_s, 1), 1e-30)  # [4]
-        w = (p * gl.expand_dims(v_s / gl.expand_dims(v_max, 1), 1)).to(gl.float16)
-        # this tile's weights are in units of v_max: rescale acc to them, then accumulate
-        v_max_rows = gl.convert_layout(v_max, gl.SliceLayout(1, s_rows))
-        factor = alpha * gl.expand_dims(c / v_max_rows, 1)  # [4, 16]
-        acc = mma_v2(gl.convert_layout(w, a_op, assert_trivial=True),
-                     _v_operand(v8, v_pairs, b_op, PAIRS), acc * gl.expand_dims(factor, 2))
-        c = v_max_rows
-        m = m_new
+    for n0 in range(start, end, TILE):
+        t = (n0 - start) // TILE
+        async_copy.wait_group(STAGES - 2)  # tile t is in
+        _barrier()  # ... for every thread; and every thread is done with tile t - 1's stage
+        st = (t + STAGES - 1) % STAGES
+        _issue_tile(k_smem.index(st), v_smem.index(st), ks_smem.index(st), vs_smem.index(st),
+                    *ld, k_page, v_page, ahead, s_keys, HKV, PAGE_SIZE)
+        ahead += TILE
+        k_page, v_page = _pages(kv_indices_ptr, page_base, ahead, end, k_rel, v_rel, PAGE_SIZE)
+        st = t % STAGES
+        k_words = k_smem.index(st).load(k_ld)
+        v_words = v_smem.index(st).load(v_ld)
+        k_s = ks_smem.index(st).load(s_keys)
+        v_s = vs_smem.index(st).load(s_keys)
+        m, l_sum, acc, c = _step(q, k_words, v_words, k_s, v_s, n0, end, s_rel, m, l_sum, acc,
+                                 c, mma, a_op, b_op, s_rows, PAIRS, WIDEN, KEYS, v_pairs)
+    async_copy.wait_group(0)  # no copy may land after the program ends
 
     # merge the 4 warps: o = sum_w 2^(m_w - M) acc_w / sum_w 2^(m_w - M) l_w
     m_all = gl.max(m, 0)  # [16]
@@ -179,18 +279,25 @@ def _decode_fp8_gluon_kernel(
     gl.store(mid_lse_ptr + lse_row * num_splits + split, lse, mask=lse_rows < GROUP)
 
 
+
 def decode_fp8_gluon_stage1(q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens,
-                            mid_o, mid_lse, page_size: int, qk_scale: float) -> None:
+                            mid_o, mid_lse, page_size: int, qk_scale: float, block_n: int = 64,
+                            num_stages: int = 2) -> None:
     """The Gluon stage 1 over an fp8 pool: same operands and partial outputs as
-    `decode_attention_quant_stage1` (head_dim 128, a GQA group of at most 16)."""
+    `decode_attention_quant_stage1` (head_dim 128, a GQA group of at most 16); tiles of
+    `block_n` keys (64 or 128, a quarter a warp) in a ring of `num_stages` (>= 2) stages."""
     B, Hq, Dq = q.shape
     Hkv = k_buf.shape[1]
     assert Dq == D and Hq // Hkv <= ROWS, "the Gluon stage 1 takes head_dim 128, groups <= 16"
+    assert block_n in (64, 128), f"the Gluon stage 1 takes tiles of 64 or 128 keys, not {block_n}"
+    assert num_stages >= 2, f"the Gluon stage 1 needs 2 or more stages, not {num_stages}"
+    k_ld, v_ld, v_pairs = tile_layouts(block_n // WARPS)
     num_splits = mid_lse.shape[2]
-    _decode_fp8_gluon_kernel[(B, Hkv, num_splits)](
-        q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
-        qk_scale, num_splits, q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
-        Q_HEADS=Hq, GROUP=Hq // Hkv, PAGE_SIZE=page_size, PAIRS=PAIRS_ASM, num_warps=WARPS,
+    k_words, v_words = k_buf.view(torch.int32), v_buf.view(torch.int32)  # [S, Hkv, 32]
+    _decode_fp8_gluon_kernel[(Hkv, B, num_splits)](
+        q, k_words, v_words, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
+        qk_scale, num_splits, q.stride(0), q.stride(1), k_words.stride(0), k_words.stride(1),
+        Q_HEADS=Hq, GROUP=Hq // Hkv, PAGE_SIZE=page_size, PAIRS=PAIRS_ASM, WIDEN=WIDEN_ASM,
+        KEYS=block_n // WARPS, STAGES=num_stages, k_ld=k_ld, v_ld=v_ld, v_pairs=v_pairs,
+        num_warps=WARPS,
     )  # fmt: skip
-
-
