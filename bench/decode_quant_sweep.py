@@ -4,13 +4,14 @@ For MHA 32/32 and GQA 32/8 (head_dim 128, bf16 q, B64 L4096) it times every conf
 `CONFIGS` (byte or 32-bit word loads, pipelined by Triton or prefetched by the loop) on the
 token layout for each quantized pool, the best one at 2x and 4x the default split count, then
 the two defaults and the token layout's best on paged-16; each beside the 16-bit pool's
-default kernel. With `--gluon`, fp8 only: the Triton stage 1's default against each tile size
-and ring depth of the Gluon stage 1 (`GLUON`), at 1x and 2x the default split count.
+default kernel. With `--gluon`: the Triton stage 1's default against tile sizes and ring depths
+of the Gluon stage 1 (`GLUON`), at 1x and 2x the default split count.
 % is of the copy ceiling on the bytes the kernel reads (K/V plus the float32 scales); `vs16` is
 the 16-bit pool's time over this one's; `diff` is the max |o - o of the pool's first row|.
 Each row is printed and the JSON rewritten as it lands, so a time limit keeps what finished.
 
     python -m bench.decode_quant_sweep --out /tmp/sweep [--budget-s 150] [--smoke] [--gluon]
+        [--pools fp8,int8]
 """
 
 import argparse
@@ -36,7 +37,7 @@ CONFIGS = [  # the defaults (token; paged GQA), then the register-prefetch varia
     DecodeConfig(block_n=n, num_warps=4, num_stages=1, words=True, prefetch=True)
     for n in (32, 64, 128)
 ]
-GLUON = [DecodeConfig(gluon=True, block_n=n, num_stages=u) for n in (64, 128) for u in (2, 3, 4)]
+GLUON = [DecodeConfig(gluon=True, block_n=n, num_stages=u) for n, u in ((64, 2), (64, 3), (128, 2))]
 
 
 def triton_default(q_heads: int, kv_heads: int, page_size: int) -> DecodeConfig:
@@ -52,9 +53,12 @@ def main():
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter check)")
     ap.add_argument("--gluon", action="store_true",
-                    help="fp8 only: the Triton stage 1's default against the Gluon stage 1's "
-                         "tile sizes and ring depths (GPU)")
+                    help="the Triton stage 1's default against the Gluon stage 1's tile sizes "
+                         "and ring depths (GPU)")
+    ap.add_argument("--pools", default=",".join(QUANT_POOLS),
+                    help="the quantized pools to time (comma-separated)")
     args = ap.parse_args()
+    pools = {name: QUANT_POOLS[name] for name in args.pools.split(",")}
     args.out.mkdir(parents=True, exist_ok=True)
     t0, p = time.monotonic(), Preset(warmup=5, iters=20)
     B, L, Hq, D = (2, 64, 8, 128) if args.smoke else (64, 4096, 32, 128)
@@ -97,13 +101,12 @@ def main():
 
     try:
         for layout, page_size in (("token", 1), ("paged16", 16)):
-            for Hkv, (name, pool) in product(kv, [(str(dtype)[6:], dtype), *QUANT_POOLS.items()]):
+            for Hkv, (name, pool) in product(kv, [(str(dtype)[6:], dtype), *pools.items()]):
                 if pool == dtype:
                     measure(layout, page_size, Hkv, name, pool, [None])
                 elif args.gluon:
-                    if name == "fp8":
-                        measure(layout, page_size, Hkv, name, pool,
-                                [triton_default(Hq, Hkv, page_size), *GLUON], (1, 2))
+                    measure(layout, page_size, Hkv, name, pool,
+                            [triton_default(Hq, Hkv, page_size), *GLUON], (1, 2))
                 elif layout == "token":
                     measure(layout, page_size, Hkv, name, pool, CONFIGS)
                     measure(layout, page_size, Hkv, name, pool, best(layout, Hkv, name, 1), (2, 4))

@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import torch
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
@@ -41,16 +42,18 @@ def kernel_source(kind: str, q_heads: int, kv_heads: int, block_n: int, words: b
                   stages: int = 3):
     """(jit function, signature, constexprs, K/V bytes a tile) of one stage-1 kernel."""
     group = q_heads // kv_heads
-    if kind == "decode-fp8-gluon":  # 4 warps x block_n / 4 keys (16 or 32), head_dim 128
+    if kind.endswith("-gluon"):  # 4 warps x block_n / 4 keys (16 or 32), head_dim 128
         mod = importlib.import_module("kernels.decode_attention_gluon")
+        widen, pairs = mod.WIDEN_ASM[torch.int8 if kind == "decode-int8-gluon" else
+                                     torch.float8_e4m3fn]
         names = ["q_ptr", "k_ptr", "v_ptr", "k_scale_ptr", "v_scale_ptr", *COMMON]
         types = ["*bf16", "*i32", "*i32", "*fp32", "*fp32", *COMMON_TYPES]
         keys = block_n // mod.WARPS
         k_ld, v_ld, v_pairs = mod.tile_layouts(keys)
-        const = dict(Q_HEADS=q_heads, GROUP=group, PAGE_SIZE=1, PAIRS=mod.PAIRS_ASM,
-                     WIDEN=mod.WIDEN_ASM, KEYS=keys, STAGES=stages, k_ld=k_ld, v_ld=v_ld,
-                     v_pairs=v_pairs)
-        return mod._decode_fp8_gluon_kernel, dict(zip(names, types)), const, 2 * block_n * HEAD_DIM
+        const = dict(Q_HEADS=q_heads, GROUP=group, PAGE_SIZE=1, PAIRS=pairs, WIDEN=widen,
+                     KEYS=keys, STAGES=stages, k_ld=k_ld, v_ld=v_ld, v_pairs=v_pairs)
+        fn = mod._decode_quant_gluon_kernel
+        return fn, dict(zip(names, types)), const, 2 * block_n * HEAD_DIM
     if kind == "decode-16":
         mod = importlib.import_module("kernels.decode_attention")
         names = ["q_ptr", "k_ptr", "v_ptr", *COMMON]
@@ -134,7 +137,8 @@ def report(args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kernel", default="decode-fp8", choices=("decode-16", "decode-fp8",
-                                                               "decode-int8", "decode-fp8-gluon"))
+                                                               "decode-int8", "decode-fp8-gluon",
+                                                               "decode-int8-gluon"))
     ap.add_argument("--heads", default="32/32", help="query / kv heads")
     ap.add_argument("--block-n", type=int, default=128)
     ap.add_argument("--warps", type=int, default=4)

@@ -4,7 +4,7 @@ Stage 1 runs one program per (sequence, kv_head, split): it walks its slice of t
 through the page table, BLOCK_N keys at a time, for all Hq/Hkv query heads of the GQA group at
 once (tl.dot with the group padded to 16 rows; a plain multiply-reduce when the group is one
 head), and writes a partial output plus its log-sum-exp. Stage 2 merges the splits. An fp8 or
-int8 pool has its own stage 1 (`decode_attention_quant`; fp8 with head_dim 128 on sm_89+,
+int8 pool has its own stage 1 (`decode_attention_quant`; with head_dim 128 on a recent GPU,
 `decode_attention_gluon`), feeding the same merge. Launch configs: `decode_config`.
 Splitting the keys is what fills the GPU when batch * kv_heads is small next to the SM count;
 with one split (a large batch, or a short context) stage 1 writes the output and no merge runs.
@@ -197,12 +197,10 @@ def decode_attention(
     if quant:
         config = config or default_quant_config(q, k_buf, page_size)
         if config.gluon:
-            from kernels.decode_attention_gluon import decode_fp8_gluon_stage1
+            from kernels.decode_attention_gluon import decode_quant_gluon_stage1
 
-            assert k_buf.dtype == torch.float8_e4m3fn and q.dtype != torch.float32, (
-                "the Gluon stage 1 takes an fp8 pool and a 16-bit q"
-            )
-            decode_fp8_gluon_stage1(
+            assert q.dtype != torch.float32, "the Gluon stage 1 takes a 16-bit q"
+            decode_quant_gluon_stage1(
                 q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o,
                 mid_lse, page_size, sm_scale * LOG2E, config.block_n, config.num_stages,
             )  # fmt: skip

@@ -1,5 +1,5 @@
-"""Stage 1 of split-KV decode attention over an fp8 (e4m3) pool, in Gluon (explicit layouts):
-the default for fp8 pools with head_dim 128 on GPUs with fp8 conversion (sm_89+).
+"""Stage 1 of split-KV decode attention over an fp8 (e4m3) or int8 pool, in Gluon (explicit
+layouts): the default for such pools with head_dim 128 (fp8 on sm_89+, int8 on sm_80+).
 
 The Triton stage 1 (`decode_attention_quant`) reads V's 8-bit tile back from shared memory one
 byte at a time to build the tensor-core operand of `p @ v`. Here every operand is built in
@@ -15,7 +15,8 @@ registers, from layouts chosen so that a thread holds what its MMA fragments nee
   permuting head_dim (the contraction: q is loaded under the same permutation);
 - V's operand: a thread's 16 columns become one 16-byte run by permuting the output columns
   (undone at the store), and two keys' words become (key, key+1) fp16 pairs with `PRMT` +
-  `cvt.rn.f16x2.e4m3x2` in one inline-assembly step;
+  `cvt.rn.f16x2.e4m3x2` in one inline-assembly step (int8: `PRMT` each code under the
+  exponent byte of 1024 and subtract 1152, exact for -128..127);
 - every relabelling is a reshape/permute, and each conversion into an MMA layout is asserted
   free of data movement.
 Scales as in the Triton kernel: k_scale multiplies its key's score, v_scale its softmax
@@ -34,17 +35,33 @@ WARPS, ROWS, D = 4, 16, 128  # warps; q rows; head dim
 # renamed after Triton 3.6
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
-WIDEN_ASM = (  # $2 (= $3 = $4 = $5): a word of 4 codes -> 4 fp16, in byte order
+WIDEN_FP8 = (  # $2 (= $3 = $4 = $5): a word of 4 codes -> 4 fp16, in byte order
     "{ .reg .b16 a, b; mov.b32 {a, b}, $2;\n"
     "cvt.rn.f16x2.e4m3x2 $0, a; cvt.rn.f16x2.e4m3x2 $1, b; }"
 )
-PAIRS_ASM = (  # $4 (= $5..$7): a word of key k; $8 (= $9..$11): of key k + 1 -> 4 (k, k+1) pairs
+PAIRS_FP8 = (  # $4 (= $5..$7): a word of key k; $8 (= $9..$11): of key k + 1 -> 4 (k, k+1) pairs
     "{ .reg .b32 lo, hi; .reg .b16 a, b, c, d;\n"
     "prmt.b32 lo, $4, $8, 0x5140; prmt.b32 hi, $4, $8, 0x7362;\n"
     "mov.b32 {a, b}, lo; mov.b32 {c, d}, hi;\n"
     "cvt.rn.f16x2.e4m3x2 $0, a; cvt.rn.f16x2.e4m3x2 $1, b;\n"
     "cvt.rn.f16x2.e4m3x2 $2, c; cvt.rn.f16x2.e4m3x2 $3, d; }"
 )
+# int8: code x + 128 as the low byte under 0x64 is the fp16 1024 + x + 128; minus 1152 is x
+WIDEN_INT8 = (
+    "{ .reg .b32 u, e, m, lo, hi; mov.b32 e, 0x64646464; mov.b32 m, 0x64806480;\n"
+    "xor.b32 u, $2, 0x80808080; prmt.b32 lo, u, e, 0x4140; prmt.b32 hi, u, e, 0x4342;\n"
+    "sub.f16x2 $0, lo, m; sub.f16x2 $1, hi, m; }"
+)
+PAIRS_INT8 = (
+    "{ .reg .b32 a, b, e, m, lo, hi, p, q, r, t;\n"
+    "mov.b32 e, 0x64646464; mov.b32 m, 0x64806480;\n"
+    "xor.b32 a, $4, 0x80808080; xor.b32 b, $8, 0x80808080;\n"
+    "prmt.b32 lo, a, b, 0x5140; prmt.b32 hi, a, b, 0x7362;\n"
+    "prmt.b32 p, lo, e, 0x4140; prmt.b32 q, lo, e, 0x4342;\n"
+    "prmt.b32 r, hi, e, 0x4140; prmt.b32 t, hi, e, 0x4342;\n"
+    "sub.f16x2 $0, p, m; sub.f16x2 $1, q, m; sub.f16x2 $2, r, m; sub.f16x2 $3, t, m; }"
+)
+WIDEN_ASM = {torch.float8_e4m3fn: (WIDEN_FP8, PAIRS_FP8), torch.int8: (WIDEN_INT8, PAIRS_INT8)}
 
 
 @functools.cache
@@ -57,7 +74,7 @@ def tile_layouts(keys: int):
     (a = lane % 4), so a thread's 8 words of a key are contiguous.
     v_ld, V [warp, keys, 32 u]: byte p = 16 n0 + j holds logical column n0 + 8 j
     (n0 = lane // 4), so a thread's 4 words of a key are contiguous.
-    v_pairs: v_ld's registers reordered for PAIRS_ASM: a word of key k, then of key k + 1.
+    v_pairs: v_ld's registers reordered for the PAIRS asm: a word of key k, then of key k + 1.
     """
     k_keys = [[0, 0, 8], [0, 0, 16]][: keys // 16]
     v_keys = [[0, 8, 0], [0, 16, 0]][: keys // 16]
@@ -166,7 +183,7 @@ def _step(q, kw, vw, k_s, v_s, n0, end, s_rel, m, l_sum, acc, c, mma: gl.constex
 
 
 @gluon.jit
-def _decode_fp8_gluon_kernel(
+def _decode_quant_gluon_kernel(
     q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr,
     mid_o_ptr, mid_lse_ptr, qk_scale, num_splits, stride_qb, stride_qh, stride_kvs, stride_kvh,
     Q_HEADS: gl.constexpr, GROUP: gl.constexpr, PAGE_SIZE: gl.constexpr, PAIRS: gl.constexpr,
@@ -280,10 +297,10 @@ def _decode_fp8_gluon_kernel(
 
 
 
-def decode_fp8_gluon_stage1(q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens,
+def decode_quant_gluon_stage1(q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens,
                             mid_o, mid_lse, page_size: int, qk_scale: float, block_n: int = 64,
                             num_stages: int = 2) -> None:
-    """The Gluon stage 1 over an fp8 pool: same operands and partial outputs as
+    """The Gluon stage 1 over an fp8 or int8 pool: same operands and partial outputs as
     `decode_attention_quant_stage1` (head_dim 128, a GQA group of at most 16); tiles of
     `block_n` keys (64 or 128, a quarter a warp) in a ring of `num_stages` (>= 2) stages."""
     B, Hq, Dq = q.shape
@@ -292,12 +309,13 @@ def decode_fp8_gluon_stage1(q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_ind
     assert block_n in (64, 128), f"the Gluon stage 1 takes tiles of 64 or 128 keys, not {block_n}"
     assert num_stages >= 2, f"the Gluon stage 1 needs 2 or more stages, not {num_stages}"
     k_ld, v_ld, v_pairs = tile_layouts(block_n // WARPS)
+    widen, pairs = WIDEN_ASM[k_buf.dtype]
     num_splits = mid_lse.shape[2]
     k_words, v_words = k_buf.view(torch.int32), v_buf.view(torch.int32)  # [S, Hkv, 32]
-    _decode_fp8_gluon_kernel[(Hkv, B, num_splits)](
+    _decode_quant_gluon_kernel[(Hkv, B, num_splits)](
         q, k_words, v_words, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
         qk_scale, num_splits, q.stride(0), q.stride(1), k_words.stride(0), k_words.stride(1),
-        Q_HEADS=Hq, GROUP=Hq // Hkv, PAGE_SIZE=page_size, PAIRS=PAIRS_ASM, WIDEN=WIDEN_ASM,
+        Q_HEADS=Hq, GROUP=Hq // Hkv, PAGE_SIZE=page_size, PAIRS=pairs, WIDEN=widen,
         KEYS=block_n // WARPS, STAGES=num_stages, k_ld=k_ld, v_ld=v_ld, v_pairs=v_pairs,
         num_warps=WARPS,
     )  # fmt: skip

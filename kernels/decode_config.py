@@ -23,8 +23,8 @@ class DecodeConfig:
     strides are not multiples of 4, as bytes widened by casts), and `prefetch` has the loop
     carry the next tile's codes in registers (meant for num_stages=1, so that Triton's
     pipeliner leaves those loads alone). The 16-bit kernel ignores both. `gluon` runs the
-    Gluon stage 1 over an fp8 pool (`decode_attention_gluon`: block_n 64 or 128, num_stages its
-    ring of copies, the other knobs unused).
+    Gluon stage 1 over a quantized pool (`decode_attention_gluon`: block_n 64 or 128,
+    num_stages its ring of copies, the other knobs unused).
     """
 
     block_n: int = 64
@@ -52,26 +52,32 @@ GQA_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=2)
 QUANT_MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
 QUANT_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
 QUANT_PAGED_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2, words=True)
-# fp8 pools where the Gluon stage 1 applies, `python -m bench.decode_quant_sweep --gluon` on the
-# H200 (bench/results/2026-12-02-gluon-fp8-decode-h200.md): 64 keys a tile, 2 stages
+# quantized pools where the Gluon stage 1 applies, `python -m bench.decode_quant_sweep --gluon`
+# on the H200 (bench/results/2026-12-02-gluon-fp8-decode-h200.md): 64 keys a tile, 2 stages
 QUANT_GLUON_CONFIG = DecodeConfig(block_n=64, num_stages=2, gluon=True)
 
 
+# the GPUs the Gluon stage 1 runs on, per pool: fp8 conversion needs sm_89, cp.async sm_80
+GLUON_CAPABILITY = {torch.float8_e4m3fn: (8, 9), torch.int8: (8, 0)}
+
+
 @functools.cache
-def _converts_fp8(device: torch.device) -> bool:
-    """Whether Gluon kernels with fp8 conversion run here: CUDA sm_89+, not interpreted."""
-    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-            and torch.cuda.get_device_capability(device) >= (8, 9))
+def _capability(device: torch.device) -> tuple[int, int]:
+    """The CUDA compute capability Gluon kernels run at here; (0, 0) on the CPU or under the
+    Triton interpreter."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return (0, 0)
+    return torch.cuda.get_device_capability(device)
 
 
 def default_quant_config(q: torch.Tensor, k_buf: torch.Tensor, page_size: int) -> DecodeConfig:
-    """The stage-1 config over a quantized pool: the Gluon kernel for an fp8 pool with head_dim
-    128, a group of at most 16 and a 16-bit q on a GPU that converts fp8; else the Triton
+    """The stage-1 config over a quantized pool: the Gluon kernel for head_dim 128, a group of
+    at most 16 and a 16-bit q on a GPU it runs on (`GLUON_CAPABILITY`); else the Triton
     kernel's measured defaults."""
     Hq, D = q.shape[1:]
     Hkv = k_buf.shape[1]
-    if (k_buf.dtype == torch.float8_e4m3fn and D == 128 and Hq // Hkv <= 16
-            and q.dtype in (torch.float16, torch.bfloat16) and _converts_fp8(q.device)):
+    if (D == 128 and Hq // Hkv <= 16 and q.dtype in (torch.float16, torch.bfloat16)
+            and _capability(q.device) >= GLUON_CAPABILITY[k_buf.dtype]):
         return QUANT_GLUON_CONFIG
     if Hq == Hkv:
         return QUANT_MHA_CONFIG

@@ -1,4 +1,5 @@
-"""An fp8 pool decoded by the Gluon stage 1 serves the model output the Triton stage 1 serves:
+"""An fp8 or int8 pool decoded by the Gluon stage 1 serves the model output the Triton stage 1
+serves:
 a head_dim-128 variant of dummy:tiny in fp16 on CUDA (decode through CUDA graphs), the bench's
 3 random prompts, 256 tokens, each stage 1 in its own runner. GPU only."""
 
@@ -22,7 +23,8 @@ def triton_config(q, k_buf, page_size):
 
 
 @pytest.mark.gpu
-def test_gluon_and_triton_stage1_serve_the_same_output(monkeypatch):
+@pytest.mark.parametrize("kv_dtype", ["fp8", "int8"])
+def test_gluon_and_triton_stage1_serve_the_same_output(monkeypatch, kv_dtype):
     monkeypatch.setitem(DUMMY_PRESETS, "tiny-d128", dict(
         DUMMY_PRESETS["tiny"], hidden_size=512, num_attention_heads=4, num_key_value_heads=2))
     spec = resolve_model("dummy:tiny-d128")
@@ -31,7 +33,7 @@ def test_gluon_and_triton_stage1_serve_the_same_output(monkeypatch):
 
     def runner():
         return ModelRunner(spec, "cuda", torch.float16, kv_slots=slots_for(prompts),
-                           max_rows=ROWS, kv_dtype="fp8")
+                           max_rows=ROWS, kv_dtype=kv_dtype)
 
     with monkeypatch.context() as m:
         m.setattr(DECODE, "default_quant_config", triton_config)
