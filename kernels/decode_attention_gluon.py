@@ -296,7 +296,6 @@ def _decode_quant_gluon_kernel(
     gl.store(mid_lse_ptr + lse_row * num_splits + split, lse, mask=lse_rows < GROUP)
 
 
-
 def decode_quant_gluon_stage1(q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens,
                             mid_o, mid_lse, page_size: int, qk_scale: float, block_n: int = 64,
                             num_stages: int = 2) -> None:
