@@ -27,7 +27,7 @@ import torch
 from bench.kernels_attention import QUANT_POOLS, paged_pool
 from bench.kernels_common import COPY_CEILING_GBPS, Preset, timeit
 from kernels.decode_attention import DecodeConfig, decode_attention, decode_num_splits
-from kernels.decode_config import QUANT_GQA_CONFIG, QUANT_MHA_CONFIG, QUANT_PAGED_GQA_CONFIG
+from kernels.decode_config import triton_quant_config
 
 CONFIGS = [  # the defaults (token; paged GQA), then the register-prefetch variants
     DecodeConfig(block_n=128, num_warps=4, num_stages=3),
@@ -38,13 +38,6 @@ CONFIGS = [  # the defaults (token; paged GQA), then the register-prefetch varia
     for n in (32, 64, 128)
 ]
 GLUON = [DecodeConfig(gluon=True, block_n=n, num_stages=u) for n, u in ((64, 2), (64, 3), (128, 2))]
-
-
-def triton_default(q_heads: int, kv_heads: int, page_size: int) -> DecodeConfig:
-    """The Triton stage 1's default on this shape (what a GPU without fp8 conversion runs)."""
-    if q_heads == kv_heads:
-        return QUANT_MHA_CONFIG
-    return QUANT_PAGED_GQA_CONFIG if page_size > 1 else QUANT_GQA_CONFIG
 
 
 def main():
@@ -106,7 +99,7 @@ def main():
                     measure(layout, page_size, Hkv, name, pool, [None])
                 elif args.gluon:
                     measure(layout, page_size, Hkv, name, pool,
-                            [triton_default(Hq, Hkv, page_size), *GLUON], (1, 2))
+                            [triton_quant_config(Hq, Hkv, page_size), *GLUON], (1, 2))
                 elif layout == "token":
                     measure(layout, page_size, Hkv, name, pool, CONFIGS)
                     measure(layout, page_size, Hkv, name, pool, best(layout, Hkv, name, 1), (2, 4))

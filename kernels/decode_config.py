@@ -79,7 +79,12 @@ def default_quant_config(q: torch.Tensor, k_buf: torch.Tensor, page_size: int) -
     if (D == 128 and Hq // Hkv <= 16 and q.dtype in (torch.float16, torch.bfloat16)
             and _capability(q.device) >= GLUON_CAPABILITY[k_buf.dtype]):
         return QUANT_GLUON_CONFIG
-    if Hq == Hkv:
+    return triton_quant_config(Hq, Hkv, page_size)
+
+
+def triton_quant_config(q_heads: int, kv_heads: int, page_size: int) -> DecodeConfig:
+    """The Triton stage 1's measured default over a quantized pool of this shape."""
+    if q_heads == kv_heads:
         return QUANT_MHA_CONFIG
     return QUANT_PAGED_GQA_CONFIG if page_size > 1 else QUANT_GQA_CONFIG
 
