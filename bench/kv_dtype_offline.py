@@ -38,6 +38,19 @@ from bench.studies.matrix import preset_bytes
 GiB = 1 << 30
 
 
+def phases(log: list[dict]) -> dict:
+    """Where a run's device time went, from the worker's per-step log: steps with prefill
+    (chunks, maybe with decodes riding along) against pure decode steps, and idle gaps."""
+    out = {}
+    for name, steps in (("prefill", [s for s in log if not s["decode"]]),
+                        ("decode", [s for s in log if s["decode"]])):  # fmt: skip
+        out[f"{name}_steps"] = len(steps)
+        out[f"{name}_s"] = sum(s["step_ms"] for s in steps) / 1e3
+        out[f"{name}_mean_batch"] = sum(s["batch_size"] for s in steps) / max(len(steps), 1)
+    out["idle_s"] = sum(s["gap_ms"] or 0.0 for s in log) / 1e3
+    return out
+
+
 def summary(res: dict) -> list[list[str]]:
     """The table's rows: one per KV dtype, then the ratio of the last to the first."""
     rows, runs = [], res["runs"]
@@ -45,17 +58,21 @@ def summary(res: dict) -> list[list[str]]:
     for kd, r in runs.items():
         kvb = res["kv_bytes_per_token"][kd]
         if "error" in r:
-            rows.append([kd, f"{kvb:,}", "", "", "", "", r["error"]])
+            rows.append([kd, f"{kvb:,}", "", "", "", "", r["error"], "", "", ""])
             continue
+        ph = r["phases"]
         rows.append([kd, f"{kvb:,}", f"{r['kv_slots']:,}", f"{r['kv_slots'] // seq:,}",
                      f"{r['tok_s']:,.0f}", f"{r['retractions']}",
-                     ", ".join(f"{t:,.0f}" for t in r["all_tok_s"])])
+                     ", ".join(f"{t:,.0f}" for t in r["all_tok_s"]),
+                     f"{ph['prefill_steps']}: {ph['prefill_s']:.2f}",
+                     f"{ph['decode_steps']} x {ph['decode_mean_batch']:.0f}: "
+                     f"{ph['decode_s']:.2f}", f"{ph['idle_s']:.2f}"])
     if res.get("ratio") is not None:
         (a, ra), (b, rb) = list(runs.items())[0], list(runs.items())[-1]
         kv = res["kv_bytes_per_token"]
         capacity = rb["kv_slots"] / ra["kv_slots"]
         rows.append([f"{b} / {a}", f"{kv[b] / kv[a]:.3f}", f"{capacity:.2f}x", "",
-                     f"{res['ratio']:.2f}x", "", ""])
+                     f"{res['ratio']:.2f}x", "", "", "", "", ""])
     return rows
 
 
@@ -63,7 +80,7 @@ def markdown(res: dict) -> str:
     c = res["config"]
     header = ["KV dtype", "bytes / token", "pool slots",
               f"sequences of {c['input_len'] + c['output_len']}", "output tok/s", "retractions",
-              "runs tok/s"]
+              "runs tok/s", "prefill steps: s", "decode steps x batch: s", "idle s"]
     lines = [f"# KV pool dtype, offline: {c['model']} {c['dtype']}", "",
              f"Command: `{res['command']}` (git {res['commit']})  ",
              f"Device: {res['device']}, {res['date']}", "",
@@ -71,6 +88,9 @@ def markdown(res: dict) -> str:
              f"ignore_eos, overlap on; pool: "
              + (f"{res['kv_gib']} GiB each." if res["kv_gib"] else "the worker's (free GPU "
                 "memory x 0.85 less its reserve)."), "",
+             "The last three columns split the last run's device time (the worker's step log): "
+             "steps that carry prefill chunks, pure decode steps (with their mean batch), and "
+             "the gaps between steps.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in summary(res)]
     return "\n".join(lines) + "\n"
@@ -106,8 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     for kd in kv_dtypes:
         slots = int(args.kv_gib * GiB) // kvb[kd] if args.kv_gib else 0
         runs[kd] = run_part("sluice_overlap", replace(base, kv_dtype=kd, kv_slots=slots), deadline)
-        for key in ("step_log_last_run", "idle"):
-            runs[kd].pop(key, None)
+        if "step_log_last_run" in runs[kd]:
+            runs[kd]["phases"] = phases(runs[kd].pop("step_log_last_run"))
+        runs[kd].pop("idle", None)
     ok = [r for r in runs.values() if "tok_s" in r]
     res = {"command": " ".join(["python -m bench.kv_dtype_offline", *sys.argv[1:]]),
            "commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),

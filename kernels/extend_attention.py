@@ -6,6 +6,13 @@ new token attends to the whole prefix and causally to the new tokens, reading th
 from `k_new`/`v_new`, so the caller may store them into the pool before or after this call.
 One program handles BLOCK_M new tokens of one query head: FlashAttention-style online softmax
 over the prefix tiles, then over the new tiles up to the diagonal.
+
+An fp8 or int8 prefix is widened to fp16 in registers and scaled there: each code times its
+(token, head) scale rounded to fp16 (int8 on the GPU by bit arithmetic: the code + 128 under
+the exponent byte of 1024, minus 1152), and q meets it pre-scaled (sm_scale * log2 e) in
+fp16. That is one fp16 multiply a value where a float32 dequantize also converted to float32
+and rounded back to bf16, and fp16 keeps 3 more mantissa bits than bf16 (q, scaled, must
+stay under fp16's 65504). A float32 q (the CPU) keeps the prefix in float32.
 """
 
 import torch
@@ -13,22 +20,44 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.extend_config import ExtendConfig, default_extend_config
 from kernels.paging import expand_pages
 from kernels.store_kv import QUANT_MAX, dequantize_ref
 
 LOG2E = 1.4426950408889634
+INT8_TO_F16 = tl.constexpr(  # $2: 4 int8 codes -> $0, $1: 4 fp16, exact for -128..127
+    "{ .reg .b32 u, e, m, lo, hi; mov.b32 e, 0x64646464; mov.b32 m, 0x64806480;\n"
+    "xor.b32 u, $2, 0x80808080; prmt.b32 lo, u, e, 0x4140; prmt.b32 hi, u, e, 0x4342;\n"
+    "sub.f16x2 $0, lo, m; sub.f16x2 $1, hi, m; }"
+)
 
 
 @triton.jit
-def _softmax_step(q, k, v, mask, m, l_sum, acc, qk_scale):
-    """Fold one key tile into the running (max, sum, acc); base-2 logits, mask [M, N]."""
+def _softmax_step(q, k, mask, m, l_sum, qk_scale):
+    """Scores of one key tile folded into the running (max, sum): base-2 logits, mask [M, N].
+    Returns (max, sum, alpha [M]: the rescale of what came before, weights p [M, N])."""
     qk = tl.dot(q, tl.trans(k.to(q.dtype)))  # [BLOCK_M, BLOCK_N]
     qk = tl.where(mask, qk * qk_scale, float("-inf"))
     m_new = tl.maximum(m, tl.max(qk, 1))  # finite: the first tile shows every row key 0
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(qk - m_new[:, None])
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
-    return m_new, l_sum * alpha + tl.sum(p, 1), acc
+    l_sum = l_sum * alpha + tl.sum(p, 1)
+    return m_new, l_sum, alpha, p
+
+
+@triton.jit
+def _widen(x, scale, DT: tl.constexpr, INT8_ASM: tl.constexpr):
+    """Codes x [N, D] (fp8 or int8) times their rows' scale [N], in DT."""
+    if INT8_ASM:
+        x = tl.inline_asm_elementwise(INT8_TO_F16, "=r,=r,r", [x], dtype=tl.float16,
+                                      is_pure=True, pack=4)  # fmt: skip
+    return x.to(DT) * scale.to(DT)[:, None]
+
+
+@triton.jit
+def _accumulate(acc, alpha, w, v):
+    """acc [M, D] rescaled by alpha [M], plus weights w [M, N] times values v [N, D]."""
+    return acc * alpha[:, None] + tl.dot(w.to(v.dtype), v)
 
 
 @triton.jit
@@ -60,6 +89,8 @@ def _extend_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PREFIX_DTYPE: tl.constexpr,  # a quantized prefix's products: fp16, or float32 for fp32 q
+    INT8_ASM: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -83,6 +114,8 @@ def _extend_attention_kernel(
         other=0.0,
     )  # [BLOCK_M, BLOCK_D]
 
+    if QUANT:
+        q_prefix = (q.to(tl.float32) * qk_scale).to(PREFIX_DTYPE)  # [BLOCK_M, BLOCK_D]
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -100,9 +133,12 @@ def _extend_attention_kernel(
             scale_offs = slot * (Q_HEADS // GROUP) + kvh  # [BLOCK_N]
             k_s = tl.load(k_scale_ptr + scale_offs, mask=mask_n, other=0.0)
             v_s = tl.load(v_scale_ptr + scale_offs, mask=mask_n, other=0.0)
-            k = k.to(tl.float32) * k_s[:, None]
-            v = v.to(tl.float32) * v_s[:, None]
-        m, l_sum, acc = _softmax_step(q, k, v, mask_n[None, :], m, l_sum, acc, qk_scale)
+            k = _widen(k, k_s, PREFIX_DTYPE, INT8_ASM)  # [BLOCK_N, BLOCK_D]
+            v = _widen(v, v_s, PREFIX_DTYPE, INT8_ASM)
+            m, l_sum, alpha, p = _softmax_step(q_prefix, k, mask_n[None, :], m, l_sum, 1.0)
+        else:
+            m, l_sum, alpha, p = _softmax_step(q, k, mask_n[None, :], m, l_sum, qk_scale)
+        acc = _accumulate(acc, alpha, p, v)
 
     for n0 in range(0, new_end, BLOCK_N):  # new tokens, causal
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -112,7 +148,8 @@ def _extend_attention_kernel(
         k = tl.load(k_new_ptr + new_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
         v = tl.load(v_new_ptr + new_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
         causal = (offs_n[None, :] <= offs_m[:, None]) & mask_n[None, :]  # [BLOCK_M, BLOCK_N]
-        m, l_sum, acc = _softmax_step(q, k, v, causal, m, l_sum, acc, qk_scale)
+        m, l_sum, alpha, p = _softmax_step(q, k, causal, m, l_sum, qk_scale)
+        acc = _accumulate(acc, alpha, p, v)
 
     o = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
     o_offs = ((q_start + offs_m)[:, None] * Q_HEADS + h) * HEAD_DIM + offs_d[None, :]
@@ -135,6 +172,7 @@ def extend_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     max_new_len: int | None = None,
+    config: ExtendConfig | None = None,
 ) -> torch.Tensor:
     """Attention of a varlen batch's new tokens over prefix + themselves; o `[T, Hq, D]`.
 
@@ -144,7 +182,7 @@ def extend_attention(
     `[num_slots, Hkv, D]` through the CSR page table kv_indptr `[B+1]` int32 / kv_indices
     int32/int64 page ids. A float8_e4m3fn or int8 pool needs k_scale/v_scale
     `[num_slots, Hkv]` float32 (contiguous). max_new_len (the longest run of new tokens)
-    sizes the grid; None reads it from qo_indptr, a host sync.
+    sizes the grid; None reads it from qo_indptr, a host sync. config None: the default.
     """
     assert q.dim() == 3, f"q must be [T, Hq, D], got {tuple(q.shape)}"
     T, Hq, D = q.shape
@@ -191,18 +229,20 @@ def extend_attention(
         return o
     if max_new_len is None:
         max_new_len = int((qo_indptr[1:] - qo_indptr[:-1]).max())
-    block_m, block_n = (64, 64) if D <= 128 else (32, 32)
+    cfg = config or default_extend_config(D, quant, q.device)
     qo_indptr, prefix_lens, kv_indptr, kv_indices = (
         t.contiguous() for t in (qo_indptr, prefix_lens, kv_indptr, kv_indices)
     )
-    _extend_attention_kernel[(B, Hq, triton.cdiv(max_new_len, block_m))](
+    _extend_attention_kernel[(B, Hq, triton.cdiv(max_new_len, cfg.block_m))](
         q, k_new, v_new, k_buf, v_buf, k_scale, v_scale, o,
         qo_indptr, prefix_lens, kv_indptr, kv_indices, sm_scale * LOG2E,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1),
         k_buf.stride(0), k_buf.stride(1),
         Q_HEADS=Hq, GROUP=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, QUANT=quant,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(D),
-        num_warps=4, num_stages=2,
+        PREFIX_DTYPE=tl.float32 if q.dtype == torch.float32 else tl.float16,
+        INT8_ASM=k_buf.dtype == torch.int8 and q.dtype != torch.float32 and q.is_cuda,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=triton.next_power_of_2(D),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return o
 

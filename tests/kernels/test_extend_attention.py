@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from kernels.extend_attention import extend_attention, extend_attention_ref
+from kernels.extend_config import ExtendConfig, default_extend_config
 from kernels.store_kv import quantize_ref
 from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, page_table, randn
 
@@ -72,6 +73,31 @@ def test_quantized_prefix(pool_dtype):
     check(args, scales, torch.float32)
 
 
+@pytest.mark.parametrize(
+    "config",
+    [ExtendConfig(block_m=128, block_n=128, num_warps=8), ExtendConfig(block_m=16, block_n=32)],
+    ids=["128x128", "16x32"],
+)
+@pytest.mark.parametrize("pool_dtype", [None, torch.int8], ids=["16bit", "int8"])
+def test_explicit_config(config, pool_dtype):
+    # A tile taller than every run of new tokens, and one shorter than the prefix's tiles.
+    args, scales = make_inputs([130, 9], [40, 17], (4, 2, 32), 16, torch.float32, pool_dtype)
+    check(args, scales, torch.float32, config=config)
+
+
+def test_config_rejects_bad_knobs():
+    with pytest.raises(AssertionError, match="block_m 48 must be a power of two"):
+        ExtendConfig(block_m=48)
+    with pytest.raises(AssertionError, match="num_warps 3"):
+        ExtendConfig(num_warps=3)
+
+
+def test_default_config_on_cpu():
+    cpu = torch.device("cpu")
+    assert default_extend_config(128, True, cpu) == ExtendConfig()
+    assert default_extend_config(256, False, cpu) == ExtendConfig(block_m=32, block_n=32)
+
+
 def test_strided_qkv():
     args, _ = make_inputs([10, 30], [20, 9], (4, 2, 32), 1, torch.float32, seed=2)
     q, k_new, v_new, *rest = args
@@ -94,10 +120,19 @@ def test_rejects_bad_inputs():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("pool_dtype", [None, torch.float8_e4m3fn, torch.int8])
-def test_large_gpu(dtype, page_size, pool_dtype):
+def test_large_gpu(dtype, page_size, pool_dtype):  # the GPU's default configs
     gen = torch.Generator().manual_seed(3)
     prefix = torch.randint(0, 1500, (6,), generator=gen).tolist()
     new = torch.randint(1, 700, (6,), generator=gen).tolist()
     for heads in [(32, 8, 128), (9, 3, 64)]:
         args, scales = make_inputs(prefix, new, heads, page_size, dtype, pool_dtype, seed=4)
         check(args, scales, dtype)
+
+
+@pytest.mark.gpu
+def test_default_config_on_the_h200():
+    dev = torch.device("cuda")
+    if torch.cuda.get_device_properties(dev).shared_memory_per_block_optin < 200 * 1024:
+        pytest.skip("the measured defaults are the H100/H200's")
+    assert default_extend_config(128, True, dev) == ExtendConfig(128, 128, num_warps=8)
+    assert default_extend_config(128, False, dev) == ExtendConfig(num_stages=3)

@@ -1,0 +1,93 @@
+"""Launch-config sweep of extend attention over a 16-bit, fp8 and int8 cached prefix (GPU).
+
+Each case of `CASES` is B sequences of a cached prefix plus new tokens (head_dim 128, bf16 q,
+paged-16 pool). For each pool it times every config of `CONFIGS`; `default` marks the one
+`default_extend_config` picks here. `vs16` is the 16-bit pool's default over this row's time
+(nan where that default is not in `CONFIGS`), `vs16best` the 16-bit pool's fastest config over
+it (the issue's bar: a quantized prefix no slower than a 16-bit one). TFLOP/s counts the
+attention's two matmuls; `diff` is the max |o - o of the 16-bit pool's first config|. Each
+row is printed and the JSON rewritten as it lands, so a time limit keeps what finished.
+
+    python -m bench.extend_sweep --out /tmp/ext [--budget-s 120] [--smoke]
+"""
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from bench.kernels_attention import QUANT_POOLS, paged_pool
+from bench.kernels_common import Preset, timeit
+from kernels.extend_attention import extend_attention
+from kernels.extend_config import ExtendConfig, default_extend_config
+
+CASES = [  # (B, prefix, new, Hq, Hkv)
+    (4, 2048, 512, 32, 8),
+    (4, 2048, 512, 32, 32),
+    (2, 8192, 1024, 32, 8),
+]
+CONFIGS = [  # the 16-bit default first: the rows after it compare with it
+    ExtendConfig(block_m=m, block_n=n, num_warps=w, num_stages=s)
+    for m, n, w, s in [(64, 64, 4, 3), (64, 64, 4, 2), (128, 32, 4, 2), (128, 64, 8, 1),
+                       (128, 64, 8, 3), (128, 128, 8, 1), (128, 128, 8, 2), (128, 128, 8, 3)]
+]  # fmt: skip
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--budget-s", type=float, default=120.0)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter check)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0, p = time.monotonic(), Preset(warmup=3, iters=10)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    cases, configs = ([(2, 48, 24, 4, 2)], CONFIGS[:2]) if args.smoke else (CASES, CONFIGS)
+    D = 32 if args.smoke else 128
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows = []
+    try:
+        for B, prefix, new, Hq, Hkv in cases:
+            T = B * new
+            q, kn, vn = (torch.randn(T, h, D, device=dev, dtype=dtype, generator=gen)
+                         for h in (Hq, Hkv, Hkv))  # [T, H, D]  # fmt: skip
+            kc, vc = (torch.randn(B, Hkv, prefix, D, device=dev, dtype=dtype, generator=gen)
+                      for _ in "kv")  # [B, Hkv, prefix, D]  # fmt: skip
+            qo = torch.arange(B + 1, device=dev, dtype=torch.int32) * new
+            prefix_lens = torch.full((B,), prefix, dtype=torch.int32, device=dev)
+            flops = 4 * D * Hq * B * (new * prefix + new * (new + 1) / 2)
+            case, ref, base = f"B{B} prefix{prefix} new{new} H{Hq}/{Hkv} D{D} paged16", None, {}
+            for name, pool in [(str(dtype)[6:], dtype), *QUANT_POOLS.items()]:
+                k_buf, v_buf, indptr, indices, scales = paged_pool(kc, vc, 16, pool)
+                for cfg in configs:
+                    if time.monotonic() - t0 > args.budget_s:
+                        raise TimeoutError
+                    run = partial(extend_attention, q, kn, vn, k_buf, v_buf, qo, prefix_lens,
+                                  indptr, indices, 16, D**-0.5, max_new_len=new, config=cfg,
+                                  **scales)  # fmt: skip
+                    out = run()
+                    ref = out if ref is None else ref
+                    t = timeit(run, p)
+                    default = cfg == default_extend_config(D, pool != dtype, q.device)
+                    if pool == dtype:
+                        base["best"] = min(base.get("best", t), t)
+                        if default:
+                            base["default"] = t
+                    rows.append({"case": case, "pool": name, "config": asdict(cfg),
+                                 "default": default, "time_us": t, "tflops": flops / t / 1e6,
+                                 "vs16": base.get("default", float("nan")) / t,
+                                 "vs16best": base["best"] / t,
+                                 "diff": (out - ref).abs().max().item()})  # fmt: skip
+                    print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
+                    (args.out / "extend_sweep.json").write_text(json.dumps(rows, indent=1))
+    except TimeoutError:
+        print(f"budget of {args.budget_s} s spent: {len(rows)} rows", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Launch configs of extend attention (`ExtendConfig`) and the defaults measured on the H200
+(`bench.extend_sweep`, `bench/results/2026-12-02-extend-quant-h200.md`)."""
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+QUANT_SMEM = 165 * 1024  # shared memory the quantized prefix's 128 x 128 tiles in 2 stages need
+STAGES3_SMEM = 120 * 1024  # ... and the 16-bit 64 x 64 tiles in 3 stages
+
+
+@dataclass(frozen=True)
+class ExtendConfig:
+    """Launch knobs of the extend kernel: `block_m` new tokens of one head a program, over key
+    tiles of `block_n`, with `num_stages` of Triton's load pipeline."""
+
+    block_m: int = 64
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n"):
+            n = getattr(self, name)
+            assert n >= 16 and n & (n - 1) == 0, f"{name} {n} must be a power of two >= 16"
+        assert self.num_warps in (1, 2, 4, 8), f"num_warps {self.num_warps} must be 1, 2, 4 or 8"
+        assert self.num_stages >= 1, f"num_stages {self.num_stages} must be >= 1"
+
+
+@functools.cache
+def _smem_optin(device: torch.device) -> int:
+    """Shared memory a program may opt into on `device` (0 on the CPU)."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+
+
+def default_extend_config(head_dim: int, quant: bool, device: torch.device) -> ExtendConfig:
+    """The measured default. Head dim <= 128: a quantized prefix takes 128 x 128 tiles over 8
+    warps (its widening, paid once a key tile, then serves twice the rows), a 16-bit one
+    64 x 64 tiles in 3 stages, each where the GPU's shared memory holds them (else 64 x 64
+    in 2 stages); 32 x 32 tiles above head dim 128."""
+    if head_dim > 128:
+        return ExtendConfig(block_m=32, block_n=32)
+    smem = _smem_optin(device)
+    if quant and smem >= QUANT_SMEM:
+        return ExtendConfig(block_m=128, block_n=128, num_warps=8)
+    if not quant and smem >= STAGES3_SMEM:
+        return ExtendConfig(num_stages=3)
+    return ExtendConfig()

@@ -1,0 +1,18 @@
+"""`python -m bench.extend_sweep --smoke` on the CPU interpreter: every pool is timed under each
+config, the picked default is marked, and quantized rows compare with the 16-bit default."""
+
+import json
+import math
+import sys
+
+from bench import extend_sweep
+
+
+def test_smoke_rows(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["extend_sweep", "--smoke", "--out", str(tmp_path)])
+    extend_sweep.main()
+    rows = json.loads((tmp_path / "extend_sweep.json").read_text())
+    assert [r["pool"] for r in rows] == ["float32"] * 2 + ["fp8"] * 2 + ["int8"] * 2
+    assert [r["default"] for r in rows] == [False, True] * 3  # 64 x 64 in 2 stages on the CPU
+    assert all(math.isfinite(r["vs16"]) and r["vs16best"] > 0 for r in rows[2:])
+    assert all(r["diff"] < 0.2 for r in rows)  # the same attention, whatever the pool
