@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-QUANT_SMEM = 165 * 1024  # shared memory the quantized prefix's 128 x 128 tiles in 2 stages need
-STAGES3_SMEM = 120 * 1024  # ... and the 16-bit 64 x 64 tiles in 3 stages
+# shared memory of each default below (head dim 128, as compiled for sm_90)
+QUANT_SMEM = 161 * 1024  # a quantized prefix: 128 x 128 tiles in 2 stages
+STAGES3_SMEM = 112 * 1024  # 16-bit: 64 x 64 tiles in 3 stages
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,9 @@ def default_extend_config(head_dim: int, quant: bool, device: torch.device) -> E
     """The measured default. Head dim <= 128: a quantized prefix takes 128 x 128 tiles over 8
     warps (its widening, paid once a key tile, then serves twice the rows), a 16-bit one
     64 x 64 tiles in 3 stages, each where the GPU's shared memory holds them (else 64 x 64
-    in 2 stages); 32 x 32 tiles above head dim 128."""
+    in 2 stages); 32 x 32 tiles above head dim 128. (A 16-bit 128 x 128 tile in 3 stages is
+    6-12% faster over a long prefix on the H200 but slower on causal prefill without one:
+    `bench/results/2026-12-02-extend-quant-h200.md`.)"""
     if head_dim > 128:
         return ExtendConfig(block_m=32, block_n=32)
     smem = _smem_optin(device)
