@@ -23,13 +23,10 @@ import triton.language as tl
 from kernels.extend_config import ExtendConfig, default_extend_config
 from kernels.paging import expand_pages
 from kernels.store_kv import QUANT_MAX, dequantize_ref
+from kernels.widen_ptx import WIDEN_INT8
 
 LOG2E = 1.4426950408889634
-INT8_TO_F16 = tl.constexpr(  # $2: 4 int8 codes -> $0, $1: 4 fp16, exact for -128..127
-    "{ .reg .b32 u, e, m, lo, hi; mov.b32 e, 0x64646464; mov.b32 m, 0x64806480;\n"
-    "xor.b32 u, $2, 0x80808080; prmt.b32 lo, u, e, 0x4140; prmt.b32 hi, u, e, 0x4342;\n"
-    "sub.f16x2 $0, lo, m; sub.f16x2 $1, hi, m; }"
-)
+INT8_TO_F16 = tl.constexpr(WIDEN_INT8)  # $2: 4 int8 codes -> $0, $1: 4 fp16
 
 
 @triton.jit
