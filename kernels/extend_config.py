@@ -29,14 +29,7 @@ class ExtendConfig:
         assert self.num_stages >= 1, f"num_stages {self.num_stages} must be >= 1"
 
 
-@functools.cache
-def _smem_optin(device: torch.device) -> int:
-    """Shared memory a program may opt into on `device` (0 on the CPU)."""
-    if device.type != "cuda":
-        return 0
-    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
-
-
+@functools.cache  # once per (shape, pool, device): every prefill layer asks
 def default_extend_config(head_dim: int, quant: bool, device: torch.device) -> ExtendConfig:
     """The measured default. Head dim <= 128: a quantized prefix takes 128 x 128 tiles over 8
     warps (its widening, paid once a key tile, then serves twice the rows), a 16-bit one
@@ -46,7 +39,8 @@ def default_extend_config(head_dim: int, quant: bool, device: torch.device) -> E
     `bench/results/2026-12-02-extend-quant-h200.md`.)"""
     if head_dim > 128:
         return ExtendConfig(block_m=32, block_n=32)
-    smem = _smem_optin(device)
+    smem = (torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+            if device.type == "cuda" else 0)  # fmt: skip
     if quant and smem >= QUANT_SMEM:
         return ExtendConfig(block_m=128, block_n=128, num_warps=8)
     if not quant and smem >= STAGES3_SMEM:
