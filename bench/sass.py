@@ -5,7 +5,7 @@ registers, stack (spills), shared memory, resident warps and the instructions of
 can be read before spending device time on a sweep:
 
     python -m bench.sass [--kernel decode-fp8] [--heads 32/32] [--block-n 128] [--warps 4]
-                         [--stages 3] [--words] [--maxnreg N] [--top 12]
+                         [--stages 3] [--words] [--unscaled] [--maxnreg N] [--top 12]
 
 Kernels: `decode-16` (the 16-bit stage 1, padded tl.dot) and `decode-fp8` / `decode-int8`
 (the quantized stage 1), bf16 q, head_dim 128, token layout. The loop is the longest
@@ -39,8 +39,9 @@ COMMON_TYPES = ["*i32", "*i32", "*i32", "*bf16", "*fp32", "fp32", "i32", "i32", 
 
 
 def kernel_source(kind: str, q_heads: int, kv_heads: int, block_n: int, words: bool,
-                  stages: int = 3):
-    """(jit function, signature, constexprs, K/V bytes a tile) of one stage-1 kernel."""
+                  stages: int = 3, scaled: bool = True):
+    """(jit function, signature, constexprs, K/V bytes a tile) of one stage-1 kernel (`scaled`
+    False: a quantized kernel over an fp8 pool without scales)."""
     group = q_heads // kv_heads
     if kind.endswith("-gluon"):  # 4 warps x block_n / 4 keys (16 or 32), head_dim 128
         mod = importlib.import_module("kernels.decode_attention_gluon")
@@ -51,7 +52,8 @@ def kernel_source(kind: str, q_heads: int, kv_heads: int, block_n: int, words: b
         keys = block_n // mod.WARPS
         k_ld, v_ld, v_pairs = mod.tile_layouts(keys)
         const = dict(Q_HEADS=q_heads, GROUP=group, PAGE_SIZE=1, PAIRS=pairs, WIDEN=widen,
-                     KEYS=keys, STAGES=stages, k_ld=k_ld, v_ld=v_ld, v_pairs=v_pairs)
+                     KEYS=keys, STAGES=stages, SCALED=scaled, k_ld=k_ld, v_ld=v_ld,
+                     v_pairs=v_pairs)
         fn = mod._decode_quant_gluon_kernel
         return fn, dict(zip(names, types)), const, 2 * block_n * HEAD_DIM
     if kind == "decode-16":
@@ -68,8 +70,8 @@ def kernel_source(kind: str, q_heads: int, kv_heads: int, block_n: int, words: b
     types = ["*bf16", code, code, "*fp32", "*fp32", *COMMON_TYPES]
     const = dict(Q_HEADS=q_heads, GROUP=group, HEAD_DIM=HEAD_DIM, PAGE_SIZE=1,
                  DOT_DTYPE=tl.float16, INT_OFFSET=is_int, IS_INT=is_int, WORDS=words,
-                 PREFETCH=False, CODE_SCALE=256.0 if words and not is_int else 1.0, BLOCK_H=16,
-                 BLOCK_N=block_n, BLOCK_D=HEAD_DIM, PDL=False)
+                 PREFETCH=False, CODE_SCALE=256.0 if words and not is_int else 1.0,
+                 SCALED=scaled, BLOCK_H=16, BLOCK_N=block_n, BLOCK_D=HEAD_DIM, PDL=False)
     tile_bytes = 2 * block_n * HEAD_DIM
     return mod._decode_attention_quant_kernel, dict(zip(names, types)), const, tile_bytes
 
@@ -121,7 +123,7 @@ def report(args) -> dict:
         raise SystemExit("bench.sass compiles for the GPU: unset TRITON_INTERPRET")
     q_heads, kv_heads = map(int, args.heads.split("/"))
     fn, sig, const, tile_bytes = kernel_source(args.kernel, q_heads, kv_heads, args.block_n,
-                                               args.words, args.stages)
+                                               args.words, args.stages, not args.unscaled)
     usage, sass = compile_sm90(fn, sig, const, args.warps, args.stages, args.maxnreg)
     loop = main_loop(sass)
     threads = 32 * args.warps
@@ -144,6 +146,8 @@ def main() -> None:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--words", action="store_true", help="quantized: 32-bit word loads")
+    ap.add_argument("--unscaled", action="store_true",
+                    help="decode-fp8(-gluon): a pool without scales (per-tensor scale 1)")
     ap.add_argument("--maxnreg", type=int, default=None, help="cap registers a thread")
     ap.add_argument("--top", type=int, default=12, help="most frequent loop instructions")
     r = report(ap.parse_args())

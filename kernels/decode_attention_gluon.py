@@ -20,8 +20,9 @@ registers, from layouts chosen so that a thread holds what its MMA fragments nee
 - every relabelling is a reshape/permute, and each conversion into an MMA layout is asserted
   free of data movement.
 Scales as in the Triton kernel: k_scale multiplies its key's score, v_scale its softmax
-weight (normalized by the warp tile's largest). Programs run a sequence's KV heads side by
-side, so the heads share the scales' 32-byte sectors in L2. Head dim 128, group <= 16.
+weight (normalized by the warp tile's largest); an unscaled fp8 pool (SCALED off) reads none.
+Programs run a sequence's KV heads side by side, so the heads share the scales' 32-byte
+sectors in L2. Head dim 128, group <= 16.
 """
 
 import functools
@@ -112,10 +113,11 @@ def _pages(kv_indices_ptr, page_base, n0, end, k_rel, v_rel, PAGE_SIZE: gl.const
 @gluon.jit
 def _issue_tile(k_smem, v_smem, ks_smem, vs_smem, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, end,
                 kvh, stride_kvs, stride_kvh, k_rel, v_rel, s_rel, kp, vp, k_page, v_page, n0,
-                s_keys: gl.constexpr, HKV: gl.constexpr, PAGE_SIZE: gl.constexpr):
+                s_keys: gl.constexpr, HKV: gl.constexpr, PAGE_SIZE: gl.constexpr,
+                SCALED: gl.constexpr):
     """Start copying the tile at key n0 into one stage: K^T words [4, 32, KEYS], V words
-    [4, KEYS, 32], both scales [4, KEYS], from its keys' page ids (keys past `end` are
-    zero-filled, with no memory read); one commit group."""
+    [4, KEYS, 32] and (SCALED) both scales [4, KEYS], from its keys' page ids (keys past
+    `end` are zero-filled, with no memory read); one commit group."""
     k_key = n0 + k_rel
     k_slot = k_page.to(gl.int64) * PAGE_SIZE + k_key % PAGE_SIZE
     k_offs = gl.expand_dims(k_slot * stride_kvs + kvh * stride_kvh, 1) + kp[None, :, None]
@@ -126,36 +128,46 @@ def _issue_tile(k_smem, v_smem, ks_smem, vs_smem, k_ptr, v_ptr, k_scale_ptr, v_s
     v_offs = gl.expand_dims(v_slot * stride_kvs + kvh * stride_kvh, 2) + vp[None, None, :]
     _async_load(v_smem, v_ptr + v_offs,
                                            mask=gl.expand_dims(v_key < end, 2))
-    s_slot = gl.convert_layout(v_slot, s_keys) * HKV + kvh  # V's keys sit in the same threads
-    _async_load(ks_smem, k_scale_ptr + s_slot, mask=n0 + s_rel < end)
-    _async_load(vs_smem, v_scale_ptr + s_slot, mask=n0 + s_rel < end)
+    if SCALED:
+        s_slot = gl.convert_layout(v_slot, s_keys) * HKV + kvh  # V's keys sit in the same threads
+        _async_load(ks_smem, k_scale_ptr + s_slot, mask=n0 + s_rel < end)
+        _async_load(vs_smem, v_scale_ptr + s_slot, mask=n0 + s_rel < end)
     async_copy.commit_group()
 
 
 @gluon.jit
-def _step(q, kw, vw, k_s, v_s, n0, end, s_rel, m, l_sum, acc, c, mma: gl.constexpr,
-          a_op: gl.constexpr, b_op: gl.constexpr, s_rows: gl.constexpr, PAIRS: gl.constexpr,
-          WIDEN: gl.constexpr, KEYS: gl.constexpr, v_pairs: gl.constexpr):
-    """One tile of the online softmax: (m, l_sum, acc, c) after keys n0 .. n0 + 4 KEYS."""
+def _step(q, kw, vw, ks_stage, vs_stage, n0, end, s_rel, m, l_sum, acc, c, mma: gl.constexpr,
+          a_op: gl.constexpr, b_op: gl.constexpr, s_rows: gl.constexpr, s_keys: gl.constexpr,
+          PAIRS: gl.constexpr, WIDEN: gl.constexpr, KEYS: gl.constexpr, v_pairs: gl.constexpr,
+          SCALED: gl.constexpr):
+    """One tile of the online softmax: (m, l_sum, acc, c) after keys n0 .. n0 + 4 KEYS (an
+    unscaled pool's codes are the values themselves: no scale is read and c stays 1)."""
     s = mma_v2(q, _k_operand(kw, b_op, WIDEN, KEYS),
-               gl.zeros([4, 16, KEYS], gl.float32, layout=mma))
-    s = s * gl.expand_dims(k_s, 1)  # [4, 16 rows, KEYS keys], base-2 logits
+               gl.zeros([4, 16, KEYS], gl.float32, layout=mma))  # [4, 16 rows, KEYS keys]
+    if SCALED:
+        s = s * gl.expand_dims(ks_stage.load(s_keys), 1)  # base-2 logits
     s = gl.where(gl.expand_dims(n0 + s_rel < end, 1), s, float("-inf"))
     m_new = gl.maximum(m, gl.max(s, 2))  # [4, 16]
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a warp with no keys yet
     alpha = gl.exp2(m - m_safe)
     p = gl.exp2(s - gl.expand_dims(m_safe, 2))
     l_sum = l_sum * alpha + gl.sum(p, 2)
-    v_max = gl.maximum(gl.max(v_s, 1), 1e-30)  # [4]
-    w = (p * gl.expand_dims(v_s / gl.expand_dims(v_max, 1), 1)).to(gl.float16)
-    # this tile's weights are in units of v_max: rescale acc to them, then accumulate (a warp
-    # with no key in the tile keeps acc's units)
-    v_max_rows = gl.convert_layout(v_max, gl.SliceLayout(1, s_rows))
-    v_max_rows = gl.where(v_max_rows > 1e-30, v_max_rows, c)
-    factor = alpha * gl.expand_dims(c / v_max_rows, 1)  # [4, 16]
+    if SCALED:
+        v_s = vs_stage.load(s_keys)
+        v_max = gl.maximum(gl.max(v_s, 1), 1e-30)  # [4]
+        w = (p * gl.expand_dims(v_s / gl.expand_dims(v_max, 1), 1)).to(gl.float16)
+        # this tile's weights are in units of v_max: rescale acc to them, then accumulate (a
+        # warp with no key in the tile keeps acc's units)
+        v_max_rows = gl.convert_layout(v_max, gl.SliceLayout(1, s_rows))
+        v_max_rows = gl.where(v_max_rows > 1e-30, v_max_rows, c)
+        factor = alpha * gl.expand_dims(c / v_max_rows, 1)  # [4, 16]
+        c = v_max_rows
+    else:
+        w = p.to(gl.float16)
+        factor = alpha
     acc = mma_v2(gl.convert_layout(w, a_op, assert_trivial=True),
                  _v_operand(vw, v_pairs, b_op, PAIRS, KEYS), acc * gl.expand_dims(factor, 2))
-    return m_new, l_sum, acc, v_max_rows
+    return m_new, l_sum, acc, c
 
 
 @gluon.jit
@@ -163,8 +175,8 @@ def _decode_quant_gluon_kernel(
     q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr,
     mid_o_ptr, mid_lse_ptr, qk_scale, num_splits, stride_qb, stride_qh, stride_kvs, stride_kvh,
     Q_HEADS: gl.constexpr, GROUP: gl.constexpr, PAGE_SIZE: gl.constexpr, PAIRS: gl.constexpr,
-    WIDEN: gl.constexpr, KEYS: gl.constexpr, STAGES: gl.constexpr, k_ld: gl.constexpr,
-    v_ld: gl.constexpr, v_pairs: gl.constexpr,
+    WIDEN: gl.constexpr, KEYS: gl.constexpr, STAGES: gl.constexpr, SCALED: gl.constexpr,
+    k_ld: gl.constexpr, v_ld: gl.constexpr, v_pairs: gl.constexpr,
 ):  # fmt: skip
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1],
                                                   instr_shape=[1, 16, 8])
@@ -224,7 +236,7 @@ def _decode_quant_gluon_kernel(
         k_page, v_page = _pages(kv_indices_ptr, page_base, start + i * TILE, end, k_rel, v_rel,
                                 PAGE_SIZE)
         _issue_tile(k_smem.index(i), v_smem.index(i), ks_smem.index(i), vs_smem.index(i), *ld,
-                    k_page, v_page, start + i * TILE, s_keys, HKV, PAGE_SIZE)
+                    k_page, v_page, start + i * TILE, s_keys, HKV, PAGE_SIZE, SCALED)
     ahead = start + (STAGES - 1) * TILE  # the next tile to copy
     k_page, v_page = _pages(kv_indices_ptr, page_base, ahead, end, k_rel, v_rel, PAGE_SIZE)
     m = gl.full([4, 16], float("-inf"), gl.float32, layout=s_rows)
@@ -237,16 +249,15 @@ def _decode_quant_gluon_kernel(
         _barrier()  # ... for every thread; and every thread is done with tile t - 1's stage
         st = (t + STAGES - 1) % STAGES
         _issue_tile(k_smem.index(st), v_smem.index(st), ks_smem.index(st), vs_smem.index(st),
-                    *ld, k_page, v_page, ahead, s_keys, HKV, PAGE_SIZE)
+                    *ld, k_page, v_page, ahead, s_keys, HKV, PAGE_SIZE, SCALED)
         ahead += TILE
         k_page, v_page = _pages(kv_indices_ptr, page_base, ahead, end, k_rel, v_rel, PAGE_SIZE)
         st = t % STAGES
         k_words = k_smem.index(st).load(k_ld)
         v_words = v_smem.index(st).load(v_ld)
-        k_s = ks_smem.index(st).load(s_keys)
-        v_s = vs_smem.index(st).load(s_keys)
-        m, l_sum, acc, c = _step(q, k_words, v_words, k_s, v_s, n0, end, s_rel, m, l_sum, acc,
-                                 c, mma, a_op, b_op, s_rows, PAIRS, WIDEN, KEYS, v_pairs)
+        m, l_sum, acc, c = _step(q, k_words, v_words, ks_smem.index(st), vs_smem.index(st), n0,
+                                 end, s_rel, m, l_sum, acc, c, mma, a_op, b_op, s_rows, s_keys,
+                                 PAIRS, WIDEN, KEYS, v_pairs, SCALED)
     async_copy.wait_group(0)  # no copy may land after the program ends
 
     # merge the 4 warps: o = sum_w 2^(m_w - M) acc_w / sum_w 2^(m_w - M) l_w
@@ -277,7 +288,8 @@ def decode_quant_gluon_stage1(q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_i
                             num_stages: int = 2) -> None:
     """The Gluon stage 1 over an fp8 or int8 pool: same operands and partial outputs as
     `decode_attention_quant_stage1` (head_dim 128, a GQA group of at most 16); tiles of
-    `block_n` keys (64 or 128, a quarter a warp) in a ring of `num_stages` (>= 2) stages."""
+    `block_n` keys (64 or 128, a quarter a warp) in a ring of `num_stages` (>= 2) stages.
+    k_scale and v_scale None: an unscaled fp8 pool (its codes are the values)."""
     B, Hq, Dq = q.shape
     Hkv = k_buf.shape[1]
     assert Dq == D and Hq // Hkv <= ROWS, "the Gluon stage 1 takes head_dim 128, groups <= 16"
@@ -287,10 +299,14 @@ def decode_quant_gluon_stage1(q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_i
     widen, pairs = WIDEN_ASM[k_buf.dtype]
     num_splits = mid_lse.shape[2]
     k_words, v_words = k_buf.view(torch.int32), v_buf.view(torch.int32)  # [S, Hkv, 32]
+    scaled = k_scale is not None
+    if not scaled:  # the kernel reads no scale: any pointer will do
+        k_scale = v_scale = mid_lse
     _decode_quant_gluon_kernel[(Hkv, B, num_splits)](
         q, k_words, v_words, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
         qk_scale, num_splits, q.stride(0), q.stride(1), k_words.stride(0), k_words.stride(1),
         Q_HEADS=Hq, GROUP=Hq // Hkv, PAGE_SIZE=page_size, PAIRS=pairs, WIDEN=widen,
-        KEYS=block_n // WARPS, STAGES=num_stages, k_ld=k_ld, v_ld=v_ld, v_pairs=v_pairs,
+        KEYS=block_n // WARPS, STAGES=num_stages, SCALED=scaled, k_ld=k_ld, v_ld=v_ld,
+        v_pairs=v_pairs,
         num_warps=WARPS,
     )  # fmt: skip

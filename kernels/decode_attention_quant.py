@@ -19,7 +19,9 @@ merge), shaped so that a byte of KV costs as little work as it can:
   8-bit tile is hoisted behind its shared-memory load, and V in `p @ v` (a transposed 8-bit B
   operand, which ldmatrix cannot serve) is then read one byte at a time;
 - with `DecodeConfig.prefetch` the loop carries the next tile's codes and scales in
-  registers, loaded before this tile's math, instead of leaving the loads to the pipeliner.
+  registers, loaded before this tile's math, instead of leaving the loads to the pipeliner;
+- an fp8 pool without scales (SCALED off: a per-tensor scale of 1) reads no scale, each
+  key's scale being 1.
 """
 
 import torch
@@ -64,10 +66,11 @@ def _load_tile(
     k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, kv_indices_ptr, page_base, n0, end, kvh,
     stride_kvs, stride_kvh,
     KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, PACK: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
     """Raw K/V codes `[BLOCK_N, BLOCK_D // PACK]` (PACK codes an element: int32 words when 4,
-    bytes when 1), their scales `[BLOCK_N]` and key mask for keys n0.. (masked from `end`)."""
+    bytes when 1), their scales `[BLOCK_N]` (1 unSCALED) and key mask for keys n0.. (masked
+    from `end`)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mask_n = offs_n < end
     page = tl.load(kv_indices_ptr + page_base + offs_n // PAGE_SIZE, mask=mask_n, other=0)
@@ -77,8 +80,12 @@ def _load_tile(
     offs = slot[:, None] * stride_kvs + kvh * stride_kvh + offs_c[None, :]
     k = tl.load(k_ptr + offs, mask=mask, other=0.0)  # [BLOCK_N, BLOCK_D // PACK]
     v = tl.load(v_ptr + offs, mask=mask, other=0.0)  # [BLOCK_N, BLOCK_D // PACK]
-    k_s = tl.load(k_scale_ptr + slot * KV_HEADS + kvh, mask=mask_n, other=0.0)  # [BLOCK_N]
-    v_s = tl.load(v_scale_ptr + slot * KV_HEADS + kvh, mask=mask_n, other=0.0)  # [BLOCK_N]
+    if SCALED:
+        k_s = tl.load(k_scale_ptr + slot * KV_HEADS + kvh, mask=mask_n, other=0.0)  # [BLOCK_N]
+        v_s = tl.load(v_scale_ptr + slot * KV_HEADS + kvh, mask=mask_n, other=0.0)  # [BLOCK_N]
+    else:
+        k_s = tl.full([BLOCK_N], 1.0, tl.float32)
+        v_s = k_s
     return k, v, k_s, v_s, mask_n
 
 
@@ -87,7 +94,7 @@ def _decode_attention_quant_kernel(
     q_ptr,
     k_ptr,  # [num_slots, Hkv, HEAD_DIM] float8e4nv or int8; v the same
     v_ptr,
-    k_scale_ptr,  # [num_slots, Hkv] contiguous float32
+    k_scale_ptr,  # [num_slots, Hkv] contiguous float32 (read only when SCALED)
     v_scale_ptr,
     kv_indptr_ptr,
     kv_indices_ptr,
@@ -110,6 +117,7 @@ def _decode_attention_quant_kernel(
     WORDS: tl.constexpr,
     PREFETCH: tl.constexpr,
     CODE_SCALE: tl.constexpr,
+    SCALED: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -147,6 +155,7 @@ def _decode_attention_quant_kernel(
         k_nx, v_nx, ks_nx, vs_nx, mask_nx = _load_tile(
             k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, kv_indices_ptr, page_base, start, end, kvh,
             stride_kvs, stride_kvh, Q_HEADS // GROUP, HEAD_DIM, PAGE_SIZE, PACK, BLOCK_N, BLOCK_D,
+            SCALED,
         )  # fmt: skip
     for n0 in range(start, end, BLOCK_N):
         if PREFETCH:
@@ -154,13 +163,13 @@ def _decode_attention_quant_kernel(
             k_nx, v_nx, ks_nx, vs_nx, mask_nx = _load_tile(
                 k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, kv_indices_ptr, page_base, n0 + BLOCK_N,
                 end, kvh, stride_kvs, stride_kvh, Q_HEADS // GROUP, HEAD_DIM, PAGE_SIZE, PACK,
-                BLOCK_N, BLOCK_D,
+                BLOCK_N, BLOCK_D, SCALED,
             )  # fmt: skip
         else:
             k, v, k_s, v_s, mask_n = _load_tile(
                 k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, kv_indices_ptr, page_base, n0, end, kvh,
                 stride_kvs, stride_kvh, Q_HEADS // GROUP, HEAD_DIM, PAGE_SIZE, PACK, BLOCK_N,
-                BLOCK_D,
+                BLOCK_D, SCALED,
             )  # fmt: skip
         if WORDS:
             k = _unpack_words(k, IS_INT).to(DOT_DTYPE)  # [BLOCK_N, BLOCK_D]
@@ -210,7 +219,8 @@ def decode_attention_quant_stage1(
 ) -> None:  # fmt: skip
     """Launch stage 1 over a quantized pool into `mid_o`/`mid_lse` (shapes as in
     `decode_attention`, which validates the inputs; with one split `mid_o` may be the output,
-    `[B, Hq, 1, D]` in q's dtype); `config` is a `DecodeConfig`."""
+    `[B, Hq, 1, D]` in q's dtype); `config` is a `DecodeConfig`. k_scale and v_scale None: an
+    unscaled fp8 pool."""
     B, Hq, D = q.shape
     Hkv = k_buf.shape[1]
     num_splits = mid_lse.shape[2]
@@ -223,13 +233,16 @@ def decode_attention_quant_stage1(
     words = config.words and all(n % 4 == 0 for n in aligned)  # else bytes
     if words:
         k_buf, v_buf = k_buf.view(torch.int32), v_buf.view(torch.int32)  # [S, Hkv, D // 4]
+    scaled = k_scale is not None
+    if not scaled:  # the kernel reads no scale: any pointer will do
+        k_scale = v_scale = mid_lse
     _decode_attention_quant_kernel[(B, Hkv, num_splits)](
         q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
         qk_scale, num_splits, q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
         Q_HEADS=Hq, GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size,
         DOT_DTYPE=tl.float16 if half else tl.float32, INT_OFFSET=is_int and half,
         IS_INT=is_int, WORDS=words, PREFETCH=config.prefetch,
-        CODE_SCALE=256.0 if words and not is_int else 1.0,
+        CODE_SCALE=256.0 if words and not is_int else 1.0, SCALED=scaled,
         BLOCK_H=block_h, BLOCK_N=config.block_n, BLOCK_D=block_d,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl_args(q.device),
     )  # fmt: skip

@@ -55,6 +55,9 @@ QUANT_PAGED_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2, wo
 # quantized pools where the Gluon stage 1 applies, `python -m bench.decode_quant_sweep --gluon`
 # on the H200 (bench/results/2026-12-02-gluon-fp8-decode-h200.md): 64 keys a tile, 2 stages
 QUANT_GLUON_CONFIG = DecodeConfig(block_n=64, num_stages=2, gluon=True)
+# an unscaled fp8 pool (no scale state in the loop), the same sweep with `--pools fp8_e4m3`
+# (bench/results/2026-12-02-fp8-e4m3-kv-h200.md): 128 keys a tile led on 3 of its 4 shapes
+UNSCALED_GLUON_CONFIG = DecodeConfig(block_n=128, num_stages=2, gluon=True)
 
 
 # the GPUs the Gluon stage 1 runs on, per pool: fp8 conversion needs sm_89, cp.async sm_80
@@ -70,15 +73,16 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-def default_quant_config(q: torch.Tensor, k_buf: torch.Tensor, page_size: int) -> DecodeConfig:
-    """The stage-1 config over a quantized pool: the Gluon kernel for head_dim 128, a group of
-    at most 16 and a 16-bit q on a GPU it runs on (`GLUON_CAPABILITY`); else the Triton
-    kernel's measured defaults."""
+def default_quant_config(q: torch.Tensor, k_buf: torch.Tensor, page_size: int,
+                         scaled: bool = True) -> DecodeConfig:
+    """The stage-1 config over a quantized pool (`scaled` False: fp8 without scales): the
+    Gluon kernel for head_dim 128, a group of at most 16 and a 16-bit q on a GPU it runs on
+    (`GLUON_CAPABILITY`); else the Triton kernel's measured defaults."""
     Hq, D = q.shape[1:]
     Hkv = k_buf.shape[1]
     if (D == 128 and Hq // Hkv <= 16 and q.dtype in (torch.float16, torch.bfloat16)
             and _capability(q.device) >= GLUON_CAPABILITY[k_buf.dtype]):
-        return QUANT_GLUON_CONFIG
+        return QUANT_GLUON_CONFIG if scaled else UNSCALED_GLUON_CONFIG
     return triton_quant_config(Hq, Hkv, page_size)
 
 

@@ -12,7 +12,8 @@ An fp8 or int8 prefix is widened to fp16 in registers and scaled there: each cod
 the exponent byte of 1024, minus 1152), and q meets it pre-scaled (sm_scale * log2 e) in
 fp16. That is one fp16 multiply a value where a float32 dequantize also converted to float32
 and rounded back to bf16, and fp16 keeps 3 more mantissa bits than bf16 (q, scaled, must
-stay under fp16's 65504). A float32 q (the CPU) keeps the prefix in float32.
+stay under fp16's 65504). An unscaled fp8 prefix (per-tensor scale 1) is only widened. A
+float32 q (the CPU) keeps the prefix in float32.
 """
 
 import torch
@@ -22,7 +23,7 @@ import triton.language as tl
 
 from kernels.extend_config import ExtendConfig, default_extend_config
 from kernels.paging import expand_pages
-from kernels.store_kv import QUANT_MAX, dequantize_ref
+from kernels.store_kv import QUANT_MAX, dequantize_ref, unscaled_pool
 from kernels.widen_ptx import WIDEN_INT8
 
 LOG2E = 1.4426950408889634
@@ -64,7 +65,7 @@ def _extend_attention_kernel(
     v_new_ptr,
     k_ptr,
     v_ptr,
-    k_scale_ptr,  # [num_slots, Hkv] contiguous, read only when QUANT
+    k_scale_ptr,  # [num_slots, Hkv] contiguous, read only when QUANT and SCALED
     v_scale_ptr,
     o_ptr,  # [T, Q_HEADS, HEAD_DIM] contiguous
     qo_indptr_ptr,
@@ -83,6 +84,7 @@ def _extend_attention_kernel(
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     QUANT: tl.constexpr,
+    SCALED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -127,11 +129,14 @@ def _extend_attention_kernel(
         k = tl.load(k_ptr + kv_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
         v = tl.load(v_ptr + kv_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
         if QUANT:
-            scale_offs = slot * (Q_HEADS // GROUP) + kvh  # [BLOCK_N]
-            k_s = tl.load(k_scale_ptr + scale_offs, mask=mask_n, other=0.0)
-            v_s = tl.load(v_scale_ptr + scale_offs, mask=mask_n, other=0.0)
-            k = _widen(k, k_s, PREFIX_DTYPE, INT8_ASM)  # [BLOCK_N, BLOCK_D]
-            v = _widen(v, v_s, PREFIX_DTYPE, INT8_ASM)
+            if SCALED:
+                scale_offs = slot * (Q_HEADS // GROUP) + kvh  # [BLOCK_N]
+                k_s = tl.load(k_scale_ptr + scale_offs, mask=mask_n, other=0.0)
+                v_s = tl.load(v_scale_ptr + scale_offs, mask=mask_n, other=0.0)
+                k = _widen(k, k_s, PREFIX_DTYPE, INT8_ASM)  # [BLOCK_N, BLOCK_D]
+                v = _widen(v, v_s, PREFIX_DTYPE, INT8_ASM)
+            else:  # an unscaled fp8 prefix: its codes are the values
+                k, v = k.to(PREFIX_DTYPE), v.to(PREFIX_DTYPE)  # [BLOCK_N, BLOCK_D]
             m, l_sum, alpha, p = _softmax_step(q_prefix, k, mask_n[None, :], m, l_sum, 1.0)
         else:
             m, l_sum, alpha, p = _softmax_step(q, k, mask_n[None, :], m, l_sum, qk_scale)
@@ -177,9 +182,10 @@ def extend_attention(
     equal strides); sequence i's rows are `qo_indptr[i]:qo_indptr[i+1]` (int32 `[B+1]`). Its
     `prefix_lens[i]` (int32 `[B]`) cached tokens are read from k_buf/v_buf
     `[num_slots, Hkv, D]` through the CSR page table kv_indptr `[B+1]` int32 / kv_indices
-    int32/int64 page ids. A float8_e4m3fn or int8 pool needs k_scale/v_scale
-    `[num_slots, Hkv]` float32 (contiguous). max_new_len (the longest run of new tokens)
-    sizes the grid; None reads it from qo_indptr, a host sync. config None: the default.
+    int32/int64 page ids. An int8 pool needs k_scale/v_scale `[num_slots, Hkv]` float32
+    (contiguous); a float8_e4m3fn pool takes them, or None for unscaled codes. max_new_len
+    (the longest run of new tokens) sizes the grid; None reads it from qo_indptr, a host
+    sync. config None: the default.
     """
     assert q.dim() == 3, f"q must be [T, Hq, D], got {tuple(q.shape)}"
     T, Hq, D = q.shape
@@ -212,15 +218,16 @@ def extend_attention(
     )
     assert page_size >= 1, f"page_size {page_size} must be positive"
     quant = k_buf.dtype in QUANT_MAX
-    if quant:
+    scaled = quant and not unscaled_pool(k_buf, k_scale, v_scale)
+    if scaled:
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
             assert s is not None and s.shape == k_buf.shape[:2] and s.dtype == torch.float32, (
                 f"a {k_buf.dtype} pool needs {name} float32 [{k_buf.shape[0]}, {Hkv}]"
             )
             assert s.is_contiguous(), f"{name} must be contiguous"
     else:
-        assert k_buf.dtype == q.dtype, f"pool dtype {k_buf.dtype} != q dtype {q.dtype}"
-        k_scale = v_scale = prefix_lens  # unused placeholders: QUANT is off
+        assert quant or k_buf.dtype == q.dtype, f"pool dtype {k_buf.dtype} != q dtype {q.dtype}"
+        k_scale = v_scale = prefix_lens  # unused placeholders: no scale is read
     o = torch.empty(T, Hq, D, dtype=q.dtype, device=q.device)
     if T == 0 or B == 0:
         return o
@@ -236,7 +243,7 @@ def extend_attention(
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1),
         k_buf.stride(0), k_buf.stride(1),
         Q_HEADS=Hq, GROUP=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, QUANT=quant,
-        PREFIX_DTYPE=tl.float32 if q.dtype == torch.float32 else tl.float16,
+        SCALED=scaled, PREFIX_DTYPE=tl.float32 if q.dtype == torch.float32 else tl.float16,
         INT8_ASM=k_buf.dtype == torch.int8 and q.dtype != torch.float32 and q.is_cuda,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=triton.next_power_of_2(D),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

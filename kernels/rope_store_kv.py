@@ -20,7 +20,7 @@ import triton.language as tl
 from kernels.pdl import pdl_args, pdl_wait
 from kernels.rmsnorm import rmsnorm_ref
 from kernels.rope import apply_rope_ref
-from kernels.store_kv import QUANT_MAX, _quantize_store, store_kv_ref
+from kernels.store_kv import QUANT_MAX, _quantize_store, store_kv_ref, unscaled_pool
 
 
 @triton.jit
@@ -189,7 +189,7 @@ def rope_store_kv(
     if norm:
         assert q_norm.shape == (D,) and k_norm.shape == (D,), f"q/k norm weights must be [{D}]"
         assert q_norm.is_contiguous() and k_norm.is_contiguous(), "norm weights: contiguous"
-    quant = k_buf.dtype in QUANT_MAX
+    quant = k_buf.dtype in QUANT_MAX and not unscaled_pool(k_buf, k_scale, v_scale)
     if quant:
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
             assert s is not None and s.shape == k_buf.shape[:2] and s.dtype == torch.float32, (
@@ -210,7 +210,7 @@ def rope_store_kv(
             k_buf.stride(1), cos_sin_cache.stride(0),
             Q_HEADS=Hq, KV_HEADS=Hkv, HEAD_DIM=D, NORM=norm, KV_OUT=kv_out,
             BLOCK_HQ=block_hq, BLOCK_HK=triton.next_power_of_2(Hkv), BLOCK_D=block_d,
-            QUANT=quant, IS_INT=k_buf.dtype == torch.int8, QMAX=QUANT_MAX.get(k_buf.dtype, 1.0),
+            QUANT=quant, IS_INT=k_buf.dtype == torch.int8, QMAX=QUANT_MAX.get(k_buf.dtype, 0.0),
             num_warps=8 if block_hq * block_d >= 4096 else 4,  # q tile and its partner in fp32
             **pdl_args(q.device),
         )  # fmt: skip

@@ -2,7 +2,8 @@
 
 Quantized pools keep one float32 scale per (slot, kv_head): `x ~= q * scale` with
 `scale = amax(|x|) / qmax` over head_dim (qmax 448 for e4m3, 127 for int8; 1.0 for an all-zero
-row). int8 rounds half up, `floor(x / scale + 0.5)`.
+row). int8 rounds half up, `floor(x / scale + 0.5)`. An fp8 pool without scales (per-tensor
+scale 1) stores `x` itself, clamped to +-448.
 """
 
 import torch
@@ -23,7 +24,8 @@ def _quantize_store(
     IS_INT: tl.constexpr,
     QMAX: tl.constexpr,
 ):
-    """Store one [BLOCK_H, BLOCK_D] tile `x` (fp32), quantized per row when QUANT."""
+    """Store one [BLOCK_H, BLOCK_D] tile `x` (fp32), quantized per row when QUANT, else cast
+    (clamped to +-QMAX where QMAX > 0: an unscaled fp8 pool's 448; a 16-bit pool's is 0)."""
     if QUANT:
         amax = tl.max(tl.abs(x), 1)  # [BLOCK_H]
         scale = tl.where(amax > 0, amax / QMAX, 1.0)  # [BLOCK_H]
@@ -34,6 +36,8 @@ def _quantize_store(
         tl.store(dst_ptrs, y.to(dst_ptrs.dtype.element_ty), mask=mask)
         tl.store(scale_ptrs, scale, mask=mask_h)
     else:
+        if QMAX > 0:
+            x = tl.minimum(tl.maximum(x, -QMAX), QMAX)
         tl.store(dst_ptrs, x.to(dst_ptrs.dtype.element_ty), mask=mask)
 
 
@@ -86,8 +90,9 @@ def store_kv(
     """Write `k`, `v` `[T, kv_heads, head_dim]` into `k_buf`, `v_buf` `[num_slots, kv_heads,
     head_dim]` at rows `slots [T]` (int32/int64), in place.
 
-    For a float8_e4m3fn or int8 pool, `k_scale`/`v_scale` `[num_slots, kv_heads]` float32 are
-    required and receive the per-(slot, head) scales. Other pool dtypes get a plain cast.
+    For an int8 pool, `k_scale`/`v_scale` `[num_slots, kv_heads]` float32 are required and
+    receive the per-(slot, head) scales; a float8_e4m3fn pool takes them or, without, stores
+    unscaled codes (clamped to +-448). Other pool dtypes get a plain cast.
     """
     assert k.dim() == 3 and k.shape == v.shape, (
         f"k {tuple(k.shape)} and v {tuple(v.shape)} must both be [T, H, D]"
@@ -103,7 +108,7 @@ def store_kv(
     assert k.stride() == v.stride(), "k and v must share strides"
     assert k_buf.stride() == v_buf.stride(), "k_buf and v_buf must share strides"
     assert k.stride(-1) == 1 and k_buf.stride(-1) == 1, "k, k_buf must be contiguous in head_dim"
-    quant = k_buf.dtype in QUANT_MAX
+    quant = k_buf.dtype in QUANT_MAX and not unscaled_pool(k_buf, k_scale, v_scale)
     if quant:
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
             assert s is not None, f"{name} is required for a {k_buf.dtype} pool"
@@ -120,8 +125,14 @@ def store_kv(
         k.stride(0), k.stride(1), k_buf.stride(0), k_buf.stride(1),
         KV_HEADS=H, HEAD_DIM=D, BLOCK_H=triton.next_power_of_2(H),
         BLOCK_D=triton.next_power_of_2(D), QUANT=quant, IS_INT=k_buf.dtype == torch.int8,
-        QMAX=QUANT_MAX.get(k_buf.dtype, 1.0),
+        QMAX=QUANT_MAX.get(k_buf.dtype, 0.0),
     )  # fmt: skip
+
+
+def unscaled_pool(buf: torch.Tensor, k_scale: torch.Tensor | None,
+                  v_scale: torch.Tensor | None = None) -> bool:
+    """An fp8 pool read and written without scales (a per-tensor scale of 1)."""
+    return buf.dtype == torch.float8_e4m3fn and k_scale is None and v_scale is None
 
 
 def quantize_ref(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,10 +148,11 @@ def quantize_ref(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, tor
 
 
 def dequantize_ref(q: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """`q [..., D]` times `scale [...]` in float32; a None scale means an unquantized pool,
-    read in float32 (or in its own dtype when that is wider)."""
+    """`q [..., D]` times `scale [...]` in float32; a None scale means an unscaled pool (16-bit,
+    or fp8 with a per-tensor scale of 1), read in float32 (or in its own dtype when wider)."""
     if scale is None:
-        return q.to(torch.promote_types(q.dtype, torch.float32))
+        return q.to(torch.float32 if q.dtype in QUANT_MAX else
+                    torch.promote_types(q.dtype, torch.float32))  # fmt: skip
     return q.float() * scale[..., None].float()
 
 
@@ -157,7 +169,9 @@ def store_kv_ref(
     """Torch reference of `store_kv` (same in-place contract)."""
     slots = slots.long()
     for x, buf, scale in ((k, k_buf, k_scale), (v, v_buf, v_scale)):
-        if buf.dtype in QUANT_MAX:
+        if buf.dtype in QUANT_MAX and scale is None:  # an unscaled fp8 pool
+            buf[slots] = x.float().clamp(-QUANT_MAX[buf.dtype], QUANT_MAX[buf.dtype]).to(buf.dtype)
+        elif buf.dtype in QUANT_MAX:
             q, s = quantize_ref(x, buf.dtype)  # [T, H, D], [T, H]
             buf[slots] = q
             scale[slots] = s

@@ -13,7 +13,9 @@ from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, page_table, randn
 HEADS = [(3, 3, 64), (9, 3, 48), (8, 2, 32), (8, 1, 80)]  # (Hq, Hkv, D): GQA 1, 3, 4, 8
 
 
-def make_inputs(lens, heads, page_size, dtype, pool_dtype=None, seed=0):
+def make_inputs(lens, heads, page_size, dtype, pool_dtype=None, seed=0, scaled=True):
+    """Decode inputs over a pool of `pool_dtype` (None: `dtype`), quantized per (slot, head)
+    or, `scaled` False (fp8), cast: the codes are the values."""
     gen = torch.Generator().manual_seed(seed)
     Hq, Hkv, D = heads
     kv_indptr, kv_indices, num_slots = page_table(lens, page_size, gen)
@@ -21,9 +23,11 @@ def make_inputs(lens, heads, page_size, dtype, pool_dtype=None, seed=0):
     k_buf = randn(num_slots, Hkv, D, dtype=dtype, gen=gen)  # [S, Hkv, D]
     v_buf = randn(num_slots, Hkv, D, dtype=dtype, gen=gen)  # [S, Hkv, D]
     scales = {}
-    if pool_dtype is not None:
+    if pool_dtype is not None and scaled:
         k_buf, scales["k_scale"] = quantize_ref(k_buf, pool_dtype)
         v_buf, scales["v_scale"] = quantize_ref(v_buf, pool_dtype)
+    elif pool_dtype is not None:
+        k_buf, v_buf = k_buf.to(pool_dtype), v_buf.to(pool_dtype)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     return (q, k_buf, v_buf, kv_indptr, kv_indices, seq_lens, page_size, D**-0.5), scales
 

@@ -13,6 +13,7 @@ from kernels.decode_config import (
     QUANT_GQA_CONFIG,
     QUANT_MHA_CONFIG,
     QUANT_PAGED_GQA_CONFIG,
+    UNSCALED_GLUON_CONFIG,
     DecodeConfig,
     default_quant_config,
 )
@@ -34,6 +35,20 @@ POOLS = [torch.float8_e4m3fn, torch.int8]
 def test_default_matches_reference(pool, dtype, heads, page_size, num_splits):
     args, scales = make_inputs(LENS, heads, page_size, dtype, pool, seed=sum(heads))
     check(args, scales, dtype, config=QUANT_GLUON_CONFIG, num_splits=num_splits)
+
+
+@GPU
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(32, 32, 128), (32, 8, 128), (16, 1, 128)], ids=str)
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("block_n, num_stages", [(64, 2), (64, 3), (128, 2)])
+def test_unscaled_fp8_matches_reference(dtype, heads, page_size, block_n, num_stages):
+    # No scale tensor: the kernel reads only the codes, which are the values.
+    args, scales = make_inputs(LENS, heads, page_size, dtype, torch.float8_e4m3fn,
+                               seed=block_n + num_stages, scaled=False)
+    for num_splits in (None, 1, 3):
+        check(args, scales, dtype, num_splits=num_splits,
+              config=DecodeConfig(gluon=True, block_n=block_n, num_stages=num_stages))
 
 
 @GPU
@@ -87,6 +102,8 @@ def test_gpu_takes_gluon_where_it_applies():  # an sm_89+ GPU
     assert default_quant_config(q, kv_buf(fp8, device=cuda), 16) == QUANT_GLUON_CONFIG
     assert default_quant_config(q.half(), kv_buf(fp8, 32, device=cuda), 1) == QUANT_GLUON_CONFIG
     assert default_quant_config(q, kv_buf(torch.int8, device=cuda), 1) == QUANT_GLUON_CONFIG
+    assert default_quant_config(q, kv_buf(fp8, device=cuda), 1, scaled=False) == (
+        UNSCALED_GLUON_CONFIG)
     assert default_quant_config(q, kv_buf(fp8, 1, device=cuda), 1) == QUANT_GQA_CONFIG  # group 32
     q64 = torch.zeros(2, 32, 64, dtype=torch.bfloat16, device=cuda)
     assert default_quant_config(q64, kv_buf(fp8, 32, 64, cuda), 1) == QUANT_MHA_CONFIG

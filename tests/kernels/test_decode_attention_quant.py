@@ -1,5 +1,6 @@
 """The quantized decode kernel's load paths: 32-bit words widened by bit arithmetic, bytes
-widened by casts, and the register prefetch of the next tile, each against the reference."""
+widened by casts, and the register prefetch of the next tile, each against the reference,
+over pools with per-(slot, head) scales and over an unscaled fp8 pool."""
 
 import pytest
 import torch
@@ -26,6 +27,17 @@ def test_load_paths_match_reference(dtype, pool_dtype, config):
     # words fall back to bytes), token and paged layouts, partial last tiles.
     for page_size, heads in ((1, (9, 3, 48)), (16, (8, 1, 80)), (16, (4, 2, 30))):
         args, scales = make_inputs([1, 37, 150], heads, page_size, dtype, pool_dtype, seed=10)
+        check(args, scales, dtype, config=config)
+
+
+@pytest.mark.parametrize("config", LOAD_PATHS, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unscaled_fp8_matches_reference(dtype, config):
+    # No scale tensor at all: the codes are the values (a per-tensor scale of 1).
+    for page_size, heads in ((1, (9, 3, 48)), (16, (4, 4, 80))):
+        args, scales = make_inputs([1, 37, 150], heads, page_size, dtype, torch.float8_e4m3fn,
+                                   seed=12, scaled=False)
+        assert scales == {}
         check(args, scales, dtype, config=config)
 
 

@@ -73,6 +73,15 @@ def test_quantized_prefix(pool_dtype):
     check(args, scales, torch.float32)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unscaled_fp8_prefix(dtype):
+    # An fp8 pool without scales: the prefix's codes are its values.
+    args, scales = make_inputs([70, 17, 0], [5, 40, 9], (6, 2, 32), 16, dtype, seed=3)
+    k_buf, v_buf = args[3], args[4]
+    args = (*args[:3], k_buf.to(torch.float8_e4m3fn), v_buf.to(torch.float8_e4m3fn), *args[5:])
+    check(args, {}, dtype)
+
+
 @pytest.mark.parametrize(
     "config",
     [ExtendConfig(block_m=128, block_n=128, num_warps=8), ExtendConfig(block_m=16, block_n=32)],

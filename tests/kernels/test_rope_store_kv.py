@@ -4,7 +4,7 @@ import torch
 from kernels.rope import rope_cos_sin_cache
 from kernels.rope_store_kv import rope_store_kv, rope_store_kv_ref
 from tests.kernels.cases import DEVICE, DTYPES, ELEMENTWISE_TOL, randn
-from tests.kernels.test_store_kv import assert_quantized_close
+from tests.kernels.test_store_kv import assert_cast_close, assert_quantized_close
 
 # (T, Hq, Hkv, D): one head, odd GQA, odd MHA, a head_dim that is not a power of two
 SHAPES = [(1, 1, 1, 16), (5, 9, 3, 48), (6, 7, 7, 32)]
@@ -88,6 +88,21 @@ def test_quantized_pool_matches_unfused(pool_dtype, shape, norm, dtype):
             torch.testing.assert_close(scale, ref_scale, rtol=1e-5, atol=0)
             ref_scale = scale
         assert_quantized_close(args[i], scale, ref_args[i], ref_scale, pool_dtype)
+
+
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "qk_norm"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unscaled_fp8_pool_matches_unfused(norm, dtype):
+    args, kw = make_inputs(SHAPES[-1], dtype, torch.float8_e4m3fn, norm, seed=2)
+    kw = {n: x for n, x in kw.items() if not n.endswith("scale")}  # no scales: codes = values
+    (q, _, _), (q_ref, _, _), ref_args, _ = run_both(args, kw, kv_out=False)
+    tol = ELEMENTWISE_TOL[dtype]
+    torch.testing.assert_close(q, q_ref, atol=tol, rtol=tol)
+    assert_cast_close(args[4], ref_args[4])  # v cast as is
+    # k went through norm and rotation: equal up to the float error, then cast
+    k_codes, k_ref_codes = args[3].float(), ref_args[3].float()
+    assert (k_codes == k_ref_codes).float().mean() > 0.95
+    assert ((k_codes - k_ref_codes).abs() <= k_ref_codes.abs() / 2 + 2**-9).all()
 
 
 def test_empty_and_bad_inputs():
