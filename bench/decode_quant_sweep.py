@@ -5,7 +5,8 @@ For MHA 32/32 and GQA 32/8 (head_dim 128, bf16 q, B64 L4096) it times every conf
 token layout for each quantized pool, the best one at 2x and 4x the default split count, then
 the two defaults and the token layout's best on paged-16; each beside the 16-bit pool's
 default kernel. With `--gluon`: the Triton stage 1's default against tile sizes and ring depths
-of the Gluon stage 1 (`GLUON`), at 1x and 2x the default split count.
+of the Gluon stage 1 (`GLUON`), at 1x and 2x the default split count. `--pools fp8_e4m3`
+adds an fp8 pool without scales (the codes are the values), timed like the others.
 % is of the copy ceiling on the bytes the kernel reads (K/V plus the float32 scales); `vs16` is
 the 16-bit pool's time over this one's; `diff` is the max |o - o of the pool's first row|.
 Each row is printed and the JSON rewritten as it lands, so a time limit keeps what finished.
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from bench.kernels_attention import QUANT_POOLS, paged_pool
+from bench.kernels_attention import QUANT_POOLS, UNSCALED_POOLS, paged_pool
 from bench.kernels_common import COPY_CEILING_GBPS, Preset, timeit
 from kernels.decode_attention import DecodeConfig, decode_attention, decode_num_splits
 from kernels.decode_config import triton_quant_config
@@ -49,9 +50,9 @@ def main():
                     help="the Triton stage 1's default against the Gluon stage 1's tile sizes "
                          "and ring depths (GPU)")
     ap.add_argument("--pools", default=",".join(QUANT_POOLS),
-                    help="the quantized pools to time (comma-separated)")
+                    help="the quantized pools to time (comma-separated: fp8, int8, fp8_e4m3)")
     args = ap.parse_args()
-    pools = {name: QUANT_POOLS[name] for name in args.pools.split(",")}
+    pools = {name: (QUANT_POOLS | UNSCALED_POOLS)[name] for name in args.pools.split(",")}
     args.out.mkdir(parents=True, exist_ok=True)
     t0, p = time.monotonic(), Preset(warmup=5, iters=20)
     B, L, Hq, D = (2, 64, 8, 128) if args.smoke else (64, 4096, 32, 128)
@@ -65,7 +66,8 @@ def main():
     rows, base_us = [], {}
 
     def measure(layout, page_size, Hkv, name, pool, configs, split_mults=(1,)):
-        k_buf, v_buf, indptr, indices, scales = paged_pool(*kv[Hkv], page_size, pool)
+        k_buf, v_buf, indptr, indices, scales = paged_pool(*kv[Hkv], page_size, pool,
+                                                           name not in UNSCALED_POOLS)
         nbytes = 2 * k_buf.nbytes // k_buf.shape[0] * B * L + 2 * q.nbytes
         nbytes += indices.nbytes + 2 * B * L * Hkv * 4 * bool(scales)
         shape, ref = f"B{B} L{L} H{Hq}/{Hkv} D{D}", None

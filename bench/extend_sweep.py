@@ -1,4 +1,5 @@
-"""Launch-config sweep of extend attention over a 16-bit, fp8 and int8 cached prefix (GPU).
+"""Launch-config sweep of extend attention over a 16-bit, fp8, int8 and unscaled fp8
+(`fp8_e4m3`) cached prefix (GPU).
 
 Each case of `CASES` is B sequences of a cached prefix plus new tokens (head_dim 128, bf16 q,
 paged-16 pool). For each pool it times every config of `CONFIGS`; `default` marks the one
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from bench.kernels_attention import QUANT_POOLS, paged_pool
+from bench.kernels_attention import QUANT_POOLS, UNSCALED_POOLS, paged_pool
 from bench.kernels_common import Preset, timeit
 from kernels.extend_attention import extend_attention
 from kernels.extend_config import ExtendConfig, default_extend_config
@@ -62,8 +63,10 @@ def main():
             prefix_lens = torch.full((B,), prefix, dtype=torch.int32, device=dev)
             flops = 4 * D * Hq * B * (new * prefix + new * (new + 1) / 2)
             case, ref, base = f"B{B} prefix{prefix} new{new} H{Hq}/{Hkv} D{D} paged16", None, {}
-            for name, pool in [(str(dtype)[6:], dtype), *QUANT_POOLS.items()]:
-                k_buf, v_buf, indptr, indices, scales = paged_pool(kc, vc, 16, pool)
+            pools = [(str(dtype)[6:], dtype), *QUANT_POOLS.items(), *UNSCALED_POOLS.items()]
+            for name, pool in pools:
+                k_buf, v_buf, indptr, indices, scales = paged_pool(kc, vc, 16, pool,
+                                                                   name not in UNSCALED_POOLS)
                 for cfg in configs:
                     if time.monotonic() - t0 > args.budget_s:
                         raise TimeoutError

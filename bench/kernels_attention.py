@@ -20,6 +20,7 @@ from kernels.extend_attention import extend_attention
 from kernels.store_kv import store_kv
 
 QUANT_POOLS = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}
+UNSCALED_POOLS = {"fp8_e4m3": torch.float8_e4m3fn}  # no scales: the codes are the values
 LAYOUTS = (("token", 1), ("paged16", 16))
 
 
@@ -27,8 +28,9 @@ def pool_name(pool_dtype: torch.dtype) -> str:
     return next((n for n, d in QUANT_POOLS.items() if d == pool_dtype), str(pool_dtype)[6:])
 
 
-def paged_pool(k, v, page_size, pool_dtype):
-    """Scatter contiguous k, v `[B, H, L, D]` into a pool over shuffled pages.
+def paged_pool(k, v, page_size, pool_dtype, scaled=True):
+    """Scatter contiguous k, v `[B, H, L, D]` into a pool over shuffled pages (quantized per
+    (slot, head) for an fp8/int8 `pool_dtype`, or cast when not `scaled`).
 
     Returns (k_buf, v_buf, kv_indptr, kv_indices, scales); page 0 stays unused (padding sink).
     """
@@ -41,7 +43,7 @@ def paged_pool(k, v, page_size, pool_dtype):
     k_buf = torch.empty(num_slots, H, D, dtype=pool_dtype, device=k.device)  # [S, H, D]
     v_buf = torch.empty_like(k_buf)
     scales = {}
-    if pool_dtype != k.dtype:
+    if pool_dtype != k.dtype and scaled:
         scales = {n: torch.ones(num_slots, H, device=k.device) for n in ("k_scale", "v_scale")}
     k_rows, v_rows = (x.transpose(1, 2).reshape(B * L, H, D) for x in (k, v))  # [B*L, H, D]
     store_kv(k_rows, v_rows, k_buf, v_buf, slots.flatten(), **scales)

@@ -24,7 +24,7 @@ PREEMPT_MODES = ("recompute", "swap")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
-KV_DTYPES = ("auto", "fp8", "int8")
+KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "int8")
 QUANTIZATIONS = ("none", "fp8")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
 REQUEST_BYTES_PER_TOKEN = 64  # JSON token ids take <= 8, text far less per token
@@ -111,8 +111,9 @@ class ServerConfig:
     """The weights' and activations' dtype: `float32`, `float16`, `bfloat16`, or `auto`
     (bfloat16 on a GPU, float32 on the CPU)."""
     kv_dtype: str = "auto"
-    """The KV cache's storage: `auto` (the model's dtype), or `fp8` / `int8` (quantized
-    with scales)."""
+    """The KV cache's storage: `auto` (the model's dtype), `fp8` / `int8` (quantized with a
+    float32 scale per token and KV head), or `fp8_e4m3` (float8_e4m3fn with one scale for
+    the whole tensor, 1: no scales stored or read; not for latent (MLA) pools)."""
     quantization: str = "none"
     """The weights of the layers' projections: `none` (the model's dtype) or `fp8`
     (float8_e4m3fn with a scale per output channel, quantized at load, activations

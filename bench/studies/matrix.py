@@ -169,12 +169,13 @@ def preset_bytes(model: str, dtype: str, kv_dtype: str = "auto") -> tuple[int, i
     """(weight bytes, KV bytes per token) of a model (a Llama or a DeepSeek MLA preset) in
     `dtype`, its KV as the worker's pool stores it in `kv_dtype` (`runtime/worker/kv_pool.py`,
     one rank): Llama K and V of every KV head, DeepSeek one latent row (kv_lora_rank +
-    qk_rope_head_dim values) a layer, each row with a float32 scale when quantized."""
+    qk_rope_head_dim values) a layer, each row with a float32 scale when quantized (but
+    for "fp8_e4m3")."""
     import torch
 
     from bench.roofline import ModelBytes
     from runtime.model_config import resolve_model
-    from runtime.worker.kv_pool import kv_bytes_per_token, kv_storage_dtype
+    from runtime.worker.kv_pool import UNSCALED, kv_bytes_per_token, kv_storage_dtype
     from runtime.worker.loader import DEEPSEEK_TYPES, DeepseekArch, LlamaArch
 
     dt = getattr(torch, dtype)
@@ -185,7 +186,8 @@ def preset_bytes(model: str, dtype: str, kv_dtype: str = "auto") -> tuple[int, i
         kv = kv_bytes_per_token(a.num_layers, 1, a.latent_dim, stored, planes=1)
     else:
         a = LlamaArch.from_hf(config)
-        kv = kv_bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim, stored)
+        kv = kv_bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim, stored,
+                                scaled=kv_dtype not in UNSCALED)
     return ModelBytes.of(model, dt).params, kv
 
 

@@ -52,8 +52,9 @@ class TritonAttention(AttentionBackend):
     slots a page); extend reads the cached prefix through it and the new tokens straight
     from k/v. A quantized pool (fp8/int8) passes its per-(slot, head) scales to all three
     kernels: `store_kv` quantizes, the attention kernels dequantize on load (the new
-    tokens of an extend are read unquantized). Decode graphs read a static copy of the
-    page table, with the split count fixed for the longest context.
+    tokens of an extend are read unquantized); an fp8_e4m3 pool passes none (scale 1).
+    Decode graphs read a static copy of the page table, with the split count fixed for the
+    longest context.
     """
 
     supports_graphs = True

@@ -10,7 +10,9 @@ is a padding sink: it is never a real token, so batched gathers may point paddin
 `kv_dtype` "fp8" (float8_e4m3fn) or "int8" quantizes the pool: each (slot, kv_head) row of
 head_dim values keeps one float32 scale beside it (`k_scale`, `v_scale`); the attention
 backends write it with `kernels.store_kv` (or its torch reference), and readers dequantize
-on load. "auto" stores K/V in the model's dtype, unscaled.
+on load. "fp8_e4m3" stores float8_e4m3fn codes with one scale for the whole tensor, 1 (the
+values themselves, clamped to +-448): no scale is stored or read. "auto" stores K/V in the
+model's dtype, unscaled.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import torch
 from kernels.store_kv import QUANT_MAX
 
 GiB = 1 << 30
-KV_STORAGE = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}  # kv_dtype -> pool element dtype
+# kv_dtype -> pool element dtype
+KV_STORAGE = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "int8": torch.int8}
+UNSCALED = ("fp8_e4m3",)  # the quantized kv_dtypes with a per-tensor scale of 1: no scales
 SCALE_DTYPE = torch.float32
 
 
@@ -36,10 +40,11 @@ def kv_storage_dtype(kv_dtype: str, dtype: torch.dtype) -> torch.dtype:
 
 
 def kv_bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                       planes: int = 2) -> int:
+                       planes: int = 2, scaled: bool = True) -> int:
     """Bytes one token occupies in a pool of element `dtype`: planes (2: K and V; 1: a latent)
-    x layers x kv_heads x (head_dim x bytes, plus a float32 scale when `dtype` is quantized)."""
-    scale = SCALE_DTYPE.itemsize if dtype in QUANT_MAX else 0
+    x layers x kv_heads x (head_dim x bytes, plus a float32 scale when `dtype` is quantized
+    and `scaled`)."""
+    scale = SCALE_DTYPE.itemsize if dtype in QUANT_MAX and scaled else 0
     return planes * num_layers * kv_heads * (head_dim * dtype.itemsize + scale)
 
 
@@ -72,8 +77,8 @@ class KVPool:
     in `self.dtype` (the model's `dtype`, or fp8/int8 for a quantized `kv_dtype`).
 
     A quantized pool also holds `k_scale[layer]`, `v_scale[layer]` `[num_slots, kv_heads]`
-    float32; an unquantized one has empty scale lists. With `planes=1` (a latent pool) only
-    `k` (and `k_scale`) exist: `v` and `v_scale` are empty.
+    float32 (`scaled`); an unquantized or "fp8_e4m3" one has empty scale lists. With
+    `planes=1` (a latent pool) only `k` (and `k_scale`) exist: `v` and `v_scale` are empty.
     """
 
     def __init__(
@@ -91,6 +96,8 @@ class KVPool:
             raise ValueError(f"num_slots must be >= 2 (slot 0 is padding), got {num_slots}")
         if planes not in (1, 2):
             raise ValueError(f"planes must be 1 (latent) or 2 (K and V), got {planes}")
+        if planes == 1 and kv_dtype in UNSCALED:
+            raise ValueError(f"kv_dtype {kv_dtype!r} is for K/V pools; a latent pool takes 'fp8'")
         self.planes = planes
         self.num_layers = num_layers
         self.num_slots = num_slots
@@ -98,6 +105,7 @@ class KVPool:
         self.head_dim = head_dim
         self.dtype = kv_storage_dtype(kv_dtype, dtype)
         self.quantized = self.dtype in QUANT_MAX
+        self.scaled = self.quantized and kv_dtype not in UNSCALED
         # zeros, not empty: padded reads of slot 0 (or a stale slot) must stay finite,
         # because a masked score times a NaN value is still NaN
         shape = (num_slots, kv_heads, head_dim)
@@ -105,7 +113,7 @@ class KVPool:
         v_layers = num_layers if planes == 2 else 0
         self.v = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(v_layers)]
         # ones: the scale `quantize_ref` gives an all-zero row, so unwritten slots read as 0
-        n_scales = num_layers if self.quantized else 0
+        n_scales = num_layers if self.scaled else 0
         self.k_scale = [
             torch.ones(shape[:2], dtype=SCALE_DTYPE, device=device) for _ in range(n_scales)
         ]
@@ -118,7 +126,7 @@ class KVPool:
     def bytes_per_token(self) -> int:
         """K, V (or the latent) and (when quantized) their scales, over all layers."""
         return kv_bytes_per_token(self.num_layers, self.kv_heads, self.head_dim, self.dtype,
-                                  self.planes)
+                                  self.planes, self.scaled)
 
     @property
     def total_bytes(self) -> int:
@@ -129,8 +137,9 @@ class KVPool:
         return self.k + self.v + self.k_scale + self.v_scale
 
     def scales(self, layer_id: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Layer `layer_id`'s (k_scale, v_scale) `[num_slots, kv_heads]`, or Nones unquantized."""
-        if not self.quantized:
+        """Layer `layer_id`'s (k_scale, v_scale) `[num_slots, kv_heads]`, or Nones without
+        scales (unquantized, or "fp8_e4m3")."""
+        if not self.scaled:
             return None, None
         v_scale = self.v_scale[layer_id] if self.planes == 2 else None
         return self.k_scale[layer_id], v_scale

@@ -19,7 +19,7 @@ DECODE = sys.modules["kernels.decode_attention"]  # the package re-exports the f
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kv_dtype", ["fp8", "int8"])
+@pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e4m3", "int8"])
 def test_gluon_and_triton_stage1_serve_the_same_output(monkeypatch, kv_dtype):
     monkeypatch.setitem(DUMMY_PRESETS, "tiny-d128", dict(
         DUMMY_PRESETS["tiny"], hidden_size=512, num_attention_heads=4, num_key_value_heads=2))
