@@ -45,12 +45,13 @@ def kernel_source(kind: str, q_heads: int, kv_heads: int, block_n: int, words: b
     group = q_heads // kv_heads
     if kind.endswith("-gluon"):  # 4 warps x block_n / 4 keys (16 or 32), head_dim 128
         mod = importlib.import_module("kernels.decode_attention_gluon")
-        widen, pairs = mod.WIDEN_ASM[torch.int8 if kind == "decode-int8-gluon" else
+        ops = importlib.import_module("kernels.gluon_operands")
+        widen, pairs = ops.WIDEN_ASM[torch.int8 if kind == "decode-int8-gluon" else
                                      torch.float8_e4m3fn]
         names = ["q_ptr", "k_ptr", "v_ptr", "k_scale_ptr", "v_scale_ptr", *COMMON]
         types = ["*bf16", "*i32", "*i32", "*fp32", "*fp32", *COMMON_TYPES]
         keys = block_n // mod.WARPS
-        k_ld, v_ld, v_pairs = mod.tile_layouts(keys)
+        k_ld, v_ld, v_pairs = ops.tile_layouts(keys)
         const = dict(Q_HEADS=q_heads, GROUP=group, PAGE_SIZE=1, PAIRS=pairs, WIDEN=widen,
                      KEYS=keys, STAGES=stages, SCALED=scaled, k_ld=k_ld, v_ld=v_ld,
                      v_pairs=v_pairs)
