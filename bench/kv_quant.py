@@ -1,11 +1,13 @@
-"""Quantized KV cache (`--kv-dtype fp8|int8`): bytes per token and accuracy against `auto`.
+"""Quantized KV cache (`--kv-dtype fp8|fp8_e4m3|int8`): bytes per token and accuracy against
+`auto`.
 
 One model, the same prompts, one `ModelRunner` per kv dtype that differ in nothing else
 (same weights, same compute dtype); each prompt is prefilled in two chunks, then decoded
 greedily for `--tokens` tokens (`tests.worker.batching.greedy`). Reported per kv dtype:
 
 - bytes per token of the pool: K and V over all layers, plus one float32 scale per
-  (token, kv head) for each when quantized; and the ratio to a 16-bit pool.
+  (token, kv head) for each when quantized (fp8_e4m3: none, one scale of 1 for the whole
+  tensor); and the ratio to a 16-bit pool.
 - logit error: the quantized runner is teacher-forced on the reference's greedy tokens, so
   every position (the prefill's last token and each decode step) sees the same input; the
   max |logit - reference| over all of them, also relative to the reference's max |logit|.
@@ -46,10 +48,12 @@ TEXT_PROMPTS = [
     "clockmaker who had never once left the valley. One morning",
 ]
 RANDOM_PROMPT_LENS = (7, 33, 100)  # models without a tokenizer get random ids
-QUANT_KV = ("fp8", "int8")
+QUANT_KV = ("fp8", "fp8_e4m3", "int8")
 ROWS = 8  # >= 2 x prompts, and a CUDA graph size: GPU decode steps replay graphs
-STORAGE = {"float32": torch.float32, "16-bit": torch.float16,
-           "fp8": torch.float8_e4m3fn, "int8": torch.int8}
+# name -> (element dtype, a float32 scale per token and head)
+STORAGE = {"float32": (torch.float32, False), "16-bit": (torch.float16, False),
+           "fp8": (torch.float8_e4m3fn, True), "fp8_e4m3": (torch.float8_e4m3fn, False),
+           "int8": (torch.int8, True)}
 
 
 def make_prompts(spec: ModelSpec, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -68,7 +72,8 @@ def bytes_per_token(spec: ModelSpec) -> dict[str, int]:
     cfg = spec.hf_config()
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return {name: kv_bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim,
-                                     dtype) for name, dtype in STORAGE.items()}
+                                     dtype, scaled=scaled)
+            for name, (dtype, scaled) in STORAGE.items()}
 
 
 def first_divergence(got: list[int], want: list[int]) -> int:

@@ -13,7 +13,8 @@ warm-up (Triton compiles, first prefill), then each workload through the load ge
 - `contiguous`: the seeds' "original approach", a region of prompt + max_tokens per request
   reserved at admission (as HF static batching pads every row to its full length);
 - `token-no-overlap`: `sglang` with the overlap loop off;
-- `sglang-fp8`: `sglang` over an fp8 KV pool; `paged-swap`, `sglang-hicache`: with a host tier.
+- `sglang-fp8`: `sglang` over an fp8 KV pool (`sglang-fp8-e4m3`: without scales);
+  `paged-swap`, `sglang-hicache`: with a host tier.
 
 Workloads: a concurrency sweep (the seeds' 50 / 100 / 150 at ~2048-token sequences, one
 request per client), fixed-length at the HF peers' shape (64 x 512 in / 128 out), the

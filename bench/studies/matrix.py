@@ -33,6 +33,8 @@ MODES: dict[str, list[str]] = {
     # `sglang` over an fp8 pool (a float32 scale per token and KV head): the same memory
     # budget holds ~1.9x the tokens (its slots are sized with the fp8 bytes per token)
     "sglang-fp8": ["--kv", "token", "--overlap", "--kv-dtype", "fp8"],
+    # the same over an fp8 pool without scales (one of 1 for the whole tensor): 2x the tokens
+    "sglang-fp8-e4m3": ["--kv", "token", "--overlap", "--kv-dtype", "fp8_e4m3"],
 }
 
 

@@ -121,6 +121,7 @@ def test_pool_bytes_follow_the_kv_dtype_and_the_model():
     fp8 = budget_kv_slots(FULL, 80 * GiB, "fp8")
     assert fp8["kv_bytes_per_token"] == 2 * 32 * 32 * (128 + 4)  # a float32 scale a (token, head)
     assert 1.9 < fp8["kv_slots"] / budget_kv_slots(FULL, 80 * GiB)["kv_slots"] < 1.95
+    assert budget_kv_slots(FULL, 80 * GiB, "fp8_e4m3")["kv_bytes_per_token"] == KVB // 2
     ds = customize(FULL, "dummy:deepseek-v2-lite", "bfloat16", 800, "50,800")
     assert (ds.vocab, ds.max_context, ds.max_running) == (102400, 8192, 800)
     assert [(c.name, c.n, c.input_len, c.output_len, c.seeds_concurrency)
@@ -131,6 +132,7 @@ def test_pool_bytes_follow_the_kv_dtype_and_the_model():
     assert latent_fp8["kv_bytes_per_token"] == 27 * (512 + 64 + 4)
     assert 750 < bf16["kv_slots"] // 2048 < 850  # ~800 sequences of 2048 tokens under 80 GiB
     assert mode_kv_dtype("sglang-fp8") == "fp8" and mode_kv_dtype("paged") == "auto"
+    assert mode_kv_dtype("sglang-fp8-e4m3") == "fp8_e4m3"
 
 
 def test_report_names_each_pool():
