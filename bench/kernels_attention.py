@@ -18,9 +18,12 @@ from bench.kernels_common import COPY_CEILING_GBPS, Row, timeit
 from kernels.decode_attention import DecodeConfig, decode_attention, decode_num_splits
 from kernels.extend_attention import extend_attention
 from kernels.store_kv import store_kv
+from runtime.worker.kv_pool import KV_STORAGE, kv_dtype_scaled
 
-QUANT_POOLS = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}
-UNSCALED_POOLS = {"fp8_e4m3": torch.float8_e4m3fn}  # no scales: the codes are the values
+# the quantized kv dtypes' pool dtypes: with a float32 scale per (slot, head), and without
+# (a per-tensor scale of 1: the codes are the values)
+QUANT_POOLS = {name: dtype for name, dtype in KV_STORAGE.items() if kv_dtype_scaled(name)}
+UNSCALED_POOLS = {name: dtype for name, dtype in KV_STORAGE.items() if not kv_dtype_scaled(name)}
 LAYOUTS = (("token", 1), ("paged16", 16))
 
 

@@ -37,7 +37,7 @@ import torch
 from bench.offline import git_commit
 from bench.offline_parts import device_info
 from runtime.model_config import ModelSpec, resolve_model
-from runtime.worker.kv_pool import kv_bytes_per_token
+from runtime.worker.kv_pool import KV_STORAGE, kv_bytes_per_token, kv_dtype_scaled
 from runtime.worker.model_runner import ModelRunner
 from tests.worker.batching import greedy
 
@@ -50,10 +50,8 @@ TEXT_PROMPTS = [
 RANDOM_PROMPT_LENS = (7, 33, 100)  # models without a tokenizer get random ids
 QUANT_KV = ("fp8", "fp8_e4m3", "int8")
 ROWS = 8  # >= 2 x prompts, and a CUDA graph size: GPU decode steps replay graphs
-# name -> (element dtype, a float32 scale per token and head)
-STORAGE = {"float32": (torch.float32, False), "16-bit": (torch.float16, False),
-           "fp8": (torch.float8_e4m3fn, True), "fp8_e4m3": (torch.float8_e4m3fn, False),
-           "int8": (torch.int8, True)}
+# name -> element dtype: two unquantized pools, then the quantized kv dtypes
+STORAGE = {"float32": torch.float32, "16-bit": torch.float16, **KV_STORAGE}
 
 
 def make_prompts(spec: ModelSpec, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -72,8 +70,8 @@ def bytes_per_token(spec: ModelSpec) -> dict[str, int]:
     cfg = spec.hf_config()
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return {name: kv_bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim,
-                                     dtype, scaled=scaled)
-            for name, (dtype, scaled) in STORAGE.items()}
+                                     dtype, scaled=kv_dtype_scaled(name))
+            for name, dtype in STORAGE.items()}
 
 
 def first_divergence(got: list[int], want: list[int]) -> int:

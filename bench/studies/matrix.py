@@ -177,7 +177,7 @@ def preset_bytes(model: str, dtype: str, kv_dtype: str = "auto") -> tuple[int, i
 
     from bench.roofline import ModelBytes
     from runtime.model_config import resolve_model
-    from runtime.worker.kv_pool import UNSCALED, kv_bytes_per_token, kv_storage_dtype
+    from runtime.worker.kv_pool import kv_bytes_per_token, kv_dtype_scaled, kv_storage_dtype
     from runtime.worker.loader import DEEPSEEK_TYPES, DeepseekArch, LlamaArch
 
     dt = getattr(torch, dtype)
@@ -189,7 +189,7 @@ def preset_bytes(model: str, dtype: str, kv_dtype: str = "auto") -> tuple[int, i
     else:
         a = LlamaArch.from_hf(config)
         kv = kv_bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim, stored,
-                                scaled=kv_dtype not in UNSCALED)
+                                scaled=kv_dtype_scaled(kv_dtype))
     return ModelBytes.of(model, dt).params, kv
 
 

@@ -28,6 +28,13 @@ UNSCALED = ("fp8_e4m3",)  # the quantized kv_dtypes with a per-tensor scale of 1
 SCALE_DTYPE = torch.float32
 
 
+def kv_dtype_scaled(kv_dtype: str) -> bool:
+    """True for kv dtypes whose pool stores a float32 scale per (token, kv head): "fp8" and
+    "int8". False for "auto" and "fp8_e4m3" (one scale of 1 for the whole tensor), and for any
+    name that is not a quantized kv dtype."""
+    return kv_dtype in KV_STORAGE and kv_dtype not in UNSCALED
+
+
 def kv_storage_dtype(kv_dtype: str, dtype: torch.dtype) -> torch.dtype:
     """The pool's element dtype: the model's `dtype` for "auto", else float8_e4m3fn / int8."""
     if kv_dtype == "auto":
@@ -105,7 +112,7 @@ class KVPool:
         self.head_dim = head_dim
         self.dtype = kv_storage_dtype(kv_dtype, dtype)
         self.quantized = self.dtype in QUANT_MAX
-        self.scaled = self.quantized and kv_dtype not in UNSCALED
+        self.scaled = kv_dtype_scaled(kv_dtype)
         # zeros, not empty: padded reads of slot 0 (or a stale slot) must stay finite,
         # because a masked score times a NaN value is still NaN
         shape = (num_slots, kv_heads, head_dim)

@@ -16,11 +16,11 @@ from runtime.worker.attention_triton import TritonAttention
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.graph_runner import GraphRunner
 from runtime.worker.kv_pool import (
-    UNSCALED,
     GiB,
     KVPool,
     cuda_free_bytes,
     kv_bytes_per_token,
+    kv_dtype_scaled,
     kv_storage_dtype,
     slots_for_memory,
 )
@@ -112,7 +112,7 @@ class ModelRunner:
             planes, kv_heads, head_dim = 1, 1, arch.latent_dim
         self.kv_bytes_per_token = kv_bytes_per_token(
             arch.num_layers, kv_heads, head_dim, kv_storage_dtype(kv_dtype, dtype), planes,
-            kv_dtype not in UNSCALED,
+            kv_dtype_scaled(kv_dtype),
         )
         if kv_slots == 0:
             # never more than every row at full context could use; every rank the same
