@@ -12,8 +12,10 @@ An fp8 or int8 prefix is widened to fp16 in registers and scaled there: each cod
 the exponent byte of 1024, minus 1152), and q meets it pre-scaled (sm_scale * log2 e) in
 fp16. That is one fp16 multiply a value where a float32 dequantize also converted to float32
 and rounded back to bf16, and fp16 keeps 3 more mantissa bits than bf16 (q, scaled, must
-stay under fp16's 65504). An unscaled fp8 prefix (per-tensor scale 1) is only widened. A
-float32 q (the CPU) keeps the prefix in float32.
+stay under fp16's 65504). A float32 q (the CPU) keeps the prefix in float32. An fp8 prefix
+without scales (per-tensor scale 1) is scored on fp8 tensor cores where the GPU has them
+(`fp8_scores`): each row of q is quantized to e4m3 by its own scale (amax / 448), which returns
+on the scores; only V is widened, for `p @ v` in fp16. Else it is only widened.
 """
 
 import torch
@@ -21,9 +23,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.extend_config import ExtendConfig, default_extend_config
+from kernels.extend_config import ExtendConfig, default_extend_config, fp8_scores_default
 from kernels.paging import expand_pages
-from kernels.store_kv import QUANT_MAX, dequantize_ref, unscaled_pool
+from kernels.store_kv import QUANT_MAX, dequantize_ref, quantize_ref, unscaled_pool
 from kernels.widen_ptx import WIDEN_INT8
 
 LOG2E = 1.4426950408889634
@@ -60,37 +62,21 @@ def _accumulate(acc, alpha, w, v):
 
 @triton.jit
 def _extend_attention_kernel(
-    q_ptr,
-    k_new_ptr,
-    v_new_ptr,
-    k_ptr,
-    v_ptr,
-    k_scale_ptr,  # [num_slots, Hkv] contiguous, read only when QUANT and SCALED
-    v_scale_ptr,
+    q_ptr, k_new_ptr, v_new_ptr, k_ptr, v_ptr,
+    k_scale_ptr, v_scale_ptr,  # [num_slots, Hkv] contiguous, read only when QUANT and SCALED
     o_ptr,  # [T, Q_HEADS, HEAD_DIM] contiguous
-    qo_indptr_ptr,
-    prefix_lens_ptr,
-    kv_indptr_ptr,
-    kv_indices_ptr,
+    qo_indptr_ptr, prefix_lens_ptr, kv_indptr_ptr, kv_indices_ptr,
     qk_scale,  # sm_scale * log2(e)
-    stride_qt,
-    stride_qh,
-    stride_newt,  # k_new and v_new share strides
-    stride_newh,
-    stride_kvs,  # k_buf and v_buf share strides
-    stride_kvh,
-    Q_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    QUANT: tl.constexpr,
-    SCALED: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    stride_qt, stride_qh,
+    stride_newt, stride_newh,  # k_new and v_new share strides
+    stride_kvs, stride_kvh,  # k_buf and v_buf share strides
+    Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    QUANT: tl.constexpr, SCALED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PREFIX_DTYPE: tl.constexpr,  # a quantized prefix's products: fp16, or float32 for fp32 q
     INT8_ASM: tl.constexpr,
-):
+    FP8_QK: tl.constexpr,  # an unscaled fp8 prefix's scores from q in e4m3 (fp8 tensor cores)
+):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
     mb = tl.program_id(2)
@@ -113,7 +99,13 @@ def _extend_attention_kernel(
         other=0.0,
     )  # [BLOCK_M, BLOCK_D]
 
-    if QUANT:
+    prefix_scale = 1.0
+    if FP8_QK:  # each row of q scaled to e4m3's largest value; its scale returns on the scores
+        q_amax = tl.max(tl.abs(q.to(tl.float32)), 1)  # [BLOCK_M]
+        q_scale = tl.where(q_amax > 0, q_amax / 448.0, 1.0)  # [BLOCK_M]
+        q_prefix = (q.to(tl.float32) / q_scale[:, None]).to(k_ptr.dtype.element_ty)
+        prefix_scale = (q_scale * qk_scale)[:, None]  # [BLOCK_M, 1]
+    elif QUANT:
         q_prefix = (q.to(tl.float32) * qk_scale).to(PREFIX_DTYPE)  # [BLOCK_M, BLOCK_D]
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M], tl.float32)
@@ -135,12 +127,14 @@ def _extend_attention_kernel(
                 v_s = tl.load(v_scale_ptr + scale_offs, mask=mask_n, other=0.0)
                 k = _widen(k, k_s, PREFIX_DTYPE, INT8_ASM)  # [BLOCK_N, BLOCK_D]
                 v = _widen(v, v_s, PREFIX_DTYPE, INT8_ASM)
-            else:  # an unscaled fp8 prefix: its codes are the values
-                k, v = k.to(PREFIX_DTYPE), v.to(PREFIX_DTYPE)  # [BLOCK_N, BLOCK_D]
-            m, l_sum, alpha, p = _softmax_step(q_prefix, k, mask_n[None, :], m, l_sum, 1.0)
+            elif not FP8_QK:  # an unscaled fp8 prefix: its codes are the values
+                k = k.to(PREFIX_DTYPE)  # [BLOCK_N, BLOCK_D]
+            m, l_sum, alpha, p = _softmax_step(q_prefix, k, mask_n[None, :], m, l_sum,
+                                               prefix_scale)
+            acc = _accumulate(acc, alpha, p, v.to(PREFIX_DTYPE))
         else:
             m, l_sum, alpha, p = _softmax_step(q, k, mask_n[None, :], m, l_sum, qk_scale)
-        acc = _accumulate(acc, alpha, p, v)
+            acc = _accumulate(acc, alpha, p, v)
 
     for n0 in range(0, new_end, BLOCK_N):  # new tokens, causal
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -175,6 +169,7 @@ def extend_attention(
     v_scale: torch.Tensor | None = None,
     max_new_len: int | None = None,
     config: ExtendConfig | None = None,
+    fp8_scores: bool | None = None,
 ) -> torch.Tensor:
     """Attention of a varlen batch's new tokens over prefix + themselves; o `[T, Hq, D]`.
 
@@ -185,7 +180,9 @@ def extend_attention(
     int32/int64 page ids. An int8 pool needs k_scale/v_scale `[num_slots, Hkv]` float32
     (contiguous); a float8_e4m3fn pool takes them, or None for unscaled codes. max_new_len
     (the longest run of new tokens) sizes the grid; None reads it from qo_indptr, a host
-    sync. config None: the default.
+    sync. config None: the default. fp8_scores (an fp8 pool without scales only): score the
+    prefix on fp8 tensor cores, each row of q quantized to e4m3 with its own scale; None: on
+    a GPU that has them (`fp8_scores_default`).
     """
     assert q.dim() == 3, f"q must be [T, Hq, D], got {tuple(q.shape)}"
     T, Hq, D = q.shape
@@ -228,6 +225,10 @@ def extend_attention(
     else:
         assert quant or k_buf.dtype == q.dtype, f"pool dtype {k_buf.dtype} != q dtype {q.dtype}"
         k_scale = v_scale = prefix_lens  # unused placeholders: no scale is read
+    unscaled = quant and not scaled
+    if fp8_scores is None:  # fp8 tensor cores take 32 values of head_dim a step
+        fp8_scores = unscaled and D >= 32 and fp8_scores_default(q.device)
+    assert unscaled or not fp8_scores, "fp8_scores needs an fp8 pool without scales"
     o = torch.empty(T, Hq, D, dtype=q.dtype, device=q.device)
     if T == 0 or B == 0:
         return o
@@ -245,6 +246,7 @@ def extend_attention(
         Q_HEADS=Hq, GROUP=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, QUANT=quant,
         SCALED=scaled, PREFIX_DTYPE=tl.float32 if q.dtype == torch.float32 else tl.float16,
         INT8_ASM=k_buf.dtype == torch.int8 and q.dtype != torch.float32 and q.is_cuda,
+        FP8_QK=fp8_scores,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=triton.next_power_of_2(D),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -266,10 +268,12 @@ def extend_attention_ref(
     *,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    fp8_scores: bool = False,
 ) -> torch.Tensor:
     """Torch reference of `extend_attention`, in float32 (or q's wider dtype): one SDPA call
     per sequence over its cached prefix (gathered through the page table) and its new
-    tokens. Reads the lengths on the host, a sync on a GPU."""
+    tokens (fp8_scores: q's rows quantized to e4m3 against the prefix, as the kernel does).
+    Reads the lengths on the host, a sync on a GPU."""
     T, Hq, D = q.shape
     group = Hq // k_new.shape[1]
     acc = torch.promote_types(q.dtype, torch.float32)
@@ -288,7 +292,13 @@ def extend_attention_ref(
         v = torch.cat([v_pre, v_new[lo:hi].to(acc)]).repeat_interleave(group, 1)  # [P+n, Hq, D]
         qi = q[lo:hi].to(acc).transpose(0, 1)[None]  # [1, Hq, n, D]
         ki, vi = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, Hq, P+n, D] x2
-        if prefix == 0:
+        if fp8_scores and prefix:  # a mask cannot give the prefix its own q: scores by hand
+            q8 = dequantize_ref(*quantize_ref(qi, torch.float8_e4m3fn)).to(acc)  # [1, Hq, n, D]
+            s = torch.cat([q8 @ ki[..., :prefix, :].mT, qi @ ki[..., prefix:, :].mT], -1)
+            causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()  # [n, n]
+            s[..., prefix:] = s[..., prefix:].masked_fill(~causal, float("-inf"))
+            oi = torch.softmax(s * sm_scale, -1) @ vi  # [1, Hq, n, D]
+        elif prefix == 0:
             oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=sm_scale)
         else:  # new token j sees the prefix and new tokens up to itself
             rows = torch.arange(n, device=q.device)[:, None] + prefix  # [n, 1]

@@ -2,6 +2,7 @@
 (`bench.extend_sweep`, `bench/results/2026-12-02-extend-quant-h200.md`)."""
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -46,3 +47,15 @@ def default_extend_config(head_dim: int, quant: bool, device: torch.device) -> E
     if not quant and smem >= STAGES3_SMEM:
         return ExtendConfig(num_stages=3)
     return ExtendConfig()
+
+
+@functools.cache
+def fp8_scores_default(device: torch.device) -> bool:
+    """Whether an fp8 prefix without scales is scored on fp8 tensor cores by default: on GPUs
+    that have them (sm_89+), never under the Triton interpreter; `SLUICE_FP8_SCORES=0` turns
+    it off (q and the prefix in fp16). Measured on the H200:
+    `bench/results/2026-12-02-extend-fp8-scores-h200.md`."""
+    off = os.environ.get("SLUICE_FP8_SCORES") == "0" or os.environ.get("TRITON_INTERPRET") == "1"
+    if off or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)

@@ -79,7 +79,43 @@ def test_unscaled_fp8_prefix(dtype):
     args, scales = make_inputs([70, 17, 0], [5, 40, 9], (6, 2, 32), 16, dtype, seed=3)
     k_buf, v_buf = args[3], args[4]
     args = (*args[:3], k_buf.to(torch.float8_e4m3fn), v_buf.to(torch.float8_e4m3fn), *args[5:])
-    check(args, {}, dtype)
+    check(args, {}, dtype, fp8_scores=False)  # q in fp16 (a GPU's default: fp8 scores, below)
+
+
+def e4m3_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] moved onto rows that quantize to e4m3 without rounding: codes whose largest
+    is 448, times 2**-6 (the interpreter rounds some fp32 -> e4m3 casts down a binade)."""
+    codes = (x.float() * 64).clamp(-448, 448).to(torch.float8_e4m3fn).float()  # [..., D]
+    codes[..., 0] = 448.0
+    return (codes * 2.0**-6).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unscaled_fp8_prefix_fp8_scores(dtype):
+    # The prefix scored on fp8 tensor cores: q's rows quantized to e4m3, as the reference does.
+    args, _ = make_inputs([70, 17, 0, 130], [5, 40, 9, 66], (6, 2, 32), 16, dtype, seed=4)
+    q, k_new, v_new, k_buf, v_buf = args[:5]
+    fp8 = torch.float8_e4m3fn
+    args = (e4m3_rows(q), k_new, v_new, k_buf.to(fp8), v_buf.to(fp8), *args[5:])
+    out = extend_attention(*args, fp8_scores=True)
+    ref = extend_attention_ref(*args, fp8_scores=True)
+    tol = ATTN_TOL[dtype]
+    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+
+
+def test_fp8_scores_error_is_bounded():
+    # What scoring the prefix from an e4m3 q costs, against the unquantized q (reference only).
+    args, _ = make_inputs([300, 40], [64, 9], (8, 2, 128), 1, torch.float32, seed=5)
+    fp8 = torch.float8_e4m3fn
+    args = (*args[:3], args[3].to(fp8), args[4].to(fp8), *args[5:])
+    err = extend_attention_ref(*args, fp8_scores=True) - extend_attention_ref(*args)
+    assert 0 < err.abs().max() < 0.05
+
+
+def test_fp8_scores_need_an_unscaled_fp8_pool():
+    args, scales = make_inputs([20], [3], (4, 2, 32), 16, torch.float32, torch.int8)
+    with pytest.raises(AssertionError, match="fp8_scores needs an fp8 pool without scales"):
+        extend_attention(*args, **scales, fp8_scores=True)
 
 
 @pytest.mark.parametrize(
