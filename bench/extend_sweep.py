@@ -1,5 +1,6 @@
 """Launch-config sweep of extend attention over a 16-bit, fp8, int8 and unscaled fp8
-(`fp8_e4m3`) cached prefix (GPU).
+(`fp8_e4m3`) cached prefix (GPU); the unscaled pool twice: its default (scored on fp8 tensor
+cores where the GPU has them) and `fp8_e4m3 f16-scores` (q and the prefix in fp16).
 
 Each case of `CASES` is B sequences of a cached prefix plus new tokens (head_dim 128, bf16 q,
 paged-16 pool). For each pool it times every config of `CONFIGS`; `default` marks the one
@@ -9,7 +10,7 @@ it (the issue's bar: a quantized prefix no slower than a 16-bit one). TFLOP/s co
 attention's two matmuls; `diff` is the max |o - o of the 16-bit pool's first config|. Each
 row is printed and the JSON rewritten as it lands, so a time limit keeps what finished.
 
-    python -m bench.extend_sweep --out /tmp/ext [--budget-s 120] [--smoke]
+    python -m bench.extend_sweep --out /tmp/ext [--budget-s 120] [--smoke] [--quick]
 """
 
 import argparse
@@ -43,12 +44,17 @@ def main():
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget-s", type=float, default=120.0)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter check)")
+    ap.add_argument("--quick", action="store_true",
+                    help="only the 16-bit default and the 128 x 128 tiles in 2 and 3 stages")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     t0, p = time.monotonic(), Preset(warmup=3, iters=10)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float32 if args.smoke else torch.bfloat16
     cases, configs = ([(2, 48, 24, 4, 2)], CONFIGS[:2]) if args.smoke else (CASES, CONFIGS)
+    if args.quick:
+        configs = [CONFIGS[0], *(c for c in CONFIGS if c.block_m == c.block_n == 128
+                                 and c.num_stages > 1)]  # fmt: skip
     D = 32 if args.smoke else 128
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = []
@@ -63,16 +69,19 @@ def main():
             prefix_lens = torch.full((B,), prefix, dtype=torch.int32, device=dev)
             flops = 4 * D * Hq * B * (new * prefix + new * (new + 1) / 2)
             case, ref, base = f"B{B} prefix{prefix} new{new} H{Hq}/{Hkv} D{D} paged16", None, {}
-            pools = [(str(dtype)[6:], dtype), *QUANT_POOLS.items(), *UNSCALED_POOLS.items()]
-            for name, pool in pools:
-                k_buf, v_buf, indptr, indices, scales = paged_pool(kc, vc, 16, pool,
-                                                                   name not in UNSCALED_POOLS)
+            pools = [(str(dtype)[6:], dtype, {}), *((n, d, {}) for n, d in QUANT_POOLS.items()),
+                     *((n, d, {}) for n, d in UNSCALED_POOLS.items()),
+                     *((f"{n} f16-scores", d, {"fp8_scores": False})
+                       for n, d in UNSCALED_POOLS.items())]  # fmt: skip
+            for name, pool, extra in pools:
+                k_buf, v_buf, indptr, indices, scales = paged_pool(
+                    kc, vc, 16, pool, name.split()[0] not in UNSCALED_POOLS)
                 for cfg in configs:
                     if time.monotonic() - t0 > args.budget_s:
                         raise TimeoutError
                     run = partial(extend_attention, q, kn, vn, k_buf, v_buf, qo, prefix_lens,
                                   indptr, indices, 16, D**-0.5, max_new_len=new, config=cfg,
-                                  **scales)  # fmt: skip
+                                  **scales, **extra)  # fmt: skip
                     out = run()
                     ref = out if ref is None else ref
                     t = timeit(run, p)

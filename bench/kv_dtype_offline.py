@@ -13,7 +13,8 @@ smoke run uses it, where the worker's default would give both the same slot coun
 
 Reported per KV dtype: output tok/s (median of `--repeats` generates), the pool's slots (its
 token capacity, from the scheduler), how many full sequences that is, retractions; and the
-ratio fp8 / 16-bit. One table, `<out>.json` and `<out>.md`.
+ratio fp8 / 16-bit. One table, `<out>.json` and `<out>.md`. A KV dtype written `KV:fp8` runs
+with fp8 weights too (`--quantization fp8`), e.g. `--kv-dtypes auto,fp8_e4m3,fp8_e4m3:fp8`.
 
     python -m bench.kv_dtype_offline [--model dummy:llama-7b-32k] [--dtype float16]
         [--batch 128] [--input-len 2048] [--output-len 256] [--kv-dtypes auto,fp8]
@@ -103,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--input-len", type=int, default=2048)
     ap.add_argument("--output-len", type=int, default=256)
-    ap.add_argument("--kv-dtypes", default="auto,fp8", help="pools compared, the first the base")
+    ap.add_argument("--kv-dtypes", default="auto,fp8",
+                    help="pools compared, the first the base; KV:fp8 adds fp8 weights")
     ap.add_argument("--kv-gib", type=float, default=0.0,
                     help="size every pool to this many GiB (default 0: the worker's sizing)")
     ap.add_argument("--repeats", type=int, default=1, help="timed generates per KV dtype")
@@ -115,8 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     import torch
 
-    kv_dtypes = args.kv_dtypes.split(",")
-    kvb = {kd: preset_bytes(args.model, args.dtype, kd)[1] for kd in kv_dtypes}
+    kv_dtypes = args.kv_dtypes.split(",")  # each "KV" or "KV:WEIGHTS"
+    kvb = {kd: preset_bytes(args.model, args.dtype, kd.split(":")[0])[1] for kd in kv_dtypes}
     base = Preset(model=args.model, dtype=args.dtype, batch=args.batch, input_len=args.input_len,
                   output_len=args.output_len, chunk_size=args.chunk_size, repeats=args.repeats,
                   warmup_reqs=min(8, args.batch), timeout_s=args.part_timeout,
@@ -125,7 +127,9 @@ def main(argv: list[str] | None = None) -> None:
     runs = {}
     for kd in kv_dtypes:
         slots = int(args.kv_gib * GiB) // kvb[kd] if args.kv_gib else 0
-        runs[kd] = run_part("sluice_overlap", replace(base, kv_dtype=kd, kv_slots=slots), deadline)
+        kv, _, weights = kd.partition(":")
+        runs[kd] = run_part("sluice_overlap", replace(base, kv_dtype=kv, kv_slots=slots,
+                                                      quantization=weights or "none"), deadline)
         if "step_log_last_run" in runs[kd]:
             runs[kd]["phases"] = phases(runs[kd].pop("step_log_last_run"))
         runs[kd].pop("idle", None)
