@@ -74,7 +74,7 @@ def main():
         for cfg, mult in product(configs, split_mults):
             if time.monotonic() - t0 > args.budget_s:
                 raise TimeoutError
-            splits = mult * decode_num_splits(B, Hkv, L)
+            splits = mult * decode_num_splits(B, Hkv, L, quantized=pool != dtype)
             run = partial(decode_attention, q, k_buf, v_buf, indptr, indices, seq_lens,
                           page_size, D**-0.5, num_splits=splits, config=cfg, **scales)  # fmt: skip
             out = run()
@@ -91,7 +91,8 @@ def main():
 
     def best(layout, Hkv, name, n):
         done = [r for r in rows if r["layout"] == layout and r["pool"] == name
-                and f"/{Hkv} " in r["shape"] and r["splits"] == decode_num_splits(B, Hkv, L)]
+                and f"/{Hkv} " in r["shape"]
+                and r["splits"] == decode_num_splits(B, Hkv, L, quantized=name in pools)]
         return [DecodeConfig(**r["config"]) for r in sorted(done, key=lambda r: r["time_us"])[:n]]
 
     try:

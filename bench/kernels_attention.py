@@ -75,7 +75,7 @@ def bench_decode(p, dev, dtype, args):
         seq_lens = torch.full((B,), L, dtype=torch.int32, device=dev)
         for (layout, page_size), pool_dtype in product(LAYOUTS, (dtype, *QUANT_POOLS.values())):
             k_buf, v_buf, indptr, indices, scales = paged_pool(k, v, page_size, pool_dtype)
-            splits = decode_num_splits(B, Hkv, L)  # given, as under CUDA graphs: no host sync
+            splits = decode_num_splits(B, Hkv, L, quantized=pool_dtype != dtype)  # as in graphs
             run = partial(decode_attention, q, k_buf, v_buf, indptr, indices, seq_lens,
                           page_size, D**-0.5, num_splits=splits, **scales)  # fmt: skip
             err = "" if ref is None else f"err vs sdpa {(run() - ref).abs().max().item():.1e}"

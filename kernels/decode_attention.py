@@ -185,7 +185,7 @@ def decode_attention(
     if B == 0:
         return out
     if num_splits is None:
-        num_splits = decode_num_splits(B, Hkv, int(seq_lens.max()))
+        num_splits = decode_num_splits(B, Hkv, int(seq_lens.max()), quantized=quant)
     kv_indptr, kv_indices, seq_lens = (t.contiguous() for t in (kv_indptr, kv_indices, seq_lens))
 
     group = Hq // Hkv

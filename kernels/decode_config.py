@@ -9,6 +9,12 @@ import torch
 
 H200_SMS = 132
 PROGRAMS_PER_SM = 4  # enough resident programs per SM; more splits only add merge traffic
+# a quantized pool's stage 1 pays more to start a program (page-table loads before the first
+# copy, the ring's fill, the warps' merge: about 6.5 us on the H200), so it takes half as many:
+# at B64 L4096 GQA 32/8 one split against two is 67.1 / 64.2% of the copy ceiling for fp8
+# (token), 74.2 / 69.2% (paged-16), int8 71.0 / 60.0% and 72.0 / 63.8%
+# (bench/results/2026-12-02-gluon-decode-splits-layouts-h200.json)
+QUANT_PROGRAMS_PER_SM = 2
 MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more to merge than it hides
 MAX_SPLITS = 32
 
@@ -94,11 +100,14 @@ def triton_quant_config(q_heads: int, kv_heads: int, page_size: int) -> DecodeCo
     return QUANT_PAGED_GQA_CONFIG if page_size > 1 else QUANT_GQA_CONFIG
 
 
-def decode_num_splits(batch: int, kv_heads: int, max_seq_len: int, num_sms: int = H200_SMS) -> int:
-    """Splits per sequence: PROGRAMS_PER_SM programs per SM, no split under MIN_SPLIT_TOKENS.
+def decode_num_splits(batch: int, kv_heads: int, max_seq_len: int, num_sms: int = H200_SMS,
+                      quantized: bool = False) -> int:
+    """Splits per sequence: PROGRAMS_PER_SM programs per SM (QUANT_PROGRAMS_PER_SM over a
+    `quantized` fp8/int8 pool), no split under MIN_SPLIT_TOKENS.
 
     Exposed so a CUDA-graph caller can fix the split count from host-side lengths.
     """
-    want = -(-PROGRAMS_PER_SM * num_sms // max(batch * kv_heads, 1))
+    per_sm = QUANT_PROGRAMS_PER_SM if quantized else PROGRAMS_PER_SM
+    want = -(-per_sm * num_sms // max(batch * kv_heads, 1))
     most = -(-max_seq_len // MIN_SPLIT_TOKENS)
     return max(1, min(want, most, MAX_SPLITS))

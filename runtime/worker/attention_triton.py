@@ -79,7 +79,8 @@ class TritonAttention(AttentionBackend):
         )  # fmt: skip
 
     def _splits(self, batch: int, max_seq_len: int) -> int:
-        return decode_num_splits(batch, self.pool.kv_heads, max_seq_len, self.num_sms)
+        return decode_num_splits(batch, self.pool.kv_heads, max_seq_len, self.num_sms,
+                                 quantized=self.pool.quantized)
 
     def forward(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch

@@ -111,6 +111,11 @@ def test_num_splits_heuristic():
     assert decode_num_splits(1, 8, 32768) == 32  # capped at MAX_SPLITS
     assert decode_num_splits(1, 8, 300) == 2  # no split shorter than 256 tokens
     assert decode_num_splits(4, 8, 1) == 1
+    # a quantized pool's stage 1: half as many programs (2 per SM)
+    assert decode_num_splits(64, 8, 4096, quantized=True) == 1  # 512 programs
+    assert decode_num_splits(32, 8, 4096, quantized=True) == 2  # 3 unquantized
+    assert decode_num_splits(1, 8, 32768, quantized=True) == 32
+    assert decode_num_splits(1, 32, 32768, quantized=True) == 9  # 17 unquantized
 
 
 def test_rejects_bad_inputs():
