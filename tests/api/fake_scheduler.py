@@ -34,7 +34,9 @@ class FakeScheduler:
     It ends a request with STOP at a stop id, LENGTH at max_tokens, and STOP when the
     script runs out; it drops one silently on `FinishReq`; it answers `FlushCache` (refused
     while requests are active); `stall=True` accepts requests
-    but never answers. Everything received is kept in `received`. First it sends
+    but never answers. While `hold` is an Event not yet set, a request gets its first step
+    and then waits for it (a stream's first chunk arrives alone, however fast the rest
+    would follow). Everything received is kept in `received`. First it sends
     `limits`, as the real one does at start-up (default: the model's context, capped by
     `cfg.kv_slots` if set).
     """
@@ -51,6 +53,7 @@ class FakeScheduler:
         self.cached_tokens = cached_tokens
         self.received: list[object] = []
         self.error: str | None = None  # set: finish every request with ERROR
+        self.hold: threading.Event | None = None  # set by a test: see the class docstring
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fake-scheduler", daemon=True)
 
@@ -95,11 +98,16 @@ class FakeScheduler:
                     outbox.put(CacheFlushed(msg.token, not active, f"{len(active)} running"))
                 elif isinstance(msg, Shutdown):
                     self._stop.set()
-            if not self.stall and active:
-                outbox.put(BatchOut([self._step(rid, active) for rid in list(active)]))
+            ready = [rid for rid in list(active) if self._may_step(active[rid][2])]
+            if not self.stall and ready:
+                outbox.put(BatchOut([self._step(rid, active) for rid in ready]))
         inbox.close()
         outbox.close()
         ctx.term()
+
+    def _may_step(self, sent: int) -> bool:
+        hold = self.hold
+        return hold is None or hold.is_set() or sent == 0
 
     def _step(self, rid: str, active: dict) -> ReqOut:
         req, ids, sent = active[rid]

@@ -57,10 +57,18 @@ def test_sluice_form_keeps_its_own_reply(served, script_ids):
 
 
 def test_sglang_stream_is_cumulative_and_ends_with_done(served, script_ids):
-    http, _ = served
+    http, fake = served
     req = {"text": "Hi", "stream": True, "sampling_params": {"max_new_tokens": 7}}
-    with http.stream("POST", "/generate", json=req) as r:
-        events, done = sse_json(list(r.iter_lines()))
+    fake.hold, lines = threading.Event(), []  # the first event alone, then the rest
+    try:
+        with http.stream("POST", "/generate", json=req) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                if line.startswith("data:"):
+                    fake.hold.set()
+    finally:
+        fake.hold = None
+    events, done = sse_json(lines)
     whole = http.post("/generate", json={**req, "stream": False}).json()
     assert done and len(events) > 1
     for before, after in zip(events, events[1:]):

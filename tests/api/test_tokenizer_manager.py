@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import msgspec
@@ -44,9 +45,18 @@ async def collect(agen):
 def test_stream_matches_full_decode(cfg, spec, tok, script_ids):
     n = len(script_ids)
     with FakeScheduler(cfg, lambda r: script_ids, cached_tokens=2) as fake:
-        chunks = run(cfg, spec, lambda tm: collect(
-            tm.generate("Tell me a story", SamplingParams(max_tokens=n, logprobs=True))))
-    assert len(chunks) > 3
+        fake.hold = threading.Event()  # the first chunk alone, then the rest
+
+        async def body(tm):
+            chunks = []
+            async for c in tm.generate("Tell me a story",
+                                       SamplingParams(max_tokens=n, logprobs=True)):
+                chunks.append(c)
+                fake.hold.set()
+            return chunks
+
+        chunks = run(cfg, spec, lambda tm: asyncio.wait_for(body(tm), 30))  # a bound only
+    assert len(chunks) >= 2
     assert "".join(c.text for c in chunks) == tok.decode(script_ids, skip_special_tokens=True)
     assert [t for c in chunks for t in c.token_ids] == script_ids
     assert [p for c in chunks for p in c.logprobs] == [-0.5] * n
