@@ -74,7 +74,7 @@ def main():
         for cfg, mult in product(configs, split_mults):
             if time.monotonic() - t0 > args.budget_s:
                 raise TimeoutError
-            splits = mult * decode_num_splits(B, Hkv, L, quantized=pool != dtype)
+            splits = mult * decode_num_splits(B, Hkv, L, quantized=name in pools)
             run = partial(decode_attention, q, k_buf, v_buf, indptr, indices, seq_lens,
                           page_size, D**-0.5, num_splits=splits, config=cfg, **scales)  # fmt: skip
             out = run()

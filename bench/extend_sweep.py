@@ -69,8 +69,8 @@ def main():
             prefix_lens = torch.full((B,), prefix, dtype=torch.int32, device=dev)
             flops = 4 * D * Hq * B * (new * prefix + new * (new + 1) / 2)
             case, ref, base = f"B{B} prefix{prefix} new{new} H{Hq}/{Hkv} D{D} paged16", None, {}
-            pools = [(str(dtype)[6:], dtype, {}), *((n, d, {}) for n, d in QUANT_POOLS.items()),
-                     *((n, d, {}) for n, d in UNSCALED_POOLS.items()),
+            pools = [(str(dtype)[6:], dtype, {}),
+                     *((n, d, {}) for n, d in (QUANT_POOLS | UNSCALED_POOLS).items()),
                      *((f"{n} f16-scores", d, {"fp8_scores": False})
                        for n, d in UNSCALED_POOLS.items())]  # fmt: skip
             for name, pool, extra in pools:

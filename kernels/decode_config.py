@@ -67,14 +67,15 @@ QUANT_GLUON_CONFIG = DecodeConfig(block_n=64, num_stages=2, gluon=True)
 UNSCALED_GLUON_CONFIG = DecodeConfig(block_n=128, num_stages=2, gluon=True)
 
 
+FP8_CAPABILITY = (8, 9)  # e4m3 conversions and fp8 tensor cores
 # the GPUs the Gluon stage 1 runs on, per pool: fp8 conversion needs sm_89, cp.async sm_80
-GLUON_CAPABILITY = {torch.float8_e4m3fn: (8, 9), torch.int8: (8, 0)}
+GLUON_CAPABILITY = {torch.float8_e4m3fn: FP8_CAPABILITY, torch.int8: (8, 0)}
 
 
 @functools.cache
-def _capability(device: torch.device) -> tuple[int, int]:
-    """The CUDA compute capability Gluon kernels run at here; (0, 0) on the CPU or under the
-    Triton interpreter."""
+def kernel_capability(device: torch.device) -> tuple[int, int]:
+    """The CUDA compute capability compiled kernels run at here; (0, 0) on the CPU or under
+    the Triton interpreter."""
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return (0, 0)
     return torch.cuda.get_device_capability(device)
@@ -88,7 +89,7 @@ def default_quant_config(q: torch.Tensor, k_buf: torch.Tensor, page_size: int,
     Hq, D = q.shape[1:]
     Hkv = k_buf.shape[1]
     if (D == 128 and Hq // Hkv <= 16 and q.dtype in (torch.float16, torch.bfloat16)
-            and _capability(q.device) >= GLUON_CAPABILITY[k_buf.dtype]):
+            and kernel_capability(q.device) >= GLUON_CAPABILITY[k_buf.dtype]):
         return QUANT_GLUON_CONFIG if scaled else UNSCALED_GLUON_CONFIG
     return triton_quant_config(Hq, Hkv, page_size)
 

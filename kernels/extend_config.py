@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.decode_config import FP8_CAPABILITY, kernel_capability
+
 # shared memory of each default below (head dim 128, as compiled for sm_90)
 QUANT_SMEM = 161 * 1024  # a quantized prefix: 128 x 128 tiles in 2 stages
 STAGES3_SMEM = 112 * 1024  # 16-bit: 64 x 64 tiles in 3 stages
@@ -55,7 +57,5 @@ def fp8_scores_default(device: torch.device) -> bool:
     that have them (sm_89+), never under the Triton interpreter; `SLUICE_FP8_SCORES=0` turns
     it off (q and the prefix in fp16). Measured on the H200:
     `bench/results/2026-12-02-extend-fp8-scores-h200.md`."""
-    off = os.environ.get("SLUICE_FP8_SCORES") == "0" or os.environ.get("TRITON_INTERPRET") == "1"
-    if off or device.type != "cuda":
-        return False
-    return torch.cuda.get_device_capability(device) >= (8, 9)
+    return (os.environ.get("SLUICE_FP8_SCORES") != "0"
+            and kernel_capability(device) >= FP8_CAPABILITY)
