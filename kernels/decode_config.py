@@ -13,7 +13,9 @@ PROGRAMS_PER_SM = 4  # enough resident programs per SM; more splits only add mer
 # copy, the ring's fill, the warps' merge: about 6.5 us on the H200), so it takes half as many:
 # at B64 L4096 GQA 32/8 one split against two is 67.1 / 64.2% of the copy ceiling for fp8
 # (token), 74.2 / 69.2% (paged-16), int8 71.0 / 60.0% and 72.0 / 63.8%
-# (bench/results/2026-12-02-gluon-decode-splits-layouts-h200.json)
+# (bench/results/2026-12-02-gluon-decode-splits-layouts-h200.json); measured after the change,
+# the unscaled fp8 pool's GQA rows went from 78.4 / 78.8% (2 splits) to 88.1 / 89.5% (1 split)
+# (bench/results/2026-12-02-decode-quant-one-split-h200.md)
 QUANT_PROGRAMS_PER_SM = 2
 MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more to merge than it hides
 MAX_SPLITS = 32
@@ -62,8 +64,8 @@ QUANT_PAGED_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2, wo
 # on the H200 (bench/results/2026-12-02-gluon-fp8-decode-h200.md): 64 keys a tile, 2 stages
 QUANT_GLUON_CONFIG = DecodeConfig(block_n=64, num_stages=2, gluon=True)
 # an unscaled fp8 pool (no scale state in the loop), the same sweep with `--pools fp8_e4m3`
-# (bench/results/2026-12-02-fp8-e4m3-kv-h200.md): 128 keys a tile, 2 stages, fastest or within
-# 0.3 points of it on 3 of the 4 shapes (GQA paged-16: 77.9% against 79.6% at 64 keys, 3 stages)
+# at one split (bench/results/2026-12-02-decode-quant-one-split-h200.md): 128 keys a tile, 2
+# stages, the fastest on 3 of the 4 shapes (MHA token: 84.2% against 86.5% at 64 keys)
 UNSCALED_GLUON_CONFIG = DecodeConfig(block_n=128, num_stages=2, gluon=True)
 
 
