@@ -39,23 +39,30 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 
 
 @gluon.jit
-def _pages(kv_indices_ptr, page_base, n0, end, k_rel, v_rel, PAGE_SIZE: gl.constexpr):
-    """Page ids of the tile at key n0, in K's and in V's layout (keys past `end`: 0)."""
+def _pages(kv_indices_ptr, page_base, n0, end, k_rel, v_rel, c_rel, PAGE_SIZE: gl.constexpr,
+           SCALED: gl.constexpr):
+    """Page ids of the tile at key n0, in K's, V's and (SCALED) the scale copies' layout
+    (keys past `end`: 0)."""
     k_page = gl.load(kv_indices_ptr + page_base + (n0 + k_rel) // PAGE_SIZE,
                      mask=n0 + k_rel < end, other=0)
     v_page = gl.load(kv_indices_ptr + page_base + (n0 + v_rel) // PAGE_SIZE,
                      mask=n0 + v_rel < end, other=0)
-    return k_page, v_page
+    s_page = v_page  # no scale to copy
+    if SCALED:
+        s_page = gl.load(kv_indices_ptr + page_base + (n0 + c_rel) // PAGE_SIZE,
+                         mask=n0 + c_rel < end, other=0)
+    return k_page, v_page, s_page
 
 
 @gluon.jit
 def _issue_tile(k_smem, v_smem, ks_smem, vs_smem, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, end,
-                kvh, stride_kvs, stride_kvh, k_rel, v_rel, s_rel, kp, vp, k_page, v_page, n0,
-                s_keys: gl.constexpr, HKV: gl.constexpr, PAGE_SIZE: gl.constexpr,
-                SCALED: gl.constexpr):
+                kvh, stride_kvs, stride_kvh, k_rel, v_rel, c_rel, kp, vp, k_page, v_page,
+                s_page, n0, HKV: gl.constexpr, PAGE_SIZE: gl.constexpr, SCALED: gl.constexpr):
     """Start copying the tile at key n0 into one stage: K^T words [4, 32, KEYS], V words
     [4, KEYS, 32] and (SCALED) both scales [4, KEYS], from its keys' page ids (keys past
-    `end` are zero-filled, with no memory read); one commit group."""
+    `end` are zero-filled, with no memory read); one commit group. The scales are copied in
+    `c_rel`'s layout, a key a lane: a thread copies one of each, not the KEYS / 4 that the
+    MMA layout's replicas would."""
     k_key = n0 + k_rel
     k_slot = k_page.to(gl.int64) * PAGE_SIZE + k_key % PAGE_SIZE
     k_offs = gl.expand_dims(k_slot * stride_kvs + kvh * stride_kvh, 1) + kp[None, :, None]
@@ -67,9 +74,10 @@ def _issue_tile(k_smem, v_smem, ks_smem, vs_smem, k_ptr, v_ptr, k_scale_ptr, v_s
     _async_load(v_smem, v_ptr + v_offs,
                                            mask=gl.expand_dims(v_key < end, 2))
     if SCALED:
-        s_slot = gl.convert_layout(v_slot, s_keys) * HKV + kvh  # V's keys sit in the same threads
-        _async_load(ks_smem, k_scale_ptr + s_slot, mask=n0 + s_rel < end)
-        _async_load(vs_smem, v_scale_ptr + s_slot, mask=n0 + s_rel < end)
+        s_key = n0 + c_rel
+        s_slot = (s_page.to(gl.int64) * PAGE_SIZE + s_key % PAGE_SIZE) * HKV + kvh
+        _async_load(ks_smem, k_scale_ptr + s_slot, mask=s_key < end)
+        _async_load(vs_smem, v_scale_ptr + s_slot, mask=s_key < end)
     async_copy.commit_group()
 
 
@@ -128,6 +136,8 @@ def _decode_quant_gluon_kernel(
     k_sl: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, order=[1, 2, 0])
     v_sl: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, order=[2, 1, 0])
     s_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    # the scales' copies: [4, KEYS], a key a lane
+    s_cp: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])
     HKV: gl.constexpr = Q_HEADS // GROUP
     kvh = gl.program_id(0)  # a sequence's heads run side by side: they share the scales' sectors
     b = gl.program_id(1)
@@ -161,6 +171,9 @@ def _decode_quant_gluon_kernel(
     k_rel = KEYS * kw[:, None] + kn[None, :]  # [4, KEYS]
     v_rel = KEYS * vw[:, None] + vn[None, :]
     s_rel = KEYS * sw[:, None] + sn[None, :]
+    cw = gl.arange(0, 4, layout=gl.SliceLayout(1, s_cp))
+    cn = gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_cp))
+    c_rel = KEYS * cw[:, None] + cn[None, :]
 
     # pipeline: STAGES - 1 tiles are copying into shared memory while one computes, and the
     # page ids of the next tile to copy are loading
@@ -169,14 +182,14 @@ def _decode_quant_gluon_kernel(
     ks_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, KEYS], s_sl)
     vs_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, KEYS], s_sl)
     ld = (k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, end, kvh, stride_kvs, stride_kvh, k_rel, v_rel,
-          s_rel, kp, vp)
+          c_rel, kp, vp)
+    pg = (kv_indices_ptr, page_base)
     for i in gl.static_range(STAGES - 1):
-        k_page, v_page = _pages(kv_indices_ptr, page_base, start + i * TILE, end, k_rel, v_rel,
-                                PAGE_SIZE)
+        pages = _pages(*pg, start + i * TILE, end, k_rel, v_rel, c_rel, PAGE_SIZE, SCALED)
         _issue_tile(k_smem.index(i), v_smem.index(i), ks_smem.index(i), vs_smem.index(i), *ld,
-                    k_page, v_page, start + i * TILE, s_keys, HKV, PAGE_SIZE, SCALED)
+                    *pages, start + i * TILE, HKV, PAGE_SIZE, SCALED)
     ahead = start + (STAGES - 1) * TILE  # the next tile to copy
-    k_page, v_page = _pages(kv_indices_ptr, page_base, ahead, end, k_rel, v_rel, PAGE_SIZE)
+    pages = _pages(*pg, ahead, end, k_rel, v_rel, c_rel, PAGE_SIZE, SCALED)
     m = gl.full([4, 16], float("-inf"), gl.float32, layout=s_rows)
     l_sum = gl.zeros([4, 16], gl.float32, layout=s_rows)
     acc = gl.zeros([4, 16, 128], gl.float32, layout=mma)  # the output over c, per warp
@@ -187,9 +200,9 @@ def _decode_quant_gluon_kernel(
         _barrier()  # ... for every thread; and every thread is done with tile t - 1's stage
         st = (t + STAGES - 1) % STAGES
         _issue_tile(k_smem.index(st), v_smem.index(st), ks_smem.index(st), vs_smem.index(st),
-                    *ld, k_page, v_page, ahead, s_keys, HKV, PAGE_SIZE, SCALED)
+                    *ld, *pages, ahead, HKV, PAGE_SIZE, SCALED)
         ahead += TILE
-        k_page, v_page = _pages(kv_indices_ptr, page_base, ahead, end, k_rel, v_rel, PAGE_SIZE)
+        pages = _pages(*pg, ahead, end, k_rel, v_rel, c_rel, PAGE_SIZE, SCALED)
         st = t % STAGES
         k_words = k_smem.index(st).load(k_ld)
         v_words = v_smem.index(st).load(v_ld)

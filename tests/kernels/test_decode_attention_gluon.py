@@ -9,6 +9,7 @@ import torch
 
 from kernels.decode_attention import decode_attention
 from kernels.decode_config import (
+    PAGED_GQA_GLUON_CONFIG,
     QUANT_GLUON_CONFIG,
     QUANT_GQA_CONFIG,
     QUANT_MHA_CONFIG,
@@ -99,7 +100,9 @@ def test_cpu_takes_the_triton_kernel():
 def test_gpu_takes_gluon_where_it_applies():  # an sm_89+ GPU
     fp8, cuda = torch.float8_e4m3fn, "cuda"
     q = torch.zeros(2, 32, 128, dtype=torch.bfloat16, device=cuda)
-    assert default_quant_config(q, kv_buf(fp8, device=cuda), 16) == QUANT_GLUON_CONFIG
+    assert default_quant_config(q, kv_buf(fp8, device=cuda), 16) == PAGED_GQA_GLUON_CONFIG
+    assert default_quant_config(q, kv_buf(fp8, 32, device=cuda), 16) == QUANT_GLUON_CONFIG
+    assert default_quant_config(q, kv_buf(torch.int8, device=cuda), 16) == PAGED_GQA_GLUON_CONFIG
     assert default_quant_config(q.half(), kv_buf(fp8, 32, device=cuda), 1) == QUANT_GLUON_CONFIG
     assert default_quant_config(q, kv_buf(torch.int8, device=cuda), 1) == QUANT_GLUON_CONFIG
     assert default_quant_config(q, kv_buf(fp8, device=cuda), 1, scaled=False) == (
