@@ -17,7 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from bench.kernels_common import COPY_CEILING_GBPS, Row, timeit
 from kernels.decode_attention import DecodeConfig, decode_attention, decode_num_splits
 from kernels.extend_attention import extend_attention
-from kernels.store_kv import store_kv
+from kernels.store_kv import scale_pairs, store_kv
 from runtime.worker.kv_pool import KV_STORAGE, kv_dtype_scaled
 
 # the quantized kv dtypes' pool dtypes: with a float32 scale per (slot, head), and without
@@ -46,8 +46,9 @@ def paged_pool(k, v, page_size, pool_dtype, scaled=True):
     k_buf = torch.empty(num_slots, H, D, dtype=pool_dtype, device=k.device)  # [S, H, D]
     v_buf = torch.empty_like(k_buf)
     scales = {}
-    if pool_dtype != k.dtype and scaled:
-        scales = {n: torch.ones(num_slots, H, device=k.device) for n in ("k_scale", "v_scale")}
+    if pool_dtype != k.dtype and scaled:  # the engine pool's layout: K's and V's side by side
+        pairs = scale_pairs(num_slots, H, k.device)  # [S, H, 2]
+        scales = {"k_scale": pairs[..., 0], "v_scale": pairs[..., 1]}
     k_rows, v_rows = (x.transpose(1, 2).reshape(B * L, H, D) for x in (k, v))  # [B*L, H, D]
     store_kv(k_rows, v_rows, k_buf, v_buf, slots.flatten(), **scales)
     kv_indptr = torch.arange(B + 1, device=k.device, dtype=torch.int32) * pages_per_seq

@@ -36,6 +36,7 @@ COMMON = ["kv_indptr_ptr", "kv_indices_ptr", "seq_lens_ptr", "mid_o_ptr", "mid_l
           "qk_scale", "num_splits", "stride_qb", "stride_qh", "stride_kvs", "stride_kvh"]
 COMMON_TYPES = ["*i32", "*i32", "*i32", "*bf16", "*fp32", "fp32", "i32", "i32", "i32", "i32",
                 "i32"]
+SCALE_STRIDES = {"stride_ss": "i32", "stride_sh": "i32"}  # the quantized kernels' next args
 
 
 def kernel_source(kind: str, q_heads: int, kv_heads: int, block_n: int, words: bool,
@@ -53,10 +54,10 @@ def kernel_source(kind: str, q_heads: int, kv_heads: int, block_n: int, words: b
         keys = block_n // mod.WARPS
         k_ld, v_ld, v_pairs = ops.tile_layouts(keys)
         const = dict(Q_HEADS=q_heads, GROUP=group, PAGE_SIZE=1, PAIRS=pairs, WIDEN=widen,
-                     KEYS=keys, STAGES=stages, SCALED=scaled, k_ld=k_ld, v_ld=v_ld,
-                     v_pairs=v_pairs)
+                     KEYS=keys, STAGES=stages, SCALED=scaled, PAIRED=scaled, k_ld=k_ld,
+                     v_ld=v_ld, v_pairs=v_pairs)  # the scales as the engine's pool holds them
         fn = mod._decode_quant_gluon_kernel
-        return fn, dict(zip(names, types)), const, 2 * block_n * HEAD_DIM
+        return fn, dict(zip(names, types)) | SCALE_STRIDES, const, 2 * block_n * HEAD_DIM
     if kind == "decode-16":
         mod = importlib.import_module("kernels.decode_attention")
         names = ["q_ptr", "k_ptr", "v_ptr", *COMMON]
@@ -74,7 +75,8 @@ def kernel_source(kind: str, q_heads: int, kv_heads: int, block_n: int, words: b
                  PREFETCH=False, CODE_SCALE=256.0 if words and not is_int else 1.0,
                  SCALED=scaled, BLOCK_H=16, BLOCK_N=block_n, BLOCK_D=HEAD_DIM, PDL=False)
     tile_bytes = 2 * block_n * HEAD_DIM
-    return mod._decode_attention_quant_kernel, dict(zip(names, types)), const, tile_bytes
+    signature = dict(zip(names, types)) | SCALE_STRIDES
+    return mod._decode_attention_quant_kernel, signature, const, tile_bytes
 
 
 def compile_sm90(fn, signature: dict, const: dict, warps: int, stages: int,

@@ -26,7 +26,7 @@ from kernels.decode_config import (
 )
 from kernels.decode_split_merge import _decode_attention_merge_kernel
 from kernels.pdl import pdl_args, pdl_wait
-from kernels.store_kv import QUANT_MAX, dequantize_ref, unscaled_pool
+from kernels.store_kv import QUANT_MAX, dequantize_ref, scale_strides, unscaled_pool
 
 LOG2E = 1.4426950408889634
 
@@ -142,7 +142,8 @@ def decode_attention(
     q `[B, Hq, D]` (any strides but the last); k_buf/v_buf `[num_slots, Hkv, D]` (same
     strides) with Hq a multiple of Hkv; kv_indptr `[B+1]` int32 and kv_indices `[nnz]`
     int32/int64 page ids (CSR); seq_lens `[B]` int32 tokens per sequence (0 gives zeros).
-    An int8 pool needs k_scale/v_scale `[num_slots, Hkv]` float32 (contiguous); a
+    An int8 pool needs k_scale/v_scale `[num_slots, Hkv]` float32 (sharing strides; those
+    of `store_kv.scale_pairs` are read with one load a key); a
     float8_e4m3fn pool takes them, or None for unscaled codes (a per-tensor scale of 1).
     num_splits None picks `decode_num_splits` from seq_lens.max(), a host sync: pass it
     explicitly under CUDA graphs. `out` (contiguous, q's shape and dtype) receives o if given.
@@ -170,11 +171,7 @@ def decode_attention(
     assert page_size >= 1, f"page_size {page_size} must be positive"
     quant = k_buf.dtype in QUANT_MAX
     if quant and not unscaled_pool(k_buf, k_scale, v_scale):
-        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-            assert s is not None and s.shape == k_buf.shape[:2] and s.dtype == torch.float32, (
-                f"a {k_buf.dtype} pool needs {name} float32 [{k_buf.shape[0]}, {Hkv}]"
-            )
-            assert s.is_contiguous(), f"{name} must be contiguous"
+        scale_strides(k_buf, k_scale, v_scale)
     elif not quant:
         assert k_buf.dtype == q.dtype, f"pool dtype {k_buf.dtype} != q dtype {q.dtype}"
     if out is None:
@@ -196,7 +193,7 @@ def decode_attention(
         mid_o = torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(B, Hq, num_splits, dtype=torch.float32, device=q.device)
     if quant:
-        config = config or default_quant_config(q, k_buf, page_size, k_scale is not None)
+        config = config or default_quant_config(q, k_buf, page_size)
         if config.gluon:
             from kernels.decode_attention_gluon import decode_quant_gluon_stage1
 

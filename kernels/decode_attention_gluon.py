@@ -9,7 +9,8 @@ need (`bench.gluon_fp8_operand` is the probe that checked the V half on the H200
   dimension of a rank-3 `mma_v2`); they merge once, after the loop;
 - tiles are copied global -> shared with `cp.async` (16 bytes a copy) into a ring of
   `num_stages` stages, swizzled so neither the copies nor the loads conflict on banks; the
-  next tile's page ids load while a tile computes;
+  next tile's page ids load while a tile computes. A warp's copy covers whole 128-byte key
+  rows (4 lines), since the memory system's limit here is line requests, not bytes;
 - K and V are handled as 32-bit words of 4 codes (a loop carries words packed, bytes not);
 - K^T's operand: a thread's 32 head_dim entries of a key are made one 32-byte run by
   permuting head_dim (the contraction: q is loaded under the same permutation);
@@ -21,8 +22,10 @@ need (`bench.gluon_fp8_operand` is the probe that checked the V half on the H200
   free of data movement.
 Scales as in the Triton kernel: k_scale multiplies its key's score, v_scale its softmax
 weight (normalized by the warp tile's largest); an unscaled fp8 pool (SCALED off) reads none.
-Programs run a sequence's KV heads side by side, so the heads share the scales' 32-byte
-sectors in L2. Head dim 128, group <= 16.
+They load into registers a tile ahead, a key a lane, and go to the tile's stage before it is
+read; a pool's `scale_pairs` (PAIRED) give a key's two in one 8-byte load, one line request
+where two tensors take two. Programs run a sequence's KV heads side by side, so the heads
+share the scales' sectors in L2. Head dim 128, group <= 16.
 """
 
 import torch
@@ -31,6 +34,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from kernels.gluon_operands import WIDEN_ASM, _k_operand, _v_operand, tile_layouts
+from kernels.store_kv import paired_scales
 
 WARPS, ROWS, D = 4, 16, 128  # warps; q rows; head dim
 # renamed after Triton 3.6
@@ -41,8 +45,8 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 @gluon.jit
 def _pages(kv_indices_ptr, page_base, n0, end, k_rel, v_rel, c_rel, PAGE_SIZE: gl.constexpr,
            SCALED: gl.constexpr):
-    """Page ids of the tile at key n0, in K's, V's and (SCALED) the scale copies' layout
-    (keys past `end`: 0)."""
+    """Page ids of the tile at key n0, in K's copies', V's copies' and (SCALED) the scales'
+    layouts (keys past `end`: 0)."""
     k_page = gl.load(kv_indices_ptr + page_base + (n0 + k_rel) // PAGE_SIZE,
                      mask=n0 + k_rel < end, other=0)
     v_page = gl.load(kv_indices_ptr + page_base + (n0 + v_rel) // PAGE_SIZE,
@@ -55,30 +59,48 @@ def _pages(kv_indices_ptr, page_base, n0, end, k_rel, v_rel, c_rel, PAGE_SIZE: g
 
 
 @gluon.jit
-def _issue_tile(k_smem, v_smem, ks_smem, vs_smem, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, end,
-                kvh, stride_kvs, stride_kvh, k_rel, v_rel, c_rel, kp, vp, k_page, v_page,
-                s_page, n0, HKV: gl.constexpr, PAGE_SIZE: gl.constexpr, SCALED: gl.constexpr):
-    """Start copying the tile at key n0 into one stage: K^T words [4, 32, KEYS], V words
-    [4, KEYS, 32] and (SCALED) both scales [4, KEYS], from its keys' page ids (keys past
-    `end` are zero-filled, with no memory read); one commit group. The scales are copied in
-    `c_rel`'s layout, a key a lane: a thread copies one of each, not the KEYS / 4 that the
-    MMA layout's replicas would."""
+def _issue_tile(k_smem, v_smem, k_ptr, v_ptr, end, kvh, stride_kvs, stride_kvh, k_rel, v_rel,
+                kp, vp, k_page, v_page, n0, PAGE_SIZE: gl.constexpr):
+    """Start copying the tile at key n0 into one stage: K^T words [4, 32, KEYS] and V words
+    [4, KEYS, 32], from its keys' page ids (keys past `end` are zero-filled, with no memory
+    read); one commit group."""
     k_key = n0 + k_rel
     k_slot = k_page.to(gl.int64) * PAGE_SIZE + k_key % PAGE_SIZE
     k_offs = gl.expand_dims(k_slot * stride_kvs + kvh * stride_kvh, 1) + kp[None, :, None]
-    _async_load(k_smem, k_ptr + k_offs,
-                                           mask=gl.expand_dims(k_key < end, 1))
+    _async_load(k_smem, k_ptr + k_offs, mask=gl.expand_dims(k_key < end, 1))
     v_key = n0 + v_rel
     v_slot = v_page.to(gl.int64) * PAGE_SIZE + v_key % PAGE_SIZE
     v_offs = gl.expand_dims(v_slot * stride_kvs + kvh * stride_kvh, 2) + vp[None, None, :]
-    _async_load(v_smem, v_ptr + v_offs,
-                                           mask=gl.expand_dims(v_key < end, 2))
-    if SCALED:
-        s_key = n0 + c_rel
-        s_slot = (s_page.to(gl.int64) * PAGE_SIZE + s_key % PAGE_SIZE) * HKV + kvh
-        _async_load(ks_smem, k_scale_ptr + s_slot, mask=s_key < end)
-        _async_load(vs_smem, v_scale_ptr + s_slot, mask=s_key < end)
+    _async_load(v_smem, v_ptr + v_offs, mask=gl.expand_dims(v_key < end, 2))
     async_copy.commit_group()
+
+
+@gluon.jit
+def _load_scales(k_scale_ptr, v_scale_ptr, end, kvh, stride_ss, stride_sh, c_rel, s_page, n0,
+                 s_cp: gl.constexpr, HKV: gl.constexpr, PAGE_SIZE: gl.constexpr,
+                 PAIRED: gl.constexpr):
+    """The tile at key n0's K and V scales [4, KEYS] into registers, a key a lane (keys past
+    `end`: 0); PAIRED (`scale_pairs`): both with one 8-byte load. Plain loads, not 4-byte
+    `cp.async` (no faster): what costs is a load's line requests, one a key where a warp's
+    keys sit on 32 lines (the token layout, or MHA)."""
+    s_key = n0 + c_rel
+    slot = s_page.to(gl.int64) * PAGE_SIZE + s_key % PAGE_SIZE  # [4, KEYS]
+    if PAIRED:
+        p_ld: gl.constexpr = gl.BlockedLayout([1, 1, 2], [1, 32, 1], [4, 1, 1], [2, 1, 0])
+        k_at = gl.convert_layout(2 * (slot * HKV + kvh), gl.SliceLayout(2, p_ld),
+                                 assert_trivial=True)
+        keep = gl.convert_layout(s_key < end, gl.SliceLayout(2, p_ld), assert_trivial=True)
+        kv = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, p_ld)))
+        pair = gl.load(k_scale_ptr + gl.expand_dims(k_at, 2) + kv[None, None, :],
+                       mask=gl.expand_dims(keep, 2), other=0.0, cache_modifier=".cg")
+        k_s, v_s = gl.split(pair)  # [4, KEYS] each
+        k_s = gl.convert_layout(k_s, s_cp, assert_trivial=True)
+        v_s = gl.convert_layout(v_s, s_cp, assert_trivial=True)
+    else:
+        at = slot * stride_ss + kvh * stride_sh
+        k_s = gl.load(k_scale_ptr + at, mask=s_key < end, other=0.0, cache_modifier=".cg")
+        v_s = gl.load(v_scale_ptr + at, mask=s_key < end, other=0.0, cache_modifier=".cg")
+    return k_s, v_s
 
 
 @gluon.jit
@@ -120,8 +142,10 @@ def _step(q, kw, vw, ks_stage, vs_stage, n0, end, s_rel, m, l_sum, acc, c, mma: 
 def _decode_quant_gluon_kernel(
     q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr,
     mid_o_ptr, mid_lse_ptr, qk_scale, num_splits, stride_qb, stride_qh, stride_kvs, stride_kvh,
+    stride_ss, stride_sh,
     Q_HEADS: gl.constexpr, GROUP: gl.constexpr, PAGE_SIZE: gl.constexpr, PAIRS: gl.constexpr,
     WIDEN: gl.constexpr, KEYS: gl.constexpr, STAGES: gl.constexpr, SCALED: gl.constexpr,
+    PAIRED: gl.constexpr,
     k_ld: gl.constexpr, v_ld: gl.constexpr, v_pairs: gl.constexpr,
 ):  # fmt: skip
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1],
@@ -160,9 +184,12 @@ def _decode_quant_gluon_kernel(
     q = gl.convert_layout(gl.expand_dims(q, 0).broadcast_to([4, 16, 128]), a_op)
 
     # a tile's keys, relative to its first, in each layout: key KEYS w + n of warp w
-    kw = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(1, k_ld)))
-    kn = gl.arange(0, KEYS, layout=gl.SliceLayout(0, gl.SliceLayout(1, k_ld)))
-    kp = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, k_ld)))
+    # K's copies: 8 lanes a key's 128 bytes, so a warp's copy covers 4 whole lines (k_ld's
+    # layout would cover 8 keys' half lines, each sector asked for twice)
+    k_cp: gl.constexpr = gl.BlockedLayout([1, 4, 1], [1, 8, 4], [4, 1, 1], [1, 2, 0])
+    kw = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(1, k_cp)))
+    kn = gl.arange(0, KEYS, layout=gl.SliceLayout(0, gl.SliceLayout(1, k_cp)))
+    kp = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, k_cp)))
     vw = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, v_ld)))
     vn = gl.arange(0, KEYS, layout=gl.SliceLayout(0, gl.SliceLayout(2, v_ld)))
     vp = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, v_ld)))
@@ -181,13 +208,19 @@ def _decode_quant_gluon_kernel(
     v_smem = gl.allocate_shared_memory(gl.int32, [STAGES, 4, KEYS, 32], v_sl)
     ks_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, KEYS], s_sl)
     vs_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, KEYS], s_sl)
-    ld = (k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, end, kvh, stride_kvs, stride_kvh, k_rel, v_rel,
-          c_rel, kp, vp)
+    ld = (k_ptr, v_ptr, end, kvh, stride_kvs, stride_kvh, k_rel, v_rel, kp, vp)
+    sc = (k_scale_ptr, v_scale_ptr, end, kvh, stride_ss, stride_sh, c_rel)
     pg = (kv_indices_ptr, page_base)
     for i in gl.static_range(STAGES - 1):
         pages = _pages(*pg, start + i * TILE, end, k_rel, v_rel, c_rel, PAGE_SIZE, SCALED)
-        _issue_tile(k_smem.index(i), v_smem.index(i), ks_smem.index(i), vs_smem.index(i), *ld,
-                    *pages, start + i * TILE, HKV, PAGE_SIZE, SCALED)
+        _issue_tile(k_smem.index(i), v_smem.index(i), *ld, pages[0], pages[1],
+                    start + i * TILE, PAGE_SIZE)
+        if SCALED:
+            k_s, v_s = _load_scales(*sc, pages[2], start + i * TILE, s_cp, HKV, PAGE_SIZE,
+                                    PAIRED)
+            if i < STAGES - 2:  # the last tile's (k_s, v_s) go in at the loop's first pass
+                ks_smem.index(i).store(k_s)
+                vs_smem.index(i).store(v_s)
     ahead = start + (STAGES - 1) * TILE  # the next tile to copy
     pages = _pages(*pg, ahead, end, k_rel, v_rel, c_rel, PAGE_SIZE, SCALED)
     m = gl.full([4, 16], float("-inf"), gl.float32, layout=s_rows)
@@ -196,11 +229,16 @@ def _decode_quant_gluon_kernel(
     c = gl.full([4], 1.0, gl.float32, layout=gl.SliceLayout(1, s_rows))
     for n0 in range(start, end, TILE):
         t = (n0 - start) // TILE
+        if SCALED:  # the scales loaded last pass (tile t + STAGES - 2), into their stage
+            ks_smem.index((t + STAGES - 2) % STAGES).store(k_s)
+            vs_smem.index((t + STAGES - 2) % STAGES).store(v_s)
         async_copy.wait_group(STAGES - 2)  # tile t is in
         _barrier()  # ... for every thread; and every thread is done with tile t - 1's stage
         st = (t + STAGES - 1) % STAGES
-        _issue_tile(k_smem.index(st), v_smem.index(st), ks_smem.index(st), vs_smem.index(st),
-                    *ld, *pages, ahead, HKV, PAGE_SIZE, SCALED)
+        _issue_tile(k_smem.index(st), v_smem.index(st), *ld, pages[0], pages[1], ahead,
+                    PAGE_SIZE)
+        if SCALED:
+            k_s, v_s = _load_scales(*sc, pages[2], ahead, s_cp, HKV, PAGE_SIZE, PAIRED)
         ahead += TILE
         pages = _pages(*pg, ahead, end, k_rel, v_rel, c_rel, PAGE_SIZE, SCALED)
         st = t % STAGES
@@ -251,13 +289,16 @@ def decode_quant_gluon_stage1(q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_i
     num_splits = mid_lse.shape[2]
     k_words, v_words = k_buf.view(torch.int32), v_buf.view(torch.int32)  # [S, Hkv, 32]
     scaled = k_scale is not None
+    s_strides = (k_scale.stride(0), k_scale.stride(1)) if scaled else (0, 0)
+    paired = scaled and paired_scales(k_scale, v_scale)
     if not scaled:  # the kernel reads no scale: any pointer will do
         k_scale = v_scale = mid_lse
     _decode_quant_gluon_kernel[(Hkv, B, num_splits)](
         q, k_words, v_words, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
         qk_scale, num_splits, q.stride(0), q.stride(1), k_words.stride(0), k_words.stride(1),
+        *s_strides,
         Q_HEADS=Hq, GROUP=Hq // Hkv, PAGE_SIZE=page_size, PAIRS=pairs, WIDEN=widen,
-        KEYS=block_n // WARPS, STAGES=num_stages, SCALED=scaled, k_ld=k_ld, v_ld=v_ld,
-        v_pairs=v_pairs,
+        KEYS=block_n // WARPS, STAGES=num_stages, SCALED=scaled, PAIRED=paired, k_ld=k_ld,
+        v_ld=v_ld, v_pairs=v_pairs,
         num_warps=WARPS,
     )  # fmt: skip

@@ -64,8 +64,8 @@ def _unpack_words(w, INT8: tl.constexpr):
 @triton.jit
 def _load_tile(
     k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, kv_indices_ptr, page_base, n0, end, kvh,
-    stride_kvs, stride_kvh,
-    KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, PACK: tl.constexpr,
+    stride_kvs, stride_kvh, stride_ss, stride_sh,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, PACK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
     """Raw K/V codes `[BLOCK_N, BLOCK_D // PACK]` (PACK codes an element: int32 words when 4,
@@ -81,8 +81,9 @@ def _load_tile(
     k = tl.load(k_ptr + offs, mask=mask, other=0.0)  # [BLOCK_N, BLOCK_D // PACK]
     v = tl.load(v_ptr + offs, mask=mask, other=0.0)  # [BLOCK_N, BLOCK_D // PACK]
     if SCALED:
-        k_s = tl.load(k_scale_ptr + slot * KV_HEADS + kvh, mask=mask_n, other=0.0)  # [BLOCK_N]
-        v_s = tl.load(v_scale_ptr + slot * KV_HEADS + kvh, mask=mask_n, other=0.0)  # [BLOCK_N]
+        s_offs = slot * stride_ss + kvh * stride_sh  # [BLOCK_N]
+        k_s = tl.load(k_scale_ptr + s_offs, mask=mask_n, other=0.0)  # [BLOCK_N]
+        v_s = tl.load(v_scale_ptr + s_offs, mask=mask_n, other=0.0)  # [BLOCK_N]
     else:
         k_s = tl.full([BLOCK_N], 1.0, tl.float32)
         v_s = k_s
@@ -94,7 +95,7 @@ def _decode_attention_quant_kernel(
     q_ptr,
     k_ptr,  # [num_slots, Hkv, HEAD_DIM] float8e4nv or int8; v the same
     v_ptr,
-    k_scale_ptr,  # [num_slots, Hkv] contiguous float32 (read only when SCALED)
+    k_scale_ptr,  # [num_slots, Hkv] float32 (read only when SCALED)
     v_scale_ptr,
     kv_indptr_ptr,
     kv_indices_ptr,
@@ -107,6 +108,8 @@ def _decode_attention_quant_kernel(
     stride_qh,
     stride_kvs,  # k_buf and v_buf share strides
     stride_kvh,
+    stride_ss,  # k_scale and v_scale share strides
+    stride_sh,
     Q_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -154,21 +157,21 @@ def _decode_attention_quant_kernel(
     if PREFETCH:  # the loop carries the next tile's codes, so its loads overlap this tile's math
         k_nx, v_nx, ks_nx, vs_nx, mask_nx = _load_tile(
             k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, kv_indices_ptr, page_base, start, end, kvh,
-            stride_kvs, stride_kvh, Q_HEADS // GROUP, HEAD_DIM, PAGE_SIZE, PACK, BLOCK_N, BLOCK_D,
-            SCALED,
+            stride_kvs, stride_kvh, stride_ss, stride_sh, HEAD_DIM, PAGE_SIZE, PACK, BLOCK_N,
+            BLOCK_D, SCALED,
         )  # fmt: skip
     for n0 in range(start, end, BLOCK_N):
         if PREFETCH:
             k, v, k_s, v_s, mask_n = k_nx, v_nx, ks_nx, vs_nx, mask_nx
             k_nx, v_nx, ks_nx, vs_nx, mask_nx = _load_tile(
                 k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, kv_indices_ptr, page_base, n0 + BLOCK_N,
-                end, kvh, stride_kvs, stride_kvh, Q_HEADS // GROUP, HEAD_DIM, PAGE_SIZE, PACK,
+                end, kvh, stride_kvs, stride_kvh, stride_ss, stride_sh, HEAD_DIM, PAGE_SIZE, PACK,
                 BLOCK_N, BLOCK_D, SCALED,
             )  # fmt: skip
         else:
             k, v, k_s, v_s, mask_n = _load_tile(
                 k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, kv_indices_ptr, page_base, n0, end, kvh,
-                stride_kvs, stride_kvh, Q_HEADS // GROUP, HEAD_DIM, PAGE_SIZE, PACK, BLOCK_N,
+                stride_kvs, stride_kvh, stride_ss, stride_sh, HEAD_DIM, PAGE_SIZE, PACK, BLOCK_N,
                 BLOCK_D, SCALED,
             )  # fmt: skip
         if WORDS:
@@ -234,11 +237,13 @@ def decode_attention_quant_stage1(
     if words:
         k_buf, v_buf = k_buf.view(torch.int32), v_buf.view(torch.int32)  # [S, Hkv, D // 4]
     scaled = k_scale is not None
+    s_strides = (k_scale.stride(0), k_scale.stride(1)) if scaled else (0, 0)
     if not scaled:  # the kernel reads no scale: any pointer will do
         k_scale = v_scale = mid_lse
     _decode_attention_quant_kernel[(B, Hkv, num_splits)](
         q, k_buf, v_buf, k_scale, v_scale, kv_indptr, kv_indices, seq_lens, mid_o, mid_lse,
         qk_scale, num_splits, q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
+        *s_strides,
         Q_HEADS=Hq, GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size,
         DOT_DTYPE=tl.float16 if half else tl.float32, INT_OFFSET=is_int and half,
         IS_INT=is_int, WORDS=words, PREFETCH=config.prefetch,

@@ -60,17 +60,11 @@ GQA_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=2)
 QUANT_MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
 QUANT_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
 QUANT_PAGED_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2, words=True)
-# quantized pools where the Gluon stage 1 applies, `python -m bench.decode_quant_sweep --gluon`
-# on the H200 (bench/results/2026-12-02-gluon-fp8-decode-h200.md): 64 keys a tile, 2 stages
-QUANT_GLUON_CONFIG = DecodeConfig(block_n=64, num_stages=2, gluon=True)
-# a scaled pool, paged GQA, with the scales copied a key a lane: 128 keys a tile, at one split
-# fp8 87.0-88.7% of the copy ceiling (three runs) against 70.9-74.9% at 64 keys, int8 82.9 /
-# 83.1% against 74.3 / 74.4% (bench/results/2026-12-03-gluon-decode-scale-copies-h200.md)
-PAGED_GQA_GLUON_CONFIG = DecodeConfig(block_n=128, num_stages=2, gluon=True)
-# an unscaled fp8 pool (no scale state in the loop), the same sweep with `--pools fp8_e4m3`
-# at one split (bench/results/2026-12-02-decode-quant-one-split-h200.md): 128 keys a tile, 2
-# stages, the fastest on 3 of the 4 shapes (MHA token: 84.2% against 86.5% at 64 keys)
-UNSCALED_GLUON_CONFIG = DecodeConfig(block_n=128, num_stages=2, gluon=True)
+# the Gluon stage 1, every pool (`python -m bench.decode_quant_sweep --gluon --pools
+# fp8_e4m3,fp8,int8` on the H200, bench/results/2026-12-03-decode-scale-pairs-h200.md): 128
+# keys a tile, 2 stages. With K copied in whole lines and the scales read as pairs, the
+# 64-key tile's registers (175-182) leave 2 programs an SM, as the 128-key tile's do
+GLUON_CONFIG = DecodeConfig(block_n=128, num_stages=2, gluon=True)
 
 
 FP8_CAPABILITY = (8, 9)  # e4m3 conversions and fp8 tensor cores
@@ -87,18 +81,15 @@ def kernel_capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-def default_quant_config(q: torch.Tensor, k_buf: torch.Tensor, page_size: int,
-                         scaled: bool = True) -> DecodeConfig:
-    """The stage-1 config over a quantized pool (`scaled` False: fp8 without scales): the
-    Gluon kernel for head_dim 128, a group of at most 16 and a 16-bit q on a GPU it runs on
-    (`GLUON_CAPABILITY`); else the Triton kernel's measured defaults."""
+def default_quant_config(q: torch.Tensor, k_buf: torch.Tensor, page_size: int) -> DecodeConfig:
+    """The stage-1 config over a quantized pool (scaled or not): the Gluon kernel for head_dim
+    128, a group of at most 16 and a 16-bit q on a GPU it runs on (`GLUON_CAPABILITY`); else
+    the Triton kernel's measured defaults."""
     Hq, D = q.shape[1:]
     Hkv = k_buf.shape[1]
     if (D == 128 and Hq // Hkv <= 16 and q.dtype in (torch.float16, torch.bfloat16)
             and kernel_capability(q.device) >= GLUON_CAPABILITY[k_buf.dtype]):
-        if not scaled:
-            return UNSCALED_GLUON_CONFIG
-        return PAGED_GQA_GLUON_CONFIG if page_size > 1 and Hq > Hkv else QUANT_GLUON_CONFIG
+        return GLUON_CONFIG
     return triton_quant_config(Hq, Hkv, page_size)
 
 

@@ -25,7 +25,13 @@ import triton.language as tl
 
 from kernels.extend_config import ExtendConfig, default_extend_config, fp8_scores_default
 from kernels.paging import expand_pages
-from kernels.store_kv import QUANT_MAX, dequantize_ref, quantize_ref, unscaled_pool
+from kernels.store_kv import (
+    QUANT_MAX,
+    dequantize_ref,
+    quantize_ref,
+    scale_strides,
+    unscaled_pool,
+)
 from kernels.widen_ptx import WIDEN_INT8
 
 LOG2E = 1.4426950408889634
@@ -63,13 +69,14 @@ def _accumulate(acc, alpha, w, v):
 @triton.jit
 def _extend_attention_kernel(
     q_ptr, k_new_ptr, v_new_ptr, k_ptr, v_ptr,
-    k_scale_ptr, v_scale_ptr,  # [num_slots, Hkv] contiguous, read only when QUANT and SCALED
+    k_scale_ptr, v_scale_ptr,  # [num_slots, Hkv], read only when QUANT and SCALED
     o_ptr,  # [T, Q_HEADS, HEAD_DIM] contiguous
     qo_indptr_ptr, prefix_lens_ptr, kv_indptr_ptr, kv_indices_ptr,
     qk_scale,  # sm_scale * log2(e)
     stride_qt, stride_qh,
     stride_newt, stride_newh,  # k_new and v_new share strides
     stride_kvs, stride_kvh,  # k_buf and v_buf share strides
+    stride_ss, stride_sh,  # k_scale and v_scale share strides
     Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     QUANT: tl.constexpr, SCALED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -122,7 +129,7 @@ def _extend_attention_kernel(
         v = tl.load(v_ptr + kv_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
         if QUANT:
             if SCALED:
-                scale_offs = slot * (Q_HEADS // GROUP) + kvh  # [BLOCK_N]
+                scale_offs = slot * stride_ss + kvh * stride_sh  # [BLOCK_N]
                 k_s = tl.load(k_scale_ptr + scale_offs, mask=mask_n, other=0.0)
                 v_s = tl.load(v_scale_ptr + scale_offs, mask=mask_n, other=0.0)
                 k = _widen(k, k_s, PREFIX_DTYPE, INT8_ASM)  # [BLOCK_N, BLOCK_D]
@@ -178,7 +185,7 @@ def extend_attention(
     `prefix_lens[i]` (int32 `[B]`) cached tokens are read from k_buf/v_buf
     `[num_slots, Hkv, D]` through the CSR page table kv_indptr `[B+1]` int32 / kv_indices
     int32/int64 page ids. An int8 pool needs k_scale/v_scale `[num_slots, Hkv]` float32
-    (contiguous); a float8_e4m3fn pool takes them, or None for unscaled codes. max_new_len
+    (sharing strides); a float8_e4m3fn pool takes them, or None for unscaled codes. max_new_len
     (the longest run of new tokens) sizes the grid; None reads it from qo_indptr, a host
     sync. config None: the default. fp8_scores (an fp8 pool without scales only): score the
     prefix on fp8 tensor cores, each row of q quantized to e4m3 with its own scale; None: on
@@ -217,14 +224,11 @@ def extend_attention(
     quant = k_buf.dtype in QUANT_MAX
     scaled = quant and not unscaled_pool(k_buf, k_scale, v_scale)
     if scaled:
-        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-            assert s is not None and s.shape == k_buf.shape[:2] and s.dtype == torch.float32, (
-                f"a {k_buf.dtype} pool needs {name} float32 [{k_buf.shape[0]}, {Hkv}]"
-            )
-            assert s.is_contiguous(), f"{name} must be contiguous"
+        s_strides = scale_strides(k_buf, k_scale, v_scale)
     else:
         assert quant or k_buf.dtype == q.dtype, f"pool dtype {k_buf.dtype} != q dtype {q.dtype}"
         k_scale = v_scale = prefix_lens  # unused placeholders: no scale is read
+        s_strides = (0, 0)
     unscaled = quant and not scaled
     if fp8_scores is None:  # fp8 tensor cores take 32 values of head_dim a step
         fp8_scores = unscaled and D >= 32 and fp8_scores_default(q.device)
@@ -242,7 +246,7 @@ def extend_attention(
         q, k_new, v_new, k_buf, v_buf, k_scale, v_scale, o,
         qo_indptr, prefix_lens, kv_indptr, kv_indices, sm_scale * LOG2E,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1),
-        k_buf.stride(0), k_buf.stride(1),
+        k_buf.stride(0), k_buf.stride(1), *s_strides,
         Q_HEADS=Hq, GROUP=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, QUANT=quant,
         SCALED=scaled, PREFIX_DTYPE=tl.float32 if q.dtype == torch.float32 else tl.float16,
         INT8_ASM=k_buf.dtype == torch.int8 and q.dtype != torch.float32 and q.is_cuda,

@@ -20,7 +20,13 @@ import triton.language as tl
 from kernels.pdl import pdl_args, pdl_wait
 from kernels.rmsnorm import rmsnorm_ref
 from kernels.rope import apply_rope_ref
-from kernels.store_kv import QUANT_MAX, _quantize_store, store_kv_ref, unscaled_pool
+from kernels.store_kv import (
+    QUANT_MAX,
+    _quantize_store,
+    scale_strides,
+    store_kv_ref,
+    unscaled_pool,
+)
 
 
 @triton.jit
@@ -70,7 +76,7 @@ def _rope_store_kv_kernel(
     v_out_ptr,
     k_buf_ptr,
     v_buf_ptr,
-    k_scale_ptr,  # [num_slots, KV_HEADS] contiguous, written only when QUANT
+    k_scale_ptr,  # [num_slots, KV_HEADS], written only when QUANT
     v_scale_ptr,
     q_norm_ptr,  # [HEAD_DIM], read only when NORM
     k_norm_ptr,
@@ -84,6 +90,8 @@ def _rope_store_kv_kernel(
     stride_kh,
     stride_bs,  # k_buf and v_buf share strides
     stride_bh,
+    stride_ss,  # k_scale and v_scale share strides
+    stride_sh,
     stride_c,
     Q_HEADS: tl.constexpr,
     KV_HEADS: tl.constexpr,
@@ -130,7 +138,7 @@ def _rope_store_kv_kernel(
         tl.store(k_out_ptr + new, k.to(k_out_ptr.dtype.element_ty), mask=mask)
         tl.store(v_out_ptr + new, v.to(v_out_ptr.dtype.element_ty), mask=mask)
     dst = slot * stride_bs + offs_h[:, None] * stride_bh + offs_d[None, :]
-    scale_offs = slot * KV_HEADS + offs_h  # [BLOCK_HK]
+    scale_offs = slot * stride_ss + offs_h * stride_sh  # [BLOCK_HK]
     _quantize_store(k, k_buf_ptr + dst, k_scale_ptr + scale_offs, mask, mask_h, QUANT, IS_INT, QMAX)
     _quantize_store(v, v_buf_ptr + dst, v_scale_ptr + scale_offs, mask, mask_h, QUANT, IS_INT, QMAX)
 
@@ -190,12 +198,7 @@ def rope_store_kv(
         assert q_norm.shape == (D,) and k_norm.shape == (D,), f"q/k norm weights must be [{D}]"
         assert q_norm.is_contiguous() and k_norm.is_contiguous(), "norm weights: contiguous"
     quant = k_buf.dtype in QUANT_MAX and not unscaled_pool(k_buf, k_scale, v_scale)
-    if quant:
-        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-            assert s is not None and s.shape == k_buf.shape[:2] and s.dtype == torch.float32, (
-                f"a {k_buf.dtype} pool needs {name} float32 [{k_buf.shape[0]}, {Hkv}]"
-            )
-            assert s.is_contiguous(), f"{name} must be contiguous"
+    s_strides = scale_strides(k_buf, k_scale, v_scale) if quant else (0, 0)
     q_out = torch.empty(T, Hq, D, dtype=q.dtype, device=q.device)
     k_out = torch.empty(T, Hkv, D, dtype=k.dtype, device=k.device) if kv_out else None
     v_out = torch.empty_like(k_out) if kv_out else None
@@ -207,7 +210,7 @@ def rope_store_kv(
             q_norm if norm else q, k_norm if norm else q, eps,
             positions.contiguous(), slots.contiguous(), cos_sin_cache,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_buf.stride(0),
-            k_buf.stride(1), cos_sin_cache.stride(0),
+            k_buf.stride(1), *s_strides, cos_sin_cache.stride(0),
             Q_HEADS=Hq, KV_HEADS=Hkv, HEAD_DIM=D, NORM=norm, KV_OUT=kv_out,
             BLOCK_HQ=block_hq, BLOCK_HK=triton.next_power_of_2(Hkv), BLOCK_D=block_d,
             QUANT=quant, IS_INT=k_buf.dtype == torch.int8, QMAX=QUANT_MAX.get(k_buf.dtype, 0.0),

@@ -47,13 +47,15 @@ def _store_kv_kernel(
     v_ptr,
     k_buf_ptr,
     v_buf_ptr,
-    k_scale_ptr,  # [num_slots, KV_HEADS] contiguous, written only when QUANT
+    k_scale_ptr,  # [num_slots, KV_HEADS], written only when QUANT
     v_scale_ptr,
     slots_ptr,
     stride_t,  # k and v share strides
     stride_h,
     stride_bs,  # k_buf and v_buf share strides
     stride_bh,
+    stride_ss,  # k_scale and v_scale share strides
+    stride_sh,
     KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -70,7 +72,7 @@ def _store_kv_kernel(
     mask = mask_h[:, None] & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_H, BLOCK_D]
     src = t * stride_t + offs_h[:, None] * stride_h + offs_d[None, :]
     dst = slot * stride_bs + offs_h[:, None] * stride_bh + offs_d[None, :]
-    scale_offs = slot * KV_HEADS + offs_h  # [BLOCK_H]
+    scale_offs = slot * stride_ss + offs_h * stride_sh  # [BLOCK_H]
     k = tl.load(k_ptr + src, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_H, BLOCK_D]
     v = tl.load(v_ptr + src, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_H, BLOCK_D]
     _quantize_store(k, k_buf_ptr + dst, k_scale_ptr + scale_offs, mask, mask_h, QUANT, IS_INT, QMAX)
@@ -91,8 +93,8 @@ def store_kv(
     head_dim]` at rows `slots [T]` (int32/int64), in place.
 
     For an int8 pool, `k_scale`/`v_scale` `[num_slots, kv_heads]` float32 are required and
-    receive the per-(slot, head) scales; a float8_e4m3fn pool takes them or, without, stores
-    unscaled codes (clamped to +-448). Other pool dtypes get a plain cast.
+    receive the per-(slot, head) scales (`scale_strides`); a float8_e4m3fn pool takes them
+    or, without, stores unscaled codes (clamped to +-448). Other pool dtypes get a plain cast.
     """
     assert k.dim() == 3 and k.shape == v.shape, (
         f"k {tuple(k.shape)} and v {tuple(v.shape)} must both be [T, H, D]"
@@ -110,23 +112,50 @@ def store_kv(
     assert k.stride(-1) == 1 and k_buf.stride(-1) == 1, "k, k_buf must be contiguous in head_dim"
     quant = k_buf.dtype in QUANT_MAX and not unscaled_pool(k_buf, k_scale, v_scale)
     if quant:
-        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-            assert s is not None, f"{name} is required for a {k_buf.dtype} pool"
-            assert s.shape == k_buf.shape[:2] and s.dtype == torch.float32, (
-                f"{name} must be float32 [{k_buf.shape[0]}, {H}], got {s.dtype} {tuple(s.shape)}"
-            )
-            assert s.is_contiguous(), f"{name} must be contiguous"
+        s_strides = scale_strides(k_buf, k_scale, v_scale)
     else:
         k_scale = v_scale = k_buf  # unused placeholders: QUANT is off
+        s_strides = (0, 0)
     if T == 0:
         return
     _store_kv_kernel[(T,)](
         k, v, k_buf, v_buf, k_scale, v_scale, slots.contiguous(),
-        k.stride(0), k.stride(1), k_buf.stride(0), k_buf.stride(1),
+        k.stride(0), k.stride(1), k_buf.stride(0), k_buf.stride(1), *s_strides,
         KV_HEADS=H, HEAD_DIM=D, BLOCK_H=triton.next_power_of_2(H),
         BLOCK_D=triton.next_power_of_2(D), QUANT=quant, IS_INT=k_buf.dtype == torch.int8,
         QMAX=QUANT_MAX.get(k_buf.dtype, 0.0),
     )  # fmt: skip
+
+
+def scale_pairs(num_slots: int, kv_heads: int, device: torch.device | str) -> torch.Tensor:
+    """A K/V pool's scales, all ones: `[num_slots, kv_heads, 2]` float32, whose `[..., 0]` and
+    `[..., 1]` are its k_scale and v_scale, a (slot, head)'s two side by side. Decode reads
+    both with one 8-byte load a key; as two tensors, in the token layout (a warp's keys on as
+    many lines), their loads were a third of its line requests and cost 15-25 points of the
+    copy ceiling (bench/results/2026-12-03-decode-scale-pairs-h200.md)."""
+    return torch.ones(num_slots, kv_heads, 2, dtype=torch.float32, device=device)
+
+
+def scale_strides(buf: torch.Tensor, k_scale: torch.Tensor | None,
+                  v_scale: torch.Tensor | None) -> tuple[int, int]:
+    """Check a scaled pool's `k_scale`, `v_scale`: float32 `[num_slots, kv_heads]` of `buf`,
+    with the same strides (two tensors, or views of `scale_pairs`); returns their (slot, head)
+    strides in elements."""
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        assert s is not None and s.shape == buf.shape[:2] and s.dtype == torch.float32, (
+            f"a {buf.dtype} pool needs {name} float32 [{buf.shape[0]}, {buf.shape[1]}]"
+        )
+    assert k_scale.stride() == v_scale.stride(), (
+        f"k_scale and v_scale must share strides, not {k_scale.stride()} and {v_scale.stride()}"
+    )
+    return k_scale.stride(0), k_scale.stride(1)
+
+
+def paired_scales(k_scale: torch.Tensor, v_scale: torch.Tensor) -> bool:
+    """`k_scale`, `v_scale` the two halves of a `scale_pairs` tensor: each (slot, head)'s two
+    side by side."""
+    return (k_scale.stride() == v_scale.stride() == (2 * k_scale.shape[1], 2)
+            and v_scale.data_ptr() == k_scale.data_ptr() + k_scale.element_size())
 
 
 def unscaled_pool(buf: torch.Tensor, k_scale: torch.Tensor | None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.store_kv import QUANT_MAX
+from kernels.store_kv import QUANT_MAX, scale_pairs
 
 GiB = 1 << 30
 # kv_dtype -> pool element dtype
@@ -84,7 +84,8 @@ class KVPool:
     in `self.dtype` (the model's `dtype`, or fp8/int8 for a quantized `kv_dtype`).
 
     A quantized pool also holds `k_scale[layer]`, `v_scale[layer]` `[num_slots, kv_heads]`
-    float32 (`scaled`); an unquantized or "fp8_e4m3" one has empty scale lists. With
+    float32 (`scaled`: the halves of `kv_scales[layer]` `[num_slots, kv_heads, 2]`); an
+    unquantized or "fp8_e4m3" one has empty scale lists. With
     `planes=1` (a latent pool) only `k` (and `k_scale`) exist: `v` and `v_scale` are empty.
     """
 
@@ -119,15 +120,18 @@ class KVPool:
         self.k = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(num_layers)]
         v_layers = num_layers if planes == 2 else 0
         self.v = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(v_layers)]
-        # ones: the scale `quantize_ref` gives an all-zero row, so unwritten slots read as 0
+        # ones: the scale `quantize_ref` gives an all-zero row, so unwritten slots read as 0.
+        # K and V's scales are the halves of one [num_slots, kv_heads, 2] tensor a layer
+        # (`scale_pairs`: decode reads a key's two with one load); a latent's are its own
         n_scales = num_layers if self.scaled else 0
-        self.k_scale = [
-            torch.ones(shape[:2], dtype=SCALE_DTYPE, device=device) for _ in range(n_scales)
-        ]
-        self.v_scale = [
-            torch.ones(shape[:2], dtype=SCALE_DTYPE, device=device)
-            for _ in range(n_scales if planes == 2 else 0)
-        ]
+        if planes == 2:
+            self.kv_scales = [scale_pairs(num_slots, kv_heads, device) for _ in range(n_scales)]
+            self.k_scale = [pair[..., 0] for pair in self.kv_scales]
+            self.v_scale = [pair[..., 1] for pair in self.kv_scales]
+        else:
+            self.kv_scales, self.v_scale = [], []
+            self.k_scale = [torch.ones(shape[:2], dtype=SCALE_DTYPE, device=device)
+                            for _ in range(n_scales)]
 
     @property
     def bytes_per_token(self) -> int:
@@ -140,8 +144,9 @@ class KVPool:
         return self.bytes_per_token * self.num_slots
 
     def layer_tensors(self) -> list[torch.Tensor]:
-        """Every tensor indexed by slot: each layer's K, each layer's V, then the scales."""
-        return self.k + self.v + self.k_scale + self.v_scale
+        """Every tensor indexed by slot: each layer's K, each layer's V, then the scales (a
+        K/V pool's as each layer's `[num_slots, kv_heads, 2]` pair, a latent's `k_scale`)."""
+        return self.k + self.v + (self.kv_scales if self.planes == 2 else self.k_scale)
 
     def scales(self, layer_id: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Layer `layer_id`'s (k_scale, v_scale) `[num_slots, kv_heads]`, or Nones without

@@ -7,15 +7,17 @@ from kernels.decode_attention import (
     decode_attention_ref,
     decode_num_splits,
 )
-from kernels.store_kv import quantize_ref
+from kernels.store_kv import quantize_ref, scale_pairs
 from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, page_table, randn
 
 HEADS = [(3, 3, 64), (9, 3, 48), (8, 2, 32), (8, 1, 80)]  # (Hq, Hkv, D): GQA 1, 3, 4, 8
 
 
-def make_inputs(lens, heads, page_size, dtype, pool_dtype=None, seed=0, scaled=True):
+def make_inputs(lens, heads, page_size, dtype, pool_dtype=None, seed=0, scaled=True,
+                paired=True):
     """Decode inputs over a pool of `pool_dtype` (None: `dtype`), quantized per (slot, head)
-    or, `scaled` False (fp8), cast: the codes are the values."""
+    (the scales the halves of one `scale_pairs` tensor, as the engine's pool holds them, or
+    two tensors when not `paired`) or, `scaled` False (fp8), cast: the codes are the values."""
     gen = torch.Generator().manual_seed(seed)
     Hq, Hkv, D = heads
     kv_indptr, kv_indices, num_slots = page_table(lens, page_size, gen)
@@ -26,6 +28,10 @@ def make_inputs(lens, heads, page_size, dtype, pool_dtype=None, seed=0, scaled=T
     if pool_dtype is not None and scaled:
         k_buf, scales["k_scale"] = quantize_ref(k_buf, pool_dtype)
         v_buf, scales["v_scale"] = quantize_ref(v_buf, pool_dtype)
+        if paired:
+            pairs = scale_pairs(num_slots, Hkv, DEVICE)  # [S, Hkv, 2]
+            pairs[..., 0], pairs[..., 1] = scales["k_scale"], scales["v_scale"]
+            scales = {"k_scale": pairs[..., 0], "v_scale": pairs[..., 1]}
     elif pool_dtype is not None:
         k_buf, v_buf = k_buf.to(pool_dtype), v_buf.to(pool_dtype)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)

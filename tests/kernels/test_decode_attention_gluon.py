@@ -9,12 +9,10 @@ import torch
 
 from kernels.decode_attention import decode_attention
 from kernels.decode_config import (
-    PAGED_GQA_GLUON_CONFIG,
-    QUANT_GLUON_CONFIG,
+    GLUON_CONFIG,
     QUANT_GQA_CONFIG,
     QUANT_MHA_CONFIG,
     QUANT_PAGED_GQA_CONFIG,
-    UNSCALED_GLUON_CONFIG,
     DecodeConfig,
     default_quant_config,
 )
@@ -35,7 +33,21 @@ POOLS = [torch.float8_e4m3fn, torch.int8]
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
 def test_default_matches_reference(pool, dtype, heads, page_size, num_splits):
     args, scales = make_inputs(LENS, heads, page_size, dtype, pool, seed=sum(heads))
-    check(args, scales, dtype, config=QUANT_GLUON_CONFIG, num_splits=num_splits)
+    check(args, scales, dtype, config=GLUON_CONFIG, num_splits=num_splits)
+
+
+@GPU
+@pytest.mark.parametrize("pool", POOLS, ids=str)
+@pytest.mark.parametrize("heads", [(32, 32, 128), (32, 8, 128)], ids=str)
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("block_n", [64, 128])
+def test_two_scale_tensors_match_reference(pool, heads, page_size, block_n):
+    # K's and V's scales as two tensors (not one pair tensor): a load each, by their strides.
+    args, scales = make_inputs(LENS, heads, page_size, torch.bfloat16, pool, seed=block_n,
+                               paired=False)
+    assert scales["k_scale"].is_contiguous()
+    check(args, scales, torch.bfloat16, num_splits=3,
+          config=DecodeConfig(gluon=True, block_n=block_n, num_stages=2))
 
 
 @GPU
@@ -79,7 +91,7 @@ def test_every_code_widens_exactly(pool):
     indices = torch.tensor([1, 2], dtype=torch.int32, device="cuda")
     lens = torch.ones(2, dtype=torch.int32, device="cuda")
     out = decode_attention(q, v_buf, v_buf, indptr, indices, lens, 1, 128**-0.5,
-                           k_scale=scale, v_scale=scale, config=QUANT_GLUON_CONFIG)
+                           k_scale=scale, v_scale=scale, config=GLUON_CONFIG)
     want = dequantize_ref(v_buf[1:], scale[1:]).expand(2, 2, 128).half()
     torch.testing.assert_close(out, want, atol=0, rtol=0)
 
@@ -100,13 +112,12 @@ def test_cpu_takes_the_triton_kernel():
 def test_gpu_takes_gluon_where_it_applies():  # an sm_89+ GPU
     fp8, cuda = torch.float8_e4m3fn, "cuda"
     q = torch.zeros(2, 32, 128, dtype=torch.bfloat16, device=cuda)
-    assert default_quant_config(q, kv_buf(fp8, device=cuda), 16) == PAGED_GQA_GLUON_CONFIG
-    assert default_quant_config(q, kv_buf(fp8, 32, device=cuda), 16) == QUANT_GLUON_CONFIG
-    assert default_quant_config(q, kv_buf(torch.int8, device=cuda), 16) == PAGED_GQA_GLUON_CONFIG
-    assert default_quant_config(q.half(), kv_buf(fp8, 32, device=cuda), 1) == QUANT_GLUON_CONFIG
-    assert default_quant_config(q, kv_buf(torch.int8, device=cuda), 1) == QUANT_GLUON_CONFIG
-    assert default_quant_config(q, kv_buf(fp8, device=cuda), 1, scaled=False) == (
-        UNSCALED_GLUON_CONFIG)
+    assert default_quant_config(q, kv_buf(fp8, device=cuda), 16) == GLUON_CONFIG
+    assert default_quant_config(q, kv_buf(fp8, 32, device=cuda), 16) == GLUON_CONFIG
+    assert default_quant_config(q, kv_buf(torch.int8, device=cuda), 16) == GLUON_CONFIG
+    assert default_quant_config(q.half(), kv_buf(fp8, 32, device=cuda), 1) == GLUON_CONFIG
+    assert default_quant_config(q, kv_buf(torch.int8, device=cuda), 1) == GLUON_CONFIG
+    assert default_quant_config(q, kv_buf(fp8, device=cuda), 1) == GLUON_CONFIG
     assert default_quant_config(q, kv_buf(fp8, 1, device=cuda), 1) == QUANT_GQA_CONFIG  # group 32
     q64 = torch.zeros(2, 32, 64, dtype=torch.bfloat16, device=cuda)
     assert default_quant_config(q64, kv_buf(fp8, 32, 64, cuda), 1) == QUANT_MHA_CONFIG

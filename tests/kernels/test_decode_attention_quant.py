@@ -30,6 +30,15 @@ def test_load_paths_match_reference(dtype, pool_dtype, config):
         check(args, scales, dtype, config=config)
 
 
+@pytest.mark.parametrize("pool_dtype", POOLS)
+def test_two_scale_tensors_match_reference(pool_dtype):
+    # K's and V's scales as two contiguous tensors, not the halves of one pair tensor.
+    args, scales = make_inputs([1, 37, 150], (9, 3, 48), 1, torch.float32, pool_dtype, seed=13,
+                               paired=False)
+    assert scales["k_scale"].is_contiguous()
+    check(args, scales, torch.float32, config=LOAD_PATHS[0])
+
+
 @pytest.mark.parametrize("config", LOAD_PATHS, ids=str)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_unscaled_fp8_matches_reference(dtype, config):

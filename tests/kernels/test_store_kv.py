@@ -1,14 +1,14 @@
 import pytest
 import torch
 
-from kernels.store_kv import dequantize_ref, quantize_ref, store_kv, store_kv_ref
+from kernels.store_kv import dequantize_ref, quantize_ref, scale_pairs, store_kv, store_kv_ref
 from tests.kernels.cases import DEVICE, DTYPES, randn
 
 # (T, Hkv, D): odd head counts and a head_dim that is not a power of two
 SHAPES = [(1, 1, 16), (7, 3, 48), (20, 8, 64)]
 
 
-def make_inputs(shape, pool_dtype, dtype, seed=0):
+def make_inputs(shape, pool_dtype, dtype, seed=0, paired=False):
     gen = torch.Generator().manual_seed(seed)
     T, H, D = shape
     num_slots = 2 * T + 5
@@ -19,7 +19,10 @@ def make_inputs(shape, pool_dtype, dtype, seed=0):
     k_buf = torch.zeros(num_slots, H, D, device=DEVICE).to(pool_dtype)  # [S, H, D]
     v_buf = torch.zeros_like(k_buf)
     scales = {}
-    if pool_dtype in (torch.int8, torch.float8_e4m3fn):
+    if pool_dtype in (torch.int8, torch.float8_e4m3fn) and paired:  # the engine pool's layout
+        pairs = scale_pairs(num_slots, H, DEVICE).zero_()  # [S, H, 2]
+        scales = {"k_scale": pairs[..., 0], "v_scale": pairs[..., 1]}
+    elif pool_dtype in (torch.int8, torch.float8_e4m3fn):
         scales = {n: torch.zeros(num_slots, H, device=DEVICE) for n in ("k_scale", "v_scale")}
     return (k, v, k_buf, v_buf, slots), scales
 
@@ -68,8 +71,9 @@ def assert_quantized_close(buf, scale, ref_buf, ref_scale, pool_dtype):
 @pytest.mark.parametrize(
     "dtype", [torch.float32, pytest.param(torch.float16, marks=pytest.mark.gpu)], ids=str
 )
-def test_quantized_pool(shape, pool_dtype, dtype):
-    args, scales = make_inputs(shape, pool_dtype, dtype, seed=1)
+@pytest.mark.parametrize("paired", [False, True], ids=["two-tensors", "pairs"])
+def test_quantized_pool(shape, pool_dtype, dtype, paired):
+    args, scales = make_inputs(shape, pool_dtype, dtype, seed=1, paired=paired)
     (k_ref, v_ref), ref_scales = run_both(args, scales)
     _, _, k_buf, v_buf, slots = args
     assert_quantized_close(k_buf, scales["k_scale"], k_ref, ref_scales["k_scale"], pool_dtype)
@@ -93,7 +97,7 @@ def test_empty_and_bad_inputs():
     (k, v, k_buf, v_buf, slots), scales = make_inputs((3, 2, 16), torch.int8, torch.float32)
     store_kv(k[:0], v[:0], k_buf, v_buf, slots[:0], **scales)
     assert (k_buf == 0).all()
-    with pytest.raises(AssertionError, match="k_scale is required"):
+    with pytest.raises(AssertionError, match="needs k_scale"):
         store_kv(k, v, k_buf, v_buf, slots)
     with pytest.raises(AssertionError, match="slots"):
         store_kv(k, v, k_buf, v_buf, slots[:2], **scales)
