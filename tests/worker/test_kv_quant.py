@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bench.kv_quant import compare, make_prompts
-from kernels.store_kv import dequantize_ref, store_kv_ref
+from kernels.store_kv import dequantize_ref, paired_scales, store_kv_ref
 from runtime.config import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.worker import model_runner
@@ -53,6 +53,20 @@ def test_bytes_per_token_count_scales():
     assert not plain.quantized and plain.k_scale == [] and plain.scales(0) == (None, None)
     with pytest.raises(ValueError, match="kv_dtype"):
         KVPool(1, 10, 1, 8, torch.float16, "cpu", kv_dtype="fp4")
+
+
+def test_scaled_pool_keeps_each_tokens_scales_side_by_side():
+    # decode reads a key's K and V scales with one load only in this layout (`PAIRED`)
+    pool = KVPool(3, 10, 2, 64, torch.float16, "cpu", kv_dtype="int8")
+    k_scale, v_scale = pool.scales(1)
+    assert paired_scales(k_scale, v_scale)
+    pool.kv_scales[1][4, 1] = torch.tensor([2.0, 3.0])  # slot 4, head 1: (k, v)
+    assert k_scale[4, 1] == 2.0 and v_scale[4, 1] == 3.0
+    assert pool.layer_tensors()[-3:] == pool.kv_scales  # what the host tier copies
+    assert pool.kv_scales[0].shape == (10, 2, 2) and pool.bytes_per_token == 2 * 3 * 2 * 68
+    latent = KVPool(3, 10, 1, 64, torch.float16, "cpu", kv_dtype="fp8", planes=1)
+    assert latent.kv_scales == [] and latent.k_scale[0].is_contiguous()
+    assert latent.layer_tensors() == latent.k + latent.k_scale
 
 
 def test_unscaled_fp8_pool_holds_no_scales():
