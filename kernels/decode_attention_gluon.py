@@ -51,7 +51,7 @@ def _pages(kv_indices_ptr, page_base, n0, end, k_rel, v_rel, c_rel, PAGE_SIZE: g
                      mask=n0 + k_rel < end, other=0)
     v_page = gl.load(kv_indices_ptr + page_base + (n0 + v_rel) // PAGE_SIZE,
                      mask=n0 + v_rel < end, other=0)
-    s_page = v_page  # no scale to copy
+    s_page = v_page  # no scale to load
     if SCALED:
         s_page = gl.load(kv_indices_ptr + page_base + (n0 + c_rel) // PAGE_SIZE,
                          mask=n0 + c_rel < end, other=0)
@@ -82,10 +82,11 @@ def _load_scales(k_scale_ptr, v_scale_ptr, end, kvh, stride_ss, stride_sh, c_rel
     """The tile at key n0's K and V scales [4, KEYS] into registers, a key a lane (keys past
     `end`: 0); PAIRED (`scale_pairs`): both with one 8-byte load. Plain loads, not 4-byte
     `cp.async` (no faster): what costs is a load's line requests, one a key where a warp's
-    keys sit on 32 lines (the token layout, or MHA)."""
+    keys sit on 32 lines (the token layout, or paged MHA)."""
     s_key = n0 + c_rel
     slot = s_page.to(gl.int64) * PAGE_SIZE + s_key % PAGE_SIZE  # [4, KEYS]
-    if PAIRED:
+    if PAIRED:  # at (2 HKV slot + 2 kvh): constexpr strides show the pair 8-byte aligned,
+        # which Triton must see to load it as one; stride_sh (2) as an argument would hide it
         p_ld: gl.constexpr = gl.BlockedLayout([1, 1, 2], [1, 32, 1], [4, 1, 1], [2, 1, 0])
         k_at = gl.convert_layout(2 * (slot * HKV + kvh), gl.SliceLayout(2, p_ld),
                                  assert_trivial=True)
