@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from bench.gpu_clocks import ClockSampler
 from bench.offline import git_commit, run_part
 from bench.offline_parts import Preset
 from bench.studies.matrix import preset_bytes
@@ -41,13 +43,18 @@ GiB = 1 << 30
 
 def phases(log: list[dict]) -> dict:
     """Where a run's device time went, from the worker's per-step log: steps with prefill
-    (chunks, maybe with decodes riding along) against pure decode steps, and idle gaps."""
+    (chunks, maybe with decodes riding along) against pure decode steps, and idle gaps; each
+    kind's median and longest step (one long step is a one-off such as a kernel compile, all
+    of them long a slower device)."""
     out = {}
     for name, steps in (("prefill", [s for s in log if not s["decode"]]),
                         ("decode", [s for s in log if s["decode"]])):  # fmt: skip
+        ms = [s["step_ms"] for s in steps]
         out[f"{name}_steps"] = len(steps)
-        out[f"{name}_s"] = sum(s["step_ms"] for s in steps) / 1e3
+        out[f"{name}_s"] = sum(ms) / 1e3
         out[f"{name}_mean_batch"] = sum(s["batch_size"] for s in steps) / max(len(steps), 1)
+        out[f"{name}_median_ms"] = statistics.median(ms) if ms else 0.0
+        out[f"{name}_max_ms"] = max(ms, default=0.0)
     out["idle_s"] = sum(s["gap_ms"] or 0.0 for s in log) / 1e3
     return out
 
@@ -59,29 +66,39 @@ def summary(res: dict) -> list[list[str]]:
     for kd, r in runs.items():
         kvb = res["kv_bytes_per_token"][kd]
         if "error" in r:
-            rows.append([kd, f"{kvb:,}", "", "", "", "", r["error"], "", "", ""])
+            rows.append([kd, f"{kvb:,}", "", "", "", "", r["error"], "", "", "", ""])
             continue
         ph = r["phases"]
         rows.append([kd, f"{kvb:,}", f"{r['kv_slots']:,}", f"{r['kv_slots'] // seq:,}",
                      f"{r['tok_s']:,.0f}", f"{r['retractions']}",
                      ", ".join(f"{t:,.0f}" for t in r["all_tok_s"]),
-                     f"{ph['prefill_steps']}: {ph['prefill_s']:.2f}",
+                     f"{ph['prefill_steps']}: {ph['prefill_s']:.2f} (median "
+                     f"{ph['prefill_median_ms']:.0f}, longest {ph['prefill_max_ms']:.0f} ms)",
                      f"{ph['decode_steps']} x {ph['decode_mean_batch']:.0f}: "
-                     f"{ph['decode_s']:.2f}", f"{ph['idle_s']:.2f}"])
+                     f"{ph['decode_s']:.2f}", f"{ph['idle_s']:.2f}", clock_cell(r.get("clocks"))])
     if res.get("ratio") is not None:
         (a, ra), (b, rb) = list(runs.items())[0], list(runs.items())[-1]
         kv = res["kv_bytes_per_token"]
         capacity = rb["kv_slots"] / ra["kv_slots"]
         rows.append([f"{b} / {a}", f"{kv[b] / kv[a]:.3f}", f"{capacity:.2f}x", "",
-                     f"{res['ratio']:.2f}x", "", "", "", "", ""])
+                     f"{res['ratio']:.2f}x", "", "", "", "", "", ""])
     return rows
+
+
+def clock_cell(clocks: dict | None) -> str:
+    """The clock column: busy median MHz (lowest, share at the power cap), or blank."""
+    if not clocks or not clocks["busy_samples"]:
+        return ""
+    return (f"{clocks['busy_sm_mhz_median']:,.0f} ({clocks['busy_sm_mhz_min']:,.0f}, "
+            f"{clocks['busy_power_capped']:.0%})")
 
 
 def markdown(res: dict) -> str:
     c = res["config"]
     header = ["KV dtype", "bytes / token", "pool slots",
               f"sequences of {c['input_len'] + c['output_len']}", "output tok/s", "retractions",
-              "runs tok/s", "prefill steps: s", "decode steps x batch: s", "idle s"]
+              "runs tok/s", "prefill steps: s (step ms)", "decode steps x batch: s", "idle s",
+              "busy SM MHz (min, at power cap)"]
     lines = [f"# KV pool dtype, offline: {c['model']} {c['dtype']}", "",
              f"Command: `{res['command']}` (git {res['commit']})  ",
              f"Device: {res['device']}, {res['date']}", "",
@@ -89,9 +106,11 @@ def markdown(res: dict) -> str:
              f"ignore_eos, overlap on; pool: "
              + (f"{res['kv_gib']} GiB each." if res["kv_gib"] else "the worker's (free GPU "
                 "memory x 0.85 less its reserve)."), "",
-             "The last three columns split the last run's device time (the worker's step log): "
+             "Three columns split the last run's device time (the worker's step log): "
              "steps that carry prefill chunks, pure decode steps (with their mean batch), and "
-             "the gaps between steps.", "",
+             "the gaps between steps. The last: the SM clock while the GPU drew 300 W or more "
+             "(`bench.gpu_clocks`), its lowest, and the share of those samples held at the "
+             "power cap; a compute-bound prefill runs slower at a lower clock.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in summary(res)]
     return "\n".join(lines) + "\n"
@@ -128,8 +147,11 @@ def main(argv: list[str] | None = None) -> None:
     for kd in kv_dtypes:
         slots = int(args.kv_gib * GiB) // kvb[kd] if args.kv_gib else 0
         kv, _, weights = kd.partition(":")
-        runs[kd] = run_part("sluice_overlap", replace(base, kv_dtype=kv, kv_slots=slots,
-                                                      quantization=weights or "none"), deadline)
+        with ClockSampler() as clocks:
+            runs[kd] = run_part("sluice_overlap", replace(base, kv_dtype=kv, kv_slots=slots,
+                                                          quantization=weights or "none"),
+                                deadline)  # fmt: skip
+        runs[kd]["clocks"] = clocks.summary
         if "step_log_last_run" in runs[kd]:
             runs[kd]["phases"] = phases(runs[kd].pop("step_log_last_run"))
         runs[kd].pop("idle", None)

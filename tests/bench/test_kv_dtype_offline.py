@@ -26,6 +26,9 @@ def test_fp8_pool_holds_more_tokens_in_the_same_bytes(tmp_path):
         ph = r["phases"]  # every step of the run is a prefill step or a decode step
         assert ph["prefill_steps"] >= 1 and ph["decode_steps"] >= 7
         assert ph["prefill_steps"] + ph["decode_steps"] == r["steps_per_run"][0]
+        for kind in ("prefill", "decode"):
+            assert 0 < ph[f"{kind}_median_ms"] <= ph[f"{kind}_max_ms"] <= 1e3 * ph[f"{kind}_s"]
     assert runs["auto"]["kv_slots"] < 4 * 72 < runs["fp8"]["kv_slots"]  # fp8 holds the batch
     assert res["ratio"] == pytest.approx(runs["fp8"]["tok_s"] / runs["auto"]["tok_s"])
     assert "| fp8 / auto | 0.281 |" in out.with_suffix(".md").read_text()
+    assert all(r["clocks"] is None for r in runs.values())  # no nvidia-smi on the CPU
