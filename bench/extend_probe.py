@@ -1,0 +1,95 @@
+"""Where extend attention over a scaled prefix loses to a 16-bit one: the kernel with parts of
+the quantized path cut out (by editing a copy of its source), timed beside the unchanged
+kernel (head_dim 128, bf16 q, paged-16, B4 x prefix 2,048 + 512 new, GQA 32/8 and MHA).
+
+Variants, each at its pool's default config: `base` (unchanged, every pool); over a scaled
+fp8/int8 pool `nomath` (codes widened, not scaled) and `noload` (no scale loads: scale 1);
+over the 16-bit pool `regpath` (K and V multiplied by a runtime 1 in registers before the
+products, as widened codes are scaled, so they cannot go from the load pipeline's shared
+memory straight into the tensor cores). Cut variants compute wrong outputs (`regpath` the
+right ones): only their times mean something.
+
+    python -m bench.extend_probe --out /tmp/xprobe [--pools bfloat16,fp8,int8]
+"""
+
+import argparse
+import importlib.util
+import json
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from bench.kernels_attention import QUANT_POOLS, paged_pool
+from bench.kernels_common import Preset, timeit
+
+# (`kernels` exports the function under the module's name: find the module by its spec)
+SRC = Path(importlib.util.find_spec("kernels.extend_attention").origin).read_text()
+K_LOAD = "                k_s = tl.load(k_scale_ptr + scale_offs, mask=mask_n, other=0.0)"
+V_LOAD = "                v_s = tl.load(v_scale_ptr + scale_offs, mask=mask_n, other=0.0)"
+ONE = "(scale_offs * 0).to(tl.float32) + 1.0"
+SIXTEEN = ("            m, l_sum, alpha, p = _softmax_step(q, k, mask_n[None, :], m, l_sum, "
+           "qk_scale)")
+CUTS = {
+    "nomath": [("    return x.to(DT) * scale.to(DT)[:, None]", "    return x.to(DT)")],
+    "noload": [(K_LOAD, K_LOAD.split("=")[0] + "= " + ONE),
+               (V_LOAD, V_LOAD.split("=")[0] + "= " + ONE)],
+    "regpath": [(SIXTEEN, "            unit = qk_scale / qk_scale  # 1, not foldable\n"
+                          "            k = (k * unit).to(k.dtype)\n"
+                          "            v = (v * unit).to(v.dtype)\n" + SIXTEEN)],
+}
+POOL_VARIANTS = {"bfloat16": ("base", "regpath"), "fp8": ("base", "nomath", "noload"),
+                 "int8": ("base", "nomath", "noload")}  # fmt: skip
+CASES = [(4, 2048, 512, 32, 8), (4, 2048, 512, 32, 32)]  # (B, prefix, new, Hq, Hkv)
+
+
+def variant(name: str):
+    """A module like `kernels.extend_attention` with `name`'s cuts."""
+    src = SRC
+    for old, new in CUTS.get(name, []):
+        assert old in src, (name, old)
+        src = src.replace(old, new)
+    path = Path(tempfile.mkdtemp()) / f"extend_{name}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"extend_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--pools", default="bfloat16,fp8,int8")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0, p, dev, D = time.monotonic(), Preset(warmup=3, iters=20), "cuda", 128
+    mods = {v: variant(v) for v in ("base", *CUTS)}
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows = []
+    for B, prefix, new, Hq, Hkv in CASES:
+        q, kn, vn = (torch.randn(B * new, h, D, device=dev, dtype=torch.bfloat16, generator=gen)
+                     for h in (Hq, Hkv, Hkv))  # [T, H, D]  # fmt: skip
+        kc, vc = (torch.randn(B, Hkv, prefix, D, device=dev, dtype=torch.bfloat16, generator=gen)
+                  for _ in "kv")  # [B, Hkv, prefix, D]  # fmt: skip
+        qo = torch.arange(B + 1, device=dev, dtype=torch.int32) * new
+        prefix_lens = torch.full((B,), prefix, dtype=torch.int32, device=dev)
+        for pool in args.pools.split(","):
+            dtype = QUANT_POOLS.get(pool, torch.bfloat16)
+            k_buf, v_buf, indptr, indices, scales = paged_pool(kc, vc, 16, dtype)
+            for name in POOL_VARIANTS[pool]:
+                run = partial(mods[name].extend_attention, q, kn, vn, k_buf, v_buf, qo,
+                              prefix_lens, indptr, indices, 16, D**-0.5, max_new_len=new,
+                              **scales)  # fmt: skip
+                run()
+                rows.append({"case": f"B{B} prefix{prefix} new{new} H{Hq}/{Hkv}", "pool": pool,
+                             "variant": name, "time_us": round(timeit(run, p), 1),
+                             "elapsed_s": round(time.monotonic() - t0, 1)})  # fmt: skip
+                print(" ".join(f"{a}={b}" for a, b in rows[-1].items()), flush=True)
+                (args.out / "extend_probe.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
