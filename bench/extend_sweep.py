@@ -11,6 +11,8 @@ attention's two matmuls; `diff` is the max |o - o of the 16-bit pool's first con
 row is printed and the JSON rewritten as it lands, so a time limit keeps what finished.
 
     python -m bench.extend_sweep --out /tmp/ext [--budget-s 120] [--smoke] [--quick]
+                                 [--configs 64x64x4x3,256x64x16x2] [--pools bfloat16,fp8,int8]
+                                 [--cases 4x0x2048x32x8,16x2048x64x32x8]
 """
 
 import argparse
@@ -46,6 +48,13 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter check)")
     ap.add_argument("--quick", action="store_true",
                     help="only the 16-bit default and the 128 x 128 tiles in 2 and 3 stages")
+    ap.add_argument("--configs", default=None,
+                    help="comma-separated MxNxWARPSxSTAGES tiles instead of CONFIGS "
+                         "(the first is the 16-bit baseline the rows compare with)")
+    ap.add_argument("--pools", default=None,
+                    help="comma-separated pool names (default: all; the 16-bit one is needed)")
+    ap.add_argument("--cases", default=None,
+                    help="comma-separated BxPREFIXxNEWxHQxHKV cases instead of CASES")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     t0, p = time.monotonic(), Preset(warmup=3, iters=10)
@@ -55,6 +64,10 @@ def main():
     if args.quick:
         configs = [CONFIGS[0], *(c for c in CONFIGS if c.block_m == c.block_n == 128
                                  and c.num_stages > 1)]  # fmt: skip
+    if args.cases:
+        cases = [tuple(map(int, c.split("x"))) for c in args.cases.split(",")]
+    if args.configs:
+        configs = [ExtendConfig(*map(int, c.split("x"))) for c in args.configs.split(",")]
     D = 32 if args.smoke else 128
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = []
@@ -73,6 +86,8 @@ def main():
                      *((n, d, {}) for n, d in (QUANT_POOLS | UNSCALED_POOLS).items()),
                      *((f"{n} f16-scores", d, {"fp8_scores": False})
                        for n, d in UNSCALED_POOLS.items())]  # fmt: skip
+            if args.pools:
+                pools = [x for x in pools if x[0] in args.pools.split(",")]
             for name, pool, extra in pools:
                 k_buf, v_buf, indptr, indices, scales = paged_pool(
                     kc, vc, 16, pool, name.split()[0] not in UNSCALED_POOLS)

@@ -28,7 +28,9 @@ class ExtendConfig:
         for name in ("block_m", "block_n"):
             n = getattr(self, name)
             assert n >= 16 and n & (n - 1) == 0, f"{name} {n} must be a power of two >= 16"
-        assert self.num_warps in (1, 2, 4, 8), f"num_warps {self.num_warps} must be 1, 2, 4 or 8"
+        assert self.num_warps in (1, 2, 4, 8, 16), (
+            f"num_warps {self.num_warps} must be 1, 2, 4, 8 or 16"
+        )
         assert self.num_stages >= 1, f"num_stages {self.num_stages} must be >= 1"
 
 

@@ -120,8 +120,9 @@ def test_fp8_scores_need_an_unscaled_fp8_pool():
 
 @pytest.mark.parametrize(
     "config",
-    [ExtendConfig(block_m=128, block_n=128, num_warps=8), ExtendConfig(block_m=16, block_n=32)],
-    ids=["128x128", "16x32"],
+    [ExtendConfig(block_m=128, block_n=128, num_warps=8), ExtendConfig(block_m=16, block_n=32),
+     ExtendConfig(block_m=256, block_n=64, num_warps=16, num_stages=3)],
+    ids=["128x128", "16x32", "256x64x16warps"],
 )
 @pytest.mark.parametrize("pool_dtype", [None, torch.int8], ids=["16bit", "int8"])
 def test_explicit_config(config, pool_dtype):
@@ -172,6 +173,16 @@ def test_large_gpu(dtype, page_size, pool_dtype):  # the GPU's default configs
     for heads in [(32, 8, 128), (9, 3, 64)]:
         args, scales = make_inputs(prefix, new, heads, page_size, dtype, pool_dtype, seed=4)
         check(args, scales, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("pool_dtype", [None, torch.float8_e4m3fn, torch.int8])
+def test_sixteen_warps_gpu(dtype, pool_dtype):  # 256-row tiles: four warp groups a program
+    cfg = ExtendConfig(block_m=256, block_n=64, num_warps=16, num_stages=3)
+    args, scales = make_inputs([700, 0, 33], [300, 513, 1], (32, 8, 128), 16, dtype, pool_dtype,
+                               seed=6)  # fmt: skip
+    check(args, scales, dtype, config=cfg)
 
 
 @pytest.mark.gpu
