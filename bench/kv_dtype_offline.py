@@ -55,6 +55,10 @@ def phases(log: list[dict]) -> dict:
         out[f"{name}_mean_batch"] = sum(s["batch_size"] for s in steps) / max(len(steps), 1)
         out[f"{name}_median_ms"] = statistics.median(ms) if ms else 0.0
         out[f"{name}_max_ms"] = max(ms, default=0.0)
+        if steps:  # where in the run the longest step fell, and what it carried
+            i = ms.index(out[f"{name}_max_ms"])
+            out[f"{name}_longest"] = {"step": log.index(steps[i]), "tokens": steps[i]["tokens"],
+                                      "batch_size": steps[i]["batch_size"]}
     out["idle_s"] = sum(s["gap_ms"] or 0.0 for s in log) / 1e3
     return out
 
@@ -113,6 +117,11 @@ def markdown(res: dict) -> str:
              "power cap; a compute-bound prefill runs slower at a lower clock.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in summary(res)]
+    lines += ["", "Triton kernels compiled during the timed run (a new specialization met "
+              "mid-run; each compile stalls a step): " + "; ".join(
+                  f"{kd}: " + (", ".join(f"{n} x{c}" for n, c in r["compiled_in_runs"].items())
+                               or "none")
+                  for kd, r in res["runs"].items() if "compiled_in_runs" in r) + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from bench.jit_compiles import compiled_since
 from bench.roofline import BANDWIDTH, ModelBytes
 from runtime.model_config import resolve_model
 
@@ -94,7 +95,7 @@ def part_engine(p: Preset, overlap: bool) -> dict:
         warm = SamplingParams(max_tokens=p.warmup_tokens, temperature=0.0, ignore_eos=True)
         eng.generate(prompts(p, p.repeats)[: p.warmup_reqs], warm)
         params = SamplingParams(max_tokens=p.output_len, temperature=0.0, ignore_eos=True)
-        runs, cached = [], 0
+        runs, cached, runs_t0 = [], 0, time.time()
         for run in range(p.repeats):
             batch = prompts(p, run)
             time.sleep(0.5)  # the previous generate's trailing batch lands in the log first
@@ -115,7 +116,7 @@ def part_engine(p: Preset, overlap: bool) -> dict:
             "all_tok_s": [p.batch * p.output_len / w for w, _ in runs],
             "steps_per_run": [len(s) for _, s in runs], "engine_steps_total": stats.num_steps,
             "kv_slots": stats.kv_total, "retractions": stats.num_retractions,
-            "prefix_cached_tokens": cached,
+            "prefix_cached_tokens": cached, "compiled_in_runs": compiled_since(runs_t0),
             "step_log_last_run": runs[-1][1],  # the worker's per-step lines, for a closer look
             "idle": idle_stats([s for _, s in runs])}
 

@@ -32,3 +32,8 @@ def test_fp8_pool_holds_more_tokens_in_the_same_bytes(tmp_path):
     assert res["ratio"] == pytest.approx(runs["fp8"]["tok_s"] / runs["auto"]["tok_s"])
     assert "| fp8 / auto | 0.281 |" in out.with_suffix(".md").read_text()
     assert all(r["clocks"] is None for r in runs.values())  # no nvidia-smi on the CPU
+    for r in runs.values():  # the longest step is one of the run's, with what it carried
+        longest = r["phases"]["prefill_longest"]
+        assert 0 <= longest["step"] < r["steps_per_run"][0] and longest["tokens"] >= 1
+        assert isinstance(r["compiled_in_runs"], dict)
+    assert "Triton kernels compiled during the timed run" in out.with_suffix(".md").read_text()
