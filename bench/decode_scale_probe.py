@@ -12,10 +12,8 @@ mean something.
 """
 
 import argparse
-import importlib.util
 import json
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from functools import partial
@@ -27,7 +25,7 @@ import torch
 import kernels.decode_attention_gluon as gluon_mod
 from bench.decode_quant_sweep import GLUON
 from bench.kernels_attention import QUANT_POOLS, UNSCALED_POOLS, paged_pool
-from bench.kernels_common import COPY_CEILING_GBPS, Preset, timeit
+from bench.kernels_common import COPY_CEILING_GBPS, Preset, module_with_cuts, timeit
 from kernels.decode_attention import decode_attention, decode_num_splits
 
 SRC = Path(gluon_mod.__file__).read_text()
@@ -47,15 +45,7 @@ def variant(name: str, against: Path | None = None):
     the source in that file); it keeps the last compiled kernel in `LAST`."""
     src = against.read_text() if name == "against" else SRC
     src = src.replace(LAUNCH, "    global LAST\n    LAST = " + LAUNCH.strip())
-    for old, new in CUTS.get(name, []):
-        assert old in src, (name, old)
-        src = src.replace(old, new)
-    path = Path(tempfile.mkdtemp()) / f"dqg_{name}.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location(f"dqg_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return module_with_cuts(src, CUTS.get(name, []), f"dqg_{name}")
 
 
 def main():

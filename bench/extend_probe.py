@@ -15,7 +15,6 @@ right ones): only their times mean something.
 import argparse
 import importlib.util
 import json
-import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import torch
 
 from bench.kernels_attention import QUANT_POOLS, paged_pool
-from bench.kernels_common import Preset, timeit
+from bench.kernels_common import Preset, module_with_cuts, timeit
 
 # (`kernels` exports the function under the module's name: find the module by its spec)
 SRC = Path(importlib.util.find_spec("kernels.extend_attention").origin).read_text()
@@ -47,16 +46,7 @@ CASES = [(4, 2048, 512, 32, 8), (4, 2048, 512, 32, 32)]  # (B, prefix, new, Hq, 
 
 def variant(name: str):
     """A module like `kernels.extend_attention` with `name`'s cuts."""
-    src = SRC
-    for old, new in CUTS.get(name, []):
-        assert old in src, (name, old)
-        src = src.replace(old, new)
-    path = Path(tempfile.mkdtemp()) / f"extend_{name}.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location(f"extend_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return module_with_cuts(SRC, CUTS.get(name, []), f"extend_{name}")
 
 
 def main():

@@ -1,8 +1,12 @@
-"""What every kernel benchmark shares: the presets, a result row, the timer, the ceiling."""
+"""What every kernel benchmark shares: the presets, a result row, the timer, the ceiling, and
+kernels rebuilt from edited source (the probes)."""
 
+import importlib.util
 import statistics
+import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -86,3 +90,17 @@ def timeit(fn, p: Preset) -> float:
     torch.cuda.synchronize()
     return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
 
+
+
+def module_with_cuts(src: str, cuts: list[tuple[str, str]], name: str):
+    """A module loaded from `src` with each (old, new) of `cuts` replaced; every old text must
+    be found (else a probe would time the unchanged kernel under a cut's name)."""
+    for old, new in cuts:
+        assert old in src, (name, old)
+        src = src.replace(old, new)
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
