@@ -69,3 +69,19 @@ def test_sample_inputs_list_sampled_rows_positions_and_logprob_targets():
     assert fb.sample_idx.tolist() == [6, 0, 1]
     assert inputs.logprob_targets.tolist() == [6, 7] and inputs.logprob_sizes == (2,)
     assert not fb.is_decode and fb.out_slots.tolist() == list(range(1, 8))
+
+
+def test_every_tensor_of_a_step_starts_16_byte_aligned():
+    # Triton compiles a kernel per pointer alignment: a step whose tensors' alignment moved
+    # with the batch's lengths could stall on a compile mid-run.
+    builder = BatchBuilder(8, 64, torch.device("cpu"))
+    for n in range(1, 6):  # odd and even counts of rows and tokens
+        plan = BatchPlan(batch_id=n, rows=list(range(n)), prefix_lens=[0] * n,
+                         extend_lens=list(range(1, n + 1)), input_ids=[1] * (n * (n + 1) // 2),
+                         new_pages=list(range(n * (n + 1) // 2)), sample=[True] * n)
+        fb, si = builder.build(plan)
+        tensors = {k: v for k, v in vars(fb).items() if isinstance(v, torch.Tensor)}
+        tensors |= {"rows_dev": si.rows_dev, "positions_s": si.positions}
+        assert len(tensors) >= 10
+        misaligned = [k for k, t in tensors.items() if t.data_ptr() % 16]
+        assert not misaligned, (n, misaligned)
