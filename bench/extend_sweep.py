@@ -52,7 +52,8 @@ def main():
                     help="comma-separated MxNxWARPSxSTAGES tiles instead of CONFIGS "
                          "(the first is the 16-bit baseline the rows compare with)")
     ap.add_argument("--pools", default=None,
-                    help="comma-separated pool names (default: all; the 16-bit one is needed)")
+                    help="comma-separated pool names (default: all; the 16-bit baseline "
+                         "always runs)")
     ap.add_argument("--cases", default=None,
                     help="comma-separated BxPREFIXxNEWxHQxHKV cases instead of CASES")
     args = ap.parse_args()
@@ -87,7 +88,7 @@ def main():
                      *((f"{n} f16-scores", d, {"fp8_scores": False})
                        for n, d in UNSCALED_POOLS.items())]  # fmt: skip
             if args.pools:
-                pools = [x for x in pools if x[0] in args.pools.split(",")]
+                pools = [x for x in pools if x[1] == dtype or x[0] in args.pools.split(",")]
             for name, pool, extra in pools:
                 k_buf, v_buf, indptr, indices, scales = paged_pool(
                     kc, vc, 16, pool, name.split()[0] not in UNSCALED_POOLS)

@@ -15,23 +15,15 @@ loaded from the cache writes nothing.
 from __future__ import annotations
 
 import collections
-import os
 from pathlib import Path
 
-
-def cache_dir() -> Path:
-    """Triton's kernel cache directory (`TRITON_CACHE_DIR`, else Triton's default)."""
-    try:
-        import triton
-
-        return Path(triton.knobs.cache.dir)
-    except (ImportError, AttributeError):
-        return Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+import triton
 
 
 def compiled_since(t: float, root: Path | None = None) -> dict[str, int]:
-    """Kernel name -> how many of its variants were compiled at or after wall time `t`."""
-    root = cache_dir() if root is None else root
+    """Kernel name -> how many of its variants were compiled at or after wall time `t`, in
+    `root` (default: Triton's cache directory, `TRITON_CACHE_DIR` where set)."""
+    root = Path(triton.knobs.cache.dir) if root is None else root
     names = collections.Counter()
     for meta in root.glob("*/*.json"):
         if not meta.name.startswith("__grp__") and meta.stat().st_mtime >= t:

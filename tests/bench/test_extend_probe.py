@@ -17,7 +17,7 @@ def test_every_cut_applies_to_the_kernel_source(name):
         assert new in src and (old in new or old not in src)  # regpath keeps what it precedes
 
 
-def test_regpath_keeps_the_16_bit_output(monkeypatch):
+def test_regpath_keeps_the_16_bit_output():
     args, _ = make_inputs([40, 7], [9, 20], (4, 2, 32), 16, torch.float32, seed=1)
     base, reg = (probe.variant(n).extend_attention(*args) for n in ("base", "regpath"))
     torch.testing.assert_close(reg, base)
