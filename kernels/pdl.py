@@ -11,7 +11,11 @@ The contract every PDL kernel keeps: `pdl_wait` comes before its first read of a
 earlier kernel wrote and before its first write, on every path through the kernel (so that a
 kernel never finishes before the one it follows, which keeps the wait transitive along the
 stream). Kernels that do not take part (cuBLAS, torch) are launched normally and simply
-serialize as usual.
+serialize as usual. What no PDL kernel writes may be read before the wait, off the critical
+path: weights, scales and norm weights, and a step's positions, slots, lengths and page
+table (copied in before its first kernel). The KV pool is not among them (the store kernel
+before attention writes each sequence's newest key), but asking L2 for its lines early is
+safe: the store lands in L2 as well.
 
 `SLUICE_PDL=0` turns it off (for A/B measurements); the Triton interpreter never uses it.
 """

@@ -22,10 +22,11 @@ def _rmsnorm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_wait(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < HIDDEN
+    w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # a weight: before the wait
+    pdl_wait(PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)  # [BLOCK]
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0)
@@ -35,7 +36,6 @@ def _rmsnorm_kernel(
         x = h
     x = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / HIDDEN + eps)
-    w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * HIDDEN + offs, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -106,8 +106,9 @@ def _rope_store_kv_kernel(
     QMAX: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_wait(PDL)
     t = tl.program_id(0)
+    # before the PDL wait: the step's positions and slots (staged before its first kernel) and
+    # the table's row; q, k, v after it
     pos = tl.load(positions_ptr + t).to(tl.int64)
     slot = tl.load(slots_ptr + t).to(tl.int64)
     half = HEAD_DIM // 2
@@ -118,6 +119,7 @@ def _rope_store_kv_kernel(
     sin = tl.load(cache_ptr + pos * stride_c + half + freq, mask=mask_d, other=0.0)
     cos = cos[None, :]  # [1, BLOCK_D]
     sin = sin.to(tl.float32)[None, :]
+    pdl_wait(PDL)
 
     q = _norm_rotate(q_ptr + t * stride_qt, stride_qh, q_norm_ptr, eps, cos, sin,
                      Q_HEADS, HEAD_DIM, NORM, BLOCK_HQ, BLOCK_D)  # [BLOCK_HQ, BLOCK_D]

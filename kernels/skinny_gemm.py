@@ -23,7 +23,8 @@ the counter.
 The workspace and counters are therefore all-zero between calls and the kernel needs no
 memset: one launch per linear, safe to capture in a CUDA graph. Calls that share a workspace
 must not run concurrently (one compute stream). Under PDL (`kernels.pdl`) each program asks
-L2 for its first weight tile before it waits for the kernel before it.
+L2 for its first weight tile, and loads its channels' scales and biases, before it waits for
+the kernel before it.
 
 Launch configs come from `kernels.skinny_gemm_configs`, a table measured on the GPU keyed on
 (weight kind, M bucket, N, K), with a rule for shapes it does not hold: no autotuning, so
@@ -72,6 +73,7 @@ def _skinny_dot_kernel(
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BN, 1]
     x_rows = x_ptr + offs_m[:, None] * stride_xm  # [BM, 1]
     _first_tile_to_l2(w_ptr, offs_n, N, K, stride_wn, t_lo, LINE, LINES, PDL, BLOCK_K)
+    scale, bias = _channel_terms(scale_ptr, b_ptr, offs_n, mask_n, HAS_SCALE, HAS_BIAS)
     pdl_wait(PDL)  # x, the workspace and y belong to the kernels around this one
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     for t in range(t_lo, t_hi):
@@ -91,7 +93,7 @@ def _skinny_dot_kernel(
         else:
             acc += tl.dot(w.to(x.dtype), tl.trans(x))  # [BN, BM]
     _skinny_finish(acc, pid_n, offs_n, offs_m, mask_n, mask_m, N, ws_ptr, lock_ptr,
-                   scale_ptr, b_ptr, y_ptr, SPLIT_K, HAS_SCALE, HAS_BIAS)
+                   scale, bias, y_ptr, SPLIT_K, HAS_SCALE, HAS_BIAS)
 
 
 @triton.jit(do_not_specialize=["M", "tiles_per_split", "SPLIT_K"])
@@ -120,6 +122,7 @@ def _skinny_rowsum_kernel(
     acc2 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
     _first_tile_to_l2(w_ptr, offs_n, N, K, stride_wn, t_lo, LINE, LINES, PDL, BLOCK_K)
+    scale, bias = _channel_terms(scale_ptr, b_ptr, offs_n, mask_n, HAS_SCALE, HAS_BIAS)
     pdl_wait(PDL)
     for t in range(t_lo, t_hi):
         offs_k = t * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK]
@@ -148,7 +151,7 @@ def _skinny_rowsum_kernel(
         acc = tl.where(row == 2, tl.sum(acc2, axis=1)[:, None], acc)
         acc = tl.where(row == 3, tl.sum(acc3, axis=1)[:, None], acc)
     _skinny_finish(acc, pid_n, offs_n, offs_m, mask_n, mask_m, N, ws_ptr, lock_ptr,
-                   scale_ptr, b_ptr, y_ptr, SPLIT_K, HAS_SCALE, HAS_BIAS)
+                   scale, bias, y_ptr, SPLIT_K, HAS_SCALE, HAS_BIAS)
 
 
 @triton.jit
@@ -178,8 +181,23 @@ def _fma_fold(acc, w, x, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.c
 
 
 @triton.jit
+def _channel_terms(scale_ptr, b_ptr, offs_n, mask_n, HAS_SCALE: tl.constexpr,
+                   HAS_BIAS: tl.constexpr):
+    """(scale, bias) [BN] float32 of the program's output channels (0 where absent), loaded
+    first: they are weights, so under PDL they load before the wait, off the critical path of
+    the epilogue."""
+    scale = tl.zeros_like(offs_n).to(tl.float32)
+    bias = tl.zeros_like(offs_n).to(tl.float32)
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    return scale, bias
+
+
+@triton.jit
 def _skinny_finish(acc, pid_n, offs_n, offs_m, mask_n, mask_m, N, ws_ptr, lock_ptr,
-                   scale_ptr, b_ptr, y_ptr, SPLIT_K, HAS_SCALE: tl.constexpr,
+                   scale, bias, y_ptr, SPLIT_K, HAS_SCALE: tl.constexpr,
                    HAS_BIAS: tl.constexpr):
     """Write a program's `[BN, BM]` sums: straight to y, or with split-K through the
     workspace, the last slice to arrive writing y."""
@@ -194,20 +212,18 @@ def _skinny_finish(acc, pid_n, offs_n, offs_m, mask_n, mask_m, N, ws_ptr, lock_p
             acc = tl.atomic_add(ws_ptr + y_tile, zero, mask=mask, sem="acquire")  # read at L2
             tl.store(ws_ptr + y_tile, zero, mask=mask)
             tl.atomic_xchg(lock_ptr + pid_n, 0)
-            _skinny_epilogue(acc, offs_n, mask_n, y_tile, mask, scale_ptr, b_ptr, y_ptr,
-                             HAS_SCALE, HAS_BIAS)
+            _skinny_epilogue(acc, y_tile, mask, scale, bias, y_ptr, HAS_SCALE, HAS_BIAS)
     else:
-        _skinny_epilogue(acc, offs_n, mask_n, y_tile, mask, scale_ptr, b_ptr, y_ptr,
-                         HAS_SCALE, HAS_BIAS)
+        _skinny_epilogue(acc, y_tile, mask, scale, bias, y_ptr, HAS_SCALE, HAS_BIAS)
 
 
 @triton.jit
-def _skinny_epilogue(acc, offs_n, mask_n, y_tile, mask, scale_ptr, b_ptr, y_ptr,
-                     HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
+def _skinny_epilogue(acc, y_tile, mask, scale, bias, y_ptr, HAS_SCALE: tl.constexpr,
+                     HAS_BIAS: tl.constexpr):
     if HAS_SCALE:
-        acc *= tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)[:, None]
+        acc *= scale[:, None]
     if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
+        acc += bias[:, None]
     tl.store(y_ptr + y_tile, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 

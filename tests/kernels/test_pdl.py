@@ -8,6 +8,8 @@ from kernels.activation import silu_and_mul
 from kernels.decode_attention import decode_attention
 from kernels.pdl import pdl_args
 from kernels.rmsnorm import rmsnorm
+from kernels.rope import rope_cos_sin_cache
+from kernels.rope_store_kv import rope_store_kv
 from kernels.skinny_gemm import skinny_gemm
 from kernels.skinny_gemm_configs import SkinnyConfig
 
@@ -20,12 +22,17 @@ def test_off_without_a_gpu_or_when_switched_off(monkeypatch):
 
 def _chain(x, res, w, w_up, w_down, kv, cfgs):
     """A decoder layer's kernel sequence at batch 1..: add+norm, skinny matmuls (one of them
-    split-K: workspace and counters shared across launches), SiLU, decode attention."""
+    split-K: workspace and counters shared across launches; one with per-channel scales),
+    SiLU, RoPE storing each sequence's newest key, decode attention over it."""
     normed, h = rmsnorm(x, w["norm"], 1e-6, residual=res)  # [M, H] each
     up = skinny_gemm(normed, w_up, config=cfgs[0])  # [M, 2I]
-    y = skinny_gemm(silu_and_mul(up), w_down, config=cfgs[1])  # [M, H]
-    k_buf, v_buf, indptr, indices, lens = kv
-    q = y.view(y.shape[0], -1, 64)  # [M, H/64, 64]: y as the queries of one token each
+    y = skinny_gemm(silu_and_mul(up), w_down, w["scale"], config=cfgs[1])  # [M, H]
+    k_buf, v_buf, indptr, indices, lens, cos_sin, newest, slots = kv
+    rows, hidden = y.shape
+    heads = hidden // 64
+    q, _, _ = rope_store_kv(y.view(rows, heads, 64), up[:, :hidden].view(rows, heads, 64),
+                            up[:, hidden : 2 * hidden].view(rows, heads, 64), k_buf, v_buf,
+                            slots, newest, cos_sin)
     o = decode_attention(q, k_buf, v_buf, indptr, indices, lens, 1, 0.125, num_splits=4)
     return skinny_gemm(o.reshape(y.shape), w_down[:, : y.shape[1]].contiguous(),
                        config=cfgs[2]), h
@@ -43,13 +50,18 @@ def test_graph_of_pdl_launches_equals_plain_launches(monkeypatch, rows):
     def rand(*shape):
         return torch.randn(*shape, generator=gen, device=dev).to(dt)
 
-    w = {"norm": rand(hidden)}
+    w = {"norm": rand(hidden), "scale": torch.rand(hidden, generator=gen, device=dev) + 0.5}
     w_up, w_down = rand(2 * inter, hidden) / 20, rand(hidden, inter) / 30
     heads = hidden // 64
     k_buf, v_buf = rand(rows * ctx + 1, heads, 64), rand(rows * ctx + 1, heads, 64)
+    # sequence r holds slots r * ctx + 1 ...; the chain stores its newest key (position
+    # ctx - 1, in split 3 of 4) each time
+    newest = torch.full((rows,), ctx - 1, device=dev)
     kv = (k_buf, v_buf, torch.arange(rows + 1, dtype=torch.int32, device=dev) * ctx,
           torch.arange(1, rows * ctx + 1, device=dev),
-          torch.full((rows,), ctx, dtype=torch.int32, device=dev))
+          torch.full((rows,), ctx, dtype=torch.int32, device=dev),
+          rope_cos_sin_cache(64, ctx, 10000.0, None, dev), newest,
+          torch.arange(rows, device=dev) * ctx + ctx)
     cfgs = [SkinnyConfig(block_n=16, block_k=128, split_k=1, dot=rows > 1),
             SkinnyConfig(block_n=32, block_k=128, split_k=4),
             SkinnyConfig(block_n=16, block_k=64, split_k=2, dot=False)]
