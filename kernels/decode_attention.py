@@ -25,7 +25,7 @@ from kernels.decode_config import (
     default_quant_config,
 )
 from kernels.decode_split_merge import _decode_attention_merge_kernel
-from kernels.pdl import pdl_args, pdl_wait, prefetch_l2
+from kernels.pdl import pdl_args, pdl_wait, prefetch_rows_l2
 from kernels.store_kv import QUANT_MAX, dequantize_ref, scale_strides, unscaled_pool
 
 LOG2E = 1.4426950408889634
@@ -34,18 +34,17 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _first_tile_to_l2(k_ptr, v_ptr, kv_indices_ptr, page_base, start, end, kvh, stride_kvs,
                       stride_kvh, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                      BLOCK_N: tl.constexpr, DTYPE: tl.constexpr):
-    """Ask L2 for the K/V lines of keys start .. start + BLOCK_N (up to `end`), one request a
-    128-byte line. Safe for the key the kernel before is storing: its store lands in L2 too."""
+                      BLOCK_N: tl.constexpr):
+    """Ask L2 for the K/V rows of keys start .. start + BLOCK_N (up to `end`). Safe for the key
+    the kernel before is storing: its store lands in L2 too."""
     if start < end:
-        LINE: tl.constexpr = 128 // DTYPE.primitive_bitwidth * 8  # elements a line
-        LINES: tl.constexpr = max(HEAD_DIM // LINE, 1)
         keys = tl.minimum(start + tl.arange(0, BLOCK_N), end - 1)  # [BLOCK_N] in range
         page = tl.load(kv_indices_ptr + page_base + keys // PAGE_SIZE)
         slot = page.to(tl.int64) * PAGE_SIZE + keys % PAGE_SIZE  # [BLOCK_N]
-        offs = slot[:, None] * stride_kvs + kvh * stride_kvh + tl.arange(0, LINES)[None, :] * LINE
-        prefetch_l2(k_ptr + offs)  # [BLOCK_N, LINES]
-        prefetch_l2(v_ptr + offs)
+        rows = slot * stride_kvs + kvh * stride_kvh  # [BLOCK_N]
+        LINES: tl.constexpr = max(HEAD_DIM * k_ptr.dtype.element_ty.primitive_bitwidth // 1024, 1)
+        prefetch_rows_l2(k_ptr, rows, 0, HEAD_DIM, LINES)
+        prefetch_rows_l2(v_ptr, rows, 0, HEAD_DIM, LINES)
 
 
 @triton.jit
@@ -87,7 +86,7 @@ def _decode_attention_kernel(
     page_base = tl.load(kv_indptr_ptr + b)
     if PDL:
         _first_tile_to_l2(k_ptr, v_ptr, kv_indices_ptr, page_base, start, end, kvh, stride_kvs,
-                          stride_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, k_ptr.dtype.element_ty)
+                          stride_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N)
     pdl_wait(PDL)
 
     offs_g = tl.arange(0, BLOCK_H)

@@ -61,3 +61,13 @@ def prefetch_l2(ptrs):
     tl.inline_asm_elementwise(
         "prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
     )
+
+
+@triton.jit
+def prefetch_rows_l2(ptr, rows, col0, cols, LINES: tl.constexpr):
+    """Ask L2 for LINES 128-byte lines of each row: element offsets rows `[R]` (int64) plus
+    col0 + i * (elements a line), i < LINES, columns held below `cols`. Compiled code only,
+    under `if PDL:`, as `prefetch_l2`."""
+    LINE: tl.constexpr = 1024 // ptr.dtype.element_ty.primitive_bitwidth  # elements a line
+    offs = tl.minimum(col0 + tl.arange(0, LINES) * LINE, cols - 1)  # [LINES]
+    prefetch_l2(ptr + rows[:, None] + offs[None, :])  # [R, LINES]

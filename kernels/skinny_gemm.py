@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import pdl_args, pdl_wait, prefetch_l2
+from kernels.pdl import pdl_args, pdl_wait, prefetch_rows_l2
 from kernels.skinny_gemm_configs import SkinnyConfig, m_bucket, pick_config
 
 MAX_ROWS = 16  # x rows one launch handles; larger batches go to the tensor-core GEMMs
@@ -59,7 +59,7 @@ def _skinny_dot_kernel(
     lock_ptr,  # [cdiv(N, BLOCK_N)] int32 arrival counters, all zero between calls
     M, N, K, stride_xm, stride_wn, tiles_per_split, SPLIT_K,
     HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-    LINE: tl.constexpr, LINES: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -72,7 +72,7 @@ def _skinny_dot_kernel(
     t_hi = tl.minimum(t_lo + tiles_per_split, tl.cdiv(K, BLOCK_K))
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BN, 1]
     x_rows = x_ptr + offs_m[:, None] * stride_xm  # [BM, 1]
-    _first_tile_to_l2(w_ptr, offs_n, N, K, stride_wn, t_lo, LINE, LINES, PDL, BLOCK_K)
+    _first_tile_to_l2(w_ptr, offs_n, N, K, stride_wn, t_lo, PDL, BLOCK_K)
     scale, bias = _channel_terms(scale_ptr, b_ptr, offs_n, mask_n, HAS_SCALE, HAS_BIAS)
     pdl_wait(PDL)  # x, the workspace and y belong to the kernels around this one
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
@@ -101,7 +101,7 @@ def _skinny_rowsum_kernel(
     x_ptr, w_ptr, scale_ptr, b_ptr, y_ptr, ws_ptr, lock_ptr,  # as in _skinny_dot_kernel
     M, N, K, stride_xm, stride_wn, tiles_per_split, SPLIT_K,
     HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-    LINE: tl.constexpr, LINES: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -121,7 +121,7 @@ def _skinny_rowsum_kernel(
     acc1 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
-    _first_tile_to_l2(w_ptr, offs_n, N, K, stride_wn, t_lo, LINE, LINES, PDL, BLOCK_K)
+    _first_tile_to_l2(w_ptr, offs_n, N, K, stride_wn, t_lo, PDL, BLOCK_K)
     scale, bias = _channel_terms(scale_ptr, b_ptr, offs_n, mask_n, HAS_SCALE, HAS_BIAS)
     pdl_wait(PDL)
     for t in range(t_lo, t_hi):
@@ -155,15 +155,15 @@ def _skinny_rowsum_kernel(
 
 
 @triton.jit
-def _first_tile_to_l2(w_ptr, offs_n, N, K, stride_wn, t_lo, LINE: tl.constexpr,
-                      LINES: tl.constexpr, PDL: tl.constexpr, BLOCK_K: tl.constexpr):
-    """With PDL, this program's first weight tile (`[BLOCK_N, BLOCK_K]`, LINES lines of LINE
-    elements a row) is requested into L2 while the previous kernel is still finishing (more
-    than one tile measured slower on the H200: the requests crowd out the loop's own)."""
+def _first_tile_to_l2(w_ptr, offs_n, N, K, stride_wn, t_lo, PDL: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    """With PDL, this program's first weight tile (`[BLOCK_N, BLOCK_K]`) is requested into L2
+    while the previous kernel is still finishing (more than one tile measured slower on the
+    H200: the requests crowd out the loop's own)."""
     if PDL:
-        cols = tl.minimum(t_lo * BLOCK_K + tl.arange(0, LINES) * LINE, K - 1)  # [LINES]
+        LINES: tl.constexpr = max(BLOCK_K * w_ptr.dtype.element_ty.primitive_bitwidth // 1024, 1)
         rows = tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn  # [BN], in bounds
-        prefetch_l2(w_ptr + rows[:, None] + cols[None, :])
+        prefetch_rows_l2(w_ptr, rows, t_lo * BLOCK_K, K, LINES)
 
 
 @triton.jit
@@ -264,17 +264,15 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | Non
     args = (x, weight, scale if scale is not None else x, bias if bias is not None else x, y,
             ws, lock, M, N, K, x.stride(0), weight.stride(0), tiles_per_split, split,
             scale is not None, bias is not None, K % cfg.block_k == 0)
-    line = 128 // weight.element_size()  # elements in a 128-byte line
-    meta = {"LINE": line, "LINES": max(cfg.block_k // line, 1), **pdl_args(x.device)}
     if rowsum:
         vec = min(cfg.fold, 16 // weight.element_size(), cfg.block_k)  # within one load
         _skinny_rowsum_kernel[grid](*args, ROWS=m_bucket(M), BLOCK_N=cfg.block_n,
                                     BLOCK_K=cfg.block_k, VEC=vec, num_warps=cfg.num_warps,
-                                    num_stages=cfg.num_stages, **meta)
+                                    num_stages=cfg.num_stages, **pdl_args(x.device))
     else:
         _skinny_dot_kernel[grid](*args, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n,
                                  BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
-                                 num_stages=cfg.num_stages, **meta)
+                                 num_stages=cfg.num_stages, **pdl_args(x.device))
     return y
 
 
