@@ -9,7 +9,8 @@ kernels that move almost nothing" (latency: one launch each, dozens per layer).
 
 With programmatic dependent launch on (sm_90, `kernels.pdl`; `SLUICE_PDL=0` turns it off) a
 kernel starts before its predecessor ends and waits inside, so its profiled time includes
-that wait and the kernel times add up to more than the step: read them with PDL off.
+that wait and the kernel times add up to more than the step: read them with PDL off
+(`bench.step_ablation` measures what each group costs the step with PDL on).
 
     python -m bench.profile_decode [--model dummy:llama-7b] [--batches 1,64]
                                    [--context 576] [--dtype float16] [--quantization fp8]

@@ -55,6 +55,18 @@ def test_matches_reference(shape, cfg, fp8, dtype):
     close(y, skinny_gemm_ref(x, w, scale, bias), dtype)
 
 
+@pytest.mark.gpu
+def test_every_table_entry_matches_the_reference_at_its_shape():
+    """The measured table's configs on the shapes they were picked for, at the bucket's row
+    count (the interpreter cases above use small shapes and tiles)."""
+    from kernels.skinny_gemm_configs import TABLE
+
+    for (fp8, m, n, k), cfg in sorted(TABLE.items()):
+        x, w, scale, bias = inputs(m, n, k, torch.bfloat16, fp8, seed=n + k + m)
+        close(skinny_gemm(x, w, scale, bias, config=cfg), skinny_gemm_ref(x, w, scale, bias),
+              torch.bfloat16)
+
+
 def test_split_k_leaves_workspace_zero_for_the_next_call():
     cfg = SkinnyConfig(block_n=16, block_k=32, split_k=4)
     for seed, (m, n, k) in enumerate([(2, 40, 200), (5, 40, 200), (1, 17, 150)]):

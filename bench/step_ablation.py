@@ -1,0 +1,165 @@
+"""What each group of small kernels costs inside the decode step, measured by taking it out.
+
+`bench.profile_decode` sums kernel times, which under programmatic dependent launch
+(`kernels.pdl`) include each kernel's wait for the one before: they overlap, and do not say
+what a launch costs the step. This bench times the step itself (`ModelRunner.forward`,
+CUDA-graph replay, as `bench.fp8_weights` does) with one group of kernels removed, the graph
+recaptured each time:
+- `rmsnorm`: every RMSNorm and residual add (2 a layer + 1);
+- `rope_store_kv`: RoPE and the KV store (1 a layer);
+- `merge`: the split-KV merge of decode attention (1 a layer, where there are splits);
+- `silu_mul`: the MLP's activation (1 a layer; the down projection reads the gate half);
+- `attention`: rope_store_kv, stage 1 and the merge (3 a layer);
+- `small`: rmsnorm, rope_store_kv, merge and silu_mul together.
+The outputs are then wrong; only the time is of interest. Each variant's cost is its step
+against the base, timed first and last (recaptured the same way). Llama-family models on
+the Triton attention backend.
+
+A caution measured on the H200 (2026-12-03): the first capture of a runner and a recapture
+of the same graph can differ by up to 65 us a step, and the same tree's step differs by
+up to 3% between H200s; read differences below ~20 us as noise.
+
+    python -m bench.step_ablation [--model dummy:llama3-8b] [--quantization none]
+                                  [--context 576] [--out bench/results/<date>-step-ablation]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench.offline_parts import decode_batch, time_ms
+from bench.roofline import BANDWIDTH, ModelBytes
+
+GROUPS = ("rmsnorm", "rope_store_kv", "merge", "silu_mul", "attention", "small")
+SMALL = ("rmsnorm", "rope_store_kv", "merge", "silu_mul")
+REPEATS = 3  # timings a variant, ITERS steps each
+ITERS = 150
+
+
+class _NoLaunch:
+    """Stands in for a Triton kernel: `kernel[grid](...)` launches nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def _cuts(group: str) -> list[tuple[object, str, object]]:
+    """(owner, attribute, stand-in) that take `group`'s kernels out of the forward."""
+    from runtime.worker import attention_triton
+    from runtime.worker.ops import TritonOps
+
+    decode_attention = sys.modules["kernels.decode_attention"]
+    if group == "small":
+        return [cut for g in SMALL for cut in _cuts(g)]
+    return {
+        "rmsnorm": [(TritonOps, "rmsnorm", staticmethod(lambda x, w, eps: x)),
+                    (TritonOps, "add_rmsnorm", staticmethod(lambda x, res, w, eps: (x, res)))],
+        "rope_store_kv": [(attention_triton, "rope_store_kv",
+                           lambda q, k, v, *args, **kwargs: (q, None, None))],
+        "merge": [(decode_attention, "_decode_attention_merge_kernel", _NoLaunch())],
+        "silu_mul": [(TritonOps, "silu_mul", staticmethod(lambda x: x[:, : x.shape[1] // 2]))],
+        "attention": [(attention_triton.TritonAttention, "forward_rotary",
+                       lambda self, layer_id, q, k, v, fb, rotary: q)],
+    }[group]
+
+
+@contextlib.contextmanager
+def without(group: str | None):
+    """The forward with `group`'s kernels taken out while inside (None: unchanged)."""
+    cuts = _cuts(group) if group else []
+    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in cuts]
+    for owner, name, stand_in in cuts:
+        setattr(owner, name, stand_in)
+    try:
+        yield
+    finally:
+        for owner, name, old in reversed(saved):
+            setattr(owner, name, old)
+
+
+def copy_tb_s() -> float:
+    """Device-to-device copy bandwidth (bytes read + written), 2 GiB."""
+    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    return 2 * x.numel() / time_ms(lambda: y.copy_(x), 20) / 1e9
+
+
+def launches(group: str, layers: int) -> int:
+    return {"rmsnorm": 2 * layers + 1, "attention": 3 * layers, "small": 5 * layers + 1}.get(
+        group, layers)
+
+
+def run(model: str, quantization: str, ctx: int) -> dict:
+    from runtime.model_config import resolve_model
+    from runtime.worker.graph_runner import GraphRunner
+    from runtime.worker.model_runner import ModelRunner
+
+    spec = resolve_model(model)
+    runner = ModelRunner(spec, torch.device("cuda"), torch.bfloat16, kv_slots=spec.max_context,
+                         max_rows=1, seed=0, quantization=quantization)
+    fb = decode_batch(1, ctx, runner.vocab_size, runner.device)
+    res = {"copy_tb_s": copy_tb_s(), "as_built_ms": time_ms(lambda: runner.forward(fb), ITERS),
+           "variants": {}}
+    for name in ("base", *GROUPS, "base_end"):
+        with without(None if name.startswith("base") else name):
+            runner.graphs = None  # frees the previous capture first
+            runner.graphs = GraphRunner(runner.model, runner.attn, 1, runner.max_context,
+                                        runner.device)
+            runner.graphs.capture()
+            res["variants"][name] = [time_ms(lambda: runner.forward(fb), ITERS)
+                                     for _ in range(REPEATS)]
+        print(f"{name:14s} " + " ".join(f"{t:.4f}" for t in res["variants"][name]), flush=True)
+    res["layers"] = runner.model.arch.num_layers
+    return res
+
+
+def markdown(res: dict) -> str:
+    v = res["variants"]
+    base = statistics.mean(statistics.median(v[b]) for b in ("base", "base_end"))
+    lines = [f"# Decode step without each kernel group: {res['model']} "
+             f"(--quantization {res['quantization']}), batch 1, context {res['context']}", "",
+             f"Command: `{res['command']}`  ", f"Device: {res['device']}, {res['date']}", "",
+             f"Copy bandwidth {res['copy_tb_s']:.3f} TB/s. Floor {res['floor_ms']:.3f} ms (at "
+             f"{BANDWIDTH / 1e12:.2f} TB/s). Step as built {res['as_built_ms']:.4f} ms "
+             f"({res['as_built_ms'] / res['floor_ms']:.3f}x floor); recaptured base "
+             f"{base:.4f} ms (first {statistics.median(v['base']):.4f}, last "
+             f"{statistics.median(v['base_end']):.4f}).", "",
+             "| removed | step ms | saves us | launches | us a launch |", "|---|---|---|---|---|"]
+    for g in GROUPS:
+        ms = statistics.median(v[g])
+        n = launches(g, res["layers"])
+        saved = (base - ms) * 1e3
+        lines.append(f"| {g} | {ms:.4f} | {saved:.1f} | {n} | {saved / n:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="dummy:llama3-8b")
+    ap.add_argument("--quantization", default="none", choices=("none", "fp8"))
+    ap.add_argument("--context", type=int, default=576)
+    ap.add_argument("--out", default=f"bench/results/{time.strftime('%Y-%m-%d')}-step-ablation")
+    args = ap.parse_args()
+    res = run(args.model, args.quantization, args.context)
+    res |= {"model": args.model, "quantization": args.quantization, "context": args.context,
+            "device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": f"python -m bench.step_ablation --model {args.model} --quantization "
+                       f"{args.quantization} --context {args.context}",
+            "floor_ms": ModelBytes.of(args.model, torch.bfloat16, args.quantization).floor_ms(
+                1, args.context)}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{args.out}.json").write_text(json.dumps(res, indent=1) + "\n")
+    Path(f"{args.out}.md").write_text(markdown(res))
+    print(markdown(res))
+
+
+if __name__ == "__main__":
+    main()

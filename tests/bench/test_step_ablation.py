@@ -1,0 +1,59 @@
+"""The step ablation takes kernel groups out of the forward by replacing them: each cut must
+reach the code the forward calls (or the bench would time the whole step under a cut's name),
+and leave everything as it was afterwards."""
+
+import pytest
+import torch
+
+from bench import step_ablation as ablation
+from kernels.decode_attention import decode_attention, decode_attention_ref
+from runtime.worker import attention_triton
+from runtime.worker.ops import TritonOps
+from tests.kernels.test_decode_attention import make_inputs
+
+
+def _state():
+    import sys
+
+    merge = sys.modules["kernels.decode_attention"]._decode_attention_merge_kernel
+    return (dict(TritonOps.__dict__), attention_triton.rope_store_kv, merge,
+            attention_triton.TritonAttention.__dict__["forward_rotary"])
+
+
+@pytest.mark.parametrize("group", ablation.GROUPS)
+def test_every_cut_is_undone(group):
+    before = _state()
+    with ablation.without(group):
+        assert _state() != before
+    assert _state() == before
+
+
+def test_merge_cut_leaves_the_split_outputs_unmerged():
+    args, _ = make_inputs([65, 9], (4, 2, 32), 16, torch.float32, seed=3)
+    sentinel = torch.full_like(args[0], 7.0)  # [B, Hq, D]
+    with ablation.without("merge"):
+        out = decode_attention(*args, num_splits=3, out=sentinel.clone())
+    assert (out == 7.0).all()
+    torch.testing.assert_close(decode_attention(*args, num_splits=3),
+                               decode_attention_ref(*args), atol=1e-5, rtol=1e-5)
+
+
+def test_small_cuts_norms_and_activation_but_keeps_shapes():
+    x, res, w = torch.randn(3, 8), torch.randn(3, 8), torch.ones(8)
+    with ablation.without("small"):
+        assert TritonOps.rmsnorm(x, w, 1e-6) is x
+        assert TritonOps.add_rmsnorm(x, res, w, 1e-6) == (x, res)
+        assert TritonOps.silu_mul(x).shape == (3, 4)
+        q = torch.randn(2, 4, 16)
+        assert attention_triton.rope_store_kv(q, None, None)[0] is q
+
+
+def test_report_counts_launches_and_savings_against_both_bases():
+    v = {name: [4.3, 4.3, 4.3] for name in ("base", *ablation.GROUPS, "base_end")}
+    v["base_end"] = [4.32] * 3
+    v["merge"] = [4.27] * 3
+    md = ablation.markdown({"variants": v, "layers": 32, "model": "m", "quantization": "none",
+                            "context": 576, "command": "c", "device": "d", "date": "t",
+                            "copy_tb_s": 4.2, "floor_ms": 3.5, "as_built_ms": 4.2})
+    assert "| merge | 4.2700 | 40.0 | 32 | 1.25 |" in md  # base 4.31: the mean of both
+    assert "| rmsnorm | 4.3000 | 10.0 | 65 |" in md and "| small | 4.3000 | 10.0 | 161 |" in md
