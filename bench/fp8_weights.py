@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from bench.outputs import write_outputs
+
 ROOT = Path(__file__).resolve().parents[1]
 STEP_TARGET = 0.6  # fp8 / bf16 batch-1 decode step, at most
 THROUGHPUT_TARGET = 1.3  # fp8 / bf16 offline tok/s, at least
@@ -189,9 +191,7 @@ def main() -> None:
         for r in res["offline"].values():
             r.pop("step_log_last_run", None)
     text = markdown(res)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.out}.json").write_text(json.dumps(res, indent=2) + "\n")
-    Path(f"{args.out}.md").write_text(text + "\n")
+    write_outputs(args.out, res, text)
     print(text)
 
 

@@ -26,16 +26,15 @@ with fp8 weights too (`--quantization fp8`), e.g. `--kv-dtypes auto,fp8_e4m3,fp8
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from dataclasses import asdict, replace
-from pathlib import Path
 
 from bench.gpu_clocks import ClockSampler
 from bench.offline import git_commit, run_part
 from bench.offline_parts import Preset
+from bench.outputs import write_outputs
 from bench.studies.matrix import preset_bytes
 
 GiB = 1 << 30
@@ -171,10 +170,8 @@ def main(argv: list[str] | None = None) -> None:
            "config": asdict(base), "kv_gib": args.kv_gib, "kv_bytes_per_token": kvb,
            "runs": runs,
            "ratio": ok[-1]["tok_s"] / ok[0]["tok_s"] if len(ok) == len(runs) > 1 else None}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.out}.json").write_text(json.dumps(res, indent=2) + "\n")
     text = markdown(res)
-    Path(f"{args.out}.md").write_text(text)
+    write_outputs(args.out, res, text)
     print(text)
 
 

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import re
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.offline_parts import decode_batch, time_ms
+from bench.outputs import write_outputs
 from bench.roofline import BANDWIDTH, ModelBytes
 from kernels.pdl import pdl_args
 from runtime.model_config import resolve_model
@@ -156,10 +155,8 @@ def main() -> None:
               args.quantization)
     command = "python -m bench.profile_decode " + " ".join(
         f"--{k} {v}" for k, v in vars(args).items() if k != "out")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.out}.json").write_text(json.dumps(res, indent=2) + "\n")
     text = markdown(res, command)
-    Path(f"{args.out}.md").write_text(text + "\n")
+    write_outputs(args.out, res, text)
     print(text)
 
 

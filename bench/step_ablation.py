@@ -27,15 +27,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 from bench.offline_parts import decode_batch, time_ms
+from bench.outputs import write_outputs
 from bench.roofline import BANDWIDTH, ModelBytes
 
 GROUPS = ("rmsnorm", "rope_store_kv", "merge", "silu_mul", "attention", "small")
@@ -155,9 +154,7 @@ def main() -> None:
                        f"{args.quantization} --context {args.context}",
             "floor_ms": ModelBytes.of(args.model, torch.bfloat16, args.quantization).floor_ms(
                 1, args.context)}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.out}.json").write_text(json.dumps(res, indent=1) + "\n")
-    Path(f"{args.out}.md").write_text(markdown(res))
+    write_outputs(args.out, res, markdown(res))
     print(markdown(res))
 
 

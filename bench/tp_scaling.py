@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import random
 import tempfile
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from bench.outputs import write_outputs
 from bench.serving import run_load
 from bench.serving_data import random_requests
 
@@ -136,9 +136,7 @@ def main() -> None:
                     row[f"{part}_error"] = f"{type(exc).__name__}: {exc}"[:500]
                 print(f"tp {tp} {part}: {row.get(part) or row.get(part + '_error')}", flush=True)
         res["rows"].append(row)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(f"{args.out}.json").write_text(json.dumps(res, indent=2) + "\n")
-        Path(f"{args.out}.md").write_text(markdown(res))
+        write_outputs(args.out, res, markdown(res))
     print(markdown(res))
 
 
