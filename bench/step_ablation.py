@@ -16,7 +16,7 @@ against the base, timed first and last (recaptured the same way). Llama-family m
 the Triton attention backend.
 
 A caution measured on the H200 (2026-12-03): the first capture of a runner and a recapture
-of the same graph can differ by up to 65 us a step, and the same tree's step differs by
+of the same graph differed by -18 to +78 us a step, and the same tree's step differs by
 up to 3% between H200s; read differences below ~20 us as noise.
 
     python -m bench.step_ablation [--model dummy:llama3-8b] [--quantization none]
@@ -36,6 +36,7 @@ import torch
 from bench.offline_parts import decode_batch, time_ms
 from bench.outputs import write_outputs
 from bench.roofline import BANDWIDTH, ModelBytes
+from kernels.decode_config import decode_num_splits
 
 GROUPS = ("rmsnorm", "rope_store_kv", "merge", "silu_mul", "attention", "small")
 SMALL = ("rmsnorm", "rope_store_kv", "merge", "silu_mul")
@@ -91,19 +92,29 @@ def copy_tb_s() -> float:
     return 2 * x.numel() / time_ms(lambda: y.copy_(x), 20) / 1e9
 
 
-def launches(group: str, layers: int) -> int:
-    return {"rmsnorm": 2 * layers + 1, "attention": 3 * layers, "small": 5 * layers + 1}.get(
-        group, layers)
+def launches(group: str, layers: int, merges: bool) -> int:
+    """Launches a step that `group` takes out: 2 norms a layer and a final one, 1 of each other
+    kernel a layer, no merge where a sequence runs in one split."""
+    merge = layers if merges else 0
+    return {"rmsnorm": 2 * layers + 1, "merge": merge, "attention": 2 * layers + merge,
+            "small": 4 * layers + 1 + merge}.get(group, layers)
 
 
 def run(model: str, quantization: str, ctx: int) -> dict:
+    """Time the batch-1 step as built, then recaptured without each group (and the base first
+    and last)."""
     from runtime.model_config import resolve_model
+    from runtime.worker.attention_triton import TritonAttention
     from runtime.worker.graph_runner import GraphRunner
     from runtime.worker.model_runner import ModelRunner
+    from runtime.worker.models.llama import LlamaForCausalLM
 
     spec = resolve_model(model)
     runner = ModelRunner(spec, torch.device("cuda"), torch.bfloat16, kv_slots=spec.max_context,
                          max_rows=1, seed=0, quantization=quantization)
+    if not (isinstance(runner.attn, TritonAttention)
+            and isinstance(runner.model, LlamaForCausalLM)):
+        raise SystemExit(f"{model}: the cuts fit Llama-family models on the Triton backend")
     fb = decode_batch(1, ctx, runner.vocab_size, runner.device)
     res = {"copy_tb_s": copy_tb_s(), "as_built_ms": time_ms(lambda: runner.forward(fb), ITERS),
            "variants": {}}
@@ -117,10 +128,14 @@ def run(model: str, quantization: str, ctx: int) -> dict:
                                      for _ in range(REPEATS)]
         print(f"{name:14s} " + " ".join(f"{t:.4f}" for t in res["variants"][name]), flush=True)
     res["layers"] = runner.model.arch.num_layers
+    pool = runner.attn.pool  # the graph's split count, fixed for the longest context
+    res["splits"] = decode_num_splits(1, pool.kv_heads, runner.max_context, runner.attn.num_sms,
+                                      quantized=pool.quantized)
     return res
 
 
 def markdown(res: dict) -> str:
+    """The report: the step as built and recaptured, and each group's saving."""
     v = res["variants"]
     base = statistics.mean(statistics.median(v[b]) for b in ("base", "base_end"))
     lines = [f"# Decode step without each kernel group: {res['model']} "
@@ -134,7 +149,7 @@ def markdown(res: dict) -> str:
              "| removed | step ms | saves us | launches | us a launch |", "|---|---|---|---|---|"]
     for g in GROUPS:
         ms = statistics.median(v[g])
-        n = launches(g, res["layers"])
+        n = launches(g, res["layers"], res["splits"] > 1)
         saved = (base - ms) * 1e3
         lines.append(f"| {g} | {ms:.4f} | {saved:.1f} | {n} | {saved / n:.2f} |")
     return "\n".join(lines) + "\n"

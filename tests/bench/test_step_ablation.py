@@ -1,6 +1,8 @@
-"""The step ablation takes kernel groups out of the forward by replacing them: each cut must
-reach the code the forward calls (or the bench would time the whole step under a cut's name),
-and leave everything as it was afterwards."""
+"""The step ablation takes kernel groups out of the forward by replacing what the forward
+looks up at call time (the ops' methods, module globals): each cut must replace it, keep the
+shapes the model expects, and leave everything as it was afterwards."""
+
+import sys
 
 import pytest
 import torch
@@ -13,8 +15,6 @@ from tests.kernels.test_decode_attention import make_inputs
 
 
 def _state():
-    import sys
-
     merge = sys.modules["kernels.decode_attention"]._decode_attention_merge_kernel
     return (dict(TritonOps.__dict__), attention_triton.rope_store_kv, merge,
             attention_triton.TritonAttention.__dict__["forward_rotary"])
@@ -38,7 +38,7 @@ def test_merge_cut_leaves_the_split_outputs_unmerged():
                                decode_attention_ref(*args), atol=1e-5, rtol=1e-5)
 
 
-def test_small_cuts_norms_and_activation_but_keeps_shapes():
+def test_stand_ins_keep_the_shapes_the_model_expects():
     x, res, w = torch.randn(3, 8), torch.randn(3, 8), torch.ones(8)
     with ablation.without("small"):
         assert TritonOps.rmsnorm(x, w, 1e-6) is x
@@ -52,8 +52,15 @@ def test_report_counts_launches_and_savings_against_both_bases():
     v = {name: [4.3, 4.3, 4.3] for name in ("base", *ablation.GROUPS, "base_end")}
     v["base_end"] = [4.32] * 3
     v["merge"] = [4.27] * 3
-    md = ablation.markdown({"variants": v, "layers": 32, "model": "m", "quantization": "none",
+    md = ablation.markdown({"variants": v, "layers": 32, "splits": 32, "model": "m",
+                            "quantization": "none",
                             "context": 576, "command": "c", "device": "d", "date": "t",
                             "copy_tb_s": 4.2, "floor_ms": 3.5, "as_built_ms": 4.2})
     assert "| merge | 4.2700 | 40.0 | 32 | 1.25 |" in md  # base 4.31: the mean of both
     assert "| rmsnorm | 4.3000 | 10.0 | 65 |" in md and "| small | 4.3000 | 10.0 | 161 |" in md
+
+
+def test_one_split_has_no_merge_to_count():
+    assert ablation.launches("merge", 32, merges=False) == 0
+    assert ablation.launches("attention", 32, merges=False) == 64
+    assert ablation.launches("small", 32, merges=True) == 161
