@@ -11,16 +11,18 @@ recaptured each time:
 - `silu_mul`: the MLP's activation (1 a layer; the down projection reads the gate half);
 - `attention`: rope_store_kv, stage 1 and the merge (3 a layer);
 - `small`: rmsnorm, rope_store_kv, merge and silu_mul together.
-The outputs are then wrong; only the time is of interest. Each variant's cost is its step
-against the base, timed first and last (recaptured the same way). Llama-family models on
-the Triton attention backend.
+The outputs are then wrong; only the time is of interest. Each variant, the base included,
+is captured `--captures` times, in rounds of alternating order, and its cost is the median
+step against the base's median; the report shows each variant's range over its captures.
+Llama-family models on the Triton attention backend.
 
-A caution measured on the H200 (2026-12-03): the first capture of a runner and a recapture
-of the same graph differed by -18 to +78 us a step, and the same tree's step differs by
-up to 3% between H200s; read differences below ~20 us as noise.
+Why several captures: on the H200 (2026-12-03) the first capture of a runner and a recapture
+of the same graph differed by -18 to +78 us a step, and the same tree's step differs by up
+to 3% between H200s. A difference smaller than the ranges is noise.
 
     python -m bench.step_ablation [--model dummy:llama3-8b] [--quantization none]
-                                  [--context 576] [--out bench/results/<date>-step-ablation]
+                                  [--context 576] [--captures 3]
+                                  [--out bench/results/<date>-step-ablation]
 """
 
 from __future__ import annotations
@@ -40,8 +42,7 @@ from kernels.decode_config import decode_num_splits
 
 GROUPS = ("rmsnorm", "rope_store_kv", "merge", "silu_mul", "attention", "small")
 SMALL = ("rmsnorm", "rope_store_kv", "merge", "silu_mul")
-REPEATS = 3  # timings a variant, ITERS steps each
-ITERS = 150
+ITERS = 150  # steps a timing (one timing a capture)
 
 
 class _NoLaunch:
@@ -100,9 +101,9 @@ def launches(group: str, layers: int, merges: bool) -> int:
             "small": 4 * layers + 1 + merge}.get(group, layers)
 
 
-def run(model: str, quantization: str, ctx: int) -> dict:
-    """Time the batch-1 step as built, then recaptured without each group (and the base first
-    and last)."""
+def run(model: str, quantization: str, ctx: int, captures: int) -> dict:
+    """Time the batch-1 step as built, then `captures` rounds of recaptures: the base and the
+    step without each group."""
     from runtime.model_config import resolve_model
     from runtime.worker.attention_triton import TritonAttention
     from runtime.worker.graph_runner import GraphRunner
@@ -118,15 +119,17 @@ def run(model: str, quantization: str, ctx: int) -> dict:
     fb = decode_batch(1, ctx, runner.vocab_size, runner.device)
     res = {"copy_tb_s": copy_tb_s(), "as_built_ms": time_ms(lambda: runner.forward(fb), ITERS),
            "variants": {}}
-    for name in ("base", *GROUPS, "base_end"):
-        with without(None if name.startswith("base") else name):
-            runner.graphs = None  # frees the previous capture first
-            runner.graphs = GraphRunner(runner.model, runner.attn, 1, runner.max_context,
-                                        runner.device)
-            runner.graphs.capture()
-            res["variants"][name] = [time_ms(lambda: runner.forward(fb), ITERS)
-                                     for _ in range(REPEATS)]
-        print(f"{name:14s} " + " ".join(f"{t:.4f}" for t in res["variants"][name]), flush=True)
+    order = ("base", *GROUPS)
+    for rnd in range(captures):
+        for name in order if rnd % 2 == 0 else order[::-1]:
+            with without(None if name == "base" else name):
+                runner.graphs = None  # frees the previous capture first
+                runner.graphs = GraphRunner(runner.model, runner.attn, 1, runner.max_context,
+                                            runner.device)
+                runner.graphs.capture()
+                ms = time_ms(lambda: runner.forward(fb), ITERS)
+            res["variants"].setdefault(name, []).append(ms)
+            print(f"{rnd} {name:14s} {ms:.4f}", flush=True)
     res["layers"] = runner.model.arch.num_layers
     pool = runner.attn.pool  # the graph's split count, fixed for the longest context
     res["splits"] = decode_num_splits(1, pool.kv_heads, runner.max_context, runner.attn.num_sms,
@@ -134,24 +137,30 @@ def run(model: str, quantization: str, ctx: int) -> dict:
     return res
 
 
+def _range(ms: list[float]) -> str:
+    return f"{min(ms):.4f}-{max(ms):.4f}"
+
+
 def markdown(res: dict) -> str:
     """The report: the step as built and recaptured, and each group's saving."""
     v = res["variants"]
-    base = statistics.mean(statistics.median(v[b]) for b in ("base", "base_end"))
+    base = statistics.median(v["base"])
     lines = [f"# Decode step without each kernel group: {res['model']} "
              f"(--quantization {res['quantization']}), batch 1, context {res['context']}", "",
              f"Command: `{res['command']}`  ", f"Device: {res['device']}, {res['date']}", "",
              f"Copy bandwidth {res['copy_tb_s']:.3f} TB/s. Floor {res['floor_ms']:.3f} ms (at "
              f"{BANDWIDTH / 1e12:.2f} TB/s). Step as built {res['as_built_ms']:.4f} ms "
-             f"({res['as_built_ms'] / res['floor_ms']:.3f}x floor); recaptured base "
-             f"{base:.4f} ms (first {statistics.median(v['base']):.4f}, last "
-             f"{statistics.median(v['base_end']):.4f}).", "",
-             "| removed | step ms | saves us | launches | us a launch |", "|---|---|---|---|---|"]
+             f"({res['as_built_ms'] / res['floor_ms']:.3f}x floor); recaptured "
+             f"{len(v['base'])} times, median {base:.4f} ms (range {_range(v['base'])}). "
+             f"{res['splits']} split(s) a sequence.", "",
+             "| removed | step ms | range over captures | saves us | launches | us a launch |",
+             "|---|---|---|---|---|---|"]
     for g in GROUPS:
         ms = statistics.median(v[g])
         n = launches(g, res["layers"], res["splits"] > 1)
         saved = (base - ms) * 1e3
-        lines.append(f"| {g} | {ms:.4f} | {saved:.1f} | {n} | {saved / n:.2f} |")
+        per = f"{saved / n:.2f}" if n else "-"
+        lines.append(f"| {g} | {ms:.4f} | {_range(v[g])} | {saved:.1f} | {n} | {per} |")
     return "\n".join(lines) + "\n"
 
 
@@ -160,13 +169,14 @@ def main() -> None:
     ap.add_argument("--model", default="dummy:llama3-8b")
     ap.add_argument("--quantization", default="none", choices=("none", "fp8"))
     ap.add_argument("--context", type=int, default=576)
+    ap.add_argument("--captures", type=int, default=3, help="recaptures of each variant")
     ap.add_argument("--out", default=f"bench/results/{time.strftime('%Y-%m-%d')}-step-ablation")
     args = ap.parse_args()
-    res = run(args.model, args.quantization, args.context)
+    res = run(args.model, args.quantization, args.context, args.captures)
     res |= {"model": args.model, "quantization": args.quantization, "context": args.context,
             "device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": f"python -m bench.step_ablation --model {args.model} --quantization "
-                       f"{args.quantization} --context {args.context}",
+                       f"{args.quantization} --context {args.context} --captures {args.captures}",
             "floor_ms": ModelBytes.of(args.model, torch.bfloat16, args.quantization).floor_ms(
                 1, args.context)}
     write_outputs(args.out, res, markdown(res))

@@ -48,16 +48,18 @@ def test_stand_ins_keep_the_shapes_the_model_expects():
         assert attention_triton.rope_store_kv(q, None, None)[0] is q
 
 
-def test_report_counts_launches_and_savings_against_both_bases():
-    v = {name: [4.3, 4.3, 4.3] for name in ("base", *ablation.GROUPS, "base_end")}
-    v["base_end"] = [4.32] * 3
-    v["merge"] = [4.27] * 3
-    md = ablation.markdown({"variants": v, "layers": 32, "splits": 32, "model": "m",
-                            "quantization": "none",
-                            "context": 576, "command": "c", "device": "d", "date": "t",
-                            "copy_tb_s": 4.2, "floor_ms": 3.5, "as_built_ms": 4.2})
-    assert "| merge | 4.2700 | 40.0 | 32 | 1.25 |" in md  # base 4.31: the mean of both
-    assert "| rmsnorm | 4.3000 | 10.0 | 65 |" in md and "| small | 4.3000 | 10.0 | 161 |" in md
+def test_report_takes_medians_over_captures_and_counts_launches():
+    v = {name: [4.3, 4.31, 4.29] for name in ("base", *ablation.GROUPS)}
+    v["merge"] = [4.27, 4.25, 4.40]  # one slow capture: the median ignores it
+    res = {"variants": v, "layers": 32, "splits": 32, "model": "m", "quantization": "none",
+           "context": 576, "command": "c", "device": "d", "date": "t", "copy_tb_s": 4.2,
+           "floor_ms": 3.5, "as_built_ms": 4.2}
+    md = ablation.markdown(res)
+    assert "| merge | 4.2700 | 4.2500-4.4000 | 30.0 | 32 | 0.94 |" in md
+    assert "| rmsnorm | 4.3000 | 4.2900-4.3100 | 0.0 | 65 |" in md
+    assert "| small | 4.3000 | 4.2900-4.3100 | 0.0 | 161 |" in md
+    res["splits"] = 1  # no merge launched: nothing to divide by
+    assert "| merge | 4.2700 | 4.2500-4.4000 | 30.0 | 0 | - |" in ablation.markdown(res)
 
 
 def test_one_split_has_no_merge_to_count():
