@@ -42,9 +42,8 @@ def _first_tile_to_l2(k_ptr, v_ptr, kv_indices_ptr, page_base, start, end, kvh, 
         page = tl.load(kv_indices_ptr + page_base + keys // PAGE_SIZE)
         slot = page.to(tl.int64) * PAGE_SIZE + keys % PAGE_SIZE  # [BLOCK_N]
         rows = slot * stride_kvs + kvh * stride_kvh  # [BLOCK_N]
-        LINES: tl.constexpr = max(HEAD_DIM * k_ptr.dtype.element_ty.primitive_bitwidth // 1024, 1)
-        prefetch_rows_l2(k_ptr, rows, 0, HEAD_DIM, LINES)
-        prefetch_rows_l2(v_ptr, rows, 0, HEAD_DIM, LINES)
+        prefetch_rows_l2(k_ptr, rows, 0, HEAD_DIM, HEAD_DIM)
+        prefetch_rows_l2(v_ptr, rows, 0, HEAD_DIM, HEAD_DIM)
 
 
 @triton.jit

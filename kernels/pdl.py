@@ -64,10 +64,11 @@ def prefetch_l2(ptrs):
 
 
 @triton.jit
-def prefetch_rows_l2(ptr, rows, col0, cols, LINES: tl.constexpr):
-    """Ask L2 for LINES 128-byte lines of each row: element offsets rows `[R]` (int64) plus
-    col0 + i * (elements a line), i < LINES, columns held below `cols`. Compiled code only,
-    under `if PDL:`, as `prefetch_l2`."""
+def prefetch_rows_l2(ptr, rows, col0, cols, ELEMS: tl.constexpr):
+    """Ask L2 for the 128-byte lines of ELEMS elements (at least one line) of each row: element
+    offsets rows `[R]` (int64) plus col0 .. col0 + ELEMS, columns held below `cols`. Compiled
+    code only, under `if PDL:`, as `prefetch_l2`."""
     LINE: tl.constexpr = 1024 // ptr.dtype.element_ty.primitive_bitwidth  # elements a line
+    LINES: tl.constexpr = max(ELEMS // LINE, 1)
     offs = tl.minimum(col0 + tl.arange(0, LINES) * LINE, cols - 1)  # [LINES]
     prefetch_l2(ptr + rows[:, None] + offs[None, :])  # [R, LINES]

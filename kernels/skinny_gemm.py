@@ -161,9 +161,8 @@ def _first_tile_to_l2(w_ptr, offs_n, N, K, stride_wn, t_lo, PDL: tl.constexpr,
     while the previous kernel is still finishing (more than one tile measured slower on the
     H200: the requests crowd out the loop's own)."""
     if PDL:
-        LINES: tl.constexpr = max(BLOCK_K * w_ptr.dtype.element_ty.primitive_bitwidth // 1024, 1)
         rows = tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn  # [BN], in bounds
-        prefetch_rows_l2(w_ptr, rows, t_lo * BLOCK_K, K, LINES)
+        prefetch_rows_l2(w_ptr, rows, t_lo * BLOCK_K, K, BLOCK_K)
 
 
 @triton.jit
