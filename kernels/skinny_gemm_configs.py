@@ -37,6 +37,12 @@ class SkinnyConfig:
     fold: int = 16
 
 
+GATED_CONFIG = SkinnyConfig(block_n=4, block_k=2048, num_warps=4, num_stages=1, dot=False)
+"""The row-sum config of a product that takes the MLP's gated activation in its loads
+(`kernels.skinny_gemm`'s `gated`): the fastest of five in the bf16 batch-1 step of
+dummy:llama3-8b, on two H200s (2026-12-03)."""
+
+
 def m_bucket(m: int) -> int:
     """The power of two at or above m: the table's row key."""
     return 1 << max(0, m - 1).bit_length()

@@ -3,7 +3,8 @@ import json
 import pytest
 import torch
 
-from kernels.skinny_gemm import MAX_ROWS, _workspaces, skinny_gemm, skinny_gemm_ref
+from kernels.activation import silu_and_mul_ref
+from kernels.skinny_gemm import MAX_ROWS, _workspaces, fuses_gate, skinny_gemm, skinny_gemm_ref
 from kernels.skinny_gemm_configs import (
     SkinnyConfig,
     load_table,
@@ -53,6 +54,38 @@ def test_matches_reference(shape, cfg, fp8, dtype):
     y = skinny_gemm(x, w, scale, bias, config=cfg)
     assert y.shape == (shape[0], shape[1]) and y.dtype == dtype
     close(y, skinny_gemm_ref(x, w, scale, bias), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fp8", [False, True], ids=["16bit", "fp8"])
+@pytest.mark.parametrize("cfg", CONFIGS[2:], ids=["rowsum", "rowsum-unfolded"])
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s[0] <= 4], ids=str)
+def test_gated_rows_match_the_activation_then_the_product(shape, cfg, fp8, dtype):
+    """x `[M, 2K]` (gate then up) taken through silu(gate) * up inside the loads gives what
+    the activation followed by the product gives."""
+    m, n, k = shape
+    x, w, scale, bias = inputs(m, n, 2 * k, dtype, fp8, seed=sum(shape) + 1)
+    w = w[:, :k].contiguous()  # [N, K]
+    x[:, :k] *= 4  # gates far into silu's tails
+    y = skinny_gemm(x, w, scale, bias, config=cfg, gated=True)
+    assert y.shape == (m, n) and y.dtype == dtype
+    want = skinny_gemm_ref(x, w, scale, bias, gated=True)
+    close(y, want, dtype)
+    close(want, skinny_gemm_ref(silu_and_mul_ref(x), w, scale, bias), dtype)
+
+
+def test_gated_product_takes_a_row_sum_config_and_refuses_others():
+    x, w, scale, _ = inputs(2, 24, 160, torch.float32, fp8=True, seed=3)
+    w = w[:, :80].contiguous()
+    close(skinny_gemm(x, w, scale, gated=True), skinny_gemm_ref(x, w, scale, gated=True),
+          torch.float32)  # GATED_CONFIG
+    with pytest.raises(AssertionError, match="row-sum"):
+        skinny_gemm(x, w, scale, gated=True, config=CONFIGS[0])
+    with pytest.raises(AssertionError, match="rows"):
+        skinny_gemm(torch.cat([x, x, x]), w, scale, gated=True)
+    with pytest.raises(AssertionError, match="weight"):
+        skinny_gemm(x[:, :80], w, scale, gated=True)  # x must hold gate and up
+    assert not fuses_gate(x[:1].cpu(), w.cpu())
 
 
 @pytest.mark.gpu
