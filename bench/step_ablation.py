@@ -9,6 +9,7 @@ recaptured each time:
 - `rope_store_kv`: RoPE and the KV store (1 a layer);
 - `merge`: the split-KV merge of decode attention (1 a layer, where there are splits);
 - `silu_mul`: the MLP's activation (1 a layer; the down projection reads the gate half);
+  none where the down projection takes it in its loads (16-bit weights, one row);
 - `attention`: rope_store_kv, stage 1 and the merge (3 a layer);
 - `small`: rmsnorm, rope_store_kv, merge and silu_mul together.
 The outputs are then wrong; only the time is of interest. Each variant, the base included,
@@ -39,6 +40,7 @@ from bench.offline_parts import decode_batch, time_ms
 from bench.outputs import write_outputs
 from bench.roofline import BANDWIDTH, ModelBytes
 from kernels.decode_config import decode_num_splits
+from kernels.skinny_gemm import fuses_gate
 
 GROUPS = ("rmsnorm", "rope_store_kv", "merge", "silu_mul", "attention", "small")
 SMALL = ("rmsnorm", "rope_store_kv", "merge", "silu_mul")
@@ -93,12 +95,14 @@ def copy_tb_s() -> float:
     return 2 * x.numel() / time_ms(lambda: y.copy_(x), 20) / 1e9
 
 
-def launches(group: str, layers: int, merges: bool) -> int:
+def launches(group: str, layers: int, merges: bool, act: bool) -> int:
     """Launches a step that `group` takes out: 2 norms a layer and a final one, 1 of each other
-    kernel a layer, no merge where a sequence runs in one split."""
+    kernel a layer, no merge where a sequence runs in one split, no activation where the down
+    projection takes it in its loads (`act` False)."""
     merge = layers if merges else 0
+    silu = layers if act else 0
     return {"rmsnorm": 2 * layers + 1, "merge": merge, "attention": 2 * layers + merge,
-            "small": 4 * layers + 1 + merge}.get(group, layers)
+            "silu_mul": silu, "small": 3 * layers + 1 + merge + silu}.get(group, layers)
 
 
 def run(model: str, quantization: str, ctx: int, captures: int) -> dict:
@@ -131,6 +135,9 @@ def run(model: str, quantization: str, ctx: int, captures: int) -> dict:
             res["variants"].setdefault(name, []).append(ms)
             print(f"{rnd} {name:14s} {ms:.4f}", flush=True)
     res["layers"] = runner.model.arch.num_layers
+    down = runner.model.model.layers[0].mlp.down_proj.weight  # [hidden, inter]
+    probe = torch.empty(1, 2 * down.shape[1], dtype=torch.bfloat16, device=runner.device)
+    res["act_launched"] = not fuses_gate(probe, down)
     pool = runner.attn.pool  # the graph's split count, fixed for the longest context
     res["splits"] = decode_num_splits(1, pool.kv_heads, runner.max_context, runner.attn.num_sms,
                                       quantized=pool.quantized)
@@ -157,7 +164,7 @@ def markdown(res: dict) -> str:
              "|---|---|---|---|---|---|"]
     for g in GROUPS:
         ms = statistics.median(v[g])
-        n = launches(g, res["layers"], res["splits"] > 1)
+        n = launches(g, res["layers"], res["splits"] > 1, res["act_launched"])
         saved = (base - ms) * 1e3
         per = f"{saved / n:.2f}" if n else "-"
         lines.append(f"| {g} | {ms:.4f} | {_range(v[g])} | {saved:.1f} | {n} | {per} |")

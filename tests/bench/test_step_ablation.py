@@ -53,7 +53,7 @@ def test_report_takes_medians_over_captures_and_counts_launches():
     v["merge"] = [4.27, 4.25, 4.40]  # one slow capture: the median ignores it
     res = {"variants": v, "layers": 32, "splits": 32, "model": "m", "quantization": "none",
            "context": 576, "command": "c", "device": "d", "date": "t", "copy_tb_s": 4.2,
-           "floor_ms": 3.5, "as_built_ms": 4.2}
+           "floor_ms": 3.5, "as_built_ms": 4.2, "act_launched": True}
     md = ablation.markdown(res)
     assert "| merge | 4.2700 | 4.2500-4.4000 | 30.0 | 32 | 0.94 |" in md
     assert "| rmsnorm | 4.3000 | 4.2900-4.3100 | 0.0 | 65 |" in md
@@ -62,7 +62,9 @@ def test_report_takes_medians_over_captures_and_counts_launches():
     assert "| merge | 4.2700 | 4.2500-4.4000 | 30.0 | 0 | - |" in ablation.markdown(res)
 
 
-def test_one_split_has_no_merge_to_count():
-    assert ablation.launches("merge", 32, merges=False) == 0
-    assert ablation.launches("attention", 32, merges=False) == 64
-    assert ablation.launches("small", 32, merges=True) == 161
+def test_one_split_has_no_merge_and_a_fused_activation_no_launch_to_count():
+    assert ablation.launches("merge", 32, merges=False, act=True) == 0
+    assert ablation.launches("attention", 32, merges=False, act=True) == 64
+    assert ablation.launches("small", 32, merges=True, act=True) == 161
+    assert ablation.launches("silu_mul", 32, merges=True, act=False) == 0
+    assert ablation.launches("small", 32, merges=True, act=False) == 129

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from kernels.activation import silu_and_mul_ref
 from runtime.worker.models import dense_linear as dl
 
 
@@ -27,3 +28,27 @@ def test_kernel_where_it_wins_cublas_elsewhere(monkeypatch, rows):
     got = dl.dense_linear(x, w, b)
     assert got.dtype == torch.bfloat16 and got.shape == (rows, 96)
     torch.testing.assert_close(got.float(), want, rtol=1.6e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("rows", [1, 4, 5])
+def test_gated_input_is_the_activation_then_the_product(device, rows):
+    """A down projection given `[gate | up]` and the activation computes down(silu(gate) * up):
+    on CUDA for one row inside the kernel's loads (the activation is never called), else the
+    activation first."""
+    gen = torch.Generator(device=device).manual_seed(rows)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    w = torch.randn(96, 136, device=device, generator=gen).to(dtype)  # [out, in]
+    b = torch.randn(96, device=device, generator=gen).to(dtype)
+    h = torch.randn(rows, 272, device=device, generator=gen).to(dtype)  # [T, 2 * in]
+    calls = []
+
+    def act(x):
+        calls.append(x.shape[0])
+        return silu_and_mul_ref(x)
+
+    got = dl.dense_linear(h, w, b, gate_act=act)
+    want = dl.dense_linear(silu_and_mul_ref(h), w, b)
+    assert got.shape == (rows, 96) and got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), rtol=1.6e-2, atol=2e-2)
+    assert calls == ([] if device == "cuda" and rows == 1 else [rows])

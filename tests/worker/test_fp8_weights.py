@@ -165,6 +165,29 @@ def test_smollm2_fp8_keeps_the_next_token():
     assert relative_errors(got, want).max() < 0.4
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("tokens", [1, 6])
+def test_gated_input_is_the_activation_then_the_product(device, tokens):
+    """An fp8 down projection given `[gate | up]` and the activation: the product of the
+    activation's output (the activation runs first: fused, it measured slower)."""
+    from kernels.activation import silu_and_mul_ref
+
+    layer = Fp8Linear(80, 48, bias=False).to(device)
+    layer.load_rows(0, weights(48, 80).to(device))
+    h = torch.randn(tokens, 160, generator=torch.Generator().manual_seed(tokens)) * 2
+    h = h.to(device, torch.bfloat16 if device == "cuda" else torch.float32)  # [T, 2 * in]
+    calls = []
+
+    def act(x):
+        calls.append(x.shape[0])
+        return silu_and_mul_ref(x)
+
+    got = layer(h, gate_act=act)
+    torch.testing.assert_close(got.float(), layer(silu_and_mul_ref(h)).float(), rtol=1.6e-2,
+                               atol=1e-3)
+    assert calls == [tokens]
+
+
 # ---------------------------------------------------------------- on the GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

@@ -2,22 +2,35 @@
 measured it faster for a decode batch of that many rows and that weight shape.
 
 The choice is `kernels.skinny_gemm_configs.use_kernel`, a lookup in the sweep's table file
-(without one every product is cuBLAS's).
+(without one every product is cuBLAS's). A down projection given the MLP's gated activation
+takes it inside the kernel's loads for a single token (`kernels.skinny_gemm.fuses_gate`),
+whatever the table says: the activation's launch costs more than the kernel's distance from
+cuBLAS there.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.skinny_gemm import MAX_ROWS, skinny_gemm
+from kernels.skinny_gemm import MAX_ROWS, fuses_gate, skinny_gemm
 from kernels.skinny_gemm_configs import use_kernel
 
+GateAct = Callable[[torch.Tensor], torch.Tensor]  # [T, 2I] gate then up -> [T, I]
 
-def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-                 ) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` for x `[T, in]` and a 16-bit weight `[out, in]` -> `[T, out]`."""
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 gate_act: GateAct | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for x `[T, in]` and a 16-bit weight `[out, in]` -> `[T, out]`.
+    With `gate_act` (the MLP's silu-and-mul), x is `[T, 2 * in]`, gate then up, and the product
+    is taken of gate_act(x): inside the kernel's loads where `fuses_gate`, else after it."""
+    if gate_act is not None:
+        if fuses_gate(x, weight):
+            return skinny_gemm(x.contiguous(), weight, None, bias, gated=True)  # [T, out]
+        x = gate_act(x)  # [T, in]
     t = x.shape[0]
     if (x.is_cuda and x.dim() == 2 and 0 < t <= MAX_ROWS and x.dtype == weight.dtype
             and use_kernel(False, t, *weight.shape)):
@@ -28,5 +41,5 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 class DenseLinear(nn.Linear):
     """`nn.Linear` (same parameters and names) whose product is `dense_linear`."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dense_linear(x, self.weight, self.bias)  # [T, out]
+    def forward(self, x: torch.Tensor, gate_act: GateAct | None = None) -> torch.Tensor:
+        return dense_linear(x, self.weight, self.bias, gate_act)  # [T, out]

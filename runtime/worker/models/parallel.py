@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.worker.models.dense_linear import DenseLinear, dense_linear
+from runtime.worker.models.dense_linear import DenseLinear, GateAct, dense_linear
 from runtime.worker.quant.fp8_linear import Fp8Linear, fp8_linear
 from runtime.worker.tp import TPGroup
 
@@ -47,10 +47,11 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_local))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, gate_act: GateAct | None = None) -> torch.Tensor:
+        """x `[T, in / tp]` (`[T, 2 * in / tp]` with `gate_act`: see `dense_linear`)."""
         if self.tp.size == 1:
-            return dense_linear(x, self.weight, self.bias)  # [T, out]
-        y = self.tp.all_reduce(dense_linear(x, self.weight))  # [T, out], summed over ranks
+            return dense_linear(x, self.weight, self.bias, gate_act)  # [T, out]
+        y = self.tp.all_reduce(dense_linear(x, self.weight, None, gate_act))  # [T, out]
         return y if self.bias is None else y + self.bias
 
 
@@ -62,10 +63,11 @@ class Fp8RowParallelLinear(Fp8Linear):
         super().__init__(in_local, out_features, bias)
         self.tp = tp
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, gate_act: GateAct | None = None) -> torch.Tensor:
         if self.tp.size == 1:
-            return super().forward(x)  # [T, out]
-        y = self.tp.all_reduce(fp8_linear(x, self.weight, self.weight_scale))  # [T, out]
+            return super().forward(x, gate_act)  # [T, out]
+        y = fp8_linear(x, self.weight, self.weight_scale, None, gate_act)  # [T, out]
+        y = self.tp.all_reduce(y)  # summed over ranks
         return y if self.bias is None else y + self.bias
 
 

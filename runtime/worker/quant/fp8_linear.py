@@ -20,6 +20,8 @@ a row-parallel shard is quantized over the columns it holds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -68,11 +70,16 @@ def _scaled_mm_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
+               bias: torch.Tensor | None = None,
+               gate_act: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """x `[T, in]` times fp8 `weight` `[out, in]` with `weight_scale` `[out]` (+ bias) ->
     `[T, out]` in x's dtype: weight-only up to `WEIGHT_ONLY_ROWS` tokens (on CUDA where the
     kernel wins or `_scaled_mm` cannot run), above that the activations quantized per token.
-    No host sync."""
+    With `gate_act` (the MLP's silu-and-mul), x is `[T, 2 * in]` and the product is taken of
+    gate_act(x), computed first (taking it in the kernel's loads measured slower with fp8
+    weights: `kernels.skinny_gemm.fuses_gate`). No host sync."""
+    if gate_act is not None:
+        x = gate_act(x)  # [T, in]
     t = x.shape[0]
     scaled_mm = _scaled_mm_ok(x, weight)
     if 0 < t <= WEIGHT_ONLY_ROWS and not x.is_cuda:
@@ -118,8 +125,10 @@ class Fp8Linear(nn.Module):
         self.register_buffer("weight_scale", torch.ones(out_features, dtype=torch.float32))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp8_linear(x, self.weight, self.weight_scale, self.bias)  # [T, out]
+    def forward(self, x: torch.Tensor,
+                gate_act: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        """x `[T, in]` (`[T, 2 * in]` with `gate_act`: see `fp8_linear`)."""
+        return fp8_linear(x, self.weight, self.weight_scale, self.bias, gate_act)  # [T, out]
 
     def load_rows(self, start: int, w: torch.Tensor) -> None:
         """Quantize 16-bit rows `w` `[rows, in]` into output channels start..start+rows."""
