@@ -3,6 +3,8 @@
 `skinny_gemm_table.json` beside this file is what `bench.skinny_gemm` writes as
 `<out>-table.json`: for each (fp8 weight, M bucket, N, K) it swept, the fastest config and
 whether it beat cuBLAS (for fp8 weights: per-token activation quant + `torch._scaled_mm`).
+An entry with a `source` was set by timing the whole decode step instead, where that
+disagreed with the kernel timed alone.
 `TABLE` holds the configs, `VERDICTS` whether the kernel won; `use_kernel` reads them: a
 16-bit linear uses the kernel only where it won, an fp8 linear everywhere but where it lost
 (unmeasured fp8 shapes keep the kernel, which skips the activation quant). Shapes the table
