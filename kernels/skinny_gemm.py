@@ -104,7 +104,7 @@ def _skinny_dot_kernel(
         else:
             acc += tl.dot(w.to(x.dtype), tl.trans(x))  # [BN, BM]
     skinny_finish(acc, pid_n, offs_n, offs_m, mask_n, mask_m, N, ws_ptr, lock_ptr,
-                   scale, bias, y_ptr, SPLIT_K, HAS_SCALE, HAS_BIAS)
+                  scale, bias, y_ptr, SPLIT_K, HAS_SCALE, HAS_BIAS)
 
 
 @triton.jit(do_not_specialize=["M", "tiles_per_split", "SPLIT_K"])
@@ -160,7 +160,7 @@ def _skinny_rowsum_kernel(
         acc = tl.where(row == 2, tl.sum(acc2, axis=1)[:, None], acc)
         acc = tl.where(row == 3, tl.sum(acc3, axis=1)[:, None], acc)
     skinny_finish(acc, pid_n, offs_n, offs_m, mask_n, mask_m, N, ws_ptr, lock_ptr,
-                   scale, bias, y_ptr, SPLIT_K, HAS_SCALE, HAS_BIAS)
+                  scale, bias, y_ptr, SPLIT_K, HAS_SCALE, HAS_BIAS)
 
 
 def _workspace(device: torch.device, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,7 +24,7 @@ def x_row(row_ptr, offs_k, mask_k, K, GATED: tl.constexpr):
 
 @triton.jit
 def first_tile_to_l2(w_ptr, offs_n, N, K, stride_wn, t_lo, PDL: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
+                     BLOCK_K: tl.constexpr):
     """With PDL, this program's first weight tile (`[BLOCK_N, BLOCK_K]`) is requested into L2
     while the previous kernel is still finishing (more than one tile measured slower on the
     H200: the requests crowd out the loop's own)."""
@@ -64,8 +64,8 @@ def channel_terms(scale_ptr, b_ptr, offs_n, mask_n, HAS_SCALE: tl.constexpr,
 
 @triton.jit
 def skinny_finish(acc, pid_n, offs_n, offs_m, mask_n, mask_m, N, ws_ptr, lock_ptr,
-                   scale, bias, y_ptr, SPLIT_K, HAS_SCALE: tl.constexpr,
-                   HAS_BIAS: tl.constexpr):
+                  scale, bias, y_ptr, SPLIT_K, HAS_SCALE: tl.constexpr,
+                  HAS_BIAS: tl.constexpr):
     """Write a program's `[BN, BM]` sums: straight to y, or with split-K through the
     workspace, the last slice to arrive writing y."""
     y_tile = offs_m[None, :] * N + offs_n[:, None]  # [BN, BM] offsets into y (and ws)
