@@ -192,13 +192,17 @@ def sweep_case(fp8: bool, n: int, k: int, cfgs: list[SkinnyConfig], weights,
 
 def merged_table(res: dict, merge: str) -> dict:
     """The `merge` table file's entries (none if it is '' or missing) with those of the keys
-    this run measured replaced by its own."""
+    this run measured replaced by its own, except entries with a `source`: set by timing the
+    whole decode step, they stand against a kernel timed alone."""
     entries = {}
     if merge and Path(merge).exists():
         entries = {(e["fp8"], e["m_bucket"], e["n"], e["k"]): e
                    for e in json.loads(Path(merge).read_text())["entries"]}
     for r in res["rows"]:
-        entries[(r["kind"] == "fp8", r["m_bucket"], r["n"], r["k"])] = {
+        key = (r["kind"] == "fp8", r["m_bucket"], r["n"], r["k"])
+        if "source" in entries.get(key, {}):
+            continue
+        entries[key] = {
             "fp8": r["kind"] == "fp8", "m_bucket": r["m_bucket"], "n": r["n"], "k": r["k"],
             "config": r["best"], "beats_cublas": r["best_us"] < WIN_MARGIN * r["cublas_us"]}
     return {"device": res["device"], "date": res["date"], "entries": list(entries.values())}

@@ -41,8 +41,9 @@ class SkinnyConfig:
 
 GATED_CONFIG = SkinnyConfig(block_n=4, block_k=2048, num_warps=4, num_stages=1, dot=False)
 """The row-sum config of a product that takes the MLP's gated activation in its loads
-(`kernels.skinny_gemm`'s `gated`): the fastest of five in the bf16 batch-1 step of
-dummy:llama3-8b, on two H200s (2026-12-03)."""
+(`kernels.skinny_gemm`'s `gated`), picked in the bf16 batch-1 step of dummy:llama3-8b on two
+H200s (2026-12-03): of seven tried, it and 8 x 2048 (0.6-7 us behind, within the noise) led
+the others by 24-674 us."""
 
 
 def m_bucket(m: int) -> int:

@@ -27,6 +27,10 @@ def test_restricted_run_replaces_its_keys_and_keeps_the_rest(tmp_path):
     assert got[(True, 2)]["config"] == {"block_n": 16} and not got[(True, 2)]["beats_cublas"]
     assert got[(True, 4)]["beats_cublas"]
     assert len(merged_table(res, "")["entries"]) == 2
+    old[1]["source"] = "the step's A/B"  # set by timing the step: a sweep leaves it
+    path.write_text(json.dumps({"device": "old", "entries": old}))
+    got = {(e["fp8"], e["m_bucket"]): e for e in merged_table(res, str(path))["entries"]}
+    assert got[(True, 2)] == old[1] and got[(True, 4)]["beats_cublas"]
 
 
 def test_row_sum_configs_only_for_few_rows_and_registers():

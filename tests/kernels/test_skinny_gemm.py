@@ -69,9 +69,7 @@ def test_gated_rows_match_the_activation_then_the_product(shape, cfg, fp8, dtype
     x[:, :k] *= 4  # gates far into silu's tails
     y = skinny_gemm(x, w, scale, bias, config=cfg, gated=True)
     assert y.shape == (m, n) and y.dtype == dtype
-    want = skinny_gemm_ref(x, w, scale, bias, gated=True)
-    close(y, want, dtype)
-    close(want, skinny_gemm_ref(silu_and_mul_ref(x), w, scale, bias), dtype)
+    close(y, skinny_gemm_ref(silu_and_mul_ref(x), w, scale, bias), dtype)
 
 
 def test_gated_product_takes_a_row_sum_config_and_refuses_others():

@@ -10,16 +10,13 @@ cuBLAS there.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kernels.skinny_gemm import MAX_ROWS, fuses_gate, skinny_gemm
 from kernels.skinny_gemm_configs import use_kernel
-
-GateAct = Callable[[torch.Tensor], torch.Tensor]  # [T, 2I] gate then up -> [T, I]
+from runtime.worker.ops import GateAct
 
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -177,7 +177,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = row_linear(inter, arch.hidden_size, arch.mlp_bias, tp, quantization)
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
-        # silu(gate) * up, inside the down projection's loads at decode batches of a few rows
+        # silu(gate) * up, inside the down projection's loads at a one-row decode step
         return self.down_proj(self.gate_up_proj(x), gate_act=ops.silu_mul)  # [T, hidden]
 
 

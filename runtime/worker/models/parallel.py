@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.worker.models.dense_linear import DenseLinear, GateAct, dense_linear
+from runtime.worker.models.dense_linear import DenseLinear, dense_linear
+from runtime.worker.ops import GateAct
 from runtime.worker.quant.fp8_linear import Fp8Linear, fp8_linear
 from runtime.worker.tp import TPGroup
 

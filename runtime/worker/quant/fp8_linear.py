@@ -20,8 +20,6 @@ a row-parallel shard is quantized over the columns it holds.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,6 +27,7 @@ from torch import nn
 from kernels.fp8_quant import FP8, FP8_MAX, per_token_fp8, per_token_fp8_ref
 from kernels.skinny_gemm import MAX_ROWS, skinny_gemm
 from kernels.skinny_gemm_configs import use_kernel
+from runtime.worker.ops import GateAct
 
 MIN_CAPABILITY = (8, 9)  # Ada and Hopper onwards have fp8 tensor cores
 SCALED_MM_ALIGN = 16  # _scaled_mm wants both weight dims a multiple of this
@@ -71,7 +70,7 @@ def _scaled_mm_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None = None,
-               gate_act: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+               gate_act: GateAct | None = None) -> torch.Tensor:
     """x `[T, in]` times fp8 `weight` `[out, in]` with `weight_scale` `[out]` (+ bias) ->
     `[T, out]` in x's dtype: weight-only up to `WEIGHT_ONLY_ROWS` tokens (on CUDA where the
     kernel wins or `_scaled_mm` cannot run), above that the activations quantized per token.
@@ -126,7 +125,7 @@ class Fp8Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor,
-                gate_act: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+                gate_act: GateAct | None = None) -> torch.Tensor:
         """x `[T, in]` (`[T, 2 * in]` with `gate_act`: see `fp8_linear`)."""
         return fp8_linear(x, self.weight, self.weight_scale, self.bias, gate_act)  # [T, out]
 
