@@ -40,7 +40,6 @@ from bench.offline_parts import decode_batch, time_ms
 from bench.outputs import write_outputs
 from bench.roofline import BANDWIDTH, ModelBytes
 from kernels.decode_config import decode_num_splits
-from kernels.skinny_gemm import fuses_gate
 
 GROUPS = ("rmsnorm", "rope_store_kv", "merge", "silu_mul", "attention", "small")
 SMALL = ("rmsnorm", "rope_store_kv", "merge", "silu_mul")
@@ -112,6 +111,7 @@ def run(model: str, quantization: str, ctx: int, captures: int) -> dict:
     from runtime.worker.attention_triton import TritonAttention
     from runtime.worker.graph_runner import GraphRunner
     from runtime.worker.model_runner import ModelRunner
+    from runtime.worker.models.dense_linear import fuses_gate
     from runtime.worker.models.llama import LlamaForCausalLM
 
     spec = resolve_model(model)

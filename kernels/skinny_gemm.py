@@ -216,17 +216,6 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | Non
     return y
 
 
-def fuses_gate(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a down projection of this `[gate | up]` x takes the activation in its loads
-    (`skinny_gemm(x, weight, gated=True)`) rather than after an activation launch: on CUDA,
-    for one row and a 16-bit weight in x's dtype. Measured on the H200 (dummy:llama3-8b,
-    batch-1 step): 45-54 us faster in bf16; 40-41 us slower with fp8 weights, and at four rows
-    0.7-1.6 ms (bf16) and 1.8-2.1 ms (fp8) slower: every program re-reads the `[gate | up]`
-    rows, which costs more than the launch."""
-    return (x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and weight.dtype == x.dtype
-            and x.dtype in (torch.float16, torch.bfloat16))
-
-
 def skinny_gemm_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
                     bias: torch.Tensor | None = None, *, gated: bool = False) -> torch.Tensor:
     """Torch reference of `skinny_gemm`: the product in float32, rounded to x's dtype."""

@@ -54,6 +54,7 @@ def test_gated_input_is_the_activation_then_the_product(device, rows):
     assert got.shape == (rows, 96) and got.dtype == dtype
     torch.testing.assert_close(got.float(), want.float(), rtol=1.6e-2, atol=2e-2)
     assert calls == ([] if device == "cuda" and rows == 1 else [rows])
+    assert not dl.fuses_gate(h[:1].cpu(), w.cpu())
 
 
 def test_fused_route_runs_the_gated_kernel(monkeypatch):

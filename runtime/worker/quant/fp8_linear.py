@@ -76,7 +76,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     kernel wins or `_scaled_mm` cannot run), above that the activations quantized per token.
     With `gate_act` (the MLP's silu-and-mul), x is `[T, 2 * in]` and the product is taken of
     gate_act(x), computed first (taking it in the kernel's loads measured slower with fp8
-    weights: `kernels.skinny_gemm.fuses_gate`). No host sync."""
+    weights: `runtime.worker.models.dense_linear.fuses_gate`). No host sync."""
     if gate_act is not None:
         x = gate_act(x)  # [T, in]
     t = x.shape[0]
