@@ -10,6 +10,13 @@ BLOCK = 1024
 
 
 @triton.jit
+def silu_mul_f32(gate, up):
+    """silu(gate) * up of float32 values: the formula this file's kernel and the skinny
+    kernel's gated loads (`kernels.skinny_gemm_parts.x_row`) share, so both round alike."""
+    return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
 def _silu_and_mul_kernel(
     x_ptr, out_ptr, stride_x, stride_o, INTER: tl.constexpr, BLOCK: tl.constexpr,
     PDL: tl.constexpr,
@@ -20,7 +27,7 @@ def _silu_and_mul_kernel(
     mask = offs < INTER
     gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + INTER + offs, mask=mask, other=0.0).to(tl.float32)
-    y = gate / (1.0 + tl.exp(-gate)) * up
+    y = silu_mul_f32(gate, up)
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -6,6 +6,7 @@ program writes its sums (straight, or split-K through the workspace)."""
 import triton
 import triton.language as tl
 
+from kernels.activation import silu_mul_f32
 from kernels.pdl import prefetch_rows_l2
 
 
@@ -17,8 +18,7 @@ def x_row(row_ptr, offs_k, mask_k, K, GATED: tl.constexpr):
     if GATED:
         gate = tl.load(row_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)  # [BK]
         up = tl.load(row_ptr + K + offs_k, mask=mask_k, other=0.0).to(tl.float32)  # [BK]
-        act = gate / (1.0 + tl.exp(-gate)) * up
-        return act.to(row_ptr.dtype.element_ty).to(tl.float32)
+        return silu_mul_f32(gate, up).to(row_ptr.dtype.element_ty).to(tl.float32)
     return tl.load(row_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
 
 
@@ -49,7 +49,7 @@ def fma_fold(acc, w, x, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.co
 
 @triton.jit
 def channel_terms(scale_ptr, b_ptr, offs_n, mask_n, HAS_SCALE: tl.constexpr,
-                   HAS_BIAS: tl.constexpr):
+                  HAS_BIAS: tl.constexpr):
     """(scale, bias) [BN] float32 of the program's output channels (0 where absent), loaded
     first: they are weights, so under PDL they load before the wait, off the critical path of
     the epilogue."""

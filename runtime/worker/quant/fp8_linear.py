@@ -124,8 +124,7 @@ class Fp8Linear(nn.Module):
         self.register_buffer("weight_scale", torch.ones(out_features, dtype=torch.float32))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
-    def forward(self, x: torch.Tensor,
-                gate_act: GateAct | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, gate_act: GateAct | None = None) -> torch.Tensor:
         """x `[T, in]` (`[T, 2 * in]` with `gate_act`: see `fp8_linear`)."""
         return fp8_linear(x, self.weight, self.weight_scale, self.bias, gate_act)  # [T, out]
 
