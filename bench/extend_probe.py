@@ -6,10 +6,13 @@ Variants, each at its pool's default config: `base` (unchanged, every pool); ove
 fp8/int8 pool `nomath` (codes widened, not scaled) and `noload` (no scale loads: scale 1);
 over the 16-bit pool `regpath` (K and V multiplied by a runtime 1 in registers before the
 products, as widened codes are scaled, so they cannot go from the load pipeline's shared
-memory straight into the tensor cores). Cut variants compute wrong outputs (`regpath` the
-right ones): only their times mean something.
+memory straight into the tensor cores); over every pool `masked` (every key tile loaded and
+scored under its masks, as the kernel did before full tiles went unmasked). Cut variants
+compute wrong outputs (`regpath` and `masked` the right ones): only their times mean
+something.
 
     python -m bench.extend_probe --out /tmp/xprobe [--pools bfloat16,fp8,int8]
+                                 [--variants base,masked] [--cases 4x0x2048x32x8,...]
 """
 
 import argparse
@@ -26,21 +29,24 @@ from bench.kernels_common import Preset, module_with_cuts, timeit
 
 # (`kernels` exports the function under the module's name: find the module by its spec)
 SRC = Path(importlib.util.find_spec("kernels.extend_attention").origin).read_text()
-K_LOAD = "                k_s = tl.load(k_scale_ptr + scale_offs, mask=mask_n, other=0.0)"
-V_LOAD = "                v_s = tl.load(v_scale_ptr + scale_offs, mask=mask_n, other=0.0)"
-ONE = "(scale_offs * 0).to(tl.float32) + 1.0"
-SIXTEEN = ("            m, l_sum, alpha, p = _softmax_step(q, k, mask_n[None, :], m, l_sum, "
-           "qk_scale)")
+ONE = "(slot * 0).to(tl.float32) + 1.0"
+SCALE_LOADS = [  # the scale loads of masked and full tiles
+    (f"tl.load({x}_scale_ptr + slot * stride_ss{tail})", ONE)
+    for x in "kv" for tail in (", mask=mask_n, other=0.0", "")
+]
+STEP = ("    m, l_sum, alpha, p = _softmax_step(q_prefix, k, mask_n[None, :], m, l_sum, "
+        "prefix_scale,")
 CUTS = {
     "nomath": [("    return x.to(DT) * scale.to(DT)[:, None]", "    return x.to(DT)")],
-    "noload": [(K_LOAD, K_LOAD.split("=")[0] + "= " + ONE),
-               (V_LOAD, V_LOAD.split("=")[0] + "= " + ONE)],
-    "regpath": [(SIXTEEN, "            unit = qk_scale / qk_scale  # 1, not foldable\n"
-                          "            k = (k * unit).to(k.dtype)\n"
-                          "            v = (v * unit).to(v.dtype)\n" + SIXTEEN)],
+    "noload": SCALE_LOADS,
+    "regpath": [(STEP, "    unit = prefix_scale / prefix_scale  # 1, not foldable\n"
+                       "    k = (k * unit).to(k.dtype)\n"
+                       "    v = (v * unit).to(v.dtype)\n" + STEP)],
+    "masked": [("MASK=False", "MASK=True")],
 }
-POOL_VARIANTS = {"bfloat16": ("base", "regpath"), "fp8": ("base", "nomath", "noload"),
-                 "int8": ("base", "nomath", "noload")}  # fmt: skip
+POOL_VARIANTS = {"bfloat16": ("base", "masked", "regpath"),
+                 "fp8": ("base", "masked", "nomath", "noload"),
+                 "int8": ("base", "masked", "nomath", "noload")}  # fmt: skip
 CASES = [(4, 2048, 512, 32, 8), (4, 2048, 512, 32, 32)]  # (B, prefix, new, Hq, Hkv)
 
 
@@ -53,16 +59,23 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--pools", default="bfloat16,fp8,int8")
+    ap.add_argument("--variants", default=None, help="comma-separated (default: all)")
+    ap.add_argument("--cases", default=None,
+                    help="comma-separated BxPREFIXxNEWxHQxHKV cases instead of CASES")
     args = ap.parse_args()
+    cases = ([tuple(map(int, c.split("x"))) for c in args.cases.split(",")] if args.cases
+             else CASES)  # fmt: skip
+    wanted = set(args.variants.split(",")) if args.variants else None
     args.out.mkdir(parents=True, exist_ok=True)
     t0, p, dev, D = time.monotonic(), Preset(warmup=3, iters=20), "cuda", 128
     mods = {v: variant(v) for v in ("base", *CUTS)}
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = []
-    for B, prefix, new, Hq, Hkv in CASES:
+    for B, prefix, new, Hq, Hkv in cases:
         q, kn, vn = (torch.randn(B * new, h, D, device=dev, dtype=torch.bfloat16, generator=gen)
                      for h in (Hq, Hkv, Hkv))  # [T, H, D]  # fmt: skip
-        kc, vc = (torch.randn(B, Hkv, prefix, D, device=dev, dtype=torch.bfloat16, generator=gen)
+        kc, vc = (torch.randn(B, Hkv, max(prefix, 16), D, device=dev, dtype=torch.bfloat16,
+                              generator=gen)
                   for _ in "kv")  # [B, Hkv, prefix, D]  # fmt: skip
         qo = torch.arange(B + 1, device=dev, dtype=torch.int32) * new
         prefix_lens = torch.full((B,), prefix, dtype=torch.int32, device=dev)
@@ -70,6 +83,8 @@ def main():
             dtype = QUANT_POOLS.get(pool, torch.bfloat16)
             k_buf, v_buf, indptr, indices, scales = paged_pool(kc, vc, 16, dtype)
             for name in POOL_VARIANTS[pool]:
+                if wanted is not None and name not in wanted:
+                    continue
                 run = partial(mods[name].extend_attention, q, kn, vn, k_buf, v_buf, qo,
                               prefix_lens, indptr, indices, 16, D**-0.5, max_new_len=new,
                               **scales)  # fmt: skip

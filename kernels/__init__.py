@@ -1,5 +1,6 @@
 """Triton kernels of the Sluice runtime; each module holds a kernel, its launcher and a torch
-reference (`name_ref`). `kernels` imports nothing from `runtime`."""
+reference (`name_ref`, or in `name_ref.py` beside it). `kernels` imports nothing from
+`runtime`."""
 
 from kernels.activation import silu_and_mul
 from kernels.decode_attention import DecodeConfig, decode_attention, decode_num_splits

@@ -5,7 +5,8 @@ Sequence i has `prefix_lens[i]` tokens already in the pool (read through the pag
 new token attends to the whole prefix and causally to the new tokens, reading those straight
 from `k_new`/`v_new`, so the caller may store them into the pool before or after this call.
 One program handles BLOCK_M new tokens of one query head: FlashAttention-style online softmax
-over the prefix tiles, then over the new tiles up to the diagonal.
+over the prefix tiles, then over the new tiles up to the diagonal. Only the tiles that cross
+an edge (the prefix's last, the diagonal's) are masked; the others load and score unmasked.
 
 An fp8 or int8 prefix is widened to fp16 in registers and scaled there: each code times its
 (token, head) scale rounded to fp16 (int8 on the GPU by bit arithmetic: the code + 128 under
@@ -19,19 +20,16 @@ on the scores; only V is widened, for `p @ v` in fp16. Else it is only widened.
 """
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.extend_config import ExtendConfig, default_extend_config, fp8_scores_default
-from kernels.paging import expand_pages
-from kernels.store_kv import (
-    QUANT_MAX,
-    dequantize_ref,
-    quantize_ref,
-    scale_strides,
-    unscaled_pool,
+from kernels.extend_config import (
+    SHORT_RUN,
+    ExtendConfig,
+    default_extend_config,
+    fp8_scores_default,
 )
+from kernels.store_kv import QUANT_MAX, scale_strides, unscaled_pool
 from kernels.widen_ptx import WIDEN_INT8
 
 LOG2E = 1.4426950408889634
@@ -39,11 +37,13 @@ INT8_TO_F16 = tl.constexpr(WIDEN_INT8)  # $2: 4 int8 codes -> $0, $1: 4 fp16
 
 
 @triton.jit
-def _softmax_step(q, k, mask, m, l_sum, qk_scale):
-    """Scores of one key tile folded into the running (max, sum): base-2 logits, mask [M, N].
-    Returns (max, sum, alpha [M]: the rescale of what came before, weights p [M, N])."""
-    qk = tl.dot(q, tl.trans(k.to(q.dtype)))  # [BLOCK_M, BLOCK_N]
-    qk = tl.where(mask, qk * qk_scale, float("-inf"))
+def _softmax_step(q, k, mask, m, l_sum, qk_scale, MASK: tl.constexpr):
+    """Scores of one key tile folded into the running (max, sum): base-2 logits, mask [M, N]
+    applied where MASK (a full tile in bounds needs none). Returns (max, sum, alpha [M]: the
+    rescale of what came before, weights p [M, N])."""
+    qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale  # [BLOCK_M, BLOCK_N]
+    if MASK:
+        qk = tl.where(mask, qk, float("-inf"))
     m_new = tl.maximum(m, tl.max(qk, 1))  # finite: the first tile shows every row key 0
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(qk - m_new[:, None])
@@ -61,9 +61,74 @@ def _widen(x, scale, DT: tl.constexpr, INT8_ASM: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(acc, alpha, w, v):
-    """acc [M, D] rescaled by alpha [M], plus weights w [M, N] times values v [N, D]."""
-    return acc * alpha[:, None] + tl.dot(w.to(v.dtype), v)
+def _load_rows(ptrs, rows_ok, mask_d, MASK: tl.constexpr, EVEN_D: tl.constexpr):
+    """A tile [N, BLOCK_D] at ptrs: rows where rows_ok [N] if MASK, columns below head_dim."""
+    if MASK:
+        x = tl.load(ptrs, mask=rows_ok[:, None] & mask_d[None, :], other=0.0)
+    elif EVEN_D:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=mask_d[None, :], other=0.0)
+    return x
+
+
+@triton.jit
+def _prefix_tile(
+    q_prefix, prefix_scale, m, l_sum, acc, n0, prefix_len,
+    pages_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, offs_d, mask_d,
+    stride_kvs, stride_ss,  # k_ptr / k_scale_ptr point at this kv head
+    PAGE_SIZE: tl.constexpr, QUANT: tl.constexpr, SCALED: tl.constexpr,
+    PREFIX_DTYPE: tl.constexpr, INT8_ASM: tl.constexpr, FP8_QK: tl.constexpr,
+    BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASK: tl.constexpr,
+):  # fmt: skip
+    """Prefix keys n0 : n0 + BLOCK_N, read through the page table, folded into (m, l_sum, acc);
+    MASK: the tile reaches past prefix_len (else every load and score is in bounds)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < prefix_len
+    if MASK:
+        page = tl.load(pages_ptr + offs_n // PAGE_SIZE, mask=mask_n, other=0)
+    else:
+        page = tl.load(pages_ptr + offs_n // PAGE_SIZE)
+    slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE  # [BLOCK_N]
+    kv_offs = slot[:, None] * stride_kvs + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+    k = _load_rows(k_ptr + kv_offs, mask_n, mask_d, MASK, EVEN_D)  # [BLOCK_N, BLOCK_D]
+    v = _load_rows(v_ptr + kv_offs, mask_n, mask_d, MASK, EVEN_D)  # [BLOCK_N, BLOCK_D]
+    if QUANT:
+        if SCALED:
+            if MASK:
+                k_s = tl.load(k_scale_ptr + slot * stride_ss, mask=mask_n, other=0.0)
+                v_s = tl.load(v_scale_ptr + slot * stride_ss, mask=mask_n, other=0.0)
+            else:
+                k_s = tl.load(k_scale_ptr + slot * stride_ss)  # [BLOCK_N]
+                v_s = tl.load(v_scale_ptr + slot * stride_ss)
+            k = _widen(k, k_s, PREFIX_DTYPE, INT8_ASM)  # [BLOCK_N, BLOCK_D]
+            v = _widen(v, v_s, PREFIX_DTYPE, INT8_ASM)
+        elif not FP8_QK:  # an unscaled fp8 prefix: its codes are the values
+            k = k.to(PREFIX_DTYPE)
+        v = v.to(PREFIX_DTYPE)
+    m, l_sum, alpha, p = _softmax_step(q_prefix, k, mask_n[None, :], m, l_sum, prefix_scale,
+                                       MASK)  # fmt: skip
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [BLOCK_M, BLOCK_D]
+    return m, l_sum, acc
+
+
+@triton.jit
+def _new_tile(
+    q, qk_scale, m, l_sum, acc, n0, offs_m, new_len, k_new_ptr, v_new_ptr, offs_d, mask_d,
+    stride_newt, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASK: tl.constexpr,
+):  # fmt: skip
+    """New keys n0 : n0 + BLOCK_N (k_new_ptr at this sequence's first token and kv head)
+    folded into (m, l_sum, acc); MASK: the causal and length masks (a tile wholly before the
+    program's first row needs neither)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < new_len
+    new_offs = offs_n[:, None] * stride_newt + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+    k = _load_rows(k_new_ptr + new_offs, mask_n, mask_d, MASK, EVEN_D)  # [BLOCK_N, BLOCK_D]
+    v = _load_rows(v_new_ptr + new_offs, mask_n, mask_d, MASK, EVEN_D)  # [BLOCK_N, BLOCK_D]
+    causal = (offs_n[None, :] <= offs_m[:, None]) & mask_n[None, :]  # [BLOCK_M, BLOCK_N]
+    m, l_sum, alpha, p = _softmax_step(q, k, causal, m, l_sum, qk_scale, MASK)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [BLOCK_M, BLOCK_D]
+    return m, l_sum, acc
 
 
 @triton.jit
@@ -78,6 +143,7 @@ def _extend_attention_kernel(
     stride_kvs, stride_kvh,  # k_buf and v_buf share strides
     stride_ss, stride_sh,  # k_scale and v_scale share strides
     Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    PREFIX: tl.constexpr,  # some sequence has a cached prefix (else its loop is compiled out)
     QUANT: tl.constexpr, SCALED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PREFIX_DTYPE: tl.constexpr,  # a quantized prefix's products: fp16, or float32 for fp32 q
@@ -100,59 +166,59 @@ def _extend_attention_kernel(
     mask_m = offs_m < new_len
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
     q = tl.load(
         q_ptr + (q_start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
         mask=mask_m[:, None] & mask_d[None, :],
         other=0.0,
     )  # [BLOCK_M, BLOCK_D]
 
-    prefix_scale = 1.0
     if FP8_QK:  # each row of q scaled to e4m3's largest value; its scale returns on the scores
         q_amax = tl.max(tl.abs(q.to(tl.float32)), 1)  # [BLOCK_M]
         q_scale = tl.where(q_amax > 0, q_amax / 448.0, 1.0)  # [BLOCK_M]
         q_prefix = (q.to(tl.float32) / q_scale[:, None]).to(k_ptr.dtype.element_ty)
         prefix_scale = (q_scale * qk_scale)[:, None]  # [BLOCK_M, 1]
-    elif QUANT:
+    elif QUANT:  # q meets the widened prefix pre-scaled
         q_prefix = (q.to(tl.float32) * qk_scale).to(PREFIX_DTYPE)  # [BLOCK_M, BLOCK_D]
+        prefix_scale = 1.0
+    else:
+        q_prefix = q
+        prefix_scale = qk_scale
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    for n0 in range(0, prefix_len, BLOCK_N):  # cached prefix, through the page table
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < prefix_len
-        page = tl.load(kv_indices_ptr + page_base + offs_n // PAGE_SIZE, mask=mask_n, other=0)
-        slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE  # [BLOCK_N]
-        mask_nd = mask_n[:, None] & mask_d[None, :]
-        kv_offs = slot[:, None] * stride_kvs + kvh * stride_kvh + offs_d[None, :]
-        k = tl.load(k_ptr + kv_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
-        v = tl.load(v_ptr + kv_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
-        if QUANT:
-            if SCALED:
-                scale_offs = slot * stride_ss + kvh * stride_sh  # [BLOCK_N]
-                k_s = tl.load(k_scale_ptr + scale_offs, mask=mask_n, other=0.0)
-                v_s = tl.load(v_scale_ptr + scale_offs, mask=mask_n, other=0.0)
-                k = _widen(k, k_s, PREFIX_DTYPE, INT8_ASM)  # [BLOCK_N, BLOCK_D]
-                v = _widen(v, v_s, PREFIX_DTYPE, INT8_ASM)
-            elif not FP8_QK:  # an unscaled fp8 prefix: its codes are the values
-                k = k.to(PREFIX_DTYPE)  # [BLOCK_N, BLOCK_D]
-            m, l_sum, alpha, p = _softmax_step(q_prefix, k, mask_n[None, :], m, l_sum,
-                                               prefix_scale)
-            acc = _accumulate(acc, alpha, p, v.to(PREFIX_DTYPE))
-        else:
-            m, l_sum, alpha, p = _softmax_step(q, k, mask_n[None, :], m, l_sum, qk_scale)
-            acc = _accumulate(acc, alpha, p, v)
+    # cached prefix: full tiles unmasked, then the partial one
+    if PREFIX:
+        pages_ptr = kv_indices_ptr + page_base
+        k_head, v_head = k_ptr + kvh * stride_kvh, v_ptr + kvh * stride_kvh
+        ks_head, vs_head = k_scale_ptr + kvh * stride_sh, v_scale_ptr + kvh * stride_sh
+        full = (prefix_len // BLOCK_N) * BLOCK_N
+        for n0 in range(0, full, BLOCK_N):
+            m, l_sum, acc = _prefix_tile(
+                q_prefix, prefix_scale, m, l_sum, acc, n0, prefix_len, pages_ptr, k_head, v_head,
+                ks_head, vs_head, offs_d, mask_d, stride_kvs, stride_ss, PAGE_SIZE, QUANT, SCALED,
+                PREFIX_DTYPE, INT8_ASM, FP8_QK, BLOCK_N, EVEN_D, MASK=False,
+            )  # fmt: skip
+        for n0 in range(full, prefix_len, BLOCK_N):
+            m, l_sum, acc = _prefix_tile(
+                q_prefix, prefix_scale, m, l_sum, acc, n0, prefix_len, pages_ptr, k_head, v_head,
+                ks_head, vs_head, offs_d, mask_d, stride_kvs, stride_ss, PAGE_SIZE, QUANT, SCALED,
+                PREFIX_DTYPE, INT8_ASM, FP8_QK, BLOCK_N, EVEN_D, MASK=True,
+            )  # fmt: skip
 
-    for n0 in range(0, new_end, BLOCK_N):  # new tokens, causal
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < new_len
-        mask_nd = mask_n[:, None] & mask_d[None, :]
-        new_offs = (q_start + offs_n)[:, None] * stride_newt + kvh * stride_newh + offs_d[None, :]
-        k = tl.load(k_new_ptr + new_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
-        v = tl.load(v_new_ptr + new_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
-        causal = (offs_n[None, :] <= offs_m[:, None]) & mask_n[None, :]  # [BLOCK_M, BLOCK_N]
-        m, l_sum, alpha, p = _softmax_step(q, k, causal, m, l_sum, qk_scale)
-        acc = _accumulate(acc, alpha, p, v)
+    # new tokens: the tiles wholly before this program's first row unmasked, then causal ones
+    kn_head = k_new_ptr + q_start * stride_newt + kvh * stride_newh
+    vn_head = v_new_ptr + q_start * stride_newt + kvh * stride_newh
+    before = tl.where(active, (mb * BLOCK_M // BLOCK_N) * BLOCK_N, 0)
+    for n0 in range(0, before, BLOCK_N):
+        m, l_sum, acc = _new_tile(q, qk_scale, m, l_sum, acc, n0, offs_m, new_len, kn_head,
+                                  vn_head, offs_d, mask_d, stride_newt, BLOCK_N, EVEN_D,
+                                  MASK=False)  # fmt: skip
+    for n0 in range(before, new_end, BLOCK_N):
+        m, l_sum, acc = _new_tile(q, qk_scale, m, l_sum, acc, n0, offs_m, new_len, kn_head,
+                                  vn_head, offs_d, mask_d, stride_newt, BLOCK_N, EVEN_D,
+                                  MASK=True)  # fmt: skip
 
     o = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
     o_offs = ((q_start + offs_m)[:, None] * Q_HEADS + h) * HEAD_DIM + offs_d[None, :]
@@ -175,6 +241,7 @@ def extend_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     max_new_len: int | None = None,
+    max_prefix_len: int | None = None,
     config: ExtendConfig | None = None,
     fp8_scores: bool | None = None,
 ) -> torch.Tensor:
@@ -187,9 +254,11 @@ def extend_attention(
     int32/int64 page ids. An int8 pool needs k_scale/v_scale `[num_slots, Hkv]` float32
     (sharing strides); a float8_e4m3fn pool takes them, or None for unscaled codes. max_new_len
     (the longest run of new tokens) sizes the grid; None reads it from qo_indptr, a host
-    sync. config None: the default. fp8_scores (an fp8 pool without scales only): score the
-    prefix on fp8 tensor cores, each row of q quantized to e4m3 with its own scale; None: on
-    a GPU that has them (`fp8_scores_default`).
+    sync. max_prefix_len 0 (no sequence has a cached prefix) skips the pool: the 16-bit
+    kernel and config whatever the pool holds; None: prefixes may be cached. config None: the
+    default. fp8_scores (an fp8 pool without scales only): score the prefix on fp8 tensor
+    cores, each row of q quantized to e4m3 with its own scale; None: on a GPU that has them
+    (`fp8_scores_default`).
     """
     assert q.dim() == 3, f"q must be [T, Hq, D], got {tuple(q.shape)}"
     T, Hq, D = q.shape
@@ -233,12 +302,15 @@ def extend_attention(
     if fp8_scores is None:  # fp8 tensor cores take 32 values of head_dim a step
         fp8_scores = unscaled and D >= 32 and fp8_scores_default(q.device)
     assert unscaled or not fp8_scores, "fp8_scores needs an fp8 pool without scales"
+    prefix = max_prefix_len != 0
+    if not prefix:  # nothing is read from the pool
+        quant = scaled = fp8_scores = False
     o = torch.empty(T, Hq, D, dtype=q.dtype, device=q.device)
     if T == 0 or B == 0:
         return o
     if max_new_len is None:
         max_new_len = int((qo_indptr[1:] - qo_indptr[:-1]).max())
-    cfg = config or default_extend_config(D, quant, q.device)
+    cfg = config or default_extend_config(D, quant, q.device, short=max_new_len <= SHORT_RUN)
     qo_indptr, prefix_lens, kv_indptr, kv_indices = (
         t.contiguous() for t in (qo_indptr, prefix_lens, kv_indptr, kv_indices)
     )
@@ -247,7 +319,7 @@ def extend_attention(
         qo_indptr, prefix_lens, kv_indptr, kv_indices, sm_scale * LOG2E,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1),
         k_buf.stride(0), k_buf.stride(1), *s_strides,
-        Q_HEADS=Hq, GROUP=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, QUANT=quant,
+        Q_HEADS=Hq, GROUP=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, PREFIX=prefix, QUANT=quant,
         SCALED=scaled, PREFIX_DTYPE=tl.float32 if q.dtype == torch.float32 else tl.float16,
         INT8_ASM=k_buf.dtype == torch.int8 and q.dtype != torch.float32 and q.is_cuda,
         FP8_QK=fp8_scores,
@@ -255,58 +327,3 @@ def extend_attention(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return o
-
-
-def extend_attention_ref(
-    q: torch.Tensor,
-    k_new: torch.Tensor,
-    v_new: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    page_size: int,
-    sm_scale: float,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    fp8_scores: bool = False,
-) -> torch.Tensor:
-    """Torch reference of `extend_attention`, in float32 (or q's wider dtype): one SDPA call
-    per sequence over its cached prefix (gathered through the page table) and its new
-    tokens (fp8_scores: q's rows quantized to e4m3 against the prefix, as the kernel does).
-    Reads the lengths on the host, a sync on a GPU."""
-    T, Hq, D = q.shape
-    group = Hq // k_new.shape[1]
-    acc = torch.promote_types(q.dtype, torch.float32)
-    out = torch.zeros(T, Hq, D, dtype=acc, device=q.device)
-    q_starts, page_starts = qo_indptr.tolist(), kv_indptr.tolist()
-    for b, prefix in enumerate(prefix_lens.tolist()):
-        lo, hi = q_starts[b], q_starts[b + 1]
-        n = hi - lo
-        if n == 0:
-            continue
-        slots = expand_pages(kv_indices[page_starts[b] :], prefix, page_size)  # [P]
-        k_pre = dequantize_ref(k_buf[slots], None if k_scale is None else k_scale[slots]).to(acc)
-        v_pre = dequantize_ref(v_buf[slots], None if v_scale is None else v_scale[slots]).to(acc)
-        # K/V repeated per query head (not enable_gqa) so fused SDPA kernels stay eligible
-        k = torch.cat([k_pre, k_new[lo:hi].to(acc)]).repeat_interleave(group, 1)  # [P+n, Hq, D]
-        v = torch.cat([v_pre, v_new[lo:hi].to(acc)]).repeat_interleave(group, 1)  # [P+n, Hq, D]
-        qi = q[lo:hi].to(acc).transpose(0, 1)[None]  # [1, Hq, n, D]
-        ki, vi = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, Hq, P+n, D] x2
-        if fp8_scores and prefix:  # a mask cannot give the prefix its own q: scores by hand
-            q8 = dequantize_ref(*quantize_ref(qi, torch.float8_e4m3fn)).to(acc)  # [1, Hq, n, D]
-            s = torch.cat([q8 @ ki[..., :prefix, :].mT, qi @ ki[..., prefix:, :].mT], -1)
-            causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()  # [n, n]
-            s[..., prefix:] = s[..., prefix:].masked_fill(~causal, float("-inf"))
-            oi = torch.softmax(s * sm_scale, -1) @ vi  # [1, Hq, n, D]
-        elif prefix == 0:
-            oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=sm_scale)
-        else:  # new token j sees the prefix and new tokens up to itself
-            rows = torch.arange(n, device=q.device)[:, None] + prefix  # [n, 1]
-            cols = torch.arange(prefix + n, device=q.device)[None, :]  # [1, P+n]
-            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=cols <= rows, scale=sm_scale)
-        out[lo:hi] = oi[0].transpose(0, 1)  # [n, Hq, D]
-    return out.to(q.dtype)

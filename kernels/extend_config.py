@@ -12,6 +12,7 @@ from kernels.decode_config import FP8_CAPABILITY, kernel_capability
 # shared memory of each default below (head dim 128, as compiled for sm_90)
 QUANT_SMEM = 161 * 1024  # a quantized prefix: 128 x 128 tiles in 2 stages
 STAGES3_SMEM = 112 * 1024  # 16-bit: 64 x 64 tiles in 3 stages
+SHORT_RUN = 64  # runs of new tokens this short leave a 128-row tile half empty
 
 
 @dataclass(frozen=True)
@@ -35,20 +36,23 @@ class ExtendConfig:
 
 
 @functools.cache  # once per (shape, pool, device): every prefill layer asks
-def default_extend_config(head_dim: int, quant: bool, device: torch.device) -> ExtendConfig:
+def default_extend_config(
+    head_dim: int, quant: bool, device: torch.device, short: bool = False
+) -> ExtendConfig:
     """The measured default. Head dim <= 128: a quantized prefix takes 128 x 128 tiles over 8
-    warps (its widening, paid once a key tile, then serves twice the rows), a 16-bit one
-    64 x 64 tiles in 3 stages, each where the GPU's shared memory holds them (else 64 x 64
-    in 2 stages); 32 x 32 tiles above head dim 128. (A 16-bit 128 x 128 tile in 3 stages is
+    warps (its widening, paid once a key tile, then serves twice the rows) unless every run
+    of new tokens is `short` (at most SHORT_RUN), a 16-bit one (and a short one) 64 x 64 tiles
+    in 3 stages, each where the GPU's shared memory holds them (else 64 x 64 in 2 stages);
+    32 x 32 tiles above head dim 128. (A 16-bit 128 x 128 tile in 3 stages is
     6-12% faster over a long prefix on the H200 but slower on causal prefill without one:
     `bench/results/2026-12-02-extend-quant-h200.md`.)"""
     if head_dim > 128:
         return ExtendConfig(block_m=32, block_n=32)
     smem = (torch.cuda.get_device_properties(device).shared_memory_per_block_optin
             if device.type == "cuda" else 0)  # fmt: skip
-    if quant and smem >= QUANT_SMEM:
+    if quant and not short and smem >= QUANT_SMEM:
         return ExtendConfig(block_m=128, block_n=128, num_warps=8)
-    if not quant and smem >= STAGES3_SMEM:
+    if (short or not quant) and smem >= STAGES3_SMEM:
         return ExtendConfig(num_stages=3)
     return ExtendConfig()
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.decode_attention import decode_attention_ref
-from kernels.extend_attention import extend_attention_ref
+from kernels.extend_attention_ref import extend_attention_ref
 from kernels.store_kv import store_kv_ref
 from runtime.worker.attention import AttentionBackend
 from runtime.worker.forward_batch import ForwardBatch

@@ -42,6 +42,7 @@ class TritonAttentionMeta:
     seq_lens: torch.Tensor  # [B] int32
     num_splits: int  # decode: split-KV programs per sequence
     max_new_len: int  # extend: the longest run of new tokens (sizes the grid)
+    max_prefix_len: int = 0  # extend: the longest cached prefix (0: the pool is not read)
 
 
 class TritonAttention(AttentionBackend):
@@ -76,6 +77,7 @@ class TritonAttention(AttentionBackend):
             fb.kv_indptr, fb.kv_indices, fb.seq_lens,
             num_splits=self._splits(fb.batch_size, max(fb.seq_lens_cpu)) if decode else 0,
             max_new_len=0 if decode else max(fb.extend_lens_cpu),
+            max_prefix_len=0 if decode else max(fb.prefix_lens_cpu),
         )  # fmt: skip
 
     def _splits(self, batch: int, max_seq_len: int) -> int:
@@ -130,7 +132,7 @@ class TritonAttention(AttentionBackend):
         return extend_attention(
             q, k, v, k_buf, v_buf, fb.qo_indptr, fb.prefix_lens, meta.kv_indptr,
             meta.kv_indices, fb.page_size, self.sm_scale, k_scale=k_scale, v_scale=v_scale,
-            max_new_len=meta.max_new_len,
+            max_new_len=meta.max_new_len, max_prefix_len=meta.max_prefix_len,
         )  # [T, Hq, D]  # fmt: skip
 
     def init_graph(self, max_bs: int, max_context: int, page_size: int) -> None:

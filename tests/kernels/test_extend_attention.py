@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from kernels.extend_attention import extend_attention, extend_attention_ref
+from kernels.extend_attention import extend_attention
+from kernels.extend_attention_ref import extend_attention_ref
 from kernels.extend_config import ExtendConfig, default_extend_config
 from kernels.store_kv import quantize_ref
 from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, page_table, randn
@@ -131,6 +132,32 @@ def test_explicit_config(config, pool_dtype):
     check(args, scales, torch.float32, config=config)
 
 
+@pytest.mark.parametrize(
+    "config",
+    [ExtendConfig(block_m=16, block_n=16), ExtendConfig(block_m=32, block_n=16),
+     ExtendConfig(block_m=16, block_n=32)],
+    ids=["16x16", "32x16", "16x32"],
+)
+@pytest.mark.parametrize("pool_dtype", [None, torch.int8, torch.float8_e4m3fn],
+                         ids=["16bit", "int8", "fp8"])  # fmt: skip
+def test_full_and_partial_tiles(config, pool_dtype):
+    # Prefixes of whole tiles, one key past them, under one tile and none; runs of new tokens
+    # ending on and off a tile edge, so that programs score tiles before their diagonal
+    # unmasked; head_dim 80 pads the tiles' columns to 128.
+    args, scales = make_inputs([32, 33, 15, 0], [48, 37, 16, 50], (4, 2, 80), 16, torch.float32,
+                               pool_dtype, seed=7)  # fmt: skip
+    check(args, scales, torch.float32, config=config)
+
+
+@pytest.mark.parametrize("pool_dtype", [None, torch.int8, torch.float8_e4m3fn],
+                         ids=["16bit", "int8", "fp8"])  # fmt: skip
+def test_batch_without_cached_prefix(pool_dtype):
+    # max_prefix_len 0: the 16-bit kernel and config whatever the pool holds
+    args, scales = make_inputs([0, 0, 0], [70, 1, 33], (6, 2, 32), 16, torch.float32,
+                               pool_dtype, seed=8)  # fmt: skip
+    check(args, scales, torch.float32, max_prefix_len=0)
+
+
 def test_config_rejects_bad_knobs():
     with pytest.raises(AssertionError, match="block_m 48 must be a power of two"):
         ExtendConfig(block_m=48)
@@ -192,3 +219,5 @@ def test_default_config_on_the_h200():
         pytest.skip("the measured defaults are the H100/H200's")
     assert default_extend_config(128, True, dev) == ExtendConfig(128, 128, num_warps=8)
     assert default_extend_config(128, False, dev) == ExtendConfig(num_stages=3)
+    # every run of new tokens at most 64: the 64-row tiles, quantized or not
+    assert default_extend_config(128, True, dev, short=True) == ExtendConfig(num_stages=3)
