@@ -7,9 +7,10 @@ fp8/int8 pool `nomath` (codes widened, not scaled) and `noload` (no scale loads:
 over the 16-bit pool `regpath` (K and V multiplied by a runtime 1 in registers before the
 products, as widened codes are scaled, so they cannot go from the load pipeline's shared
 memory straight into the tensor cores); over every pool `masked` (every key tile loaded and
-scored under its masks, as the kernel did before full tiles went unmasked). Cut variants
-compute wrong outputs (`regpath` and `masked` the right ones): only their times mean
-something.
+scored under its masks, as the kernel did before full tiles went unmasked) and `per-head`
+(a program's rows the tokens of one query head, not packed with its kv head's others, as
+before packing). Cut variants compute wrong outputs (`regpath`, `masked` and `per-head` the
+right ones): only their times mean something.
 
     python -m bench.extend_probe --out /tmp/xprobe [--pools bfloat16,fp8,int8]
                                  [--variants base,masked] [--cases 4x0x2048x32x8,...]
@@ -43,10 +44,11 @@ CUTS = {
                        "    k = (k * unit).to(k.dtype)\n"
                        "    v = (v * unit).to(v.dtype)\n" + STEP)],
     "masked": [("MASK=False", "MASK=True")],
+    "per-head": [("        pack_heads = Hq != Hkv", "        pack_heads = False")],
 }
-POOL_VARIANTS = {"bfloat16": ("base", "masked", "regpath"),
-                 "fp8": ("base", "masked", "nomath", "noload"),
-                 "int8": ("base", "masked", "nomath", "noload")}  # fmt: skip
+POOL_VARIANTS = {"bfloat16": ("base", "masked", "per-head", "regpath"),
+                 "fp8": ("base", "masked", "per-head", "nomath", "noload"),
+                 "int8": ("base", "masked", "per-head", "nomath", "noload")}  # fmt: skip
 CASES = [(4, 2048, 512, 32, 8), (4, 2048, 512, 32, 32)]  # (B, prefix, new, Hq, Hkv)
 
 

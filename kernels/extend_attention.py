@@ -143,6 +143,7 @@ def _extend_attention_kernel(
     stride_kvs, stride_kvh,  # k_buf and v_buf share strides
     stride_ss, stride_sh,  # k_scale and v_scale share strides
     Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    ROWS: tl.constexpr,  # query heads a program packs per token: GROUP (one kv head's), or 1
     PREFIX: tl.constexpr,  # some sequence has a cached prefix (else its loop is compiled out)
     QUANT: tl.constexpr, SCALED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -151,24 +152,28 @@ def _extend_attention_kernel(
     FP8_QK: tl.constexpr,  # an unscaled fp8 prefix's scores from q in e4m3 (fp8 tensor cores)
 ):  # fmt: skip
     b = tl.program_id(0)
-    h = tl.program_id(1)
+    head0 = tl.program_id(1) * ROWS  # packed: the kv head's first query head
     mb = tl.program_id(2)
-    kvh = h // GROUP
+    kvh = head0 // GROUP
 
     q_start = tl.load(qo_indptr_ptr + b)
     new_len = tl.load(qo_indptr_ptr + b + 1) - q_start
-    active = mb * BLOCK_M < new_len  # programs past this sequence's new tokens do nothing
+    active = mb * BLOCK_M < new_len * ROWS  # programs past this sequence's rows do nothing
     prefix_len = tl.where(active, tl.load(prefix_lens_ptr + b), 0)
-    new_end = tl.where(active, tl.minimum(new_len, (mb + 1) * BLOCK_M), 0)  # causal bound
+    last = ((mb + 1) * BLOCK_M - 1) // ROWS  # the program's last token
+    new_end = tl.where(active, tl.minimum(new_len, last + 1), 0)  # causal bound
     page_base = tl.load(kv_indptr_ptr + b)
 
-    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # new-token index within the sequence
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    offs_m = rows // ROWS  # each row's new-token index within the sequence
+    head = head0 + rows % ROWS  # and query head
     mask_m = offs_m < new_len
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
     q = tl.load(
-        q_ptr + (q_start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+        q_ptr + (q_start + offs_m)[:, None] * stride_qt + head[:, None] * stride_qh
+        + offs_d[None, :],
         mask=mask_m[:, None] & mask_d[None, :],
         other=0.0,
     )  # [BLOCK_M, BLOCK_D]
@@ -210,7 +215,7 @@ def _extend_attention_kernel(
     # new tokens: the tiles wholly before this program's first row unmasked, then causal ones
     kn_head = k_new_ptr + q_start * stride_newt + kvh * stride_newh
     vn_head = v_new_ptr + q_start * stride_newt + kvh * stride_newh
-    before = tl.where(active, (mb * BLOCK_M // BLOCK_N) * BLOCK_N, 0)
+    before = tl.where(active, (mb * BLOCK_M // ROWS // BLOCK_N) * BLOCK_N, 0)
     for n0 in range(0, before, BLOCK_N):
         m, l_sum, acc = _new_tile(q, qk_scale, m, l_sum, acc, n0, offs_m, new_len, kn_head,
                                   vn_head, offs_d, mask_d, stride_newt, BLOCK_N, EVEN_D,
@@ -221,7 +226,7 @@ def _extend_attention_kernel(
                                   MASK=True)  # fmt: skip
 
     o = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
-    o_offs = ((q_start + offs_m)[:, None] * Q_HEADS + h) * HEAD_DIM + offs_d[None, :]
+    o_offs = ((q_start + offs_m)[:, None] * Q_HEADS + head[:, None]) * HEAD_DIM + offs_d[None, :]
     tl.store(o_ptr + o_offs, o.to(o_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
 
@@ -244,6 +249,7 @@ def extend_attention(
     max_prefix_len: int | None = None,
     config: ExtendConfig | None = None,
     fp8_scores: bool | None = None,
+    pack_heads: bool | None = None,
 ) -> torch.Tensor:
     """Attention of a varlen batch's new tokens over prefix + themselves; o `[T, Hq, D]`.
 
@@ -258,7 +264,9 @@ def extend_attention(
     kernel and config whatever the pool holds; None: prefixes may be cached. config None: the
     default. fp8_scores (an fp8 pool without scales only): score the prefix on fp8 tensor
     cores, each row of q quantized to e4m3 with its own scale; None: on a GPU that has them
-    (`fp8_scores_default`).
+    (`fp8_scores_default`). pack_heads: a program's rows are tokens x the query heads of
+    one kv head (each key tile loaded, and widened, once for the group), else tokens of one
+    query head; None: packed under GQA.
     """
     assert q.dim() == 3, f"q must be [T, Hq, D], got {tuple(q.shape)}"
     T, Hq, D = q.shape
@@ -310,16 +318,21 @@ def extend_attention(
         return o
     if max_new_len is None:
         max_new_len = int((qo_indptr[1:] - qo_indptr[:-1]).max())
-    cfg = config or default_extend_config(D, quant, q.device, short=max_new_len <= SHORT_RUN)
+    if pack_heads is None:
+        pack_heads = Hq != Hkv
+    rows = Hq // Hkv if pack_heads else 1  # query heads a program takes per token
+    short = max_new_len * rows <= SHORT_RUN
+    cfg = config or default_extend_config(D, quant, q.device, short=short)
     qo_indptr, prefix_lens, kv_indptr, kv_indices = (
         t.contiguous() for t in (qo_indptr, prefix_lens, kv_indptr, kv_indices)
     )
-    _extend_attention_kernel[(B, Hq, triton.cdiv(max_new_len, cfg.block_m))](
+    _extend_attention_kernel[(B, Hq // rows, triton.cdiv(max_new_len * rows, cfg.block_m))](
         q, k_new, v_new, k_buf, v_buf, k_scale, v_scale, o,
         qo_indptr, prefix_lens, kv_indptr, kv_indices, sm_scale * LOG2E,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1),
         k_buf.stride(0), k_buf.stride(1), *s_strides,
-        Q_HEADS=Hq, GROUP=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, PREFIX=prefix, QUANT=quant,
+        Q_HEADS=Hq, GROUP=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows, PREFIX=prefix,
+        QUANT=quant,
         SCALED=scaled, PREFIX_DTYPE=tl.float32 if q.dtype == torch.float32 else tl.float16,
         INT8_ASM=k_buf.dtype == torch.int8 and q.dtype != torch.float32 and q.is_cuda,
         FP8_QK=fp8_scores,
