@@ -13,12 +13,13 @@ before packing). Cut variants compute wrong outputs (`regpath`, `masked` and `pe
 right ones): only their times mean something.
 
     python -m bench.extend_probe --out /tmp/xprobe [--pools bfloat16,fp8,int8]
-                                 [--variants base,masked] [--cases 4x0x2048x32x8,...]
+                                 [--variants base,masked] [--cases 4x0x2048x32x8,...] [--graph]
 """
 
 import argparse
 import importlib.util
 import json
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -28,8 +29,9 @@ import torch
 from bench.kernels_attention import QUANT_POOLS, paged_pool
 from bench.kernels_common import Preset, module_with_cuts, timeit
 
-# (`kernels` exports the function under the module's name: find the module by its spec)
+# (`kernels` exports the function under the module's name: find the modules by their specs)
 SRC = Path(importlib.util.find_spec("kernels.extend_attention").origin).read_text()
+TILES_SRC = Path(importlib.util.find_spec("kernels.extend_tiles").origin).read_text()
 ONE = "(slot * 0).to(tl.float32) + 1.0"
 SCALE_LOADS = [  # the scale loads of masked and full tiles
     (f"tl.load({x}_scale_ptr + slot * stride_ss{tail})", ONE)
@@ -53,8 +55,15 @@ CASES = [(4, 2048, 512, 32, 8), (4, 2048, 512, 32, 32)]  # (B, prefix, new, Hq, 
 
 
 def variant(name: str):
-    """A module like `kernels.extend_attention` with `name`'s cuts."""
-    return module_with_cuts(SRC, CUTS.get(name, []), f"extend_{name}")
+    """A module like `kernels.extend_attention` with `name`'s cuts, made in it or in the
+    key tiles it imports (`kernels.extend_tiles`, then rebuilt as well)."""
+    cuts = CUTS.get(name, [])
+    tiles = module_with_cuts(TILES_SRC, [c for c in cuts if c[0] in TILES_SRC],
+                             f"extend_tiles_{name.replace('-', '_')}")  # fmt: skip
+    sys.modules[tiles.__name__] = tiles  # for the rebuilt kernel's import
+    own = [c for c in cuts if c[0] not in TILES_SRC]
+    own.append(("from kernels.extend_tiles import", f"from {tiles.__name__} import"))
+    return module_with_cuts(SRC, own, f"extend_{name.replace('-', '_')}")
 
 
 def main():
@@ -62,6 +71,8 @@ def main():
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--pools", default="bfloat16,fp8,int8")
     ap.add_argument("--variants", default=None, help="comma-separated (default: all)")
+    ap.add_argument("--graph", action="store_true",
+                    help="time replays of a CUDA graph (short kernels: not their launch)")
     ap.add_argument("--cases", default=None,
                     help="comma-separated BxPREFIXxNEWxHQxHKV cases instead of CASES")
     args = ap.parse_args()
@@ -92,7 +103,7 @@ def main():
                               **scales)  # fmt: skip
                 run()
                 rows.append({"case": f"B{B} prefix{prefix} new{new} H{Hq}/{Hkv}", "pool": pool,
-                             "variant": name, "time_us": round(timeit(run, p), 1),
+                             "variant": name, "time_us": round(timeit(run, p, graph=args.graph), 1),
                              "elapsed_s": round(time.monotonic() - t0, 1)})  # fmt: skip
                 print(" ".join(f"{a}={b}" for a, b in rows[-1].items()), flush=True)
                 (args.out / "extend_probe.json").write_text(json.dumps(rows, indent=1))

@@ -12,7 +12,7 @@ its default config, as a quantized prefix under `SHORT_RUN` new tokens does). TF
 attention's two matmuls; `diff` is the max |o - o of the 16-bit pool's first config|. Each
 row is printed and the JSON rewritten as it lands, so a time limit keeps what finished.
 
-    python -m bench.extend_sweep --out /tmp/ext [--budget-s 120] [--smoke] [--quick]
+    python -m bench.extend_sweep --out /tmp/ext [--budget-s 120] [--smoke] [--quick] [--graph]
                                  [--configs 64x64x4x3,256x64x16x2] [--pools bfloat16,fp8,int8]
                                  [--cases 4x0x2048x32x8,16x2048x64x32x8]
 """
@@ -56,6 +56,8 @@ def main():
     ap.add_argument("--pools", default=None,
                     help="comma-separated pool names (default: all; the 16-bit baseline "
                          "always runs)")
+    ap.add_argument("--graph", action="store_true",
+                    help="time replays of a CUDA graph (short kernels: not their launch)")
     ap.add_argument("--cases", default=None,
                     help="comma-separated BxPREFIXxNEWxHQxHKV cases instead of CASES")
     args = ap.parse_args()
@@ -84,6 +86,7 @@ def main():
             qo = torch.arange(B + 1, device=dev, dtype=torch.int32) * new
             prefix_lens = torch.full((B,), prefix, dtype=torch.int32, device=dev)
             flops = 4 * D * Hq * B * (new * prefix + new * (new + 1) / 2)
+            short = new * (Hq // Hkv) <= SHORT_RUN  # as the launcher: GQA packs a kv head's heads
             case, ref, base = f"B{B} prefix{prefix} new{new} H{Hq}/{Hkv} D{D} paged16", None, {}
             pools = [(str(dtype)[6:], dtype, {}),
                      *((n, d, {}) for n, d in (QUANT_POOLS | UNSCALED_POOLS).items()),
@@ -103,9 +106,9 @@ def main():
                                   **extra)  # fmt: skip
                     out = run()
                     ref = out if ref is None else ref
-                    t = timeit(run, p)
+                    t = timeit(run, p, graph=args.graph)
                     default = cfg == default_extend_config(D, pool != dtype and prefix > 0,
-                                                           q.device, short=new <= SHORT_RUN)
+                                                           q.device, short=short)
                     if pool == dtype:
                         base["best"] = min(base.get("best", t), t)
                         if default:

@@ -69,10 +69,17 @@ class Row:
         return {**asdict(self), "gbps": self.gbps, "pct_ceiling": pct, "tflops": tflops}
 
 
-def timeit(fn, p: Preset) -> float:
-    """Median microseconds of `fn()` over p.iters runs after p.warmup (CUDA events on a GPU)."""
+def timeit(fn, p: Preset, graph: bool = False) -> float:
+    """Median microseconds of `fn()` over p.iters runs after p.warmup (CUDA events on a GPU).
+    graph: each run a replay of `fn` captured in a CUDA graph, so that a kernel shorter than
+    its Python launch is timed, not the launch (fn must not sync)."""
     for _ in range(p.warmup):
         fn()
+    if graph and torch.cuda.is_available():
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        fn = g.replay
     if not torch.cuda.is_available():
         times = []
         for _ in range(p.iters):
