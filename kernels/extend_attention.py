@@ -232,7 +232,12 @@ def extend_attention(
     qo_indptr, prefix_lens, kv_indptr, kv_indices = (
         t.contiguous() for t in (qo_indptr, prefix_lens, kv_indptr, kv_indices)
     )
-    _extend_attention_kernel[(B, Hq // rows, triton.cdiv(max_new_len * rows, cfg.block_m))](
+    row_blocks = triton.cdiv(max_new_len * rows, cfg.block_m)
+    assert row_blocks < 65536, (  # CUDA's limit on a grid's third axis
+        f"{max_new_len} new tokens x {rows} heads over {cfg.block_m}-row tiles need {row_blocks} "
+        "programs a (sequence, head): split the run into smaller chunks"
+    )
+    _extend_attention_kernel[(B, Hq // rows, row_blocks)](
         q, k_new, v_new, k_buf, v_buf, k_scale, v_scale, o,
         qo_indptr, prefix_lens, kv_indptr, kv_indices, sm_scale * LOG2E,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1),

@@ -18,8 +18,9 @@ SHORT_RUN = 64  # runs of new tokens this short leave a 128-row tile half empty
 
 @dataclass(frozen=True)
 class ExtendConfig:
-    """Launch knobs of the extend kernel: `block_m` new tokens of one head a program, over key
-    tiles of `block_n`, with `num_stages` of Triton's load pipeline."""
+    """Launch knobs of the extend kernel: `block_m` query rows a program (new tokens of one
+    head, or under GQA tokens x one kv head's query heads), over key tiles of `block_n`, with
+    `num_stages` of Triton's load pipeline."""
 
     block_m: int = 64
     block_n: int = 64

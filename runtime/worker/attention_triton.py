@@ -42,7 +42,7 @@ class TritonAttentionMeta:
     seq_lens: torch.Tensor  # [B] int32
     num_splits: int  # decode: split-KV programs per sequence
     max_new_len: int  # extend: the longest run of new tokens (sizes the grid)
-    max_prefix_len: int = 0  # extend: the longest cached prefix (0: the pool is not read)
+    max_prefix_len: int  # extend: the longest cached prefix (0: the pool is not read)
 
 
 class TritonAttention(AttentionBackend):
@@ -147,7 +147,7 @@ class TritonAttention(AttentionBackend):
         bs = fb.batch_size
         fb.attn_meta = TritonAttentionMeta(
             self.graph_kv_indptr[: bs + 1], self.graph_kv_indices, self.graph_seq_lens[:bs],
-            num_splits=self._splits(bs, self.max_context), max_new_len=0,
+            num_splits=self._splits(bs, self.max_context), max_new_len=0, max_prefix_len=0,
         )  # fmt: skip
 
     def prepare_replay(self, fb: ForwardBatch, padded: int) -> None:

@@ -160,10 +160,11 @@ def test_batch_without_cached_prefix(pool_dtype):
 
 @pytest.mark.parametrize("pack_heads", [True, False], ids=["packed", "per-head"])
 @pytest.mark.parametrize("pool_dtype", [None, torch.int8], ids=["16bit", "int8"])
-@pytest.mark.parametrize("heads", [(9, 3, 32), (8, 2, 32), (6, 6, 32)], ids=str)
+@pytest.mark.parametrize("heads", [(9, 3, 32), (8, 2, 32), (24, 1, 16), (6, 6, 32)], ids=str)
 def test_query_heads_packed_or_not(pack_heads, pool_dtype, heads):
     # A program's rows as tokens x a kv head's query heads (3 and 4 a token, so rows of one
-    # token straddle tiles), or tokens of one head; MHA packs one head a token either way.
+    # token straddle tiles; 24, so one token's rows span two programs), or tokens of one
+    # head; MHA packs one head a token either way.
     args, scales = make_inputs([40, 0, 17, 5], [1, 30, 9, 23], heads, 16, torch.float32,
                                pool_dtype, seed=9)  # fmt: skip
     cfg = ExtendConfig(block_m=16, block_n=16)

@@ -25,17 +25,35 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpret
 Q_HEADS, KV_HEADS, HEAD_DIM, SEQS = 6, 2, 16, 3
 
 
+def _random_pool(pool: KVPool) -> None:
+    """Random K/V (codes and their scales, in a quantized pool) in every slot."""
+    for cache in pool.k + pool.v:
+        if cache.dtype == torch.int8:
+            cache.copy_(torch.randint(-127, 128, cache.shape))
+        else:
+            cache.copy_(torch.randn(cache.shape))
+    for scale in pool.scales(0):
+        if scale is not None:
+            scale.uniform_(0.005, 0.02)
+
+
 @pytest.mark.parametrize(
     "extend, prefix", [([5, 3, 1], [0, 0, 0]), ([4, 1, 7], [3, 9, 1]), ([1, 1, 1], [3, 17, 0])]
 )
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_triton_backend_matches_torch_backend(extend, prefix, page_size):
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+def test_triton_backend_matches_torch_backend(extend, prefix, page_size, kv_dtype):
+    # a batch with and without cached prefixes, over a 16-bit and a quantized pool (none
+    # cached: the pool unread). Not fp8 here: the interpreter rounds a few fp32 -> e4m3
+    # casts a binade lower than torch, and a decode step reads the token it just stored.
     torch.manual_seed(1)
-    pools = [KVPool(1, 96 * page_size, KV_HEADS, HEAD_DIM, torch.float32, "cpu") for _ in range(2)]
-    for cache in pools[0].k + pools[0].v:
-        cache.normal_()
-    for a, b in zip(pools[0].k + pools[0].v, pools[1].k + pools[1].v):
-        b.copy_(a)
+    pools = [KVPool(1, 96 * page_size, KV_HEADS, HEAD_DIM, torch.float32, "cpu", kv_dtype)
+             for _ in range(2)]  # fmt: skip
+    _random_pool(pools[0])
+    for a, b in zip(pools[0].k + pools[0].v + [*pools[0].scales(0)],
+                    pools[1].k + pools[1].v + [*pools[1].scales(0)]):  # fmt: skip
+        if a is not None:
+            b.copy_(a)
     fb = make_batch(
         [Chunk(s, [0] * n) for s, n in enumerate(extend)], prefix, SEQS, page_size=page_size
     )
