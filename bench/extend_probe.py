@@ -46,7 +46,7 @@ CUTS = {
                        "    k = (k * unit).to(k.dtype)\n"
                        "    v = (v * unit).to(v.dtype)\n" + STEP)],
     "masked": [("MASK=False", "MASK=True")],
-    "per-head": [("        pack_heads = Hq != Hkv", "        pack_heads = False")],
+    "per-head": [("rows_per_token(Hq, Hkv, pack_heads)", "rows_per_token(Hq, Hkv, False)")],
 }
 POOL_VARIANTS = {"bfloat16": ("base", "masked", "per-head", "regpath"),
                  "fp8": ("base", "masked", "per-head", "nomath", "noload"),

@@ -8,7 +8,7 @@ paged-16 pool). For each pool it times every config of `CONFIGS`; `default` mark
 (nan where that default is not in `CONFIGS`), `vs16best` the 16-bit pool's fastest config over
 it (the issue's bar: a quantized prefix no slower than a 16-bit one). Each case passes its
 prefix length as `max_prefix_len`: without a prefix every pool runs the 16-bit kernel (and
-its default config, as a quantized prefix under `SHORT_RUN` new tokens does). TFLOP/s counts the
+its default config, as a quantized prefix under `SHORT_RUN` query rows does). TFLOP/s counts the
 attention's two matmuls; `diff` is the max |o - o of the 16-bit pool's first config|. Each
 row is printed and the JSON rewritten as it lands, so a time limit keeps what finished.
 
@@ -29,7 +29,7 @@ import torch
 from bench.kernels_attention import QUANT_POOLS, UNSCALED_POOLS, paged_pool
 from bench.kernels_common import Preset, timeit
 from kernels.extend_attention import extend_attention
-from kernels.extend_config import SHORT_RUN, ExtendConfig, default_extend_config
+from kernels.extend_config import ExtendConfig, default_extend_config, rows_per_token
 
 CASES = [  # (B, prefix, new, Hq, Hkv)
     (4, 2048, 512, 32, 8),
@@ -86,7 +86,7 @@ def main():
             qo = torch.arange(B + 1, device=dev, dtype=torch.int32) * new
             prefix_lens = torch.full((B,), prefix, dtype=torch.int32, device=dev)
             flops = 4 * D * Hq * B * (new * prefix + new * (new + 1) / 2)
-            short = new * (Hq // Hkv) <= SHORT_RUN  # as the launcher: GQA packs a kv head's heads
+            q_rows = new * rows_per_token(Hq, Hkv)  # as the launcher packs them
             case, ref, base = f"B{B} prefix{prefix} new{new} H{Hq}/{Hkv} D{D} paged16", None, {}
             pools = [(str(dtype)[6:], dtype, {}),
                      *((n, d, {}) for n, d in (QUANT_POOLS | UNSCALED_POOLS).items()),
@@ -108,7 +108,7 @@ def main():
                     ref = out if ref is None else ref
                     t = timeit(run, p, graph=args.graph)
                     default = cfg == default_extend_config(D, pool != dtype and prefix > 0,
-                                                           q.device, short=short)
+                                                           q.device, rows=q_rows)
                     if pool == dtype:
                         base["best"] = min(base.get("best", t), t)
                         if default:

@@ -26,10 +26,10 @@ import triton
 import triton.language as tl
 
 from kernels.extend_config import (
-    SHORT_RUN,
     ExtendConfig,
     default_extend_config,
     fp8_scores_default,
+    rows_per_token,
 )
 from kernels.extend_tiles import new_tile, prefix_tile
 from kernels.store_kv import QUANT_MAX, scale_strides, unscaled_pool
@@ -224,11 +224,8 @@ def extend_attention(
         return o
     if max_new_len is None:
         max_new_len = int((qo_indptr[1:] - qo_indptr[:-1]).max())
-    if pack_heads is None:
-        pack_heads = Hq != Hkv
-    rows = Hq // Hkv if pack_heads else 1  # query heads a program takes per token
-    short = max_new_len * rows <= SHORT_RUN
-    cfg = config or default_extend_config(D, quant, q.device, short=short)
+    rows = rows_per_token(Hq, Hkv, pack_heads)
+    cfg = config or default_extend_config(D, quant, q.device, rows=max_new_len * rows)
     qo_indptr, prefix_lens, kv_indptr, kv_indices = (
         t.contiguous() for t in (qo_indptr, prefix_lens, kv_indptr, kv_indices)
     )

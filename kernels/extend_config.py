@@ -13,7 +13,7 @@ from kernels.decode_config import FP8_CAPABILITY, kernel_capability
 # shared memory of each default below (head dim 128, as compiled for sm_90)
 QUANT_SMEM = 161 * 1024  # a quantized prefix: 128 x 128 tiles in 2 stages
 STAGES3_SMEM = 112 * 1024  # 16-bit: 64 x 64 tiles in 3 stages
-SHORT_RUN = 64  # runs of new tokens this short leave a 128-row tile half empty
+SHORT_RUN = 64  # query rows this few leave a 128-row tile half empty
 
 
 @dataclass(frozen=True)
@@ -37,15 +37,29 @@ class ExtendConfig:
         assert self.num_stages >= 1, f"num_stages {self.num_stages} must be >= 1"
 
 
-@functools.cache  # once per (shape, pool, device): every prefill layer asks
+def rows_per_token(q_heads: int, kv_heads: int, pack_heads: bool | None = None) -> int:
+    """Query heads an extend program takes per new token: one kv head's group when packed
+    (pack_heads None: under GQA), else 1."""
+    if pack_heads is None:
+        pack_heads = q_heads != kv_heads
+    return q_heads // kv_heads if pack_heads else 1
+
+
 def default_extend_config(
-    head_dim: int, quant: bool, device: torch.device, short: bool = False
+    head_dim: int, quant: bool, device: torch.device, rows: int | None = None
 ) -> ExtendConfig:
-    """The measured default. Head dim <= 128: a quantized prefix takes 128 x 128 tiles over 8
-    warps (its widening, paid once a key tile, then serves twice the rows) unless every run
-    of new tokens is `short` (at most SHORT_RUN), a 16-bit one (and a short one) 64 x 64 tiles
-    in 3 stages, each where the GPU's shared memory holds them (else 64 x 64 in 2 stages);
-    32 x 32 tiles above head dim 128. (A 16-bit 128 x 128 tile in 3 stages is
+    """The measured default for a batch whose longest run of new tokens fills `rows` query
+    rows (its tokens x `rows_per_token`; None: unknown, taken as long)."""
+    return _default_config(head_dim, quant, device, rows is not None and rows <= SHORT_RUN)
+
+
+@functools.cache  # once per (shape, pool, device): every prefill layer asks
+def _default_config(head_dim: int, quant: bool, device: torch.device, short: bool) -> ExtendConfig:
+    """Head dim <= 128: a quantized prefix takes 128 x 128 tiles over 8 warps (its widening,
+    paid once a key tile, then serves twice the rows) unless the rows are `short` (at most
+    SHORT_RUN), a 16-bit one (and a short one) 64 x 64 tiles in 3 stages, each where the
+    GPU's shared memory holds them (else 64 x 64 in 2 stages); 32 x 32 tiles above head dim
+    128. (A 16-bit 128 x 128 tile in 3 stages is
     6-12% faster over a long prefix on the H200 but slower on causal prefill without one:
     `bench/results/2026-12-02-extend-quant-h200.md`.)"""
     if head_dim > 128:

@@ -232,5 +232,5 @@ def test_default_config_on_the_h200():
         pytest.skip("the measured defaults are the H100/H200's")
     assert default_extend_config(128, True, dev) == ExtendConfig(128, 128, num_warps=8)
     assert default_extend_config(128, False, dev) == ExtendConfig(num_stages=3)
-    # every run of new tokens at most 64: the 64-row tiles, quantized or not
-    assert default_extend_config(128, True, dev, short=True) == ExtendConfig(num_stages=3)
+    # every run of new tokens at most 64 query rows: the 64-row tiles, quantized or not
+    assert default_extend_config(128, True, dev, rows=64) == ExtendConfig(num_stages=3)
