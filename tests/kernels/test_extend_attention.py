@@ -217,6 +217,17 @@ def test_large_gpu(dtype, page_size, pool_dtype):  # the GPU's default configs
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("pool_dtype", [None, torch.float8_e4m3fn, torch.int8])
+def test_short_runs_gpu(dtype, page_size, pool_dtype):  # <= SHORT_RUN rows: the 64-row default
+    for heads in [(32, 8, 128), (32, 32, 128), (9, 3, 64)]:  # 64, 16 and 48 rows at most
+        args, scales = make_inputs([1500, 700, 33, 0, 64], [16, 1, 9, 5, 16], heads, page_size,
+                                   dtype, pool_dtype, seed=7)  # fmt: skip
+        check(args, scales, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("pool_dtype", [None, torch.float8_e4m3fn, torch.int8])
 def test_sixteen_warps_gpu(dtype, pool_dtype):  # 256-row tiles: four warp groups a program
     cfg = ExtendConfig(block_m=256, block_n=64, num_warps=16, num_stages=3)
