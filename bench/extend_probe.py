@@ -7,10 +7,12 @@ fp8/int8 pool `nomath` (codes widened, not scaled) and `noload` (no scale loads:
 over the 16-bit pool `regpath` (K and V multiplied by a runtime 1 in registers before the
 products, as widened codes are scaled, so they cannot go from the load pipeline's shared
 memory straight into the tensor cores); over every pool `masked` (every key tile loaded and
-scored under its masks, as the kernel did before full tiles went unmasked) and `per-head`
+scored under its masks, as the kernel did before full tiles went unmasked), `per-head`
 (a program's rows the tokens of one query head, not packed with its kv head's others, as
-before packing). Cut variants compute wrong outputs (`regpath`, `masked` and `per-head` the
-right ones): only their times mean something.
+before packing), `seq-first` and `rows-first` (every batch launched sequences first, as
+before launch orders were chosen, or row blocks first). Cut variants compute wrong outputs
+(`regpath`, `masked`, `per-head` and the launch orders the right ones): only their times
+mean something.
 
     python -m bench.extend_probe --out /tmp/xprobe [--pools bfloat16,fp8,int8]
                                  [--variants base,masked] [--cases 4x0x2048x32x8,...] [--graph]
@@ -39,6 +41,7 @@ SCALE_LOADS = [  # the scale loads of masked and full tiles
 ]
 STEP = ("    m, l_sum, alpha, p = _softmax_step(q_prefix, k, mask_n[None, :], m, l_sum, "
         "prefix_scale,")
+ORDER = "rows_first = rows == 1 or not prefix"
 CUTS = {
     "nomath": [("    return x.to(DT) * scale.to(DT)[:, None]", "    return x.to(DT)")],
     "noload": SCALE_LOADS,
@@ -47,10 +50,13 @@ CUTS = {
                        "    v = (v * unit).to(v.dtype)\n" + STEP)],
     "masked": [("MASK=False", "MASK=True")],
     "per-head": [("rows_per_token(Hq, Hkv, pack_heads)", "rows_per_token(Hq, Hkv, False)")],
+    "seq-first": [(ORDER, "rows_first = False")],
+    "rows-first": [(ORDER, "rows_first = True")],
 }
-POOL_VARIANTS = {"bfloat16": ("base", "masked", "per-head", "regpath"),
-                 "fp8": ("base", "masked", "per-head", "nomath", "noload"),
-                 "int8": ("base", "masked", "per-head", "nomath", "noload")}  # fmt: skip
+ORDERS = ("seq-first", "rows-first")
+POOL_VARIANTS = {"bfloat16": ("base", "masked", "per-head", "regpath", *ORDERS),
+                 "fp8": ("base", "masked", "per-head", "nomath", "noload", *ORDERS),
+                 "int8": ("base", "masked", "per-head", "nomath", "noload", *ORDERS)}  # fmt: skip
 CASES = [(4, 2048, 512, 32, 8), (4, 2048, 512, 32, 32)]  # (B, prefix, new, Hq, Hkv)
 
 

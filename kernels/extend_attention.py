@@ -8,7 +8,10 @@ One program handles BLOCK_M rows: new tokens of one query head, or under GQA (pa
 x the query heads of one kv head, so that a key tile serves the whole group. FlashAttention-
 style online softmax over the prefix tiles, then over the new tiles up to the diagonal
 (`kernels.extend_tiles`); only the tiles that cross an edge (the prefix's last, the
-diagonal's) are masked, the others load and score unmasked.
+diagonal's) are masked, the others load and score unmasked. The grid launches a (sequence,
+head)'s row blocks side by side, so that they meet its keys in L2 together, except packed
+programs over a cached prefix, which launch the sequences' blocks of one row range side by
+side (faster there on the H200: `bench/results/2026-12-04-extend-launch-order-h200.md`).
 
 An fp8 or int8 prefix is widened to fp16 in registers and scaled there: each code times its
 (token, head) scale rounded to fp16 (int8 on the GPU by bit arithmetic: the code + 128 under
@@ -51,15 +54,18 @@ def _extend_attention_kernel(
     Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     ROWS: tl.constexpr,  # query heads a program packs per token: GROUP (one kv head's), or 1
     PREFIX: tl.constexpr,  # some sequence has a cached prefix (else its loop is compiled out)
+    ROWS_FIRST: tl.constexpr,  # grid (row blocks, heads, sequences), else (sequences, ..., rows)
     QUANT: tl.constexpr, SCALED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PREFIX_DTYPE: tl.constexpr,  # a quantized prefix's products: fp16, or float32 for fp32 q
     INT8_ASM: tl.constexpr,
     FP8_QK: tl.constexpr,  # an unscaled fp8 prefix's scores from q in e4m3 (fp8 tensor cores)
 ):  # fmt: skip
-    b = tl.program_id(0)
+    if ROWS_FIRST:  # a (sequence, head)'s row blocks launch side by side
+        mb, b = tl.program_id(0), tl.program_id(2)
+    else:  # the sequences' blocks of one row range side by side
+        b, mb = tl.program_id(0), tl.program_id(2)
     head0 = tl.program_id(1) * ROWS  # packed: the kv head's first query head
-    mb = tl.program_id(2)
     kvh = head0 // GROUP
 
     q_start = tl.load(qo_indptr_ptr + b)
@@ -230,18 +236,20 @@ def extend_attention(
         t.contiguous() for t in (qo_indptr, prefix_lens, kv_indptr, kv_indices)
     )
     row_blocks = triton.cdiv(max_new_len * rows, cfg.block_m)
-    assert row_blocks < 65536, (  # CUDA's limit on a grid's third axis
-        f"{max_new_len} new tokens x {rows} heads over {cfg.block_m}-row tiles need {row_blocks} "
-        "programs a (sequence, head): split the run into smaller chunks"
+    rows_first = rows == 1 or not prefix
+    grid = (row_blocks, Hq // rows, B) if rows_first else (B, Hq // rows, row_blocks)
+    assert grid[2] < 65536, (  # CUDA's limit on a grid's third axis
+        f"grid {grid}: at most 65535 sequences a batch, or over a cached prefix "
+        f"{max_new_len} new tokens x {rows} heads in {cfg.block_m}-row tiles; split the batch"
     )
-    _extend_attention_kernel[(B, Hq // rows, row_blocks)](
+    _extend_attention_kernel[grid](
         q, k_new, v_new, k_buf, v_buf, k_scale, v_scale, o,
         qo_indptr, prefix_lens, kv_indptr, kv_indices, sm_scale * LOG2E,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1),
         k_buf.stride(0), k_buf.stride(1), *s_strides,
         Q_HEADS=Hq, GROUP=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows, PREFIX=prefix,
-        QUANT=quant,
-        SCALED=scaled, PREFIX_DTYPE=tl.float32 if q.dtype == torch.float32 else tl.float16,
+        ROWS_FIRST=rows_first, QUANT=quant, SCALED=scaled,
+        PREFIX_DTYPE=tl.float32 if q.dtype == torch.float32 else tl.float16,
         INT8_ASM=k_buf.dtype == torch.int8 and q.dtype != torch.float32 and q.is_cuda,
         FP8_QK=fp8_scores,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=triton.next_power_of_2(D),
