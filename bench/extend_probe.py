@@ -9,8 +9,9 @@ products, as widened codes are scaled, so they cannot go from the load pipeline'
 memory straight into the tensor cores); over every pool `masked` (every key tile loaded and
 scored under its masks, as the kernel did before full tiles went unmasked), `per-head`
 (a program's rows the tokens of one query head, not packed with its kv head's others, as
-before packing), `seq-first` and `rows-first` (every batch launched sequences first, as
-before launch orders were chosen, or row blocks first). Cut variants compute wrong outputs
+before packing, but launched row blocks first as unpacked programs are now), `seq-first`
+and `rows-first` (every batch launched sequences first, as before launch orders were
+chosen, or row blocks first). Cut variants compute wrong outputs
 (`regpath`, `masked`, `per-head` and the launch orders the right ones): only their times
 mean something.
 
@@ -41,7 +42,7 @@ SCALE_LOADS = [  # the scale loads of masked and full tiles
 ]
 STEP = ("    m, l_sum, alpha, p = _softmax_step(q_prefix, k, mask_n[None, :], m, l_sum, "
         "prefix_scale,")
-ORDER = "rows_first = rows == 1 or not prefix"
+ORDER = "packed_prefix=rows > 1 and prefix"
 CUTS = {
     "nomath": [("    return x.to(DT) * scale.to(DT)[:, None]", "    return x.to(DT)")],
     "noload": SCALE_LOADS,
@@ -50,8 +51,8 @@ CUTS = {
                        "    v = (v * unit).to(v.dtype)\n" + STEP)],
     "masked": [("MASK=False", "MASK=True")],
     "per-head": [("rows_per_token(Hq, Hkv, pack_heads)", "rows_per_token(Hq, Hkv, False)")],
-    "seq-first": [(ORDER, "rows_first = False")],
-    "rows-first": [(ORDER, "rows_first = True")],
+    "seq-first": [(ORDER, "packed_prefix=True")],
+    "rows-first": [(ORDER, "packed_prefix=False")],
 }
 ORDERS = ("seq-first", "rows-first")
 POOL_VARIANTS = {"bfloat16": ("base", "masked", "per-head", "regpath", *ORDERS),

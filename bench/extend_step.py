@@ -8,9 +8,12 @@ position a sequence as the engine does. The step is `ModelRunner.forward` (eager
 extend runs): its wall time (CUDA events, median of `--iters`), which the host's launches
 bound when the kernels are short, and from the torch profiler over as many steps its
 device time (every kernel's, summed) and the extend attention kernel's. The per-head
-variant makes the launcher's `rows_per_token` answer 1 while inside, nothing else changes.
+variant makes the launcher's `rows_per_token` answer 1 while inside: one query head's
+tokens a program, with what the launcher derives from that (the default config and, since
+2026-12-04 afternoon, the launch order of unpacked programs: row blocks first).
 `dummy:llama3-8b` has 32 query heads over 8 kv heads, so packing puts 4 heads x a token in a
-row block.
+row block. S = 1 times the extend kernel in a step that the engine runs as decode when every
+sequence has one new token (`BatchBuilder`); mixed batches with such runs do extend.
 
     python -m bench.extend_step [--model dummy:llama3-8b] [--batch 32] [--prefix 2048]
                                 [--new 1,4,16,64] [--pools auto,fp8,int8] [--iters 20]

@@ -38,6 +38,7 @@ from kernels.extend_tiles import new_tile, prefix_tile
 from kernels.store_kv import QUANT_MAX, scale_strides, unscaled_pool
 
 LOG2E = 1.4426950408889634
+GRID_YZ_MAX = 65535  # CUDA's limit on a grid's second and third axes (the first: 2^31 - 1)
 
 
 @triton.jit
@@ -142,6 +143,21 @@ def _extend_attention_kernel(
     tl.store(o_ptr + o_offs, o.to(o_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
 
+def launch_grid(
+    batch: int, head_programs: int, row_blocks: int, packed_prefix: bool
+) -> tuple[tuple[int, int, int], bool]:
+    """(grid, rows first) of the extend kernel: a (sequence, head)'s row blocks side by side
+    on axis 0, unless packed programs read a cached prefix or the batch passes the limit of
+    axes 1 and 2 (65535); then the sequences on axis 0 and the row blocks on axis 2."""
+    rows_first = not packed_prefix and batch <= GRID_YZ_MAX
+    grid = (row_blocks, head_programs, batch) if rows_first else (batch, head_programs, row_blocks)
+    assert grid[2] <= GRID_YZ_MAX, (
+        f"grid {grid}: {row_blocks} row blocks a (sequence, head) over CUDA's {GRID_YZ_MAX} on "
+        "axis 2; split the batch's runs of new tokens into smaller chunks"
+    )
+    return grid, rows_first
+
+
 def extend_attention(
     q: torch.Tensor,
     k_new: torch.Tensor,
@@ -236,12 +252,7 @@ def extend_attention(
         t.contiguous() for t in (qo_indptr, prefix_lens, kv_indptr, kv_indices)
     )
     row_blocks = triton.cdiv(max_new_len * rows, cfg.block_m)
-    rows_first = rows == 1 or not prefix
-    grid = (row_blocks, Hq // rows, B) if rows_first else (B, Hq // rows, row_blocks)
-    assert grid[2] < 65536, (  # CUDA's limit on a grid's third axis
-        f"grid {grid}: at most 65535 sequences a batch, or over a cached prefix "
-        f"{max_new_len} new tokens x {rows} heads in {cfg.block_m}-row tiles; split the batch"
-    )
+    grid, rows_first = launch_grid(B, Hq // rows, row_blocks, packed_prefix=rows > 1 and prefix)
     _extend_attention_kernel[grid](
         q, k_new, v_new, k_buf, v_buf, k_scale, v_scale, o,
         qo_indptr, prefix_lens, kv_indptr, kv_indices, sm_scale * LOG2E,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels.extend_attention import extend_attention
+from kernels.extend_attention import extend_attention, launch_grid
 from kernels.extend_attention_ref import extend_attention_ref
 from kernels.extend_config import ExtendConfig, default_extend_config
 from kernels.store_kv import quantize_ref
@@ -191,6 +191,15 @@ def test_strided_qkv():
     out = extend_attention(qkv[:, :4], qkv[:, 4:6], qkv[:, 6:], *rest)
     tol = ATTN_TOL[torch.float32]
     torch.testing.assert_close(out, extend_attention_ref(*args), atol=tol, rtol=tol)
+
+
+def test_launch_grid_puts_row_blocks_first_where_it_can():
+    assert launch_grid(4, 32, 10, packed_prefix=False) == ((10, 32, 4), True)
+    assert launch_grid(4, 8, 128, packed_prefix=True) == ((4, 8, 128), False)
+    # 70,000 one-token sequences: past axis 2's limit, so the sequences go on axis 0
+    assert launch_grid(70_000, 32, 1, packed_prefix=False) == ((70_000, 32, 1), False)
+    with pytest.raises(AssertionError, match="row blocks"):
+        launch_grid(70_000, 8, 70_000, packed_prefix=False)
 
 
 def test_rejects_bad_inputs():
