@@ -9,8 +9,8 @@ extend runs): its wall time (CUDA events, median of `--iters`), which the host's
 bound when the kernels are short, and from the torch profiler over as many steps its
 device time (every kernel's, summed) and the extend attention kernel's. The per-head
 variant makes the launcher's `rows_per_token` answer 1 while inside: one query head's
-tokens a program, with what the launcher derives from that (the default config and, since
-2026-12-04 afternoon, the launch order of unpacked programs: row blocks first).
+tokens a program, with what the launcher derives from that (the default config, and the
+launch order of unpacked programs: row blocks first). GPU only.
 `dummy:llama3-8b` has 32 query heads over 8 kv heads, so packing puts 4 heads x a token in a
 row block. S = 1 times the extend kernel in a step that the engine runs as decode when every
 sequence has one new token (`BatchBuilder`); mixed batches with such runs do extend.
@@ -103,10 +103,9 @@ def run_pool(model: str, pool: str, batch: int, prefix: int, news: list[int],
     from runtime.model_config import resolve_model
     from runtime.worker.model_runner import ModelRunner
 
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dev = torch.device("cuda")
     stride = prefix + max(news)
-    runner = ModelRunner(resolve_model(model), dev, dtype, kv_slots=batch * stride,
+    runner = ModelRunner(resolve_model(model), dev, torch.bfloat16, kv_slots=batch * stride,
                          max_rows=batch, seed=0, cuda_graph=False, kv_dtype=pool)  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, runner.vocab_size, (batch, stride), generator=gen).to(dev)  # [B, L]
@@ -121,8 +120,7 @@ def run_pool(model: str, pool: str, batch: int, prefix: int, news: list[int],
             print(rows[-1], flush=True)
     del runner
     gc.collect()
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
+    torch.cuda.empty_cache()
     return rows
 
 
@@ -161,6 +159,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default=f"bench/results/{time.strftime('%Y-%m-%d')}-extend-step")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench.extend_step times the GPU's step: no CUDA device here")
     news = [int(s) for s in args.new.split(",")]
     res = {"model": args.model, "batch": args.batch, "prefix": args.prefix,
            "device": device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -1,6 +1,6 @@
 """The extend-step bench: its batches must be the steps the engine runs (a cached prefix
 then new tokens give the logits of one prefill of the whole sequence), and its per-head
-variant must change only the launcher's packing, and only while inside."""
+variant must unpack what the launcher reads, and only while inside."""
 
 import sys
 
