@@ -13,7 +13,8 @@ before packing, but launched row blocks first as unpacked programs are now), `se
 and `rows-first` (every batch launched sequences first, as before launch orders were
 chosen, or row blocks first). Cut variants compute wrong outputs
 (`regpath`, `masked`, `per-head` and the launch orders the right ones): only their times
-mean something.
+mean something. Each case passes its prefix length as `max_prefix_len`, as the engine does
+(a case without a prefix runs the 16-bit kernel, launched as such, whatever the pool).
 
     python -m bench.extend_probe --out /tmp/xprobe [--pools bfloat16,fp8,int8]
                                  [--variants base,masked] [--cases 4x0x2048x32x8,...] [--graph]
@@ -107,7 +108,7 @@ def main():
                     continue
                 run = partial(mods[name].extend_attention, q, kn, vn, k_buf, v_buf, qo,
                               prefix_lens, indptr, indices, 16, D**-0.5, max_new_len=new,
-                              **scales)  # fmt: skip
+                              max_prefix_len=prefix, **scales)  # fmt: skip
                 run()
                 rows.append({"case": f"B{B} prefix{prefix} new{new} H{Hq}/{Hkv}", "pool": pool,
                              "variant": name, "time_us": round(timeit(run, p, graph=args.graph), 1),
