@@ -33,7 +33,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.offline_parts import time_ms
+from bench.offline_parts import step_batch, time_ms
 from bench.outputs import write_outputs
 
 VARIANTS = ("packed", "per-head")
@@ -52,34 +52,10 @@ def per_head():
         mod.rows_per_token = packed
 
 
-def extend_batch(ids: torch.Tensor, prefix: int, stride: int, seq0: int = 0):
-    """One extend step of every row of ids `[B, S]` (sequences seq0 ...) after `prefix` cached
-    tokens, one sample a sequence (its last); sequence s holds slots 1 + s * stride ... (slot
-    0: the padding sink). prefix 0 is the prefill that fills those caches."""
-    from runtime.worker.forward_batch import ForwardBatch
-
-    b, s = ids.shape
-    dev = ids.device
-    i32, i64 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.int64, device=dev)
-    first = (torch.arange(b, **i64) + seq0) * stride + 1  # [B] each sequence's first slot
-    seq = prefix + s
-    return ForwardBatch(
-        input_ids=ids.flatten(),  # [B*S]
-        positions=torch.arange(prefix, seq, **i64).repeat(b),  # [B*S]
-        out_slots=(first[:, None] + torch.arange(prefix, seq, **i64)).flatten(),  # [B*S]
-        qo_indptr=torch.arange(b + 1, **i32) * s,  # [B+1]
-        kv_indptr=torch.arange(b + 1, **i32) * seq,  # [B+1]
-        kv_indices=(first[:, None] + torch.arange(seq, **i64)).flatten(),  # [B*seq]
-        seq_lens=torch.full((b,), seq, **i32), prefix_lens=torch.full((b,), prefix, **i32),
-        sample_idx=torch.arange(b, **i64) * s + s - 1,  # [B]
-        is_decode=False, seq_lens_cpu=[seq] * b, prefix_lens_cpu=[prefix] * b,
-        extend_lens_cpu=[s] * b)  # fmt: skip
-
-
 def fill_prefixes(runner, ids: torch.Tensor, stride: int, chunk: int = 4) -> None:
     """Prefill ids `[B, P]` into their sequences' slots, `chunk` sequences a forward."""
     for s0 in range(0, ids.shape[0], chunk):
-        runner.forward(extend_batch(ids[s0 : s0 + chunk], 0, stride, seq0=s0))
+        runner.forward(step_batch(ids[s0 : s0 + chunk], 0, stride, seq0=s0))
 
 
 def measure(fn, iters: int) -> dict:
@@ -112,7 +88,7 @@ def run_pool(model: str, pool: str, batch: int, prefix: int, news: list[int],
     fill_prefixes(runner, ids[:, :prefix], stride)
     rows = []
     for s in news:
-        fb = extend_batch(ids[:, prefix : prefix + s], prefix, stride)
+        fb = step_batch(ids[:, prefix : prefix + s], prefix, stride)
         for name in VARIANTS:
             with per_head() if name == "per-head" else contextlib.nullcontext():
                 times = measure(lambda fb=fb, r=runner: r.forward(fb), iters)

@@ -202,26 +202,37 @@ def part_hf_batch(p: Preset) -> dict:
 
 
 # ------------------------------------------------------------------ decode steps
-def decode_batch(batch: int, ctx: int, vocab: int, device: torch.device):
-    """A decode step of `batch` sequences of `ctx` positions each (the new token's included).
-
-    Sequence s holds slots 1 + s*ctx ..., contiguous as the token pool hands them to a fresh
-    prefill; slot 0 stays the padding sink.
-    """
+def step_batch(ids: torch.Tensor, prefix: int, stride: int, seq0: int = 0,
+               decode: bool = False):  # fmt: skip
+    """One step of every row of ids `[B, S]` (sequences seq0 ...) after `prefix` cached
+    tokens, one sample a sequence (its last); sequence s holds slots 1 + s * stride ...,
+    contiguous as the token pool hands them to a fresh prefill (slot 0 stays the padding
+    sink). prefix 0: the prefill that fills those caches; decode (S = 1): a decode step."""
     from runtime.worker.forward_batch import ForwardBatch
 
-    i32, i64 = dict(dtype=torch.int32, device=device), dict(dtype=torch.int64, device=device)
-    first = torch.arange(batch, **i64) * ctx + 1  # [B] first slot of each sequence
+    b, s = ids.shape
+    dev = ids.device
+    i32, i64 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.int64, device=dev)
+    first = (torch.arange(b, **i64) + seq0) * stride + 1  # [B] each sequence's first slot
+    seq = prefix + s
     return ForwardBatch(
-        input_ids=torch.randint(3, vocab, (batch,), **i64),  # [B]
-        positions=torch.full((batch,), ctx - 1, **i64),  # [B]
-        out_slots=first + ctx - 1,  # [B]
-        qo_indptr=torch.arange(batch + 1, **i32),  # [B+1]
-        kv_indptr=torch.arange(batch + 1, **i32) * ctx,  # [B+1]
-        kv_indices=torch.arange(1, batch * ctx + 1, **i64),  # [B*ctx]
-        seq_lens=torch.full((batch,), ctx, **i32), prefix_lens=torch.full((batch,), ctx - 1, **i32),
-        sample_idx=torch.arange(batch, **i64), is_decode=True, seq_lens_cpu=[ctx] * batch,
-        prefix_lens_cpu=[ctx - 1] * batch, extend_lens_cpu=[1] * batch)
+        input_ids=ids.flatten(),  # [B*S]
+        positions=torch.arange(prefix, seq, **i64).repeat(b),  # [B*S]
+        out_slots=(first[:, None] + torch.arange(prefix, seq, **i64)).flatten(),  # [B*S]
+        qo_indptr=torch.arange(b + 1, **i32) * s,  # [B+1]
+        kv_indptr=torch.arange(b + 1, **i32) * seq,  # [B+1]
+        kv_indices=(first[:, None] + torch.arange(seq, **i64)).flatten(),  # [B*seq]
+        seq_lens=torch.full((b,), seq, **i32), prefix_lens=torch.full((b,), prefix, **i32),
+        sample_idx=torch.arange(b, **i64) * s + s - 1,  # [B]
+        is_decode=decode, seq_lens_cpu=[seq] * b, prefix_lens_cpu=[prefix] * b,
+        extend_lens_cpu=[s] * b)  # fmt: skip
+
+
+def decode_batch(batch: int, ctx: int, vocab: int, device: torch.device):
+    """A decode step of `batch` sequences of `ctx` positions each (the new token's included),
+    sequence s in slots 1 + s*ctx ... (`step_batch`)."""
+    ids = torch.randint(3, vocab, (batch, 1), dtype=torch.int64, device=device)  # [B, 1]
+    return step_batch(ids, ctx - 1, ctx, decode=True)
 
 
 def time_ms(fn, iters: int, warmup: int = 3) -> float:

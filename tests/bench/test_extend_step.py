@@ -7,6 +7,7 @@ import sys
 import torch
 
 from bench import extend_step
+from bench.offline_parts import decode_batch, step_batch
 from runtime.model_config import resolve_model
 from runtime.worker.model_runner import ModelRunner
 
@@ -16,10 +17,17 @@ def test_prefix_then_extend_matches_one_prefill():
                          max_rows=3, seed=0, cuda_graph=False)  # fmt: skip
     ids = torch.randint(3, runner.vocab_size, (3, 23), generator=torch.Generator().manual_seed(1))
     extend_step.fill_prefixes(runner, ids[:, :16], 40, chunk=2)  # sequences 0-1, then 2
-    got = runner.forward(extend_step.extend_batch(ids[:, 16:], 16, 40))  # [3, V]
+    got = runner.forward(step_batch(ids[:, 16:], 16, 40))  # [3, V]
     # the whole sequences in one prefill, as sequences 3-5 (slots of their own)
-    whole = runner.forward(extend_step.extend_batch(ids, 0, 40, seq0=3))  # [3, V]
+    whole = runner.forward(step_batch(ids, 0, 40, seq0=3))  # [3, V]
     torch.testing.assert_close(got, whole, atol=2e-4, rtol=2e-4)
+
+
+def test_decode_batch_is_a_one_token_step():
+    fb = decode_batch(3, 5, 100, torch.device("cpu"))
+    assert fb.is_decode and fb.positions.tolist() == [4, 4, 4]
+    assert fb.out_slots.tolist() == [5, 10, 15] and fb.kv_indices.tolist() == list(range(1, 16))
+    assert fb.kv_indptr.tolist() == [0, 5, 10, 15] and fb.sample_idx.tolist() == [0, 1, 2]
 
 
 def test_per_head_unpacks_only_inside():
