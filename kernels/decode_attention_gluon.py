@@ -4,7 +4,7 @@ layouts): the default for such pools with head_dim 128 (fp8 on sm_89+, int8 on s
 The Triton stage 1 (`decode_attention_quant`) reads V's 8-bit tile back from shared memory one
 byte at a time to build the tensor-core operand of `p @ v`. Here every operand is built in
 registers (`gluon_operands`), from layouts chosen so that a thread holds what its MMA fragments
-need (`bench.gluon_fp8_operand` is the probe that checked the V half on the H200):
+need (`bench.probes.gluon_fp8_operand` is the probe that checked the V half on the H200):
 - the 4 warps split each tile of `block_n` keys and keep their own online softmax (the batch
   dimension of a rank-3 `mma_v2`); they merge once, after the loop;
 - tiles are copied global -> shared with `cp.async` (16 bytes a copy) into a ring of

@@ -23,7 +23,7 @@ MAX_SPLITS = 32
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Launch knobs of the stage-1 kernel (bench/kernels.py --sweep searches them).
+    """Launch knobs of the stage-1 kernel (bench/kernels/driver.py --sweep searches them).
 
     use_dot None means tl.dot only for GQA groups; True also pads a single head to 16 rows.
     A quantized pool always uses tl.dot (its kernel ignores use_dot); `words` loads its codes
@@ -53,14 +53,14 @@ class DecodeConfig:
 # MHA 961 us with padded tl.dot, 128 keys a tile; GQA (32/8 heads) 249 us with 64 keys a tile
 MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3, use_dot=True)
 GQA_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=2)
-# quantized pools, `python -m bench.decode_quant_sweep` on the H200 (B64 L4096 D128, bf16 q;
+# quantized pools, `python -m bench.kernels.decode_quant_sweep` on the H200 (B64 L4096 D128, bf16 q;
 # bench/results/2026-12-01-decode-fp8-words-h200.md): byte loads led on the token layout (MHA
 # fp8 920 us, GQA 260 us) and for paged MHA; 32-bit words led for paged GQA (fp8 233 us
 # against 268 us, int8 241 against 283 us)
 QUANT_MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
 QUANT_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
 QUANT_PAGED_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2, words=True)
-# the Gluon stage 1, every pool (`python -m bench.decode_quant_sweep --gluon --pools
+# the Gluon stage 1, every pool (`python -m bench.kernels.decode_quant_sweep --gluon --pools
 # fp8_e4m3,fp8,int8` on the H200, bench/results/2026-12-03-decode-scale-pairs-h200.md): 128
 # keys a tile, 2 stages. With K copied in whole lines and the scales read as pairs, the
 # 64-key tile's registers (175-182) leave 2 programs an SM, as the 128-key tile's do

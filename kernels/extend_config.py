@@ -1,5 +1,5 @@
 """Launch configs of extend attention (`ExtendConfig`) and the defaults measured on the H200
-(`bench.extend_sweep`, `bench/results/2026-12-02-extend-quant-h200.md`,
+(`bench.kernels.extend_sweep`, `bench/results/2026-12-02-extend-quant-h200.md`,
 `bench/results/2026-12-04-extend-mask-free-h200.md`)."""
 
 import functools

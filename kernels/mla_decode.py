@@ -31,7 +31,7 @@ from kernels.store_kv import QUANT_MAX, dequantize_ref
 
 @dataclass(frozen=True)
 class MlaDecodeConfig:
-    """Launch knobs of the stage-1 kernel (bench/kernels_mla.py --sweep searches them).
+    """Launch knobs of the stage-1 kernel (bench/kernels/mla.py --sweep searches them).
 
     The default is the one whose sm_90 build keeps its [block_h, Dl] float32 accumulator and
     both dot operands in registers without spilling (160 registers a thread for a 16-bit pool,

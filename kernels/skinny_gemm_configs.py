@@ -1,6 +1,6 @@
 """Launch configs of `kernels.skinny_gemm`, chosen by a table measured on the GPU.
 
-`skinny_gemm_table.json` beside this file is what `bench.skinny_gemm` writes as
+`skinny_gemm_table.json` beside this file is what `bench.kernels.skinny_gemm` writes as
 `<out>-table.json`: for each (fp8 weight, M bucket, N, K) it swept, the fastest config and
 whether it beat cuBLAS (for fp8 weights: per-token activation quant + `torch._scaled_mm`).
 An entry with a `source` was set by timing the whole decode step instead, where that

@@ -271,7 +271,7 @@ def _other_claims(res: dict, cont: dict) -> list[list[str]]:
 
 
 def _peers_row(res: dict) -> list[str]:
-    """HF transformers (bench/offline.py's file if at hand, else docs/device.md) against our
+    """HF transformers (bench/offline/driver.py's file if at hand, else docs/device.md) against our
     fixed workload, which has the peers' shape."""
     off = (res.get("offline_peers") or {}).get("results", {})
     tok = {k: (off.get(k) or {}).get("tok_s") for k in ("hf_static", "hf_batch", "sluice_overlap")}

@@ -5,9 +5,9 @@
                             [--modes sglang,sglang-fp8] [--cells c100] [--sweep 50,100,800]
                             [--model dummy:deepseek-v2-lite --dtype bfloat16] [--max-running N]
 
-For each mode a fresh `sluice serve` (`bench/server_proc.py`) on the same model, a short
+For each mode a fresh `sluice serve` (`bench/serving/server_proc.py`) on the same model, a short
 warm-up (Triton compiles, first prefill), then each workload through the load generator
-(`bench/serving.py`) with the server's `/metrics` polled and its step-timing log read:
+(`bench/serving/driver.py`) with the server's `/metrics` polled and its step-timing log read:
 - `sglang`: token KV + radix cache + overlap scheduling (SGLang-style);
 - `paged`: vLLM-style blocks of 16, prefix caching by block hash, synchronous loop;
 - `contiguous`: the seeds' "original approach", a region of prompt + max_tokens per request
@@ -49,7 +49,10 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.server_proc import (
+from bench.serving.data import arrival_times, make_dataset
+from bench.serving.driver import run_load
+from bench.serving.metrics import finite, parse_slo
+from bench.serving.server_proc import (
     ROOT,
     ServerFailed,
     SluiceServer,
@@ -57,9 +60,6 @@ from bench.server_proc import (
     git_rev,
     wait_gpu_released,
 )
-from bench.serving import run_load
-from bench.serving_data import arrival_times, make_dataset
-from bench.serving_metrics import finite, parse_slo
 from bench.studies.matrix import (
     MODES,
     PROFILES,
@@ -296,7 +296,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _offline_peers(out: Path) -> dict:
-    """bench/offline.py's HF peer numbers, if a results file of it is at hand."""
+    """bench/offline/driver.py's HF peer numbers, if a results file of it is at hand."""
     for d in dict.fromkeys([out, ROOT / "bench" / "results"]):
         for f in sorted(d.glob("*offline*.json"), reverse=True):
             try:

@@ -20,13 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-if __package__ in (None, ""):  # run as a file
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from runtime.config import ServerConfig  # noqa: E402
 from runtime.messages import BatchPlan, GenerateReq, SamplingParams, StepResult, WorkerReady  # noqa: E402

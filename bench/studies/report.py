@@ -149,7 +149,7 @@ def _failures(res: dict) -> list[str]:
 
 def _notes(res: dict) -> list[str]:
     return ["## Method and caveats", "",
-            "- Client metrics as `vllm bench serve` defines them (`bench/serving_metrics.py`); "
+            "- Client metrics as `vllm bench serve` defines them (`bench/serving/metrics.py`); "
             "one ITL per SSE chunk; token counts per chunk from chosen-token logprobs.",
             "- Random-weight `dummy:` model, `ignore_eos`: every mode does the same work; the "
             "tokens themselves mean nothing.",

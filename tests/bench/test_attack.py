@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.attack import __main__ as attack
-from bench.attack import defects
-from bench.attack.harness import Tally
 from tests.api.conftest import cfg, spec, tok  # noqa: F401 (fixtures)
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.test_http_health import http_front
+from tests.attack import __main__ as attack
+from tests.attack import defects
+from tests.attack.harness import Tally
 
 
 @pytest.fixture

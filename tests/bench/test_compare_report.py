@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from bench.serving import LoadRun
-from bench.serving_metrics import RequestResult, finite
+from bench.serving.driver import LoadRun
+from bench.serving.metrics import RequestResult, finite
 from bench.studies.claims import claims, derived, seeds_rows, star_rows
 from bench.studies.matrix import FULL, budget_kv_slots, customize, mode_kv_dtype, parse_bytes
 from bench.studies.plots import write_plots

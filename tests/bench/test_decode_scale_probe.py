@@ -3,7 +3,7 @@ the lines it replaces, or the probe would time the unchanged kernel under a cut'
 
 import pytest
 
-from bench import decode_scale_probe as probe
+from bench.probes import decode_scale as probe
 
 
 @pytest.mark.parametrize("name", ["base", *probe.CUTS])

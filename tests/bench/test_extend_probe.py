@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from bench import extend_probe as probe
+from bench.probes import extend as probe
 from tests.kernels.test_extend_attention import make_inputs
 
 

@@ -6,8 +6,8 @@ import sys
 
 import torch
 
-from bench import extend_step
-from bench.offline_parts import decode_batch, step_batch
+from bench.offline import extend_step
+from bench.offline.parts import decode_batch, step_batch
 from runtime.model_config import resolve_model
 from runtime.worker.model_runner import ModelRunner
 

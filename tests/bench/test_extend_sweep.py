@@ -1,11 +1,12 @@
-"""`python -m bench.extend_sweep --smoke` on the CPU interpreter: every pool is timed under each
-config, the picked default is marked, and quantized rows compare with the 16-bit default."""
+"""`python -m bench.kernels.extend_sweep --smoke` on the CPU interpreter: every pool is timed
+under each config, the picked default is marked, and quantized rows compare with the 16-bit
+default."""
 
 import json
 import math
 import sys
 
-from bench import extend_sweep
+from bench.kernels import extend_sweep
 
 
 def test_smoke_rows(tmp_path, monkeypatch):

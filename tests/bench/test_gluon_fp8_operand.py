@@ -1,5 +1,5 @@
-"""`python -m bench.gluon_fp8_operand` compiles the fp8 V-operand probe for sm_90 without a GPU:
-the loop builds its MMA operand in registers (PRMT + conversions), never byte by byte through
+"""`python -m bench.probes.gluon_fp8_operand` compiles the fp8 V-operand probe for sm_90 without a
+GPU: the loop builds its MMA operand in registers (PRMT + conversions), never byte by byte through
 shared memory, at well under the quantized decode kernel's ~5 instructions a byte."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 @pytest.mark.timeout(300)
 def test_fp8_v_operand_is_built_in_registers():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # a real compile
-    done = subprocess.run([sys.executable, "-m", "bench.gluon_fp8_operand"], env=env,
+    done = subprocess.run([sys.executable, "-m", "bench.probes.gluon_fp8_operand"], env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout

@@ -1,11 +1,11 @@
-"""`bench.gpu_clocks`: the summary of sampled clocks a bench prints beside its times, and the
+"""`bench.probes.gpu_clocks`: the summary of sampled clocks a bench prints beside its times, and the
 sampler's quiet absence where there is no GPU."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.gpu_clocks import ClockSampler, summarize
+from bench.probes.gpu_clocks import ClockSampler, summarize
 
 LINES = [  # clocks.sm, power.draw, clocks_event_reasons.active (as nvidia-smi prints them)
     "345, 81.40, 0x0000000000000001",  # idle: not counted as busy

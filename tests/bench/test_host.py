@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from bench import host
-from bench.host_worker import SyntheticLoad, make_plan
+from bench.host import driver as host
+from bench.host.worker import SyntheticLoad, make_plan
 
 REQUESTS, CONCURRENCY, INPUT_LEN, OUTPUT_LEN, STEPS = 4, 2, 8, 4, 3
 

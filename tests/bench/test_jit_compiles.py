@@ -1,9 +1,9 @@
-"""`bench.jit_compiles`: the kernels a timed run compiled are the cache entries written after
+"""`bench.probes.jit_compiles`: the kernels a timed run compiled are the cache entries written after
 it started (the grouping files Triton writes beside them are not kernels)."""
 
 import os
 
-from bench.jit_compiles import compiled_since
+from bench.probes.jit_compiles import compiled_since
 
 
 def test_only_entries_written_after_the_start_are_counted(tmp_path):

@@ -1,9 +1,9 @@
-"""`python bench/kernels_moe.py --tiny`: the MoE bench runs on the CPU through the Triton
+"""`python -m bench.kernels.moe --tiny`: the MoE bench runs on the CPU through the Triton
 interpreter, checks the kernel against the reference and reports every token count."""
 
 import json
 
-from bench import kernels_moe
+from bench.kernels import moe as kernels_moe
 
 
 def test_tiny_run_reports_each_token_count(tmp_path):

@@ -1,11 +1,11 @@
-"""`python -m bench.kv_copy_bw --smoke`: the copy bench runs through `KVTransfer` on the CPU
+"""`python -m bench.kernels.kv_copy_bw --smoke`: the copy bench runs through `KVTransfer` on the CPU
 and reports every size it was asked for; no timings."""
 
 from __future__ import annotations
 
 import json
 
-from bench import kv_copy_bw
+from bench.kernels import kv_copy_bw
 
 
 def test_smoke_run_reports_each_size(tmp_path):

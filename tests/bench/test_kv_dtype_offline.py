@@ -1,4 +1,4 @@
-"""`python -m bench.kv_dtype_offline` at a CPU scale: two engines (16-bit and fp8 KV pools of
+"""`python -m bench.offline.kv_dtype` at a CPU scale: two engines (16-bit and fp8 KV pools of
 the same bytes) generate the same prompts; checks the report's structure and the pools'
 capacities, no timings."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from bench import kv_dtype_offline
+from bench.offline import kv_dtype as kv_dtype_offline
 
 
 @pytest.mark.timeout(180)

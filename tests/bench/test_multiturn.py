@@ -1,4 +1,4 @@
-"""`python -m bench.multiturn --smoke`: two CPU servers (host tier off and on) serving the
+"""`python -m bench.serving.multiturn --smoke`: two CPU servers (host tier off and on) serving the
 same multi-turn chats. Checks the report's structure and that only the tier's server
 serves prefixes from the host; no timings."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from bench import multiturn
+from bench.serving import multiturn
 
 
 def test_smoke_run_reports_host_hits_only_with_the_tier(tmp_path):

@@ -1,5 +1,5 @@
-"""`python -m bench.sass` compiles the decode kernels for sm_90 on a machine without a GPU and
-reads what ptxas made of them: the numbers the kernel notes in bench/results quote."""
+"""`python -m bench.probes.sass` compiles the decode kernels for sm_90 on a machine without a
+GPU and reads what ptxas made of them: the numbers the kernel notes in bench/results quote."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from bench.sass import main_loop
+from bench.probes.sass import main_loop
 
 
 def run_sass(*args: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # a real compile
-    done = subprocess.run([sys.executable, "-m", "bench.sass", *args], env=env,
+    done = subprocess.run([sys.executable, "-m", "bench.probes.sass", *args], env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout

@@ -11,9 +11,9 @@ import random
 import pytest
 from aiohttp import web
 
-from bench.serving import run_load
-from bench.serving_data import Burst, RequestSpec, arrival_times, make_dataset
-from bench.serving_metrics import (
+from bench.serving.data import Burst, RequestSpec, arrival_times, make_dataset
+from bench.serving.driver import run_load
+from bench.serving.metrics import (
     CANCELLED,
     RequestResult,
     distribution,
@@ -22,7 +22,7 @@ from bench.serving_metrics import (
     percentile,
     summarize,
 )
-from bench.serving_scrape import Scraper, parse_prometheus, step_idle
+from bench.serving.scrape import Scraper, parse_prometheus, step_idle
 
 
 # ------------------------------------------------------------------ pure functions

@@ -3,7 +3,7 @@ and the table it writes keeping the rows it did not measure."""
 
 import json
 
-from bench.skinny_gemm import fits, grid, merged_table
+from bench.kernels.skinny_gemm import fits, grid, merged_table
 from kernels.skinny_gemm_configs import SkinnyConfig
 
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from bench import step_ablation as ablation
+from bench.offline import step_ablation as ablation
 from kernels.decode_attention import decode_attention, decode_attention_ref
 from runtime.worker import attention_triton
 from runtime.worker.ops import TritonOps

@@ -1,7 +1,7 @@
 """Quantized KV cache (`--kv-dtype fp8|int8`): pool layout and bytes, both backends against
 the kernels' quantization, and model accuracy against the unquantized pool.
 
-Accuracy is measured as in `bench/kv_quant.py`: the quantized runner decodes greedily with
+Accuracy is measured as in `bench/offline/kv_quant.py`: the quantized runner decodes greedily with
 every prompt twice in its batch, once free-running (greedy agreement: tokens before the
 first divergence from the reference) and once teacher-forced on the reference's tokens
 (logit error and top-1 agreement at identical inputs, prefill and every decode step).
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.kv_quant import compare, make_prompts
+from bench.offline.kv_quant import compare, make_prompts
 from kernels.store_kv import dequantize_ref, paired_scales, store_kv_ref
 from runtime.config import ServerConfig
 from runtime.model_config import resolve_model

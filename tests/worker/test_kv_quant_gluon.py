@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from bench.kv_quant import compare, make_prompts
+from bench.offline.kv_quant import compare, make_prompts
 from kernels import decode_config
 from runtime.model_config import DUMMY_PRESETS, resolve_model
 from runtime.worker.model_runner import ModelRunner

@@ -1,2 +1,0 @@
-"""The attack battery (`python -m bench.attack`): malformed and hostile input, floods and
-signals against a server on loopback, with tried / failed / lost per group."""

@@ -1,0 +1,5 @@
+"""`python -m bench.kernels`: see `bench.kernels.driver`."""
+
+from bench.kernels.driver import main
+
+main()
