@@ -13,9 +13,9 @@ PROGRAMS_PER_SM = 4  # enough resident programs per SM; more splits only add mer
 # copy, the ring's fill, the warps' merge: about 6.5 us on the H200), so it takes half as many:
 # at B64 L4096 GQA 32/8 one split against two is 67.1 / 64.2% of the copy ceiling for fp8
 # (token), 74.2 / 69.2% (paged-16), int8 71.0 / 60.0% and 72.0 / 63.8%
-# (bench/results/2026-12-02-gluon-decode-splits-layouts-h200.json); measured after the change,
+# (bench/results/kernels/2026-12-02-gluon-decode-splits-layouts-h200.json); measured after the change,
 # the unscaled fp8 pool's GQA rows went from 78.4 / 78.8% (2 splits) to 88.1 / 89.5% (1 split)
-# (bench/results/2026-12-02-decode-quant-one-split-h200.md)
+# (bench/results/kernels/2026-12-02-decode-quant-one-split-h200.md)
 QUANT_PROGRAMS_PER_SM = 2
 MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more to merge than it hides
 MAX_SPLITS = 32
@@ -54,14 +54,14 @@ class DecodeConfig:
 MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3, use_dot=True)
 GQA_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=2)
 # quantized pools, `python -m bench.kernels.decode_quant_sweep` on the H200 (B64 L4096 D128, bf16 q;
-# bench/results/2026-12-01-decode-fp8-words-h200.md): byte loads led on the token layout (MHA
+# bench/results/kernels/2026-12-01-decode-fp8-words-h200.md): byte loads led on the token layout (MHA
 # fp8 920 us, GQA 260 us) and for paged MHA; 32-bit words led for paged GQA (fp8 233 us
 # against 268 us, int8 241 against 283 us)
 QUANT_MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
 QUANT_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
 QUANT_PAGED_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2, words=True)
 # the Gluon stage 1, every pool (`python -m bench.kernels.decode_quant_sweep --gluon --pools
-# fp8_e4m3,fp8,int8` on the H200, bench/results/2026-12-03-decode-scale-pairs-h200.md): 128
+# fp8_e4m3,fp8,int8` on the H200, bench/results/kernels/2026-12-03-decode-scale-pairs-h200.md): 128
 # keys a tile, 2 stages. With K copied in whole lines and the scales read as pairs, the
 # 64-key tile's registers (175-182) leave 2 programs an SM, as the 128-key tile's do
 GLUON_CONFIG = DecodeConfig(block_n=128, num_stages=2, gluon=True)

@@ -11,7 +11,7 @@ style online softmax over the prefix tiles, then over the new tiles up to the di
 diagonal's) are masked, the others load and score unmasked. The grid launches a (sequence,
 head)'s row blocks side by side, so that they meet its keys in L2 together, except packed
 programs over a cached prefix, which launch the sequences' blocks of one row range side by
-side (faster there on the H200: `bench/results/2026-12-04-extend-launch-order-h200.md`).
+side (faster there on the H200: `bench/results/kernels/2026-12-04-extend-launch-order-h200.md`).
 
 An fp8 or int8 prefix is widened to fp16 in registers and scaled there: each code times its
 (token, head) scale rounded to fp16 (int8 on the GPU by bit arithmetic: the code + 128 under

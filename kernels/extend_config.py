@@ -1,6 +1,6 @@
 """Launch configs of extend attention (`ExtendConfig`) and the defaults measured on the H200
-(`bench.kernels.extend_sweep`, `bench/results/2026-12-02-extend-quant-h200.md`,
-`bench/results/2026-12-04-extend-mask-free-h200.md`)."""
+(`bench.kernels.extend_sweep`, `bench/results/kernels/2026-12-02-extend-quant-h200.md`,
+`bench/results/kernels/2026-12-04-extend-mask-free-h200.md`)."""
 
 import functools
 import os
@@ -61,7 +61,7 @@ def _default_config(head_dim: int, quant: bool, device: torch.device, short: boo
     GPU's shared memory holds them (else 64 x 64 in 2 stages); 32 x 32 tiles above head dim
     128. (A 16-bit 128 x 128 tile in 3 stages is
     6-12% faster over a long prefix on the H200 but slower on causal prefill without one:
-    `bench/results/2026-12-02-extend-quant-h200.md`.)"""
+    `bench/results/kernels/2026-12-02-extend-quant-h200.md`.)"""
     if head_dim > 128:
         return ExtendConfig(block_m=32, block_n=32)
     smem = (torch.cuda.get_device_properties(device).shared_memory_per_block_optin
@@ -78,6 +78,6 @@ def fp8_scores_default(device: torch.device) -> bool:
     """Whether an fp8 prefix without scales is scored on fp8 tensor cores by default: on GPUs
     that have them (sm_89+), never under the Triton interpreter; `SLUICE_FP8_SCORES=0` turns
     it off (q and the prefix in fp16). Measured on the H200:
-    `bench/results/2026-12-02-extend-fp8-scores-h200.md`."""
+    `bench/results/kernels/2026-12-02-extend-fp8-scores-h200.md`."""
     return (os.environ.get("SLUICE_FP8_SCORES") != "0"
             and kernel_capability(device) >= FP8_CAPABILITY)

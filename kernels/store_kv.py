@@ -132,7 +132,7 @@ def scale_pairs(num_slots: int, kv_heads: int, device: torch.device | str) -> to
     `[..., 1]` are its k_scale and v_scale, a (slot, head)'s two side by side. Decode reads
     both with one 8-byte load a key; as two tensors, in the token layout (a warp's keys on as
     many lines), their loads were 40% of its line requests, and it ran at 67-75% of the copy
-    ceiling against 81-86% now (bench/results/2026-12-03-decode-scale-pairs-h200.md)."""
+    ceiling against 81-86% now (bench/results/kernels/2026-12-03-decode-scale-pairs-h200.md)."""
     return torch.ones(num_slots, kv_heads, 2, dtype=torch.float32, device=device)
 
 

@@ -1,7 +1,7 @@
 """What the GPU's clocks did during a run: `nvidia-smi` sampled in the background.
 
 A compute-bound phase can hold a GPU at its power cap; the H200 then lowers its SM clock from
-1,980 MHz to 1,440-1,800 MHz (`bench/results/2026-12-03-prefill-slow-mode-h200.md`). Two
+1,980 MHz to 1,440-1,800 MHz (`bench/results/modes/2026-12-03-prefill-slow-mode-h200.md`). Two
 runs compared as a ratio mean little unless both ran at like clocks, so benches that time
 prefill record them beside their times. `ClockSampler` samples the SM clock, the power draw
 and the clock-event reasons every `period_ms` while open; `summarize` reduces the samples

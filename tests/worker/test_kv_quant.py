@@ -190,7 +190,7 @@ def test_smollm2_quantized_kv_tracks_fp32(
     smollm2_reference, kv_dtype, max_err, min_top1, min_greedy
 ):
     """SmolLM2 on the CPU in fp32, an fp8/int8 pool against the fp32 pool: 3 prompts, each
-    prefilled in two chunks, then 256 tokens (bench/results/2026-11-29-kv-quant-cpu.md).
+    prefilled in two chunks, then 256 tokens (bench/results/kv-dtype/2026-11-29-kv-quant-cpu.md).
 
     Measured (max |logit| of the reference 43.5):
     - fp8: max abs logit error 2.52 (mean 0.24), top-1 0.977, first divergence at
