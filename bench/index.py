@@ -29,7 +29,8 @@ RESULTS = ROOT / "bench" / "results"
 INDEX = RESULTS / "INDEX.md"
 HEAD_LINES = 40  # Question / Answer must stand within a report's first lines
 LINK = re.compile(r"bench/results/[\w./-]+\.\w+")
-COMMAND = re.compile(r"`((?:python3? -m |sluice |vllm )[^`]+)`")
+COMMAND = re.compile(r"`((?:python3? -m |sluice |vllm )[^`]+)`"  # quoted inline
+                     r"|^ {4,}((?:python3? -m |sluice |vllm ).+)$", re.M)  # or in a code block
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def command_of(md: Path, text: str) -> str:
         if isinstance(meta, dict) and meta.get("command"):
             return " ".join(str(meta["command"]).split())
     found = COMMAND.search(text)
-    return " ".join(found.group(1).split()) if found else ""
+    return " ".join((found.group(1) or found.group(2)).split()) if found else ""
 
 
 def read_report(md: Path) -> Report:
