@@ -8,7 +8,8 @@ Under tensor parallelism (`TPGroup` of size N) each rank holds 1/N of every laye
 Megatron-LM splits it: Q/K/V and gate/up column-parallel (whole heads, whole MLP columns),
 O and down row-parallel (all-reduced), the embedding and the LM head by vocabulary rows
 (`parallel.py`). `CausalLM.tp_split_dim` says how each checkpoint tensor is cut. The
-feed-forward block of a layer comes from `LlamaForCausalLM.mlp`.
+feed-forward block of a layer comes from `LlamaForCausalLM.mlp`, which the mixture-of-experts
+families (`llama_moe.py`) override.
 
 With `quantization="fp8"` the projections of every layer hold fp8 weights (`Fp8Linear`); the
 embedding, the LM head and the norms stay in the model's dtype.
@@ -30,8 +31,8 @@ from runtime.worker.models.parallel import QUANTIZATIONS, column_linear, row_lin
 from runtime.worker.tp import TPGroup
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-QK_NORM_TYPES = ("qwen3",)  # per-head RMSNorm of q and k before RoPE
-WINDOWED_TYPES = ("mistral",)  # `sliding_window` applies without a switch
+QK_NORM_TYPES = ("qwen3", "qwen3_moe")  # per-head RMSNorm of q and k before RoPE
+WINDOWED_TYPES = ("mistral", "mixtral")  # `sliding_window` applies without a switch
 
 
 @dataclass(frozen=True)
