@@ -6,10 +6,11 @@ floor(step) = (weight bytes + KV bytes) / 4.26 TB/s, the H200's measured copy ba
 weights: a step gathers only the batch's rows of it, so only those count. A prefill's floor
 is its FLOPs at the measured dense matmul rate.
 
-For a mixture-of-experts model (DeepSeek) a step reads only the routed experts its tokens
-pick: with k of E experts a token, uniform routing touches 1 - (1 - k/E)^batch of them per
-layer on average, and that share of the experts' bytes counts. Its KV is one latent row a
-token and layer (MLA), and its attention FLOPs those of the absorbed form.
+For a mixture-of-experts model (DeepSeek, Qwen3-MoE, Mixtral) a step reads only the routed
+experts its tokens pick: with k of E experts a token, uniform routing touches
+1 - (1 - k/E)^batch of them per layer on average, and that share of the experts' bytes
+counts; a prefill token multiplies k/E of the experts' parameters. DeepSeek's KV is one
+latent row a token and layer (MLA), and its attention FLOPs those of the absorbed form.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from runtime.model_config import resolve_model
 from runtime.worker.loader import build_model
 from runtime.worker.models.deepseek import DeepseekForCausalLM
+from runtime.worker.models.sparse_moe import SparseMoeBlock
 
 BANDWIDTH = 4.26e12  # bytes/s
 COMPUTE = 780e12  # FLOP/s, dense bf16 matmul (device.md); taken for fp16 too
@@ -54,21 +56,24 @@ class ModelBytes:
         stored = sum(t.numel() * (1 if t.dtype == torch.float8_e4m3fn else size)
                      for t in meta.parameters()) + sum(t.numel() * 4 for t in meta.buffers())
         tables = 1 if a.tie_word_embeddings else 2
+        blocks = [m for m in meta.modules() if isinstance(m, SparseMoeBlock)]
+        moe, idle = {}, 0  # idle: expert parameters a token does not multiply
+        if blocks:
+            experts, top_k = blocks[0].experts.shape[0], blocks[0].routing.top_k
+            numel = sum(t.numel() for b in blocks for t in b.experts.parameters())
+            moe = dict(expert_bytes=size * numel, experts=experts, top_k=top_k)
+            idle = numel * (experts - top_k) // experts
         if isinstance(meta, DeepseekForCausalLM):
-            moe = dict(expert_bytes=size * sum(t.numel() for n, t in meta.named_parameters()
-                                               if ".experts." in n),
-                       experts=a.n_routed_experts, top_k=a.num_experts_per_tok)
             kv = a.num_layers * a.latent_dim * size
             # absorbed: q.k over L + Dr dims, p.v over L, per head
             attn = 2 * a.num_layers * a.num_heads * (a.latent_dim + a.kv_lora_rank)
         else:
-            moe = {}
             kv = 2 * a.num_layers * a.num_kv_heads * a.head_dim * size
             attn = 4 * a.num_layers * a.num_heads * a.head_dim  # q.k and p.v
         return cls(
             params=stored, embed=0 if a.tie_word_embeddings else table * size,
             row=a.hidden_size * size, kv_per_token=kv,
-            body_params=params - tables * table, head_params=table,
+            body_params=params - tables * table - idle, head_params=table,
             attn_flops_per_pair=attn, **moe)
 
     def step(self, batch: int, ctx: int) -> tuple[int, int]:

@@ -20,25 +20,19 @@ import torch
 from safetensors import safe_open
 
 from runtime.model_config import ModelSpec
-from runtime.worker.models.deepseek import DeepseekForCausalLM
-from runtime.worker.models.deepseek import tp_split_dim as deepseek_split_dim
-from runtime.worker.models.deepseek_arch import SUPPORTED_TYPES as DEEPSEEK_TYPES
-from runtime.worker.models.deepseek_arch import DeepseekArch
-from runtime.worker.models.llama import LlamaArch, LlamaForCausalLM, tp_split_dim
+from runtime.worker.models.causal_lm import CausalLM
+from runtime.worker.models.registry import model_class
 from runtime.worker.quant.fp8_linear import Fp8Linear
 from runtime.worker.tp import TPGroup
 
 DUMMY_STD = 0.02
 # tensors some checkpoints carry that we recompute or do not use
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-CausalLM = LlamaForCausalLM | DeepseekForCausalLM
 
 
 def build_model(config, tp: TPGroup | None, quantization: str) -> CausalLM:
     """The model class for a transformers config's `model_type`, on the current device."""
-    if getattr(config, "model_type", "llama") in DEEPSEEK_TYPES:
-        return DeepseekForCausalLM(DeepseekArch.from_hf(config), tp, quantization)
-    return LlamaForCausalLM(LlamaArch.from_hf(config), tp, quantization)
+    return model_class(config).from_hf(config, tp, quantization)
 
 
 class WeightLoadError(RuntimeError):
@@ -107,8 +101,7 @@ class ShardLoader:
         self.fp8 = {f"{name}.weight": m for name, m in model.named_modules()
                     if isinstance(m, Fp8Linear)}  # weight parameter name -> its layer
         self.pending = set(self.targets)
-        self.split_dim = (deepseek_split_dim if isinstance(model, DeepseekForCausalLM)
-                          else tp_split_dim)
+        self.split_dim = model.tp_split_dim
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
         param_name, start, rows = self.targets[name]

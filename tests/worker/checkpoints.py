@@ -7,8 +7,10 @@ from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
     MistralConfig,
+    MixtralConfig,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 BASE = dict(
@@ -34,6 +36,15 @@ FAMILIES = {
     "qwen2-tied": (Qwen2Config, dict(tie_word_embeddings=True)),
     "qwen3": (Qwen3Config, dict(head_dim=32, num_key_value_heads=1)),
     "mistral": (MistralConfig, dict(sliding_window=None)),
+    # sparse layers 0 and 2, a dense MLP on layer 1 (`mlp_only_layers`)
+    "qwen3_moe": (Qwen3MoeConfig, dict(num_hidden_layers=3, head_dim=32, num_experts=8,
+                                       num_experts_per_tok=3, moe_intermediate_size=32,
+                                       norm_topk_prob=True, mlp_only_layers=[1])),
+    # a dense layer 0 by `decoder_sparse_step`, top-k weights not renormalized
+    "qwen3_moe-step2": (Qwen3MoeConfig, dict(num_experts=4, num_experts_per_tok=2,
+                                             moe_intermediate_size=48, decoder_sparse_step=2)),
+    "mixtral": (MixtralConfig, dict(num_local_experts=4, num_experts_per_tok=2,
+                                    sliding_window=None)),
 }
 
 

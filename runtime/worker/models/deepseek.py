@@ -12,7 +12,7 @@ Checkpoints lay the rope dims out in interleaved pairs; the loader permutes the 
 produce q_rope and k_rope so the rotate-half RoPE of `ops.rope` applies unchanged.
 Under tensor parallelism (`TPGroup` of size N) each rank holds 1/N of the heads (q and
 kv_b_proj rows, o_proj columns, all-reduced) and of every FFN's width (experts included,
-`deepseek_moe.py`); the latent projections, norms and router are replicated, and so is the
+`sparse_moe.py`); the latent projections, norms and router are replicated, and so is the
 latent pool: every rank stores each token's whole latent row. fp8 weights are not supported
 for this family yet.
 """
@@ -20,32 +20,18 @@ for this family yet.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from runtime.worker.attention import AttentionBackend
 from runtime.worker.attention_mla import MlaShape
 from runtime.worker.forward_batch import ForwardBatch
-from runtime.worker.models.deepseek_arch import DeepseekArch
+from runtime.worker.models.causal_lm import CausalLM, DecoderLayer, Ops, Piece, RMSNorm
+from runtime.worker.models.deepseek_arch import SUPPORTED_TYPES, DeepseekArch
 from runtime.worker.models.deepseek_moe import DeepseekMoE, GatedMLP
 from runtime.worker.models.deepseek_rope import deepseek_cos_sin_cache, deinterleave_perm
-from runtime.worker.models.llama import RMSNorm
-from runtime.worker.models.parallel import RowParallelLinear, VocabParallelEmbedding
-from runtime.worker.ops import TorchOps, TritonOps
+from runtime.worker.models.parallel import RowParallelLinear
+from runtime.worker.models.sparse_moe import expert_pieces
 from runtime.worker.tp import TPGroup
-
-Ops = TorchOps | TritonOps
-# checkpoint modules cut along their output rows (dim 0) or input columns (dim 1) under TP
-COLUMN_PARALLEL = ("q_proj", "q_b_proj", "kv_b_proj", "gate_proj", "up_proj", "embed_tokens",
-                   "lm_head")
-ROW_PARALLEL = ("o_proj", "down_proj")
-
-
-def tp_split_dim(hf_name: str) -> int | None:
-    """The dim along which tensor `hf_name` of a checkpoint is split over TP ranks; None
-    when every rank holds all of it (latent projections, norms, the router)."""
-    module = hf_name.split(".")[-2]
-    return 0 if module in COLUMN_PARALLEL else 1 if module in ROW_PARALLEL else None
 
 
 class DeepseekAttention(nn.Module):
@@ -119,116 +105,44 @@ class DeepseekAttention(nn.Module):
         return self.o_proj(v.transpose(0, 1).reshape(tokens, -1))  # [T, hidden]
 
 
-class DeepseekDecoderLayer(nn.Module):
-    def __init__(self, arch: DeepseekArch, layer_id: int, tp: TPGroup) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.self_attn = DeepseekAttention(arch, layer_id, tp)
-        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = (
-            DeepseekMoE(arch, tp) if arch.is_moe_layer(layer_id)
-            else GatedMLP(arch.hidden_size, arch.intermediate_size, tp)
-        )  # fmt: skip
-
-    def forward(
-        self, h: torch.Tensor, residual: torch.Tensor | None, ops: Ops, fb: ForwardBatch,
-        attn: AttentionBackend,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """(this layer's FFN output, the residual stream before it): [T, hidden] each."""
-        norm = self.input_layernorm
-        if residual is None:
-            x, residual = ops.rmsnorm(h, norm.weight, norm.eps), h
-        else:
-            x, residual = ops.add_rmsnorm(h, residual, norm.weight, norm.eps)
-        h = self.self_attn(x, ops, fb, attn)  # [T, hidden]
-        norm = self.post_attention_layernorm
-        x, residual = ops.add_rmsnorm(h, residual, norm.weight, norm.eps)
-        return self.mlp(x, ops), residual
-
-
-class DeepseekModel(nn.Module):
-    def __init__(self, arch: DeepseekArch, tp: TPGroup) -> None:
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, tp)
-        self.layers = nn.ModuleList(DeepseekDecoderLayer(arch, i, tp)
-                                    for i in range(arch.num_layers))
-        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.ops: Ops | None = None  # set by init_buffers once the device is known
-
-    def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        ops = self.ops
-        h, residual = self.embed_tokens(fb.input_ids), None  # [T, hidden]
-        for layer in self.layers:
-            h, residual = layer(h, residual, ops, fb, attn)  # [T, hidden] each
-        return ops.add_rmsnorm(h, residual, self.norm.weight, self.norm.eps)[0]
-
-
-class DeepseekForCausalLM(nn.Module):
+class DeepseekForCausalLM(CausalLM):
     """Decoder plus LM head, for DeepseekV2ForCausalLM / DeepseekV3ForCausalLM checkpoints.
     Parameter names follow transformers except the fused `gate_up_proj`s and the stacked
     routed experts (`checkpoint_targets`). The KV pool it needs holds one latent row per
-    token and layer: `mla` says its shape to the attention backend."""
+    token and layer: `mla` says its shape to the attention backend. Under TP the latent
+    projections, norms and router are replicated."""
+
+    MODEL_TYPES = SUPPORTED_TYPES
+    ARCH = DeepseekArch
+    COLUMN_PARALLEL = (*CausalLM.COLUMN_PARALLEL, "q_b_proj", "kv_b_proj")
 
     def __init__(self, arch: DeepseekArch, tp: TPGroup | None = None,
                  quantization: str = "none") -> None:
-        super().__init__()
-        self.tp = tp = tp or TPGroup()
-        if quantization != "none":
-            raise NotImplementedError(f"{arch.kind}: fp8 weights are not supported yet")
-        self.arch = arch
-        self.quantization = quantization
-        self.model = DeepseekModel(arch, tp)
+        super().__init__(arch, tp, quantization)
         heads = self.model.layers[0].self_attn.num_heads  # this rank's
         self.mla = MlaShape(heads, arch.kv_lora_rank, arch.sm_scale)
-        if not arch.tie_word_embeddings:
-            self.lm_head = nn.Linear(
-                arch.hidden_size, tp.shard(arch.vocab_size, "the vocabulary"), bias=False
-            )
 
-    def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        """Final-normed hidden states of every new token: [T, hidden]."""
-        return self.model(fb, attn)
+    def decoder_layer(self, layer_id: int) -> DecoderLayer:
+        a, tp = self.arch, self.tp
+        mlp = (DeepseekMoE(a, tp) if a.is_moe_layer(layer_id)
+               else GatedMLP(a.hidden_size, a.intermediate_size, tp))
+        return DecoderLayer(a.hidden_size, a.rms_norm_eps, DeepseekAttention(a, layer_id, tp), mlp)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """LM head over selected rows: [S, hidden] -> [S, vocab] float32."""
-        head = self.model.embed_tokens if self.arch.tie_word_embeddings else self.lm_head
-        logits = F.linear(hidden, head.weight)  # [S, vocab / tp], this rank's rows
-        return self.tp.all_gather_last(logits).float()  # [S, vocab]
+    def rope_table(self, device: torch.device) -> torch.Tensor:
+        a = self.arch
+        return deepseek_cos_sin_cache(a.qk_rope_head_dim, a.max_position, a.rope, device)
 
     def init_buffers(self) -> None:
         """Once the weights are in: the RoPE table, each layer's W_UK / W_UV, and (for
         interleaved checkpoints) the rope rows permuted to halves. Call it once."""
-        a = self.arch
-        device = self.model.embed_tokens.weight.device
-        cache = deepseek_cos_sin_cache(a.qk_rope_head_dim, a.max_position, a.rope, device)
-        self.model.ops = TritonOps(cache) if device.type == "cuda" else TorchOps(cache)
+        super().init_buffers()
         for layer in self.model.layers:
-            if a.rope_interleave:
+            if self.arch.rope_interleave:
                 layer.self_attn.deinterleave_rope()
             layer.self_attn.absorb()
 
-    def checkpoint_targets(self) -> dict[str, tuple[str, int, int]]:
-        """Every tensor a transformers checkpoint must provide, by its name there:
-        (our parameter name, first row, row count) along dim 0 of that parameter. Under TP
-        the rows are this rank's share of the tensor cut by `tp_split_dim`."""
-        a = self.arch
-        targets: dict[str, tuple[str, int, int]] = {}
-        for name, param in self.named_parameters():
-            *parent, module, leaf = name.split(".")
-            prefix = ".".join(parent)
-            if module == "gate_up_proj":
-                inter = param.shape[0] // 2
-                targets[f"{prefix}.gate_proj.{leaf}"] = (name, 0, inter)
-                targets[f"{prefix}.up_proj.{leaf}"] = (name, inter, inter)
-            elif module == "experts":
-                e, h = a.n_routed_experts, a.hidden_size
-                i = param.shape[0] // (2 * e) if leaf == "w13" else param.shape[1]  # local I
-                for x in range(e):
-                    if leaf == "w13":
-                        targets[f"{prefix}.experts.{x}.gate_proj.weight"] = (name, x * 2 * i, i)
-                        targets[f"{prefix}.experts.{x}.up_proj.weight"] = (name, x * 2 * i + i, i)
-                    else:
-                        targets[f"{prefix}.experts.{x}.down_proj.weight"] = (name, x * h, h)
-            else:
-                targets[name] = (name, 0, param.shape[0])
-        return targets
+    def checkpoint_pieces(self, module: str, leaf: str, param: torch.Tensor) -> list[Piece]:
+        """The stacked routed experts take each expert's gate, up and down tensors."""
+        if module == "experts":
+            return expert_pieces(leaf, param, self.arch.n_routed_experts)
+        return super().checkpoint_pieces(module, leaf, param)

@@ -7,7 +7,9 @@ projections are fused into one linear each (the loader concatenates the HF weigh
 Under tensor parallelism (`TPGroup` of size N) each rank holds 1/N of every layer, as
 Megatron-LM splits it: Q/K/V and gate/up column-parallel (whole heads, whole MLP columns),
 O and down row-parallel (all-reduced), the embedding and the LM head by vocabulary rows
-(`parallel.py`). `tp_split_dim` says how each checkpoint tensor is cut.
+(`parallel.py`). `CausalLM.tp_split_dim` says how each checkpoint tensor is cut. The
+feed-forward block of a layer comes from `LlamaForCausalLM.mlp`, which the mixture-of-experts
+families (`llama_moe.py`) override.
 
 With `quantization="fp8"` the projections of every layer hold fp8 weights (`Fp8Linear`); the
 embedding, the LM head and the norms stay in the model's dtype.
@@ -16,45 +18,28 @@ embedding, the LM head and the norms stay in the model's dtype.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels.rope import ROPE_TYPES, rope_cos_sin_cache
 from runtime.worker.attention import AttentionBackend, Rotary
 from runtime.worker.forward_batch import ForwardBatch
-from runtime.worker.models.parallel import (
-    QUANTIZATIONS,
-    VocabParallelEmbedding,
-    column_linear,
-    row_linear,
-)
-from runtime.worker.ops import TorchOps, TritonOps
+from runtime.worker.models.causal_lm import CausalLM, DecoderLayer, Ops, Piece, RMSNorm
+from runtime.worker.models.parallel import QUANTIZATIONS, column_linear, row_linear
 from runtime.worker.tp import TPGroup
 
-Ops = TorchOps | TritonOps
-
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-# checkpoint modules cut along their output rows (dim 0) or input columns (dim 1) under TP
-COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")
-ROW_PARALLEL = ("o_proj", "down_proj")
-
-
-def tp_split_dim(hf_name: str) -> int | None:
-    """The dim along which tensor `hf_name` of a checkpoint is split over TP ranks; None
-    when every rank holds all of it (norms, and the biases of row-parallel layers)."""
-    *_, module, leaf = hf_name.split(".")
-    if module in COLUMN_PARALLEL:
-        return 0
-    if module in ROW_PARALLEL and leaf == "weight":
-        return 1
-    return None
+QK_NORM_TYPES = ("qwen3", "qwen3_moe")  # per-head RMSNorm of q and k before RoPE
+WINDOWED_TYPES = ("mistral", "mixtral")  # `sliding_window` applies without a switch
 
 
 @dataclass(frozen=True)
 class LlamaArch:
     """The shape of a Llama-family model, read from a transformers config."""
+
+    MODEL_TYPES: ClassVar[tuple[str, ...]] = SUPPORTED_TYPES
 
     vocab_size: int
     hidden_size: int
@@ -76,9 +61,14 @@ class LlamaArch:
     @classmethod
     def from_hf(cls, config) -> LlamaArch:
         """Read a transformers config (4.x `rope_scaling`/`rope_theta` or 5.x `rope_parameters`)."""
+        return cls(**cls.hf_fields(config))
+
+    @classmethod
+    def hf_fields(cls, config) -> dict:
+        """The constructor's arguments, from a transformers config."""
         kind = getattr(config, "model_type", "llama")
-        if kind not in SUPPORTED_TYPES:
-            raise NotImplementedError(f"model_type {kind!r}; supported: {SUPPORTED_TYPES}")
+        if kind not in cls.MODEL_TYPES:
+            raise NotImplementedError(f"model_type {kind!r}; supported: {cls.MODEL_TYPES}")
         if getattr(config, "hidden_act", "silu") != "silu":
             raise NotImplementedError(f"hidden_act {config.hidden_act!r}; only silu")
         heads = config.num_attention_heads
@@ -92,11 +82,11 @@ class LlamaArch:
             raise NotImplementedError(f"rope {rope}; supported types: {ROPE_TYPES}")
         window = getattr(config, "sliding_window", None)
         windowed = (
-            kind == "mistral"
+            kind in WINDOWED_TYPES
             or getattr(config, "use_sliding_window", False)
             or "sliding_attention" in (getattr(config, "layer_types", None) or [])
         )
-        return cls(
+        return dict(
             vocab_size=config.vocab_size,
             hidden_size=config.hidden_size,
             intermediate_size=config.intermediate_size,
@@ -108,21 +98,12 @@ class LlamaArch:
             qkv_bias=bias or kind == "qwen2",
             o_bias=bias and kind != "qwen2",
             mlp_bias=bool(getattr(config, "mlp_bias", False)),
-            qk_norm=kind == "qwen3",
+            qk_norm=kind in QK_NORM_TYPES,
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             rope=rope,
             sliding_window=window if windowed else None,
             max_position=getattr(config, "max_position_embeddings", 4096),
         )
-
-
-class RMSNorm(nn.Module):
-    """The weight and epsilon of one RMSNorm; the model applies it with `ops.rmsnorm`."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
 
 
 class LlamaAttention(nn.Module):
@@ -181,104 +162,33 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.gate_up_proj(x), gate_act=ops.silu_mul)  # [T, hidden]
 
 
-class LlamaDecoderLayer(nn.Module):
-    def __init__(self, arch: LlamaArch, layer_id: int, tp: TPGroup, quantization: str) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.self_attn = LlamaAttention(arch, layer_id, tp, quantization)
-        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = LlamaMLP(arch, tp, quantization)
-
-    def forward(
-        self,
-        h: torch.Tensor,
-        residual: torch.Tensor | None,
-        ops: Ops,
-        fb: ForwardBatch,
-        attn: AttentionBackend,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(this layer's MLP output, the residual stream before it): [T, hidden] each."""
-        norm = self.input_layernorm
-        if residual is None:
-            x, residual = ops.rmsnorm(h, norm.weight, norm.eps), h
-        else:
-            x, residual = ops.add_rmsnorm(h, residual, norm.weight, norm.eps)
-        h = self.self_attn(x, ops, fb, attn)  # [T, hidden]
-        norm = self.post_attention_layernorm
-        x, residual = ops.add_rmsnorm(h, residual, norm.weight, norm.eps)
-        return self.mlp(x, ops), residual
-
-
-class LlamaModel(nn.Module):
-    def __init__(self, arch: LlamaArch, tp: TPGroup, quantization: str) -> None:
-        super().__init__()
-        self.arch = arch
-        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, tp)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(arch, i, tp, quantization)
-                                    for i in range(arch.num_layers))
-        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.ops: Ops | None = None  # set by init_buffers once the device is known
-
-    def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        ops = self.ops
-        h, residual = self.embed_tokens(fb.input_ids), None  # [T, hidden]
-        for layer in self.layers:
-            h, residual = layer(h, residual, ops, fb, attn)  # [T, hidden] each
-        return ops.add_rmsnorm(h, residual, self.norm.weight, self.norm.eps)[0]
-
-
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     """Decoder plus LM head. Parameter names follow transformers except the fused
     `qkv_proj` / `gate_up_proj`; see `checkpoint_targets`. `quantization` is "none" or
     "fp8" (fp8 projection weights)."""
 
-    def __init__(self, arch: LlamaArch, tp: TPGroup | None = None,
-                 quantization: str = "none") -> None:
-        super().__init__()
-        if quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
-        self.arch = arch
-        self.quantization = quantization
-        self.tp = tp = tp or TPGroup()
-        self.model = LlamaModel(arch, tp, quantization)
-        if not arch.tie_word_embeddings:
-            self.lm_head = nn.Linear(
-                arch.hidden_size, tp.shard(arch.vocab_size, "the vocabulary"), bias=False
-            )
+    MODEL_TYPES = SUPPORTED_TYPES
+    ARCH = LlamaArch
+    WEIGHT_FORMATS = QUANTIZATIONS
+    COLUMN_PARALLEL = (*CausalLM.COLUMN_PARALLEL, "k_proj", "v_proj")
 
-    def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        """Final-normed hidden states of every new token: [T, hidden]."""
-        return self.model(fb, attn)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """LM head over selected rows: [S, hidden] -> [S, vocab] float32."""
-        head = self.model.embed_tokens if self.arch.tie_word_embeddings else self.lm_head
-        logits = F.linear(hidden, head.weight)  # [S, vocab / tp], this rank's rows
-        return self.tp.all_gather_last(logits).float()  # [S, vocab]
-
-    def init_buffers(self) -> None:
-        """Fill non-persistent buffers (RoPE) after the model left the meta device."""
-        device = self.model.embed_tokens.weight.device
+    def decoder_layer(self, layer_id: int) -> DecoderLayer:
         a = self.arch
-        cache = rope_cos_sin_cache(
-            a.head_dim, a.max_position, a.rope["rope_theta"], a.rope, device
-        )  # [max_pos, D] fp32
-        self.model.ops = TritonOps(cache) if device.type == "cuda" else TorchOps(cache)
+        attn = LlamaAttention(a, layer_id, self.tp, self.quantization)
+        return DecoderLayer(a.hidden_size, a.rms_norm_eps, attn, self.mlp(layer_id))
 
-    def checkpoint_targets(self) -> dict[str, tuple[str, int, int]]:
-        """Every tensor a transformers checkpoint must provide, by its name there:
-        (our parameter name, first row, row count) along dim 0 of that parameter. Under TP
-        the rows are this rank's share of the tensor cut by `tp_split_dim`."""
-        a, attn = self.arch, self.model.layers[0].self_attn
-        q, kv = attn.num_heads * a.head_dim, attn.num_kv_heads * a.head_dim
-        inter = self.model.layers[0].mlp.down_proj.weight.shape[1]
-        fused = {
-            "qkv_proj": [("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)],
-            "gate_up_proj": [("gate_proj", 0, inter), ("up_proj", inter, inter)],
-        }
-        targets: dict[str, tuple[str, int, int]] = {}
-        for name, param in self.named_parameters():
-            *parent, module, leaf = name.split(".")
-            for hf_module, start, rows in fused.get(module, [(module, 0, param.shape[0])]):
-                targets[".".join([*parent, hf_module, leaf])] = (name, start, rows)
-        return targets
+    def mlp(self, layer_id: int) -> nn.Module:
+        """The feed-forward block of layer `layer_id`: `mlp(x, ops)`, [T, hidden] -> [T, hidden]."""
+        return LlamaMLP(self.arch, self.tp, self.quantization)
+
+    def rope_table(self, device: torch.device) -> torch.Tensor:
+        a = self.arch
+        return rope_cos_sin_cache(a.head_dim, a.max_position, a.rope["rope_theta"], a.rope, device)
+
+    def checkpoint_pieces(self, module: str, leaf: str, param: torch.Tensor) -> list[Piece]:
+        """The fused `qkv_proj` takes q_proj, k_proj, v_proj rows (this rank's heads)."""
+        if module != "qkv_proj":
+            return super().checkpoint_pieces(module, leaf, param)
+        attn = self.model.layers[0].self_attn
+        q, kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
+        return [(f"q_proj.{leaf}", 0, q), (f"k_proj.{leaf}", q, kv), (f"v_proj.{leaf}", q + kv, kv)]
