@@ -14,8 +14,8 @@ PROGRAMS_PER_SM = 4  # enough resident programs per SM; more splits only add mer
 # at B64 L4096 GQA 32/8 one split against two is 67.1 / 64.2% of the copy ceiling for fp8
 # (token), 74.2 / 69.2% (paged-16), int8 71.0 / 60.0% and 72.0 / 63.8%
 # (bench/results/kernels/2026-12-02-gluon-decode-splits-layouts-h200.json); measured after the
-# change, the unscaled fp8 pool's GQA rows went from 78.4 / 78.8% (2 splits) to 88.1 / 89.5% (1 split)
-# (bench/results/kernels/2026-12-02-decode-quant-one-split-h200.md)
+# change, the unscaled fp8 pool's GQA rows went from 78.4 / 78.8% (2 splits) to 88.1 / 89.5%
+# (1 split) (bench/results/kernels/2026-12-02-decode-quant-one-split-h200.md)
 QUANT_PROGRAMS_PER_SM = 2
 MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more to merge than it hides
 MAX_SPLITS = 32
@@ -54,8 +54,8 @@ class DecodeConfig:
 MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3, use_dot=True)
 GQA_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=2)
 # quantized pools, `python -m bench.kernels.decode_quant_sweep` on the H200 (B64 L4096 D128,
-# bf16 q; bench/results/kernels/2026-12-01-decode-fp8-words-h200.md): byte loads led on the token layout (MHA
-# fp8 920 us, GQA 260 us) and for paged MHA; 32-bit words led for paged GQA (fp8 233 us
+# bf16 q; bench/results/kernels/2026-12-01-decode-fp8-words-h200.md): byte loads led on the
+# token layout (MHA fp8 920 us, GQA 260 us) and for paged MHA; 32-bit words led for paged GQA (fp8 233 us
 # against 268 us, int8 241 against 283 us)
 QUANT_MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
 QUANT_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
