@@ -55,8 +55,8 @@ MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3, use_dot=True)
 GQA_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=2)
 # quantized pools, `python -m bench.kernels.decode_quant_sweep` on the H200 (B64 L4096 D128,
 # bf16 q; bench/results/kernels/2026-12-01-decode-fp8-words-h200.md): byte loads led on the
-# token layout (MHA fp8 920 us, GQA 260 us) and for paged MHA; 32-bit words led for paged GQA (fp8 233 us
-# against 268 us, int8 241 against 283 us)
+# token layout (MHA fp8 920 us, GQA 260 us) and for paged MHA; 32-bit words led for paged GQA
+# (fp8 233 us against 268 us, int8 241 against 283 us)
 QUANT_MHA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
 QUANT_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
 QUANT_PAGED_GQA_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2, words=True)
