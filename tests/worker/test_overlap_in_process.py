@@ -55,7 +55,12 @@ def test_overlap_equals_no_overlap_while_slots_are_reused_at_once(kv):
         assert sched.num_retractions > 0  # the pool really was too small for the batch
         assert sched.kv.stats().used == 0  # every slot back (cached paged blocks count as free)
         runs[overlap] = outs
-    # the two runs batch differently, so fp32 rounding may flip a rare near-tie
+    if DEVICE == "cpu":  # each row's arithmetic there does not depend on its batch
+        assert runs[True] == runs[False]
+        return
+    # On a GPU the two runs batch differently (a finished request leaves one step later
+    # under overlap) and cuBLAS picks its GEMM tiling by batch size, so fp32 sums round
+    # differently and a near-tie between the top two logits may flip; never more than that.
     differ = sum(a != b for a, b in zip(runs[True], runs[False]))
     assert differ <= 2, f"{differ} of {n} requests differ between overlap and no overlap"
 
