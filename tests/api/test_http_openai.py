@@ -114,7 +114,12 @@ def test_n_choices_seeds_and_logprobs(client, tok):
               logprobs=0)
     a, b = client.completions.create(**kw), client.completions.create(**kw)
     assert sorted(c.index for c in a.choices) == [0, 1, 2]
-    assert [c.text for c in a.choices] == [c.text for c in b.choices]  # seed + i per choice
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]
+    texts = [c.text for c in sorted(a.choices, key=lambda c: c.index)]
+    assert len(set(texts)) == 3  # each choice samples on its own
+    solo = [client.completions.create(**{**kw, "n": 1, "seed": 7 + i}).choices[0].text
+            for i in range(3)]
+    assert solo == texts  # choice i is the request seeded seed + i
     assert a.usage.prompt_tokens == len(tok.encode(PROMPT))  # once, not once per choice
     for c in a.choices:
         lp = c.logprobs
@@ -232,11 +237,14 @@ def test_native_generate_text_ids_and_stream(server, tok):
                                         meta["output_top_logprobs"]):
         assert len(alts) == 2 and alts[0][:2] == [pytest.approx(lp), tok_id]
 
-    forced = httpx.post(url, json={"text": PROMPT, "ignore_eos": True, "priority": 3,
-                                   "sampling_params": {"max_tokens": 10, "temperature": 0,
-                                                       "stop_token_ids": [13]}},
-                        timeout=60).json()
-    assert forced["finish_reason"] in ("stop", "length")
+    body = {"text": PROMPT, "ignore_eos": True, "priority": 3,
+            "sampling_params": {"max_tokens": 10, "temperature": 0}}
+    free = httpx.post(url, json=body, timeout=60).json()["output_ids"]
+    stop_id = free[4]  # a token greedy decoding takes fifth: the stop id must end it there
+    body["sampling_params"]["stop_token_ids"] = [stop_id]
+    forced = httpx.post(url, json=body, timeout=60).json()
+    assert forced["output_ids"] == free[: free.index(stop_id) + 1]
+    assert forced["finish_reason"] == "stop"
 
 
 BAD = [
