@@ -133,9 +133,10 @@ def _wait_closed(sock: socket.socket) -> bytes:
     return got
 
 
-def test_slow_requests_are_cut_off_and_others_still_served(cfg, spec, script_ids):
+def test_slow_requests_are_cut_off_and_others_still_served(cfg, spec, script_ids, caplog):
     cfg = cfg.replace(read_timeout=0.3)
     addr = ("127.0.0.1", cfg.port)
+    caplog.set_level(logging.DEBUG, logger="runtime.api.http_conn")
     with FakeScheduler(cfg, lambda r: script_ids), fronts(cfg, spec) as f:
         silent = socket.create_connection(addr)
         slow_headers = socket.create_connection(addr)
@@ -148,6 +149,9 @@ def test_slow_requests_are_cut_off_and_others_still_served(cfg, spec, script_ids
         for sock in (silent, slow_headers, slow_body):
             with sock:
                 assert b"200 OK" not in _wait_closed(sock)
+        # the read deadline closed all three, not another guard or the socket bound
+        cut = [r for r in caplog.records if "no whole request in 0.3 s" in r.getMessage()]
+        assert len(cut) == 3
         assert f.tm.num_inflight == 0
         r = httpx.post(f"{f.url}/v1/completions", json=completion(), timeout=30)
         assert r.status_code == 200
