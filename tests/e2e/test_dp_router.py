@@ -1,8 +1,8 @@
 """`sluice serve --dp 2` behind the real sglang-router, on the CPU.
 
-One server for the module; the tests run in file order and the last two are
-destructive: one replica is killed (traffic moves to the other), then the launcher is
-SIGKILLed (nothing may outlive it).
+One server for the module's tests that leave it whole; the destructive test starts its own:
+one replica is killed (traffic moves to the other), then the launcher is SIGKILLed
+(nothing may outlive it). No test depends on another having run.
 """
 
 from __future__ import annotations
@@ -35,11 +35,15 @@ def tmpdir_(tmp_path_factory):
     return tmp_path_factory.mktemp("dp")
 
 
+def start_dp2(tmpdir) -> ServerProcess:
+    return ServerProcess("--dp", "2", "--device", "cpu", "--torch-threads", "1",
+                         "--max-running", "8", port=free_port_range(6), tmpdir=str(tmpdir),
+                         ready_text="behind sglang-router")
+
+
 @pytest.fixture(scope="module")
 def server(tmpdir_):
-    srv = ServerProcess("--dp", "2", "--device", "cpu", "--torch-threads", "1",
-                        "--max-running", "8", port=free_port_range(6), tmpdir=str(tmpdir_),
-                        ready_text="behind sglang-router")
+    srv = start_dp2(tmpdir_)
     yield srv
     srv.stop()
 
@@ -134,25 +138,30 @@ def _registered(base: str) -> int:
     return sum(1 for w in workers if w.get("is_healthy"))
 
 
-def test_traffic_moves_to_the_other_replica_when_one_dies(server):
-    pids = _replica_pids(server)
-    os.kill(pids["replica0"]["api"], signal.SIGKILL)
-    for p, prompt in _workload(seed=1)[::PER_PREFIX] * 2:  # each prefix, wherever it lived
-        r = _complete(server.http_url, prompt)
-        assert r.status_code == 200, (p, r.text)
-    assert wait_for(lambda: "replica0 exited" in "".join(server.lines), 30)
-    assert server.proc.poll() is None  # the launcher keeps serving with one replica
-    assert _complete(server.http_url, "Still there?").status_code == 200
+def test_a_dying_replica_then_a_killed_launcher(tmp_path):
+    """Traffic moves to the other replica when one dies; SIGKILL of the launcher then
+    leaves no process and no socket folder behind."""
+    server = start_dp2(tmp_path)
+    try:
+        pids = _replica_pids(server)
+        os.kill(pids["replica0"]["api"], signal.SIGKILL)
+        for p, prompt in _workload(seed=1)[::PER_PREFIX] * 2:  # each prefix, wherever it was
+            r = _complete(server.http_url, prompt)
+            assert r.status_code == 200, (p, r.text)
+        assert wait_for(lambda: "replica0 exited" in "".join(server.lines), 30)
+        assert server.proc.poll() is None  # the launcher keeps serving with one replica
+        assert _complete(server.http_url, "Still there?").status_code == 200
 
-
-def test_sigkill_of_the_launcher_leaves_nothing_behind(server, tmpdir_):
-    pids = [p for procs in _replica_pids(server).values() for p in procs.values()]
-    pids += list(server.pids.values())  # the replicas and the router
-    assert "router" in server.pids
-    server.proc.kill()
-    server.proc.wait(10)
-    assert wait_for(lambda: not any(process_alive(p) for p in pids), 20)
-    assert wait_for(lambda: not [n for n in os.listdir(tmpdir_) if n.startswith("sluice-")], 10)
+        pids = [p for procs in _replica_pids(server).values() for p in procs.values()]
+        pids += list(server.pids.values())  # the replicas and the router
+        assert "router" in server.pids
+        server.proc.kill()
+        server.proc.wait(10)
+        assert wait_for(lambda: not any(process_alive(p) for p in pids), 20)
+        assert wait_for(lambda: not [n for n in os.listdir(tmp_path)
+                                     if n.startswith("sluice-")], 10)
+    finally:
+        server.stop()
 
 
 @pytest.mark.gpu
