@@ -14,6 +14,7 @@ off unconstrained outputs only: a grammar leaves no room for it.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,8 @@ from runtime.api.tools.request import ToolRequest, tool_request
 from runtime.api.tools.schema import call_schema, constrained, constrained_parser
 from runtime.config import ServerConfig
 from runtime.messages import SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -76,6 +79,10 @@ class ChatParsing:
         self.tool_parser = pick_parser(cfg.tool_call_parser, template)
         self.reasoning = REASONING_PARSERS.get(cfg.reasoning_parser)
         self._renders_tools: bool | None = None
+        if cfg.tool_call_parser not in ("auto", "none") and not self.renders_tools:
+            log.warning("--tool-call-parser %s: the chat template of %s does not render "
+                        "tools; requests with tools will be refused", cfg.tool_call_parser,
+                        cfg.model)
 
     @property
     def renders_tools(self) -> bool:
@@ -101,4 +108,8 @@ class ChatParsing:
         return RequestParsing(tools, parser, self.reasoning, self._end_text)
 
     def _end_text(self, token_id: int) -> str:
+        """The text a stop token adds only because special tokens are kept ("" for a
+        token that is not special: its text is in the output either way)."""
+        if self.tokenizer.decode([token_id], skip_special_tokens=True):
+            return ""
         return self.tokenizer.decode([token_id], skip_special_tokens=False)

@@ -17,7 +17,6 @@ from typing import ClassVar
 from runtime.api.text_markers import MarkerText
 
 OPEN, CLOSE = "<think>", "</think>"
-_SPACE = " \t\r\n"
 _START, _THINK, _AFTER, _ANSWER = range(4)
 
 
@@ -30,6 +29,7 @@ class ThinkParser:
     def __init__(self) -> None:
         self._in = MarkerText()
         self._state = _START
+        self._lead: list[str] = []  # whitespace before the output's first text
 
     def feed(self, text: str) -> tuple[str, str]:
         """Take the next piece of output; the reasoning and answer text it adds."""
@@ -46,16 +46,13 @@ class ThinkParser:
         src = self._in
         while src:
             if self._state == _START:
-                rest = src.buf.lstrip(_SPACE)
-                if not rest and not src.final:
+                self._lead.append(src.skip_space())
+                opened = src.starts(OPEN)
+                if opened is None or not src and not opened and not src.final:
                     break
-                if rest.startswith(OPEN):
-                    src.take(len(src.buf) - len(rest) + len(OPEN))
-                    self._state = _THINK
-                elif OPEN.startswith(rest) and rest and not src.final:
-                    break
-                else:
-                    self._state = _THINK if self.starts_thinking else _ANSWER
+                if not opened:  # the whitespace before the output's text is kept
+                    src.buf = "".join(self._lead) + src.buf
+                self._state = _THINK if opened or self.starts_thinking else _ANSWER
             elif self._state == _THINK:
                 before, found = src.until(CLOSE)
                 reasoning.append(before)

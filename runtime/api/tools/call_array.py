@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from runtime.api.tools.parser import ToolParser
 
-_SPACE = " \t\r\n"
 _TEXT, _OPEN, _ITEM, _CALL, _REST = range(5)
 
 
@@ -32,11 +31,10 @@ class CallArrayParser(ToolParser):
                 self._state, self._lead = _OPEN, found
             return found is not None
         if self._state == _OPEN:
-            rest = src.buf.lstrip(_SPACE)
-            if not rest:
+            self._lead += src.skip_space()
+            if not src:
                 return False
-            self._lead += src.take(len(src.buf) - len(rest))
-            if rest[0] == "[":
+            if src.buf[0] == "[":
                 self._lead += src.take(1)
                 self._state = _ITEM
             else:  # not an array after all: text

@@ -10,7 +10,6 @@ from __future__ import annotations
 from runtime.api.tools.parser import ToolParser
 
 PYTHON_TAG = "<|python_tag|>"
-_SPACE = " \t\r\n"
 _START, _SEP, _CALL, _REST = range(4)
 
 
@@ -25,16 +24,11 @@ class Llama3JsonParser(ToolParser):
     def _step(self) -> bool:
         src = self.text_in
         if self._state == _START:
-            rest = src.buf.lstrip(_SPACE)
-            if not rest:
+            self._content(src.skip_space())  # held: dropped if a call follows
+            tagged = src.starts(PYTHON_TAG)
+            if tagged is None or not src and not tagged:
                 return False
-            if rest.startswith(PYTHON_TAG):
-                src.take(len(src.buf) - len(rest) + len(PYTHON_TAG))
-                self._state = _SEP
-            elif PYTHON_TAG.startswith(rest) and not src.final:
-                return False
-            else:
-                self._state = _SEP if rest[0] == "{" else _REST
+            self._state = _SEP if tagged or src.buf[0] == "{" else _REST
             return True
         if self._state == _SEP:
             src.skip_space()

@@ -70,7 +70,7 @@ class ToolParser:
         self.text_in = MarkerText()
         self.calls: list[ToolCall] = []
         self._text: list[str] = []  # the whole answer's content, in order
-        self._space = ""  # whitespace held until text follows (dropped around calls)
+        self._space: list[str] = []  # whitespace held until text follows (dropped by calls)
         self._out = Parsed()
         self._call: JsonCall | None = None
         self._opening = ""  # the text that opened the current call
@@ -101,8 +101,8 @@ class ToolParser:
             self._close_call()
         self._content(self.text_in.take())
         if not self.calls:
-            self._content_now(self._space)
-        self._space = ""
+            self._content_now("".join(self._space))
+        self._space = []
         return self._take()
 
     def _step(self) -> bool:
@@ -114,12 +114,12 @@ class ToolParser:
     # ------------------------------------------------------------ helpers for formats
     def _content(self, text: str) -> None:
         """Text outside the calls; whitespace at its end waits to see what follows."""
-        if not text:
-            return
-        text = self._space + text
         kept = text.rstrip(_SPACE)
-        self._content_now(kept)
-        self._space = text[len(kept):]
+        if kept:
+            self._content_now("".join(self._space) + kept)
+            self._space = []
+        if len(kept) < len(text):
+            self._space.append(text[len(kept):])
 
     def _content_now(self, text: str) -> None:
         if text:
@@ -143,7 +143,7 @@ class ToolParser:
         if self._announced is None and call.name and not call.failed:
             self._announced = CallDelta(self._count, "", call.name, new_call_id())
             self._count += 1
-            self._opening, self._space = self._space + self._opening, ""
+            self._opening, self._space = "".join(self._space) + self._opening, []
             self._out.calls.append(self._announced)
         if self._announced is not None:
             piece = call.arguments()
@@ -155,7 +155,7 @@ class ToolParser:
         found = call.result()
         if found is not None:
             self.calls.append(ToolCall(self._announced.id, *found))
-            self._space = ""
+            self._space = []
         elif self._announced is not None:  # streamed already: text of the whole answer
             self._text.append(self._opening + call.raw)
         else:
