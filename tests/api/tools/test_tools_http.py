@@ -1,9 +1,10 @@
 """Tool calls and reasoning over HTTP with the `openai` client, unchanged: the api runs in
 this process over a fake scheduler that answers with a fixed text (SmolLM2 writes no tool
 calls of its own), on SmolLM2's tokenizer with a chat template that renders tools
-(`tool_model`). Non-streamed and streamed calls (the client's own accumulation), a tool
-answer's round trip through the template, `chat_template_kwargs`, reasoning, the grammar
-`tool_choice` required puts on the request, and bad input."""
+(`tool_model`). Non-streamed and streamed calls (the client's own accumulation, and
+langchain-openai's `bind_tools`), a tool answer's round trip through the template,
+`chat_template_kwargs`, reasoning, the grammar `tool_choice` required puts on the
+request, and bad input."""
 
 from __future__ import annotations
 
@@ -110,6 +111,24 @@ def test_tool_answer_round_trip_renders_through_the_template(serve, tok):
     assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": '
             '{"city": "Paris"}}\n</tool_call><|im_end|>') in prompt
     assert "<tool_response>\n18C, sunny\n</tool_response>" in prompt
+
+
+def test_langchain_bind_tools_reads_the_call_whole_and_streamed(serve):
+    ChatOpenAI = pytest.importorskip("langchain_openai").ChatOpenAI  # noqa: N806
+    _, client = serve(CALL_TEXT)
+    llm = ChatOpenAI(model="smollm2", base_url=str(client.base_url), api_key="none",
+                     max_retries=0).bind_tools(TOOLS)
+    message = llm.invoke("What is the weather in Paris?")
+    assert message.content == "I will check."
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [
+        ("get_weather", {"city": "Paris"})]
+    chunks = list(llm.stream("What is the weather in Paris?"))
+    streamed = chunks[0]
+    for chunk in chunks[1:]:
+        streamed = streamed + chunk
+    assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [
+        ("get_weather", {"city": "Paris"})]
+    assert streamed.tool_calls[0]["id"].startswith("call_")
 
 
 def test_chat_template_kwargs_reach_the_template(serve, tok):

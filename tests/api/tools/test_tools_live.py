@@ -77,7 +77,7 @@ def test_named_call_parses(client, model):
 
 
 def test_langchain_bind_tools_gets_the_call(server, model):
-    from langchain_openai import ChatOpenAI
+    ChatOpenAI = pytest.importorskip("langchain_openai").ChatOpenAI  # noqa: N806
 
     llm = ChatOpenAI(model=model, base_url=f"{server.url}/v1", api_key="none",
                      temperature=0, max_tokens=LIMIT, max_retries=0)
