@@ -27,6 +27,8 @@ ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "int8")
 QUANTIZATIONS = ("none", "fp8")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
+TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3_json", "mistral", "deepseek_v3")
+REASONING_PARSERS = ("none", "deepseek-r1", "qwen3")
 REQUEST_BYTES_PER_TOKEN = 64  # JSON token ids take <= 8, text far less per token
 MIN_REQUEST_BYTES = 1 << 20
 
@@ -158,6 +160,11 @@ class ServerConfig:
     grammar_cache_size: int = 64
     """Compiled regexes each worker keeps (least recently used evicted first; a large one
     takes a few MB); a request with a regex not kept waits for its compile."""
+    tool_call_parser: str = "auto"
+    """Reads tool calls in the output: `hermes` (Qwen2.5, Qwen3), `llama3_json`, `mistral`,
+    `deepseek_v3`, `auto` (the one the chat template shows) or `none`."""
+    reasoning_parser: str = "none"
+    """Splits `<think>` reasoning into `reasoning_content`: `deepseek-r1`, `qwen3` or `none`."""
     cuda_graph: bool = True
     """Capture decode CUDA graphs at start-up (GPU, triton attention only)."""
     log_level: str = "info"
@@ -209,6 +216,10 @@ class ServerConfig:
             raise ConfigError(f"attention_backend must be one of {ATTENTION_BACKENDS}, "
                               f"got {self.attention_backend!r}")
         self._check_kv()
+        for name, allowed in (("tool_call_parser", TOOL_CALL_PARSERS),
+                              ("reasoning_parser", REASONING_PARSERS)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.chunk_size < 0:
             raise ConfigError(f"chunk_size must be >= 0 (0: auto), got {self.chunk_size}")
         for name in ("max_running", "max_queue", "tp", "grammar_cache_size", "max_request_seqs",

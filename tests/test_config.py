@@ -56,3 +56,13 @@ def test_quantization_flag_is_validated():
     assert ServerConfig().quantization == "none"
     with pytest.raises(ConfigError, match="quantization must be one of"):
         ServerConfig(quantization="int4")
+
+
+def test_tool_call_and_reasoning_parsers_are_checked():
+    cfg = ServerConfig(tool_call_parser="hermes", reasoning_parser="qwen3")
+    assert (cfg.tool_call_parser, cfg.reasoning_parser) == ("hermes", "qwen3")
+    assert ServerConfig().tool_call_parser == "auto" and ServerConfig().reasoning_parser == "none"
+    with pytest.raises(ConfigError, match="tool_call_parser must be one of"):
+        ServerConfig(tool_call_parser="qwen")
+    with pytest.raises(ConfigError, match="reasoning_parser must be one of"):
+        ServerConfig(reasoning_parser="r1")

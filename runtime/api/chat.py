@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
 from runtime.api.openai_protocol import ApiError, ChatMessage
+from runtime.api.tools.messages import tool_fields, tools_chars
 from runtime.messages import RoleMarkers
 
 log = logging.getLogger(__name__)
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 TURN_CHARS = 32  # what a turn costs the template beyond its content, in characters
+# what apply_chat_template takes itself, and what the template is given by it
+RENDER_ARGUMENTS = frozenset((
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+    "sanitize_control_tokens"))
 
 
 def message_text(msg: ChatMessage) -> str:
@@ -29,34 +37,63 @@ def message_text(msg: ChatMessage) -> str:
     return "\n".join(texts)
 
 
-def conversation_chars(messages: list[ChatMessage]) -> int:
-    """About how much text rendering `messages` produces: the template's work grows with it."""
-    return sum(len(message_text(m)) + TURN_CHARS for m in messages)
+def conversation_chars(messages: list[ChatMessage], tools_text: int = 0) -> int:
+    """About how much text rendering `messages` (and tools whose definitions take
+    `tools_text` characters) produces: the template's work grows with it."""
+    return tools_text + sum(len(message_text(m)) + tools_chars(m) + TURN_CHARS
+                            for m in messages)
 
 
-def chat_prompt_text(tokenizer: Any, messages: list[ChatMessage]) -> str:
-    """Render `messages` with the tokenizer's chat template (plus the assistant's turn
-    header); tokenize the result as is (no special tokens added): the template already
-    holds them."""
+def chat_prompt_text(tokenizer: Any, messages: list[ChatMessage],
+                     tools: list[dict[str, Any]] | None = None,
+                     template_kwargs: dict[str, Any] | None = None) -> str:
+    """Render `messages` (and `tools`, and the template's own options `template_kwargs`)
+    with the tokenizer's chat template, plus the assistant's turn header; tokenize the
+    result as is (no special tokens added): the template already holds them."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ApiError(400, "this model has no chat template; use /v1/completions")
     if not messages:
         raise ApiError(400, "messages must not be empty", param="messages")
+    options = check_template_kwargs(template_kwargs)
+    render = functools.partial(tokenizer.apply_chat_template, tools=tools, tokenize=False,
+                               add_generation_prompt=True, **options)
+    conversation = _conversation(messages, text_arguments=False)
+    try:
+        try:
+            text = render(conversation)
+        except Exception:
+            if not any(m.tool_calls for m in messages):
+                raise
+            # a template that joins a call's arguments to text: give it the text
+            text = render(_conversation(messages, text_arguments=True))
+    except Exception as e:  # the template rejects the conversation (e.g. role order)
+        raise ApiError(400, f"the chat template rejected the messages: {e}",
+                       param="messages") from None
+    return text
+
+
+def _conversation(messages: list[ChatMessage], text_arguments: bool) -> list[dict[str, Any]]:
+    """The messages as the chat template takes them (see `tools.messages`)."""
     conversation = []
-    for msg in messages:
+    for i, msg in enumerate(messages):
         if msg.role not in ROLES:
             raise ApiError(400, f"unknown message role {msg.role!r}; expected one of {ROLES}",
                            param="messages")
         turn = {"role": msg.role, "content": message_text(msg)}
         if msg.name is not None:
             turn["name"] = msg.name
+        turn.update(tool_fields(msg, i, text_arguments))
         conversation.append(turn)
-    try:
-        return tokenizer.apply_chat_template(conversation, tokenize=False,
-                                             add_generation_prompt=True)
-    except Exception as e:  # the template rejects the conversation (e.g. role order)
-        raise ApiError(400, f"the chat template rejected the messages: {e}",
-                       param="messages") from None
+    return conversation
+
+
+def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The chat template's options: not the names of what the renderer itself takes."""
+    for name in kwargs or {}:
+        if name in RENDER_ARGUMENTS:
+            raise ApiError(400, f"chat_template_kwargs may not set {name!r}",
+                           param=f"chat_template_kwargs.{name}")
+    return dict(kwargs or {})
 
 
 _SENTINELS = {"system": "\x1esluice-system\x1e", "user": "\x1esluice-user\x1e",

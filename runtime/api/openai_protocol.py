@@ -17,6 +17,7 @@ import msgspec
 
 from runtime.api.errors import EngineDeadError, Overloaded, ServerError
 from runtime.api.response_format import response_json_schema
+from runtime.api.tools.protocol import DeltaToolCall, ToolCallItem
 from runtime.messages import MAX_TOP_LOGPROBS, InvalidRequest, SamplingParams
 
 MAX_N = 16  # choices per request (each runs as its own request)
@@ -109,6 +110,8 @@ class ChatMessage(msgspec.Struct, kw_only=True):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallItem] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool's answer: the call it answers
 
 
 class ChatCompletionRequest(_SamplingRequest, kw_only=True):
@@ -118,7 +121,11 @@ class ChatCompletionRequest(_SamplingRequest, kw_only=True):
     max_completion_tokens: int | None = None  # preferred over max_tokens
     logprobs: bool = False
     top_logprobs: int | None = None  # alternatives per token (0..20), with logprobs=true
-    tools: list[Any] | None = None  # rejected unless empty
+    # checked by `runtime.api.tools.request`
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
 
 
 def decode_request(body: bytes, typ: type[msgspec.Struct]) -> Any:
@@ -195,8 +202,6 @@ def check_completion(req: CompletionRequest) -> None:
 
 def check_chat(req: ChatCompletionRequest) -> None:
     """Reject chat fields Sluice does not implement."""
-    if req.tools:
-        raise ApiError(400, "tools are not supported", param="tools")
     if req.top_logprobs is not None:
         if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ApiError(400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got "
@@ -260,9 +265,11 @@ class ChatLogprobs(msgspec.Struct, kw_only=True):
     content: list[TokenLogprob]
 
 
-class AssistantMessage(msgspec.Struct, kw_only=True):
-    content: str
-    role: str = "assistant"
+class AssistantMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    role: str
+    content: str | None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallItem] | None = None
 
 
 class ChatChoice(msgspec.Struct, kw_only=True):
@@ -284,6 +291,8 @@ class ChatCompletionResponse(msgspec.Struct, kw_only=True):
 class ChatDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(msgspec.Struct, kw_only=True):

@@ -24,6 +24,8 @@ from typing import Any
 
 import msgspec
 
+from runtime.api.chat_output import ChatOutput
+from runtime.api.chat_parsing import ChatParsing
 from runtime.api.openai_logprobs import (
     chat_logprobs,
     completion_logprobs,
@@ -84,6 +86,8 @@ class _Call:
     top: int = 0  # completions' logprobs=N: alternatives per token
     # with echo: per choice, its prompt's text and ids, until its first piece took them
     echo: list[tuple[str, list[int]] | None] = field(default_factory=list)
+    # chat with tools or reasoning: per choice, the reader of its output
+    readers: list[ChatOutput] = field(default_factory=list)
 
     def usage(self) -> Usage:
         # a prompt counts once however many choices it has (as OpenAI bills it)
@@ -101,6 +105,7 @@ class OpenAIServing:
     def __init__(self, tm: TokenizerManager, model_names: tuple[str, ...]) -> None:
         self.tm = tm
         self.model_names = model_names
+        self.parsing = ChatParsing(tm.cfg, tm.tokenizer)
 
     def check_model(self, name: str) -> None:
         if name not in self.model_names:
@@ -138,8 +143,11 @@ class OpenAIServing:
                    guard: Guard) -> msgspec.Struct | EventStream:
         self.check_model(req.model)
         check_chat(req)
-        ids = await self.tm.tokenize(await self.tm.chat_text(req.messages),
-                                     add_special_tokens=False)
+        parsing = self.parsing.request(req)
+        tools = parsing.template_tools
+        text = await self.tm.chat_text(req.messages, tools, req.chat_template_kwargs,
+                                       len(msgspec.json.encode(tools)) if tools else 0)
+        ids = await self.tm.tokenize(text, add_special_tokens=False)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
             else req.max_tokens
         if max_tokens is None:  # OpenAI: as much as the context leaves
@@ -147,8 +155,11 @@ class OpenAIServing:
         params = to_params(req, max_tokens)
         params.logprobs = req.logprobs
         params.top_logprobs = req.top_logprobs or 0
+        parsing.apply(params)
         call = _Call(f"chatcmpl-{uuid.uuid4().hex}", True, req.model, req.n, req.logprobs,
                      req.include_usage)
+        readers = [parsing.output() for _ in range(req.n)]
+        call.readers = readers if readers[0] is not None else []
         return await self._run(call, [ids], params, req.stream, guard)
 
     # ------------------------------------------------------------ running
@@ -188,7 +199,8 @@ class OpenAIServing:
             index, out = first
             while True:
                 call.outputs[index] = out
-                yield sse(self._chunk(call, index, out))
+                for chunk in self._chunks(call, index, out):
+                    yield sse(chunk)
                 nxt = await anext(streams, None)
                 if nxt is None:
                     break
@@ -203,16 +215,31 @@ class OpenAIServing:
         yield DONE
 
     # ------------------------------------------------------------ formatting
-    def _chunk(self, call: _Call, index: int, delta: RequestOutput) -> msgspec.Struct:
-        """One streamed event, from one choice's delta."""
-        if call.chat:
-            content = ChatDelta(content=delta.text) if delta.text or not delta.finished \
-                else ChatDelta()
-            logprobs = chat_logprobs(delta, self._token_text) if call.logprobs else None
-            return ChatCompletionChunk(
+    def _chunks(self, call: _Call, index: int, delta: RequestOutput) -> list[msgspec.Struct]:
+        """The streamed events of one choice's delta: one, or (a chat with a reader) one
+        per part, the finish reason and logprobs on the last."""
+        if not call.chat:
+            return [self._chunk(call, index, delta)]
+        if call.readers:
+            reader = call.readers[index]
+            deltas, finish = reader.deltas(delta), reader.finish_reason(delta)
+        else:
+            deltas = [ChatDelta(content=delta.text) if delta.text or not delta.finished
+                      else ChatDelta()]
+            finish = delta.finish_reason
+        logprobs = chat_logprobs(delta, self._token_text) if call.logprobs else None
+        chunks = []
+        for i, d in enumerate(deltas):
+            last = i == len(deltas) - 1
+            chunks.append(ChatCompletionChunk(
                 id=call.id, created=call.created, model=call.model,
-                choices=[ChatStreamChoice(index=index, delta=content, logprobs=logprobs,
-                                          finish_reason=delta.finish_reason)])
+                choices=[ChatStreamChoice(index=index, delta=d,
+                                          logprobs=logprobs if last else None,
+                                          finish_reason=finish if last else None)]))
+        return chunks
+
+    def _chunk(self, call: _Call, index: int, delta: RequestOutput) -> msgspec.Struct:
+        """One streamed completions event, from one choice's delta."""
         # offsets run over the whole completion: this delta starts where the text so far ends
         text, logprobs = self._completion_text(call, index, delta, call.chars[index])
         call.chars[index] += len(text)
@@ -229,12 +256,15 @@ class OpenAIServing:
     def _response(self, call: _Call) -> msgspec.Struct:
         """The whole response, from every choice's whole output."""
         if call.chat:
-            return ChatCompletionResponse(
-                id=call.id, created=call.created, model=call.model, usage=call.usage(),
-                choices=[ChatChoice(
-                    index=i, message=AssistantMessage(content=o.text),
-                    logprobs=chat_logprobs(o, self._token_text) if call.logprobs else None,
-                    finish_reason=o.finish_reason) for i, o in enumerate(call.outputs)])
+            choices = []
+            for i, o in enumerate(call.outputs):
+                message, finish = call.readers[i].message(o) if call.readers else (
+                    AssistantMessage(role="assistant", content=o.text), o.finish_reason)
+                choices.append(ChatChoice(
+                    index=i, message=message, finish_reason=finish,
+                    logprobs=chat_logprobs(o, self._token_text) if call.logprobs else None))
+            return ChatCompletionResponse(id=call.id, created=call.created, model=call.model,
+                                          usage=call.usage(), choices=choices)
         choices = []
         for i, o in enumerate(call.outputs):
             text, logprobs = self._completion_text(call, i, o, 0)

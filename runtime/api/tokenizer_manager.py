@@ -235,13 +235,17 @@ class TokenizerManager:
         return await self._prompts.encode(text, self._known_limits().max_req_input_len,
                                           add_special_tokens=add_special_tokens)
 
-    async def chat_text(self, messages: list[ChatMessage]) -> str:
-        """The prompt text of chat `messages` (the model's chat template), rendered off
-        the event loop when the conversation is long."""
+    async def chat_text(self, messages: list[ChatMessage], tools: list[dict] | None = None,
+                        template_kwargs: dict | None = None, tools_text: int = 0) -> str:
+        """The prompt text of chat `messages` (and `tools`, whose definitions take about
+        `tools_text` characters) by the model's chat template with its options
+        `template_kwargs`, rendered off the event loop when the conversation is long."""
+        def render() -> str:
+            return chat_prompt_text(self.tokenizer, messages, tools, template_kwargs)
+
         if self._prompts is None:
-            return chat_prompt_text(self.tokenizer, messages)  # raises: no chat template
-        return await self._prompts.run(lambda: chat_prompt_text(self.tokenizer, messages),
-                                       conversation_chars(messages))
+            return render()  # raises: no chat template
+        return await self._prompts.run(render, conversation_chars(messages, tools_text))
 
     def model_info(self) -> ModelInfo:
         """The served model's name, context length, chat role markers, weight quantization

@@ -1,7 +1,8 @@
 """Group `http_malformed`: about a thousand malformed HTTP inputs, each expecting an answer
-under 500: every field of the three POST routes set to each bad value, bodies that are not
-JSON or not objects, wrong content types, methods and paths, and raw bytes that are not
-HTTP (read from a socket: an answer or a close is fine, silence is lost)."""
+under 500: every field of the three POST routes set to each bad value, malformed tools
+and tool calls, bodies that are not JSON or not objects, wrong content types, methods and
+paths, and raw bytes that are not HTTP (read from a socket: an answer or a close is fine,
+silence is lost)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ ROUTES = {
                              "max_tokens": 2, "temperature": 0, "top_p": 1.0, "n": 1,
                              "stop": None, "seed": 1, "stream": False, "logprobs": False,
                              "top_logprobs": None, "response_format": None, "tools": None,
+                             "tool_choice": None, "parallel_tool_calls": None,
+                             "chat_template_kwargs": None,
                              "max_completion_tokens": 2, "priority": 0, "user": "u"},
     "/generate": {"text": "Hi", "sampling_params": {"max_tokens": 2, "temperature": 0,
                                                     "stop": [], "top_k": 1},
@@ -47,6 +50,31 @@ RAW = [b"GARBAGE\r\n\r\n", b"GET / HTTP/9.9\r\n\r\n", b"\x16\x03\x01\x02\x00\x01
        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
        b"Content-Length: 10\r\n\r\n{\"a\":",
        b"\r\n" * 1000, b"GET " + b"/a" * 40_000 + b" HTTP/1.1\r\n\r\n"]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+BAD_TOOLS = [  # each a `tools` value: no name, parameters not a schema, too many, too large
+    [{"type": "function", "function": {"description": "no name"}}],
+    [{"type": "function", "function": {"name": "f", "parameters": "{}"}}],
+    [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+    [{"type": "function", "function": {"name": "f\n\"<tool_call>"}}],
+    [{"type": "retrieval"}], [TOOL, TOOL],
+    [{"type": "function", "function": {"name": f"f{i}"}} for i in range(1000)],
+    [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "description": "x" * (10 << 20)}}}],
+]
+BAD_TOOL_FIELDS = [  # other fields of a chat request with tools
+    {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+    {"tools": [TOOL], "tool_choice": "sometimes"}, {"tool_choice": "required"},
+    {"tools": [TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}},
+    {"chat_template_kwargs": {"tokenize": True}},
+    {"chat_template_kwargs": {"add_generation_prompt": False, "x": [1] * 100}},
+    {"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                                         "function": {"name": "f",
+                                                                      "arguments": "{x"}}]}]},
+    {"messages": [{"role": "assistant", "content": None, "tool_calls": []},
+                  {"role": "tool", "content": None, "tool_call_id": 5}]},
+    {"messages": [{"role": "user", "content": "Hi", "tool_calls": [{"id": "c", "function": {
+        "name": "f", "arguments": "{}"}}]}]},
+]
 REQUEST_TIMEOUT_S = 300.0  # long prompts queue behind each other on two shared cores
 THREADS = 8
 
@@ -68,6 +96,9 @@ def corpus(model: str) -> list[tuple[str, str, dict[str, str], bytes]]:
                 else:
                     body[name] = value
                 items.append(("POST", path, json_ct, json.dumps(body).encode()))
+        if path == "/v1/chat/completions":
+            for extra in [{"tools": t} for t in BAD_TOOLS] + BAD_TOOL_FIELDS:
+                items.append(("POST", path, json_ct, json.dumps({**base, **extra}).encode()))
         for top in (b"[]", b'"x"', b"1", b"null", b"", b"{", b'{"a": NaN}', b"\xff\xfe",
                     b"\xef\xbb\xbf{}", b'{"model": "' + model.encode() + b'"}' + b"x" * 3,
                     b"{" * 5000 + b"}" * 5000):

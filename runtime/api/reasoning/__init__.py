@@ -1,0 +1,1 @@
+"""Reasoning output: a model's `<think>...</think>` text split from its answer."""
