@@ -243,7 +243,7 @@ def test_tools_for_a_template_without_tools_are_a_400(cfg, spec, tok):
 
 @pytest.mark.parametrize("tool_template", [True, False])
 def test_the_attack_batterys_tool_inputs_are_refused(cfg, spec, tool_spec, tok, tool_template):
-    from bench.attack.http_inputs import BAD_TOOL_FIELDS, BAD_TOOLS, ROUTES
+    from tests.attack.http_inputs import BAD_TOOL_FIELDS, BAD_TOOLS, ROUTES
 
     base = {**ROUTES["/v1/chat/completions"], "model": "smollm2"}
     with FakeScheduler(cfg, lambda r: tok.encode("Hi.")), \
