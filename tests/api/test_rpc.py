@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 
 import msgspec
 import pytest
@@ -158,24 +157,25 @@ def test_breaking_out_of_a_stream_aborts(cfg, spec, script_ids):
 
 
 def test_process_died_fails_rpc_requests_fast(cfg, spec, script_ids):
-    with FakeScheduler(cfg, lambda r: script_ids, stall=True), serving(cfg, spec), \
-            Client(cfg.rpc_addr, timeout=5) as client:
+    """The request in flight and the next one fail with the death (a ServerError naming
+    it), not with the client's own timeout (a ServerTimeout, 600 s away here)."""
+    with FakeScheduler(cfg, lambda r: script_ids, stall=True) as fs, serving(cfg, spec), \
+            Client(cfg.rpc_addr, timeout=600) as client:
         stream = client.generate("Hi", stream=True)
         ctx = zmq.Context()
         sup = ctx.socket(zmq.PUSH)
         sup.connect(cfg.ipc("api_in"))
-        timer = threading.Timer(
-            0.2, lambda: sup.send(msgspec.msgpack.encode(ProcessDied("scheduler", 1))))
-        timer.start()
-        t0 = time.monotonic()
+
+        def die_once_waiting() -> None:  # the death comes while the request waits
+            assert fs.wait_for(lambda: fs.of_type(GenerateReq), timeout=30)
+            sup.send(msgspec.msgpack.encode(ProcessDied("scheduler", 1)))
+        killer = threading.Thread(target=die_once_waiting)
+        killer.start()
         with pytest.raises(ServerError, match="scheduler process died"):
             list(stream)
-        assert time.monotonic() - t0 < 1.5
-        t0 = time.monotonic()
+        killer.join()
         with pytest.raises(ServerError, match="died"):
             client.generate("later")
-        assert time.monotonic() - t0 < 0.5
-        timer.join()
         sup.close(linger=0)
         ctx.term()
 
@@ -188,10 +188,8 @@ def test_client_times_out_when_the_server_goes_away(cfg, spec, script_ids):
             stream = client.generate("Hi", stream=True, max_tokens=2000)
             assert next(stream).finish_reason is None
             server.close()  # the server goes away mid-stream
-            t0 = time.monotonic()
-            with pytest.raises(ServerTimeout):
+            with pytest.raises(ServerTimeout):  # the client's 0.5 s timeout, not a hang
                 list(stream)
-            assert time.monotonic() - t0 < 2
         with pytest.raises(ServerTimeout):
             client.generate("Hi")  # nobody listens any more
 
