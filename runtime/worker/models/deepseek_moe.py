@@ -18,22 +18,28 @@ from torch import nn
 
 from kernels.moe import grouped_topk
 from runtime.worker.models.deepseek_arch import DeepseekArch
+from runtime.worker.models.parallel import column_linear
+from runtime.worker.quant.scheme import QuantScheme
 from runtime.worker.tp import TPGroup
 
 
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)), gate and up fused into one projection; this rank's
-    1/N of the width. Its output is all-reduced, unless `partial` (the caller sums it)."""
+    1/N of the width, stored as `quantization` says for the checkpoint's modules under `hf`.
+    Its output is all-reduced, unless `partial` (the caller sums it)."""
 
-    def __init__(self, hidden: int, inter: int, tp: TPGroup, partial: bool = False) -> None:
+    def __init__(self, hidden: int, inter: int, tp: TPGroup, quantization: QuantScheme,
+                 hf: str, partial: bool = False) -> None:
         super().__init__()
         self.tp, self.partial = tp, partial
         inter = tp.shard(inter, "the MLP intermediate size")
-        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.gate_up_proj = column_linear(hidden, 2 * inter, False, quantization,
+                                          [f"{hf}.gate_proj", f"{hf}.up_proj"])
+        # this rank's columns of down: its partial sums are reduced below
+        self.down_proj = column_linear(inter, hidden, False, quantization, [f"{hf}.down_proj"])
 
     def forward(self, x: torch.Tensor, ops) -> torch.Tensor:
-        y = self.down_proj(ops.silu_mul(self.gate_up_proj(x)))  # [T, hidden], this rank's
+        y = self.down_proj(self.gate_up_proj(x), gate_act=ops.silu_mul)  # [T, hidden], partial
         return y if self.partial else self.tp.all_reduce(y)
 
 
@@ -68,14 +74,15 @@ class DeepseekMoE(nn.Module):
     """Each token goes to `num_experts_per_tok` routed experts (grouped top-k of the
     router's scores), their outputs weighted and summed, plus the shared experts' output."""
 
-    def __init__(self, arch: DeepseekArch, tp: TPGroup) -> None:
+    def __init__(self, arch: DeepseekArch, tp: TPGroup, quantization: QuantScheme,
+                 hf: str) -> None:
         super().__init__()
         self.arch, self.tp = arch, tp
         self.gate = Router(arch)
-        self.experts = Experts(arch, tp)
+        self.experts = Experts(arch, tp)  # 16-bit (an fp8 checkpoint's dequantized at load)
         self.shared_experts = (
             GatedMLP(arch.hidden_size, arch.moe_intermediate_size * arch.n_shared_experts, tp,
-                     partial=True)
+                     quantization, f"{hf}.shared_experts", partial=True)
             if arch.n_shared_experts else None
         )  # fmt: skip
 

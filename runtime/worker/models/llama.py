@@ -9,8 +9,9 @@ Megatron-LM splits it: Q/K/V and gate/up column-parallel (whole heads, whole MLP
 O and down row-parallel (all-reduced), the embedding and the LM head by vocabulary rows
 (`parallel.py`). `tp_split_dim` says how each checkpoint tensor is cut.
 
-With `quantization="fp8"` the projections of every layer hold fp8 weights (`Fp8Linear`); the
-embedding, the LM head and the norms stay in the model's dtype.
+With `quantization="fp8"` the projections of every layer hold fp8 weights (`Fp8Linear`), and
+an fp8 checkpoint's `QuantScheme` keeps them as it ships them (per-channel or block scales);
+the embedding, the LM head and the norms stay in the model's dtype.
 """
 
 from __future__ import annotations
@@ -24,13 +25,9 @@ from torch import nn
 from kernels.rope import ROPE_TYPES, rope_cos_sin_cache
 from runtime.worker.attention import AttentionBackend, Rotary
 from runtime.worker.forward_batch import ForwardBatch
-from runtime.worker.models.parallel import (
-    QUANTIZATIONS,
-    VocabParallelEmbedding,
-    column_linear,
-    row_linear,
-)
+from runtime.worker.models.parallel import VocabParallelEmbedding, column_linear, row_linear
 from runtime.worker.ops import TorchOps, TritonOps
+from runtime.worker.quant.scheme import QuantScheme
 from runtime.worker.tp import TPGroup
 
 Ops = TorchOps | TritonOps
@@ -126,8 +123,10 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, arch: LlamaArch, layer_id: int, tp: TPGroup, quantization: str) -> None:
+    def __init__(self, arch: LlamaArch, layer_id: int, tp: TPGroup,
+                 quantization: QuantScheme) -> None:
         super().__init__()
+        hf = f"model.layers.{layer_id}.self_attn"  # the checkpoint's module names
         self.layer_id = layer_id
         self.num_heads = tp.shard(arch.num_heads, "attention heads")  # this rank's
         self.num_kv_heads = tp.shard(arch.num_kv_heads, "KV heads")
@@ -135,8 +134,9 @@ class LlamaAttention(nn.Module):
         q_size, kv_size = self.num_heads * arch.head_dim, self.num_kv_heads * arch.head_dim
         self.sizes = [q_size, kv_size, kv_size]
         self.qkv_proj = column_linear(arch.hidden_size, q_size + 2 * kv_size, arch.qkv_bias,
-                                      quantization)
-        self.o_proj = row_linear(q_size, arch.hidden_size, arch.o_bias, tp, quantization)
+                                      quantization, [f"{hf}.{m}_proj" for m in "qkv"])
+        self.o_proj = row_linear(q_size, arch.hidden_size, arch.o_bias, tp, quantization,
+                                 [f"{hf}.o_proj"])
         if arch.qk_norm:
             self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
             self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
@@ -169,12 +169,15 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, arch: LlamaArch, tp: TPGroup, quantization: str) -> None:
+    def __init__(self, arch: LlamaArch, layer_id: int, tp: TPGroup,
+                 quantization: QuantScheme) -> None:
         super().__init__()
+        hf = f"model.layers.{layer_id}.mlp"
         inter = tp.shard(arch.intermediate_size, "the MLP intermediate size")
         self.gate_up_proj = column_linear(arch.hidden_size, 2 * inter, arch.mlp_bias,
-                                          quantization)
-        self.down_proj = row_linear(inter, arch.hidden_size, arch.mlp_bias, tp, quantization)
+                                          quantization, [f"{hf}.gate_proj", f"{hf}.up_proj"])
+        self.down_proj = row_linear(inter, arch.hidden_size, arch.mlp_bias, tp, quantization,
+                                    [f"{hf}.down_proj"])
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
         # silu(gate) * up, inside the down projection's loads at a one-row decode step
@@ -182,12 +185,13 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, arch: LlamaArch, layer_id: int, tp: TPGroup, quantization: str) -> None:
+    def __init__(self, arch: LlamaArch, layer_id: int, tp: TPGroup,
+                 quantization: QuantScheme) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.self_attn = LlamaAttention(arch, layer_id, tp, quantization)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = LlamaMLP(arch, tp, quantization)
+        self.mlp = LlamaMLP(arch, layer_id, tp, quantization)
 
     def forward(
         self,
@@ -210,7 +214,7 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, arch: LlamaArch, tp: TPGroup, quantization: str) -> None:
+    def __init__(self, arch: LlamaArch, tp: TPGroup, quantization: QuantScheme) -> None:
         super().__init__()
         self.arch = arch
         self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, tp)
@@ -229,18 +233,17 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """Decoder plus LM head. Parameter names follow transformers except the fused
-    `qkv_proj` / `gate_up_proj`; see `checkpoint_targets`. `quantization` is "none" or
-    "fp8" (fp8 projection weights)."""
+    `qkv_proj` / `gate_up_proj`; see `checkpoint_targets`. `quantization` is "none", "fp8"
+    (fp8 projection weights, quantized at load) or a checkpoint's `QuantScheme`."""
 
     def __init__(self, arch: LlamaArch, tp: TPGroup | None = None,
-                 quantization: str = "none") -> None:
+                 quantization: QuantScheme | str = "none") -> None:
         super().__init__()
-        if quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
         self.arch = arch
-        self.quantization = quantization
+        self.quant = QuantScheme.of(quantization)
+        self.quantization = self.quant.name
         self.tp = tp = tp or TPGroup()
-        self.model = LlamaModel(arch, tp, quantization)
+        self.model = LlamaModel(arch, tp, self.quant)
         if not arch.tie_word_embeddings:
             self.lm_head = nn.Linear(
                 arch.hidden_size, tp.shard(arch.vocab_size, "the vocabulary"), bias=False
