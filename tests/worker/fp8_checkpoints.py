@@ -104,8 +104,10 @@ def write_fp8_pair(hf_model, layout: str, root: Path, ignore=()) -> tuple[Path, 
     return fp8_dir, deq_dir
 
 
-def set_quantization_config(folder: Path, quantization_config: dict) -> None:
-    """Rewrite the `quantization_config` of the checkpoint in `folder`."""
+def set_quantization_config(folder: Path, quantization_config: dict | None) -> None:
+    """Rewrite the `quantization_config` of the checkpoint in `folder` (None: remove it)."""
     cfg = json.loads((folder / "config.json").read_text())
     cfg["quantization_config"] = quantization_config
+    if quantization_config is None:
+        del cfg["quantization_config"]
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))

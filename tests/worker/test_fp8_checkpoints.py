@@ -56,11 +56,11 @@ CASES = [("llama", "block"), ("llama-partial", "block"), ("qwen3", "block"),
          ("deepseek-v2", "block"), ("deepseek-v3", "block")]
 
 
-def tiny_hf(model: str) -> torch.nn.Module:
-    """A random transformers model of `model`'s shape, float32."""
+def tiny_hf(model: str, **changes) -> torch.nn.Module:
+    """A random transformers model of `model`'s shape (with `changes`), float32."""
     config_cls, dims = MODELS[model]
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(config_cls(**dims), dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_config(config_cls(**dims | changes), dtype=torch.float32)
     with torch.no_grad():  # every tensor random (HF zero-inits biases, ones norms)
         for name, t in [*hf.named_parameters(), *hf.named_buffers()]:
             if "inv_freq" not in name:

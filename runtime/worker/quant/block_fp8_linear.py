@@ -95,10 +95,6 @@ class BlockFp8Linear(Fp8Weights):
         starts on a block row, only the layer's last part may end inside one, and a TP share
         holds whole blocks."""
         bn, bk = self.block
-        if start % bn or (rows % bn and start + rows != self.out_features):
-            raise QuantizationError(
-                f"rows {start}..{start + rows} of a fused layer do not fall on its "
-                f"{bn}-row scale blocks")
         if tp.size > 1 and dim == 0 and rows % bn:
             raise QuantizationError(
                 f"this rank's {rows} rows (of {rows * tp.size}, TP {tp.size}) are not "
@@ -107,6 +103,10 @@ class BlockFp8Linear(Fp8Weights):
             raise QuantizationError(
                 f"this rank's {self.in_features} input columns (TP {tp.size}) are not whole "
                 f"{bk}-column scale blocks; serve it with a TP size that divides them")
+        if start % bn or (rows % bn and start + rows != self.out_features):
+            raise QuantizationError(
+                f"rows {start}..{start + rows} of a fused layer do not fall on its "
+                f"{bn}-row scale blocks")
 
     def load_scale(self, start: int, rows: int, scale: torch.Tensor, dim: int | None,
                    tp: TPGroup) -> None:
