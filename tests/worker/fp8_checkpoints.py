@@ -22,8 +22,11 @@ _CT_WEIGHTS = dict(num_bits=8, type="float", symmetric=True, dynamic=False)
 
 def compressed_tensors(strategy: str, activations: dict | None, ignore=()) -> dict:
     """A compressed-tensors `quantization_config` with one group of fp8 weights."""
-    group = dict(targets=["Linear"], weights=dict(_CT_WEIGHTS, strategy=strategy),
-                 input_activations=activations, output_activations=None)
+    weights = dict(_CT_WEIGHTS, strategy=strategy)
+    if strategy == "block":
+        weights["block_structure"] = BLOCK
+    group = dict(targets=["Linear"], weights=weights, input_activations=activations,
+                 output_activations=None)
     return dict(quant_method="compressed-tensors", format="float-quantized",
                 config_groups=dict(group_0=group), ignore=list(ignore), kv_cache_scheme=None,
                 quantization_status="compressed")
@@ -31,6 +34,8 @@ def compressed_tensors(strategy: str, activations: dict | None, ignore=()) -> di
 
 DYNAMIC_TOKEN = dict(num_bits=8, type="float", symmetric=True, dynamic=True, strategy="token")
 STATIC_TENSOR = dict(num_bits=8, type="float", symmetric=True, dynamic=False, strategy="tensor")
+DYNAMIC_GROUP = dict(num_bits=8, type="float", symmetric=True, dynamic=True, strategy="group",
+                     group_size=128)
 # layout -> (quantization_config, weight scale granularity, scale name, static input scales)
 LAYOUTS = {
     "block": (dict(quant_method="fp8", fmt="e4m3", activation_scheme="dynamic",
@@ -40,6 +45,7 @@ LAYOUTS = {
     "ct-channel": (compressed_tensors("channel", DYNAMIC_TOKEN), "channel", "weight_scale",
                    False),
     "ct-tensor": (compressed_tensors("tensor", STATIC_TENSOR), "tensor", "weight_scale", True),
+    "ct-block": (compressed_tensors("block", DYNAMIC_GROUP), "block", "weight_scale", False),
 }
 
 
