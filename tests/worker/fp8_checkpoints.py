@@ -1,9 +1,10 @@
 """Test helper: tiny fp8 checkpoints in the layouts releases ship, each beside a 16-bit
 checkpoint of exactly its weights dequantized (the reference a correct loader must match).
 
-A random transformers model is saved, then every projection weight (`*_proj*.weight`) is
-quantized here, independently of the runtime's code: per 128x128 block (`weight_scale_inv`),
-per output channel or per tensor (`weight_scale`), as the layout says.
+A random transformers model is saved, then every projection weight (`*_proj*.weight`, and
+Mixtral's experts' `w1` / `w2` / `w3`) is quantized here, independently of the runtime's
+code: per 128x128 block (`weight_scale_inv`), per output channel or per tensor
+(`weight_scale`), as the layout says.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 FP8, FP8_MAX = torch.float8_e4m3fn, 448.0
 BLOCK = [128, 128]
+MIXTRAL_EXPERTS = ("w1", "w2", "w3")  # an expert's gate, down and up projections
 _CT_WEIGHTS = dict(num_bits=8, type="float", symmetric=True, dynamic=False)
 
 
@@ -92,7 +94,8 @@ def write_fp8_pair(hf_model, layout: str, root: Path, ignore=()) -> tuple[Path, 
     fp8_state, deq_state = {}, {}
     for name, w in state.items():
         module = name.removesuffix(".weight")
-        if "_proj" not in module.rsplit(".", 1)[-1] or module.endswith(tuple(ignore)):
+        leaf = module.rsplit(".", 1)[-1]
+        if ("_proj" not in leaf and leaf not in MIXTRAL_EXPERTS) or module.endswith(tuple(ignore)):
             fp8_state[name] = deq_state[name] = w
             continue
         q, scale = quantize(w, granularity)

@@ -14,8 +14,10 @@ from transformers import (
     DeepseekV3Config,
     FineGrainedFP8Config,
     LlamaConfig,
+    MixtralConfig,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 from runtime.model_config import resolve_model
@@ -45,6 +47,12 @@ MODELS = {
     "llama-partial": (LlamaConfig, dict(LLAMA, hidden_size=200)),  # partial blocks, both dims
     "qwen3": (Qwen3Config, dict(LLAMA, num_key_value_heads=2)),  # per-head q/k norms
     "qwen2": (Qwen2Config, LLAMA),  # q/k/v biases, kept 16-bit
+    # a dense MLP on layer 0, experts on layer 1
+    "qwen3-moe": (Qwen3MoeConfig, dict(LLAMA, num_key_value_heads=2, moe_intermediate_size=128,
+                                       num_experts=4, num_experts_per_tok=2,
+                                       norm_topk_prob=True, mlp_only_layers=[0])),
+    "mixtral": (MixtralConfig, dict(LLAMA, num_local_experts=4, num_experts_per_tok=2,
+                                    sliding_window=None)),  # experts' w1/w3/w2
     "deepseek-v2": (DeepseekV2Config, dict(DEEPSEEK, q_lora_rank=None, n_shared_experts=2,
                                            topk_method="greedy")),
     "deepseek-v3": (DeepseekV3Config, dict(DEEPSEEK, q_lora_rank=128, n_shared_experts=1,
@@ -54,7 +62,8 @@ MODELS = {
 CASES = [("llama", "block"), ("llama-partial", "block"), ("qwen3", "block"),
          ("llama", "fp8-tensor"), ("qwen2", "ct-channel"), ("qwen3", "ct-tensor"),
          ("llama-partial", "ct-block"), ("qwen2", "block"),
-         ("deepseek-v2", "block"), ("deepseek-v3", "block")]
+         ("deepseek-v2", "block"), ("deepseek-v3", "block"), ("qwen3-moe", "block"),
+         ("mixtral", "ct-channel")]
 
 
 def tiny_hf(model: str, **changes) -> torch.nn.Module:
@@ -113,6 +122,20 @@ def test_deepseek_keeps_experts_and_kv_b_in_16_bits(tmp_path):
         assert isinstance(layer, BlockFp8Linear) and layer.weight.dtype == FP8
     assert attn.kv_a_proj_with_mqa.weight_scale_inv.shape == (2, 2)
     assert attn.kv_b_proj.weight.dtype == moe.experts.w13.dtype == torch.float32
+
+
+@pytest.mark.parametrize("model,layout", [("qwen3-moe", "block"), ("mixtral", "ct-channel")])
+def test_moe_families_dequantize_their_experts(model, layout, tmp_path):
+    """Qwen3-MoE and Mixtral fp8 checkpoints: attention (and Qwen3-MoE's dense MLP) in fp8;
+    the router and the routed experts, fp8 in the checkpoint, in the model's dtype."""
+    fp8_dir, _ = write_fp8_pair(tiny_hf(model), layout, tmp_path)
+    layers = runner(fp8_dir).model.model.layers
+    kind = BlockFp8Linear if layout == "block" else Fp8Linear
+    assert isinstance(layers[1].self_attn.qkv_proj, kind)
+    assert isinstance(layers[0].mlp.gate_up_proj if model == "qwen3-moe" else
+                      layers[0].self_attn.o_proj, kind)
+    moe = layers[1].mlp
+    assert moe.experts.w13.dtype == moe.experts.w2.dtype == moe.gate.weight.dtype == torch.float32
 
 
 def test_transformers_reads_the_block_layout_as_the_reference_does(tmp_path):
