@@ -4,6 +4,8 @@ Each row x of `[T, K]` becomes `q = clamp(x / s, -448, 448)` in float8_e4m3fn wi
 scale `s = amax(|x|) / 448` (1.0 for an all-zero row), so `x ~= q * s`. One program per row:
 a first pass over the row finds amax, a second quantizes (the row is still in L2). Scales
 stay on the device: nothing here syncs the host, so it runs inside a CUDA graph.
+`per_token_group_fp8` gives each `group` columns of a row a scale of their own (the input side
+of a block-scaled matmul, `kernels.block_fp8_gemm`), as rows of a reshaped view.
 """
 
 import torch
@@ -60,3 +62,20 @@ def per_token_fp8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = x.abs().amax(dim=-1, keepdim=True)  # [T, 1]
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))  # [T, 1]
     return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def per_token_group_fp8(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x `[T, K]`, K a multiple of `group` -> (q `[T, K]` float8_e4m3fn, scales `[T, K / group]`
+    float32): each `group` columns of a row quantized on their own (`per_token_fp8` over the
+    `[T * K / group, group]` view)."""
+    T, K = x.shape
+    assert K % group == 0, f"K = {K} is not a multiple of the group size {group}"
+    q, scale = per_token_fp8(x.contiguous().view(T * K // group, group))
+    return q.view(T, K), scale.view(T, K // group)
+
+
+def per_token_group_fp8_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference of `per_token_group_fp8`, in float32."""
+    T, K = x.shape
+    q, scale = per_token_fp8_ref(x.reshape(T * K // group, group))
+    return q.view(T, K), scale.view(T, K // group)

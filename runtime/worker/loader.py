@@ -8,7 +8,10 @@ model's shards at `--tp N` are exactly the slices of its weights at `--tp 1`.
 
 With `quantization="fp8"` the projections are allocated in fp8 and each 16-bit tensor is
 quantized as it arrives (`Fp8Linear.load_rows`), after its TP cut: the model never exists in
-16 bits on the device, one tensor at a time does.
+16 bits on the device, one tensor at a time does. An fp8 checkpoint (`QuantScheme` from its
+config.json) is copied as it is: fp8 weights raw, their scales into the fp8 layers' scale
+buffers, each cut for TP like its weight; fp8 weights the model keeps in 16 bits are
+dequantized once their scales are in (`ShardLoader`).
 """
 
 from __future__ import annotations
@@ -19,10 +22,19 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from kernels.fp8_quant import FP8
 from runtime.model_config import ModelSpec
 from runtime.worker.models.causal_lm import CausalLM
 from runtime.worker.models.registry import model_class
-from runtime.worker.quant.fp8_linear import Fp8Linear
+from runtime.worker.quant.block_fp8_linear import BlockFp8Linear
+from runtime.worker.quant.dequantize import dequantize_fp8
+from runtime.worker.quant.fp8_linear import (
+    Fp8Weights,
+    QuantizationError,
+    check_fp8_support,
+    tp_share,
+)
+from runtime.worker.quant.scheme import QuantScheme
 from runtime.worker.tp import TPGroup
 
 DUMMY_STD = 0.02
@@ -31,7 +43,8 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def build_model(config, tp: TPGroup | None, quantization: str) -> CausalLM:
-    """The model class for a transformers config's `model_type`, on the current device."""
+    """The model class for a transformers config's `model_type`, on the current device, its
+    weights stored as the config's `quantization_config` says, else as `quantization` asks."""
     return model_class(config).from_hf(config, tp, quantization)
 
 
@@ -43,12 +56,16 @@ def load_model(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype,
                seed: int = 0, tp: TPGroup | None = None,
                quantization: str = "none") -> CausalLM:
     """The model for `spec` (this rank's shard of it) on `device` in `dtype`, with its
-    weights (projections in fp8 with `quantization="fp8"`), in eval mode."""
+    weights (projections in fp8 with `quantization="fp8"` or from an fp8 checkpoint), in
+    eval mode."""
     with torch.device("meta"):
         model = build_model(spec.hf_config(), tp, quantization)
+    if model.quant.shipped:
+        check_fp8_support(torch.device(device), what="an fp8 checkpoint",
+                          instead="serve a 16-bit checkpoint of the model")
     model.to(dtype=dtype)  # still meta: no memory touched
     for module in model.modules():
-        if isinstance(module, Fp8Linear):
+        if isinstance(module, Fp8Weights):
             module.restore_storage()
     model.to_empty(device=device)  # one uninitialized allocation per parameter
     model.requires_grad_(False)
@@ -91,34 +108,115 @@ def init_dummy(model: CausalLM, seed: int) -> None:
 
 class ShardLoader:
     """Copies whole checkpoint tensors, by their transformers names, into this rank's
-    (possibly fused) parameters, quantizing those of fp8 layers, and tracks which are still
-    missing."""
+    (possibly fused) parameters, and tracks which are still missing.
+
+    fp8 layers take 16-bit tensors quantized (`--quantization fp8`), or an fp8 checkpoint's
+    weights raw with their scales (`<module>.weight_scale_inv` / `.weight_scale`, each cut for
+    TP like its weight; static `<module>.input_scale`s are read and dropped). An fp8 weight
+    bound for a 16-bit parameter is held until its scale is in, then dequantized. Block-scaled
+    layers are checked at construction: fused parts and TP shares must be whole blocks."""
 
     def __init__(self, model: CausalLM) -> None:
         self.tp = model.tp
+        self.quant: QuantScheme = model.quant
         self.targets = model.checkpoint_targets()
         self.params = dict(model.named_parameters())
         self.fp8 = {f"{name}.weight": m for name, m in model.named_modules()
-                    if isinstance(m, Fp8Linear)}  # weight parameter name -> its layer
+                    if isinstance(m, Fp8Weights)}  # weight parameter name -> its layer
         self.pending = set(self.targets)
         self.split_dim = model.tp_split_dim
+        self.scale_of: dict[str, str] = {}  # scale tensor name -> its weight's name
+        self.held: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
+        if self.quant.shipped:
+            self._expect_scales()
+
+    def _dim(self, name: str) -> int | None:
+        return self.split_dim(name) if self.tp.size > 1 else None
+
+    def _expect_scales(self) -> None:
+        """Accept each weight's scale tensors, required where the layer is fp8."""
+        for name, (param_name, start, rows) in list(self.targets.items()):
+            if not name.endswith(".weight"):
+                continue
+            layer, base = self.fp8.get(param_name), name.removesuffix("weight")
+            if isinstance(layer, BlockFp8Linear):
+                try:
+                    layer.check_part(start, rows, self._dim(name), self.tp)
+                except QuantizationError as exc:
+                    raise QuantizationError(f"{name}: {exc}") from None
+            for scale in (*self.quant.scale_names, "input_scale"):
+                self.scale_of[base + scale] = name
+                self.targets[base + scale] = self.targets[name]
+            if layer is not None:
+                self.pending.add(base + self.quant.scale_names[0])  # any of the names does
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
+        if tensor.dtype == FP8 and not self.quant.shipped:
+            raise WeightLoadError(f"{name} is {tensor.dtype} but config.json has no "
+                                  "quantization_config saying how to scale it")
+        if name in self.scale_of:
+            self._put_scale(name, tensor)
+            return
         param_name, start, rows = self.targets[name]
+        layer = self.fp8.get(param_name)
+        if tensor.dtype == FP8 and layer is None:
+            tensor = self._dequantized(name, weight=tensor)
+            if tensor is None:
+                return  # until its scale is in
+        tensor = tp_share(tensor, self._dim(name), self.tp)  # this rank's share
         dest = self.params[param_name].narrow(0, start, rows)
-        dim = self.split_dim(name) if self.tp.size > 1 else None
-        if dim is not None and tensor.shape[dim] % self.tp.size == 0:
-            tensor = tensor.chunk(self.tp.size, dim)[self.tp.rank]  # this rank's share
         if tensor.shape != dest.shape:
             raise WeightLoadError(f"{name}: checkpoint shape {tuple(tensor.shape)}, "
                                   f"model expects {tuple(dest.shape)}")
-        if param_name in self.fp8:
-            self.fp8[param_name].load_rows(start, tensor)
-        else:
+        if layer is None:
             dest.copy_(tensor)  # converts dtype, moves to the device
+        elif tensor.dtype == FP8:
+            layer.load_fp8_rows(start, tensor)
+        elif self.quant.shipped:
+            raise WeightLoadError(f"{name} is {tensor.dtype}, but config.json's "
+                                  "quantization_config says it is fp8")
+        else:
+            layer.load_rows(start, tensor)
         self.pending.discard(name)
 
+    def _put_scale(self, name: str, scale: torch.Tensor) -> None:
+        weight = self.scale_of[name]
+        if name.endswith(".input_scale"):
+            return  # activations are quantized per token as they arrive
+        param_name, start, rows = self.targets[weight]
+        self.pending.discard(weight.removesuffix("weight") + self.quant.scale_names[0])
+        layer = self.fp8.get(param_name)
+        if layer is None:  # the weight is dequantized for a 16-bit parameter
+            tensor = self._dequantized(weight, scale=scale)
+            if tensor is not None:
+                self.put(weight, tensor)
+            return
+        try:
+            layer.load_scale(start, rows, scale, self._dim(weight), self.tp)
+        except ValueError as exc:
+            raise WeightLoadError(f"{name}: {exc}") from None
+
+    def _dequantized(self, name: str, weight: torch.Tensor | None = None,
+                     scale: torch.Tensor | None = None) -> torch.Tensor | None:
+        """fp8 weight `name` dequantized to float32 once both it and its scale are in (the
+        first to arrive waits in `held`), else None."""
+        held_w, held_s = self.held.pop(name, (None, None))
+        weight = weight if weight is not None else held_w
+        scale = scale if scale is not None else held_s
+        if weight is None or scale is None:
+            self.held[name] = (weight, scale)
+            return None
+        try:
+            return dequantize_fp8(weight, scale, self.quant.block)
+        except ValueError as exc:
+            raise WeightLoadError(f"{name}: {exc}") from None
+
     def check_complete(self, source: str) -> None:
+        if self.held:
+            name, (weight, _) = next(iter(self.held.items()))
+            what = "is fp8 but its scale is missing" if weight is not None else (
+                "has a scale but is not an fp8 tensor")
+            raise WeightLoadError(f"{source}: {name} {what}")
         if self.pending:
             shown = ", ".join(sorted(self.pending)[:5])
             raise WeightLoadError(f"{source}: {len(self.pending)} tensors missing, e.g. {shown}")

@@ -101,8 +101,8 @@ class ModelRunner:
         self.tp = tp = tp or TPGroup()
         if quantization == "fp8":
             check_fp8_support(self.device)
-        self.quantization = quantization
         self.model = load_model(spec, self.device, dtype, seed, tp, quantization)
+        self.quantization = self.model.quantization  # "fp8" for an fp8 checkpoint too
         arch = self.model.arch
         self.vocab_size = arch.vocab_size
         mla = self.model.mla if isinstance(self.model, DeepseekForCausalLM) else None

@@ -20,8 +20,9 @@ from torch import nn
 
 from runtime.worker.attention import AttentionBackend
 from runtime.worker.forward_batch import ForwardBatch
-from runtime.worker.models.parallel import QUANTIZATIONS, VocabParallelEmbedding
+from runtime.worker.models.parallel import VocabParallelEmbedding
 from runtime.worker.ops import TorchOps, TritonOps
+from runtime.worker.quant.scheme import QuantScheme
 from runtime.worker.tp import TPGroup
 
 Ops = TorchOps | TritonOps
@@ -87,11 +88,13 @@ class Decoder(nn.Module):
 class CausalLM(nn.Module):
     """Decoder plus LM head (or the embedding, tied). `arch` is the family's shape record
     (it has at least vocab_size, hidden_size, num_layers, rms_norm_eps and
-    tie_word_embeddings); `tp` this rank's place in the tensor-parallel group."""
+    tie_word_embeddings); `tp` this rank's place in the tensor-parallel group;
+    `quantization` the storage of the projections' weights, kept as `quant`: "none", "fp8"
+    (quantized at load) or a checkpoint's `QuantScheme`."""
 
     MODEL_TYPES: ClassVar[tuple[str, ...]] = ()  # transformers `model_type`s of the family
     ARCH: ClassVar[type]  # the shape record, with a `from_hf(config)` constructor
-    WEIGHT_FORMATS: ClassVar[tuple[str, ...]] = ("none",)  # the `quantization`s it runs
+    WEIGHT_FORMATS: ClassVar[tuple[str, ...]] = ("none",)  # the `QuantScheme.weights` it runs
     # checkpoint modules cut along their output rows (dim 0) or input columns (dim 1) under TP
     COLUMN_PARALLEL: ClassVar[tuple[str, ...]] = ("q_proj", "gate_proj", "up_proj",
                                                   "embed_tokens", "lm_head")
@@ -99,15 +102,15 @@ class CausalLM(nn.Module):
     # (our module name, the checkpoint's) where they differ, for whole path components
     MODULE_RENAMES: ClassVar[tuple[tuple[str, str], ...]] = ()
 
-    def __init__(self, arch, tp: TPGroup | None = None, quantization: str = "none") -> None:
+    def __init__(self, arch, tp: TPGroup | None = None,
+                 quantization: QuantScheme | str = "none") -> None:
         super().__init__()
-        if quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
-        if quantization not in self.WEIGHT_FORMATS:
-            raise NotImplementedError(
-                f"{'/'.join(self.MODEL_TYPES)}: {quantization} weights are not supported yet")
+        self.quant = QuantScheme.of(quantization)  # ValueError for an unknown name
+        if self.quant.weights not in self.WEIGHT_FORMATS:
+            raise NotImplementedError(f"{'/'.join(self.MODEL_TYPES)}: {self.quant.weights} "
+                                      "weights are not supported yet")
         self.arch = arch
-        self.quantization = quantization
+        self.quantization = self.quant.name  # "none" or "fp8", as /get_model_info reports
         self.tp = tp = tp or TPGroup()
         layers = [self.decoder_layer(i) for i in range(arch.num_layers)]
         self.model = Decoder(arch.vocab_size, arch.hidden_size, arch.rms_norm_eps, tp, layers)
@@ -118,12 +121,14 @@ class CausalLM(nn.Module):
 
     @classmethod
     def from_hf(cls, config, tp: TPGroup | None = None, quantization: str = "none") -> CausalLM:
-        """The model a transformers config describes (this rank's shard under `tp`)."""
-        return cls(cls.ARCH.from_hf(config), tp, quantization)
+        """The model a transformers config describes (this rank's shard under `tp`), its
+        weights stored as the config's `quantization_config` says, else as `quantization`
+        (the --quantization flag) asks."""
+        return cls(cls.ARCH.from_hf(config), tp, QuantScheme.from_config(config, quantization))
 
     def decoder_layer(self, layer_id: int) -> DecoderLayer:
         """Layer `layer_id` of this family, this rank's shard (self.arch, self.tp and
-        self.quantization are set)."""
+        self.quant are set)."""
         raise NotImplementedError
 
     def rope_table(self, device: torch.device) -> torch.Tensor:

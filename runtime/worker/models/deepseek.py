@@ -13,8 +13,12 @@ produce q_rope and k_rope so the rotate-half RoPE of `ops.rope` applies unchange
 Under tensor parallelism (`TPGroup` of size N) each rank holds 1/N of the heads (q and
 kv_b_proj rows, o_proj columns, all-reduced) and of every FFN's width (experts included,
 `sparse_moe.py`); the latent projections, norms and router are replicated, and so is the
-latent pool: every rank stores each token's whole latent row. fp8 weights are not supported
-for this family yet.
+latent pool: every rank stores each token's whole latent row.
+
+fp8 weights (`--quantization fp8`, or an fp8 checkpoint's `QuantScheme`) apply to the MLA
+projections but kv_b_proj, to the dense MLPs and to the shared experts. kv_b_proj (split into
+W_UK / W_UV), the router and the routed experts (the fused MoE kernel reads 16-bit weights)
+stay in the model's dtype: an fp8 checkpoint's are dequantized at load.
 """
 
 from __future__ import annotations
@@ -28,9 +32,14 @@ from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.models.causal_lm import CausalLM, DecoderLayer, Ops, Piece, RMSNorm
 from runtime.worker.models.deepseek_arch import SUPPORTED_TYPES, DeepseekArch
 from runtime.worker.models.deepseek_moe import DeepseekMoE, GatedMLP
-from runtime.worker.models.deepseek_rope import deepseek_cos_sin_cache, deinterleave_perm
-from runtime.worker.models.parallel import RowParallelLinear
+from runtime.worker.models.deepseek_rope import (
+    deepseek_cos_sin_cache,
+    deinterleave_perm,
+    permute_output_rows,
+)
+from runtime.worker.models.parallel import column_linear, row_linear
 from runtime.worker.models.sparse_moe import expert_pieces
+from runtime.worker.quant.scheme import WEIGHTS, QuantScheme
 from runtime.worker.tp import TPGroup
 
 
@@ -38,29 +47,35 @@ class DeepseekAttention(nn.Module):
     """MLA of one layer in the absorbed form: this rank's heads attend over the latent pool
     row of every position; kv_b_proj is kept for the checkpoint and split into W_UK / W_UV."""
 
-    def __init__(self, arch: DeepseekArch, layer_id: int, tp: TPGroup) -> None:
+    def __init__(self, arch: DeepseekArch, layer_id: int, tp: TPGroup,
+                 quantization: QuantScheme) -> None:
         super().__init__()
         self.arch, self.layer_id = arch, layer_id
         self.num_heads = h = tp.shard(arch.num_heads, "attention heads")  # this rank's
-        hid = arch.hidden_size
+        hid, hf = arch.hidden_size, f"model.layers.{layer_id}.self_attn"
+
+        def linear(name: str, in_features: int, out_features: int) -> nn.Module:
+            return column_linear(in_features, out_features, False, quantization, [f"{hf}.{name}"])
+
         if arch.q_lora_rank is None:
-            self.q_proj = nn.Linear(hid, h * arch.qk_head_dim, bias=False)
+            self.q_proj = linear("q_proj", hid, h * arch.qk_head_dim)
         else:
-            self.q_a_proj = nn.Linear(hid, arch.q_lora_rank, bias=False)
+            self.q_a_proj = linear("q_a_proj", hid, arch.q_lora_rank)
             self.q_a_layernorm = RMSNorm(arch.q_lora_rank, arch.rms_norm_eps)
-            self.q_b_proj = nn.Linear(arch.q_lora_rank, h * arch.qk_head_dim, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(hid, arch.latent_dim, bias=False)
+            self.q_b_proj = linear("q_b_proj", arch.q_lora_rank, h * arch.qk_head_dim)
+        self.kv_a_proj_with_mqa = linear("kv_a_proj_with_mqa", hid, arch.latent_dim)
         self.kv_a_layernorm = RMSNorm(arch.kv_lora_rank, arch.rms_norm_eps)
         self.kv_b_proj = nn.Linear(
             arch.kv_lora_rank, h * (arch.qk_nope_head_dim + arch.v_head_dim), bias=False
-        )
-        self.o_proj = RowParallelLinear(h * arch.v_head_dim, hid, False, tp)
+        )  # always 16-bit: only its per-head split (`absorb`) computes
+        self.o_proj = row_linear(h * arch.v_head_dim, hid, False, tp, quantization,
+                                 [f"{hf}.o_proj"])
         self.w_uk: torch.Tensor | None = None  # [H, nope, L], set by `absorb`
         self.w_uv_t: torch.Tensor | None = None  # [H, L, v], set by `absorb`
 
-    def q_weight(self) -> torch.Tensor:
+    def q_out(self) -> nn.Module:
         """The projection whose output rows are the per-head queries: [H * qk, in]."""
-        return self.q_proj.weight if self.arch.q_lora_rank is None else self.q_b_proj.weight
+        return self.q_proj if self.arch.q_lora_rank is None else self.q_b_proj
 
     @torch.no_grad()
     def absorb(self) -> None:
@@ -70,15 +85,16 @@ class DeepseekAttention(nn.Module):
         self.w_uk = w[:, : a.qk_nope_head_dim].contiguous()  # [H, nope, L]
         self.w_uv_t = w[:, a.qk_nope_head_dim :].transpose(1, 2).contiguous()  # [H, L, v]
 
-    @torch.no_grad()
     def deinterleave_rope(self) -> None:
         """Permute the rope rows of the q and kv_a projections from pairs to halves."""
         a = self.arch
-        perm = deinterleave_perm(a.qk_rope_head_dim).to(self.kv_b_proj.weight.device)
-        q = self.q_weight().view(self.num_heads, a.qk_head_dim, -1)  # [H, qk, in]
-        q[:, a.qk_nope_head_dim :] = q[:, a.qk_nope_head_dim :][:, perm]
-        kv = self.kv_a_proj_with_mqa.weight  # [L + Dr, hidden]
+        perm = deinterleave_perm(a.qk_rope_head_dim)
+        q = torch.arange(self.num_heads * a.qk_head_dim).view(self.num_heads, a.qk_head_dim)
+        q[:, a.qk_nope_head_dim :] = q[:, a.qk_nope_head_dim :][:, perm]  # [H, qk]
+        permute_output_rows(self.q_out(), q.flatten())
+        kv = torch.arange(a.latent_dim)  # [L + Dr]
         kv[a.kv_lora_rank :] = kv[a.kv_lora_rank :][perm]
+        permute_output_rows(self.kv_a_proj_with_mqa, kv)
 
     def forward(
         self, x: torch.Tensor, ops: Ops, fb: ForwardBatch, attn: AttentionBackend
@@ -114,19 +130,22 @@ class DeepseekForCausalLM(CausalLM):
 
     MODEL_TYPES = SUPPORTED_TYPES
     ARCH = DeepseekArch
+    WEIGHT_FORMATS = WEIGHTS
     COLUMN_PARALLEL = (*CausalLM.COLUMN_PARALLEL, "q_b_proj", "kv_b_proj")
 
     def __init__(self, arch: DeepseekArch, tp: TPGroup | None = None,
-                 quantization: str = "none") -> None:
+                 quantization: QuantScheme | str = "none") -> None:
         super().__init__(arch, tp, quantization)
         heads = self.model.layers[0].self_attn.num_heads  # this rank's
         self.mla = MlaShape(heads, arch.kv_lora_rank, arch.sm_scale)
 
     def decoder_layer(self, layer_id: int) -> DecoderLayer:
-        a, tp = self.arch, self.tp
-        mlp = (DeepseekMoE(a, tp) if a.is_moe_layer(layer_id)
-               else GatedMLP(a.hidden_size, a.intermediate_size, tp))
-        return DecoderLayer(a.hidden_size, a.rms_norm_eps, DeepseekAttention(a, layer_id, tp), mlp)
+        a, tp, quant = self.arch, self.tp, self.quant
+        hf = f"model.layers.{layer_id}.mlp"  # the checkpoint's module names
+        mlp = (DeepseekMoE(a, tp, quant, hf) if a.is_moe_layer(layer_id)
+               else GatedMLP(a.hidden_size, a.intermediate_size, tp, quant, hf))
+        attn = DeepseekAttention(a, layer_id, tp, quant)
+        return DecoderLayer(a.hidden_size, a.rms_norm_eps, attn, mlp)
 
     def rope_table(self, device: torch.device) -> torch.Tensor:
         a = self.arch

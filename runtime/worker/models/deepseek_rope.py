@@ -1,14 +1,19 @@
 """DeepSeek's rotary table: default or YaRN frequencies over the rope dims, with YaRN's
 attention factor folded into cos and sin, in the layout of `kernels.rope.rope_cos_sin_cache`
-(the rotate-half convention; interleaved checkpoints are permuted at load instead)."""
+(the rotate-half convention; interleaved checkpoints are permuted at load instead, by
+`permute_output_rows`)."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+from torch import nn
 
+from kernels.fp8_quant import FP8
 from runtime.worker.models.deepseek_arch import yarn_mscale
+from runtime.worker.quant.block_fp8_linear import BlockFp8Linear
+from runtime.worker.quant.fp8_linear import Fp8Linear, QuantizationError
 
 
 def yarn_inv_freq(dim: int, rope: dict) -> tuple[torch.Tensor, float]:
@@ -62,3 +67,21 @@ def deinterleave_perm(dim: int) -> torch.Tensor:
     projections that make q_rope and k_rope, it turns (x0, x1), (x2, x3)... pairs into
     rotate-half halves; scores are unchanged since q and k are permuted alike."""
     return torch.cat([torch.arange(0, dim, 2), torch.arange(1, dim, 2)])
+
+
+@torch.no_grad()
+def permute_output_rows(layer: nn.Module, index: torch.Tensor) -> None:
+    """Reorder a projection's output rows in place (row i takes row `index[i]`), 16-bit or fp8.
+    Per-channel fp8 scales move with their rows; block scales stay valid only while every row
+    stays within its block of rows, else QuantizationError."""
+    index = index.to(layer.weight.device)
+    if isinstance(layer, BlockFp8Linear):
+        rows = torch.arange(len(index), device=index.device)
+        if not torch.equal(index // layer.block[0], rows // layer.block[0]):
+            raise QuantizationError(
+                f"rope rows of a {tuple(layer.weight.shape)} projection move across its "
+                f"{layer.block[0]}-row scale blocks: not supported")
+    w = layer.weight.view(torch.uint8) if layer.weight.dtype == FP8 else layer.weight
+    w.copy_(w[index])  # [out, in], bytes for fp8
+    if isinstance(layer, Fp8Linear):
+        layer.weight_scale.copy_(layer.weight_scale[index])

@@ -11,8 +11,9 @@ O and down row-parallel (all-reduced), the embedding and the LM head by vocabula
 feed-forward block of a layer comes from `LlamaForCausalLM.mlp`, which the mixture-of-experts
 families (`llama_moe.py`) override.
 
-With `quantization="fp8"` the projections of every layer hold fp8 weights (`Fp8Linear`); the
-embedding, the LM head and the norms stay in the model's dtype.
+With `quantization="fp8"` the projections of every layer hold fp8 weights (`Fp8Linear`), and
+an fp8 checkpoint's `QuantScheme` keeps them as it ships them (per-channel or block scales);
+the embedding, the LM head and the norms stay in the model's dtype.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from kernels.rope import ROPE_TYPES, rope_cos_sin_cache
 from runtime.worker.attention import AttentionBackend, Rotary
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.models.causal_lm import CausalLM, DecoderLayer, Ops, Piece, RMSNorm
-from runtime.worker.models.parallel import QUANTIZATIONS, column_linear, row_linear
+from runtime.worker.models.parallel import column_linear, row_linear
+from runtime.worker.quant.scheme import WEIGHTS, QuantScheme
 from runtime.worker.tp import TPGroup
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -107,8 +109,10 @@ class LlamaArch:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, arch: LlamaArch, layer_id: int, tp: TPGroup, quantization: str) -> None:
+    def __init__(self, arch: LlamaArch, layer_id: int, tp: TPGroup,
+                 quantization: QuantScheme) -> None:
         super().__init__()
+        hf = f"model.layers.{layer_id}.self_attn"  # the checkpoint's module names
         self.layer_id = layer_id
         self.num_heads = tp.shard(arch.num_heads, "attention heads")  # this rank's
         self.num_kv_heads = tp.shard(arch.num_kv_heads, "KV heads")
@@ -116,8 +120,9 @@ class LlamaAttention(nn.Module):
         q_size, kv_size = self.num_heads * arch.head_dim, self.num_kv_heads * arch.head_dim
         self.sizes = [q_size, kv_size, kv_size]
         self.qkv_proj = column_linear(arch.hidden_size, q_size + 2 * kv_size, arch.qkv_bias,
-                                      quantization)
-        self.o_proj = row_linear(q_size, arch.hidden_size, arch.o_bias, tp, quantization)
+                                      quantization, [f"{hf}.{m}_proj" for m in "qkv"])
+        self.o_proj = row_linear(q_size, arch.hidden_size, arch.o_bias, tp, quantization,
+                                 [f"{hf}.o_proj"])
         if arch.qk_norm:
             self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
             self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
@@ -150,12 +155,15 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, arch: LlamaArch, tp: TPGroup, quantization: str) -> None:
+    def __init__(self, arch: LlamaArch, layer_id: int, tp: TPGroup,
+                 quantization: QuantScheme) -> None:
         super().__init__()
+        hf = f"model.layers.{layer_id}.mlp"
         inter = tp.shard(arch.intermediate_size, "the MLP intermediate size")
         self.gate_up_proj = column_linear(arch.hidden_size, 2 * inter, arch.mlp_bias,
-                                          quantization)
-        self.down_proj = row_linear(inter, arch.hidden_size, arch.mlp_bias, tp, quantization)
+                                          quantization, [f"{hf}.gate_proj", f"{hf}.up_proj"])
+        self.down_proj = row_linear(inter, arch.hidden_size, arch.mlp_bias, tp, quantization,
+                                    [f"{hf}.down_proj"])
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
         # silu(gate) * up, inside the down projection's loads at a one-row decode step
@@ -164,22 +172,22 @@ class LlamaMLP(nn.Module):
 
 class LlamaForCausalLM(CausalLM):
     """Decoder plus LM head. Parameter names follow transformers except the fused
-    `qkv_proj` / `gate_up_proj`; see `checkpoint_targets`. `quantization` is "none" or
-    "fp8" (fp8 projection weights)."""
+    `qkv_proj` / `gate_up_proj`; see `checkpoint_targets`. `quantization` is "none", "fp8"
+    (fp8 projection weights, quantized at load) or a checkpoint's `QuantScheme`."""
 
     MODEL_TYPES = SUPPORTED_TYPES
     ARCH = LlamaArch
-    WEIGHT_FORMATS = QUANTIZATIONS
+    WEIGHT_FORMATS = WEIGHTS
     COLUMN_PARALLEL = (*CausalLM.COLUMN_PARALLEL, "k_proj", "v_proj")
 
     def decoder_layer(self, layer_id: int) -> DecoderLayer:
         a = self.arch
-        attn = LlamaAttention(a, layer_id, self.tp, self.quantization)
+        attn = LlamaAttention(a, layer_id, self.tp, self.quant)
         return DecoderLayer(a.hidden_size, a.rms_norm_eps, attn, self.mlp(layer_id))
 
     def mlp(self, layer_id: int) -> nn.Module:
         """The feed-forward block of layer `layer_id`: `mlp(x, ops)`, [T, hidden] -> [T, hidden]."""
-        return LlamaMLP(self.arch, self.tp, self.quantization)
+        return LlamaMLP(self.arch, layer_id, self.tp, self.quant)
 
     def rope_table(self, device: torch.device) -> torch.Tensor:
         a = self.arch

@@ -60,12 +60,12 @@ class LlamaMoeArch(LlamaArch):
 
 
 class LlamaMoeForCausalLM(LlamaForCausalLM):
-    """A Llama-family decoder whose sparse layers hold a `SparseMoeBlock` (16-bit experts:
-    fp8 weights are not supported for these families yet). `EXPERT_NAMES` are the
-    checkpoint's names of an expert's gate, up and down projections."""
+    """A Llama-family decoder whose sparse layers hold a `SparseMoeBlock`. fp8 weights
+    (`--quantization fp8` or an fp8 checkpoint) apply to attention and the dense MLPs; the
+    router and the experts stay 16-bit (an fp8 checkpoint's dequantized at load).
+    `EXPERT_NAMES` are the checkpoint's names of an expert's gate, up and down projections."""
 
     ARCH = LlamaMoeArch
-    WEIGHT_FORMATS = ("none",)
     EXPERT_NAMES = EXPERT_NAMES
 
     def mlp(self, layer_id: int) -> nn.Module:

@@ -4,11 +4,15 @@ fewer rows.
 
 Both keep `nn.Linear`'s / `nn.Embedding`'s parameter names, so checkpoints map onto them
 unchanged; with a group of one they compute exactly what the plain modules compute.
-`column_linear` and `row_linear` pick the 16-bit or the fp8 (`Fp8Linear`) variant of the
-projections by `--quantization`.
+`column_linear` and `row_linear` pick the storage of a projection by the model's
+`QuantScheme`: 16-bit, fp8 with per-channel scales (`Fp8Linear`: `--quantization fp8`, or a
+checkpoint's per-channel / per-tensor fp8) or fp8 with block scales (`BlockFp8Linear`), the
+modules a checkpoint keeps in 16 bits staying so.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -16,31 +20,56 @@ from torch import nn
 
 from runtime.worker.models.dense_linear import DenseLinear, dense_linear
 from runtime.worker.ops import GateAct
-from runtime.worker.quant.fp8_linear import Fp8Linear, fp8_linear
+from runtime.worker.quant.block_fp8_linear import BlockFp8Linear
+from runtime.worker.quant.fp8_linear import Fp8Linear
+from runtime.worker.quant.scheme import QuantScheme
 from runtime.worker.tp import TPGroup
 
-QUANTIZATIONS = ("none", "fp8")
 
-
-def column_linear(in_features: int, out_local: int, bias: bool, quantization: str) -> nn.Module:
-    """A column-parallel projection (this rank's `out_local` output rows), 16-bit or fp8."""
-    if quantization == "fp8":
+def column_linear(in_features: int, out_local: int, bias: bool,
+                  quantization: QuantScheme | str, modules: Sequence[str] = ()) -> nn.Module:
+    """A column-parallel projection (this rank's `out_local` output rows), or any projection
+    whose output needs no group (a replicated one, or a row shard whose partial sums the
+    caller reduces), stored as `quantization` says for checkpoint `modules` (the names of
+    the parts it fuses)."""
+    scheme = QuantScheme.of(quantization)
+    kind = scheme.quantized(modules)
+    if kind == "fp8_block":
+        return BlockFp8Linear(in_features, out_local, bias, scheme.block)
+    if kind == "fp8":
         return Fp8Linear(in_features, out_local, bias)
     return DenseLinear(in_features, out_local, bias=bias)
 
 
 def row_linear(in_local: int, out_features: int, bias: bool, tp: TPGroup,
-               quantization: str) -> nn.Module:
-    """A row-parallel projection (this rank's `in_local` input columns), 16-bit or fp8."""
-    if quantization == "fp8":
+               quantization: QuantScheme | str, modules: Sequence[str] = ()) -> nn.Module:
+    """A row-parallel projection (this rank's `in_local` input columns), stored as
+    `quantization` says for checkpoint `modules`."""
+    scheme = QuantScheme.of(quantization)
+    kind = scheme.quantized(modules)
+    if kind == "fp8_block":
+        return BlockFp8RowParallelLinear(in_local, out_features, bias, tp, scheme.block)
+    if kind == "fp8":
         return Fp8RowParallelLinear(in_local, out_features, bias, tp)
     return RowParallelLinear(in_local, out_features, bias, tp)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallel:
     """y = x W^T + b where x [T, in] is split by columns over the ranks: each rank holds
-    W [out, in / tp] and multiplies its slice of x; the partial sums are all-reduced, then
-    the (whole, replicated) bias is added once."""
+    W [out, in / tp] and takes the `product` of its slice of x; the partial sums are
+    all-reduced, then the (whole, replicated) bias is added once. A mixin over a layer with
+    `tp`, `bias` and `product(x, bias, gate_act)`."""
+
+    def forward(self, x: torch.Tensor, gate_act: GateAct | None = None) -> torch.Tensor:
+        """x `[T, in / tp]` (`[T, 2 * in / tp]` with `gate_act`, the MLP's activation)."""
+        if self.tp.size == 1:
+            return self.product(x, self.bias, gate_act)  # [T, out]
+        y = self.tp.all_reduce(self.product(x, None, gate_act))  # [T, out], summed over ranks
+        return y if self.bias is None else y + self.bias
+
+
+class RowParallelLinear(RowParallel, nn.Module):
+    """A row-parallel projection with a 16-bit weight (`dense_linear`)."""
 
     def __init__(self, in_local: int, out_features: int, bias: bool, tp: TPGroup) -> None:
         super().__init__()
@@ -48,28 +77,29 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_local))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
-    def forward(self, x: torch.Tensor, gate_act: GateAct | None = None) -> torch.Tensor:
-        """x `[T, in / tp]` (`[T, 2 * in / tp]` with `gate_act`: see `dense_linear`)."""
-        if self.tp.size == 1:
-            return dense_linear(x, self.weight, self.bias, gate_act)  # [T, out]
-        y = self.tp.all_reduce(dense_linear(x, self.weight, None, gate_act))  # [T, out]
-        return y if self.bias is None else y + self.bias
+    def product(self, x: torch.Tensor, bias: torch.Tensor | None,
+                gate_act: GateAct | None) -> torch.Tensor:
+        return dense_linear(x, self.weight, bias, gate_act)  # [T, out]
 
 
-class Fp8RowParallelLinear(Fp8Linear):
+class Fp8RowParallelLinear(RowParallel, Fp8Linear):
     """`RowParallelLinear` with an fp8 weight: each rank's `[out, in / tp]` shard has its own
-    per-output-channel scales, taken over the columns it holds."""
+    per-output-channel scales, taken over the columns it holds (a checkpoint's scales apply
+    to every column: each rank holds them all)."""
 
     def __init__(self, in_local: int, out_features: int, bias: bool, tp: TPGroup) -> None:
         super().__init__(in_local, out_features, bias)
         self.tp = tp
 
-    def forward(self, x: torch.Tensor, gate_act: GateAct | None = None) -> torch.Tensor:
-        if self.tp.size == 1:
-            return super().forward(x, gate_act)  # [T, out]
-        y = fp8_linear(x, self.weight, self.weight_scale, None, gate_act)  # [T, out]
-        y = self.tp.all_reduce(y)  # summed over ranks
-        return y if self.bias is None else y + self.bias
+
+class BlockFp8RowParallelLinear(RowParallel, BlockFp8Linear):
+    """`RowParallelLinear` with a block-scaled fp8 weight: each rank holds the scale columns
+    of its input columns (whole blocks)."""
+
+    def __init__(self, in_local: int, out_features: int, bias: bool, tp: TPGroup,
+                 block: tuple[int, int]) -> None:
+        super().__init__(in_local, out_features, bias, block)
+        self.tp = tp
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -5,7 +5,8 @@ experts' gated MLPs run as one fused launch (`ops.fused_moe`), weighted and summ
 The experts' weights are stacked: `w13` holds every expert's gate rows then up rows and `w2`
 its down projection, stored flat (`[E * 2I, H]`, `[E * H, I]`) so a checkpoint's per-expert
 tensors load as row ranges (`expert_pieces`), and viewed `[E, 2I, H]` / `[E, H, I]` to
-compute.
+compute. They and the router stay in the model's dtype whatever the projections' storage (the
+fused MoE kernel reads 16-bit weights): an fp8 checkpoint's are dequantized at load.
 
 Under tensor parallelism every rank holds all E experts at 1/N of their width (I / N
 columns of gate and up, the same columns of down), as it holds 1/N of a dense MLP: each

@@ -1,5 +1,7 @@
-"""FP8 weights (`--quantization fp8`): a linear layer holding float8_e4m3fn weights with one
-float32 scale per output channel, quantized at load from a 16-bit checkpoint.
+"""FP8 weights: a linear layer holding float8_e4m3fn weights with one float32 scale per output
+channel, quantized at load from a 16-bit checkpoint (`--quantization fp8`) or read from an fp8
+checkpoint with per-channel or per-tensor scales (`runtime.worker.quant.scheme`). `Fp8Weights`
+is what every fp8 layer shares (block scales: `block_fp8_linear`).
 
 At most `WEIGHT_ONLY_ROWS` tokens (decode batches) can run weight-only: the activations stay
 in 16 bits and the product is `y[t, o] = s_w[o] * (x q_w^T)[t, o]`, on CUDA one
@@ -28,6 +30,7 @@ from kernels.fp8_quant import FP8, FP8_MAX, per_token_fp8, per_token_fp8_ref
 from kernels.skinny_gemm import MAX_ROWS, skinny_gemm
 from kernels.skinny_gemm_configs import use_kernel
 from runtime.worker.ops import GateAct
+from runtime.worker.tp import TPGroup
 
 MIN_CAPABILITY = (8, 9)  # Ada and Hopper onwards have fp8 tensor cores
 SCALED_MM_ALIGN = 16  # _scaled_mm wants both weight dims a multiple of this
@@ -38,20 +41,23 @@ class QuantizationError(ValueError):
     """The device cannot run the asked-for weight quantization."""
 
 
-def check_fp8_support(device: torch.device, capability: tuple[int, int] | None = None) -> None:
+def check_fp8_support(device: torch.device, capability: tuple[int, int] | None = None,
+                      what: str = "--quantization fp8",
+                      instead: str = "serve it with --quantization none") -> None:
     """Raise QuantizationError unless `device` runs fp8 weights: the CPU does (dequantizing),
-    a CUDA device needs fp8 matmul. `capability` overrides the device's (for tests)."""
+    a CUDA device needs fp8 matmul. `capability` overrides the device's (for tests); `what`
+    asks for fp8 and `instead` is the way out the message suggests."""
     if device.type == "cpu":
         return
     if device.type != "cuda":
-        raise QuantizationError(f"--quantization fp8 runs on CUDA or the CPU, not {device}")
+        raise QuantizationError(f"{what} runs on CUDA or the CPU, not {device}")
     cap = capability or torch.cuda.get_device_capability(device)
     if tuple(cap) < MIN_CAPABILITY:
         name = torch.cuda.get_device_name(device) if torch.cuda.is_available() else str(device)
         raise QuantizationError(
-            f"--quantization fp8 needs fp8 matmul (CUDA compute capability "
+            f"{what} needs fp8 matmul (CUDA compute capability "
             f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}+: Ada, Hopper or newer); "
-            f"{name} is {cap[0]}.{cap[1]}; serve it with --quantization none")
+            f"{name} is {cap[0]}.{cap[1]}; {instead}")
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,22 +117,73 @@ def fp8_linear_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     return (y if bias is None else y + bias.float()).to(x.dtype)
 
 
-class Fp8Linear(nn.Module):
-    """`nn.Linear`'s interface and parameter names, with an fp8 `weight` `[out, in]` and a
-    float32 `weight_scale` `[out]` buffer; the bias stays in the model's dtype. The loader
-    fills it through `load_rows` from 16-bit tensors."""
+def tp_share(t: torch.Tensor, dim: int | None, tp: TPGroup) -> torch.Tensor:
+    """This rank's share of a whole checkpoint tensor cut along `dim` (None: all of it); a
+    tensor the group does not divide comes back whole, for the caller's shape check."""
+    if dim is None or tp.size == 1 or t.shape[dim] % tp.size:
+        return t
+    return t.chunk(tp.size, dim)[tp.rank]
 
-    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+
+def check_shape(got: torch.Tensor, want: torch.Tensor) -> None:
+    if got.shape != want.shape:
+        raise ValueError(f"checkpoint shape {tuple(got.shape)}, model expects {tuple(want.shape)}")
+
+
+class Fp8Weights(nn.Module):
+    """`nn.Linear`'s interface and parameter names with an fp8 `weight` `[out, in]`, a float32
+    scale buffer (named `scale_name`, of `scale_shape`), and a bias in the model's dtype.
+    Subclasses define the product and the scales' layout."""
+
+    scale_name = "weight_scale"
+
+    def __init__(self, in_features: int, out_features: int, bias: bool,
+                 scale_shape: tuple[int, ...]) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=FP8),
                                    requires_grad=False)
-        self.register_buffer("weight_scale", torch.ones(out_features, dtype=torch.float32))
+        self.register_buffer(self.scale_name, torch.ones(scale_shape, dtype=torch.float32))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
+    @property
+    def scales(self) -> torch.Tensor:
+        return getattr(self, self.scale_name)
+
     def forward(self, x: torch.Tensor, gate_act: GateAct | None = None) -> torch.Tensor:
-        """x `[T, in]` (`[T, 2 * in]` with `gate_act`: see `fp8_linear`)."""
-        return fp8_linear(x, self.weight, self.weight_scale, self.bias, gate_act)  # [T, out]
+        """x `[T, in]` (`[T, 2 * in]` with `gate_act`: see `fp8_linear`) -> `[T, out]`."""
+        return self.product(x, self.bias, gate_act)
+
+    def product(self, x: torch.Tensor, bias: torch.Tensor | None,
+                gate_act: GateAct | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def load_fp8_rows(self, start: int, q: torch.Tensor) -> None:
+        """Copy a checkpoint's fp8 rows `q` `[rows, in]` into output rows start..start+rows."""
+        self.weight.narrow(0, start, q.shape[0]).copy_(q)
+
+    def restore_storage(self) -> None:
+        """`Module.to(dtype)` casts every floating tensor, fp8 and the scales included: give
+        them back their storage dtypes (on the meta device, before memory is allocated)."""
+        self.weight = nn.Parameter(self.weight.to(FP8), requires_grad=False)
+        setattr(self, self.scale_name, self.scales.float())
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, fp8")
+
+
+class Fp8Linear(Fp8Weights):
+    """fp8 weights with one float32 scale per output channel (`weight_scale` `[out]`), filled
+    from 16-bit rows quantized at load (`load_rows`) or from a checkpoint's fp8 rows and
+    per-channel or per-tensor scales (`load_fp8_rows`, `load_scale`)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__(in_features, out_features, bias, (out_features,))
+
+    def product(self, x: torch.Tensor, bias: torch.Tensor | None,
+                gate_act: GateAct | None) -> torch.Tensor:
+        return fp8_linear(x, self.weight, self.weight_scale, bias, gate_act)  # [T, out]
 
     def load_rows(self, start: int, w: torch.Tensor) -> None:
         """Quantize 16-bit rows `w` `[rows, in]` into output channels start..start+rows."""
@@ -134,12 +191,13 @@ class Fp8Linear(nn.Module):
         self.weight.narrow(0, start, w.shape[0]).copy_(q)
         self.weight_scale.narrow(0, start, w.shape[0]).copy_(scale)
 
-    def restore_storage(self) -> None:
-        """`Module.to(dtype)` casts every floating tensor, fp8 and the scales included: give
-        them back their storage dtypes (on the meta device, before memory is allocated)."""
-        self.weight = nn.Parameter(self.weight.to(FP8), requires_grad=False)
-        self.weight_scale = self.weight_scale.float()
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, fp8")
+    def load_scale(self, start: int, rows: int, scale: torch.Tensor, dim: int | None,
+                   tp: TPGroup) -> None:
+        """Copy a whole checkpoint scale of output rows start..start+rows: one a row (`[out]`
+        or `[out, 1]`, cut like the weight when TP cuts rows: `dim` 0) or one for the tensor
+        (repeated: exact). Raises ValueError for a shape that fits neither."""
+        s = scale.float().reshape(-1)  # [out] or [1]
+        s = s.expand(rows) if s.numel() == 1 else tp_share(s, dim if dim == 0 else None, tp)
+        dest = self.weight_scale.narrow(0, start, rows)
+        check_shape(s, dest)
+        dest.copy_(s)
