@@ -19,7 +19,6 @@ from huggingface_hub import (
     constants,
     get_token,
     hf_hub_download,
-    is_offline_mode,
     snapshot_download,
 )
 from huggingface_hub.errors import (
@@ -92,7 +91,7 @@ def hub_snapshot(repo_id: str, revision: str = "main", *, weights: bool = True,
     cache, with the files `files_to_fetch` chooses, downloaded when missing unless
     `offline` or `HF_HUB_OFFLINE` is set. Raise a `HubModelError` saying what is wrong."""
     reason = "HF_HUB_OFFLINE is set"
-    if not (offline or is_offline_mode()):
+    if not (offline or constants.HF_HUB_OFFLINE):
         try:
             files = HfApi().list_repo_files(repo_id, revision=revision)
             return _download(repo_id, revision, files, weights)
