@@ -184,7 +184,10 @@ def resolve_model(name: str, revision: str = "main", tokenizer: str = "", *,
     `revision`; fetched unless `offline`) to a ModelSpec; `tokenizer`: a folder or Hub id
     that replaces the model's own tokenizer (empty: the model's, if its folder has one)."""
     path: Path | None = None
-    from_hub = False
+    from_hub = HUB_ID.fullmatch(name) is not None and not Path(name).exists()
+    if revision != "main" and not from_hub:
+        raise ModelNotFound(f"--revision {revision} applies to Hugging Face Hub ids; "
+                            f"{name!r} is not one")
     if name.startswith("dummy:"):
         preset = name.split(":", 1)[1]
         if preset not in DUMMY_PRESETS:
@@ -199,17 +202,14 @@ def resolve_model(name: str, revision: str = "main", tokenizer: str = "", *,
         if not (path / "config.json").is_file():
             raise ModelNotFound(f"{path}: no config.json in this folder (a Hugging Face "
                                 "model folder has config.json and safetensors weights)")
-    elif HUB_ID.fullmatch(name):
+    elif from_hub:
         from runtime.hub import hub_snapshot
 
-        path, from_hub = hub_snapshot(name, revision, offline=offline), True
+        path = hub_snapshot(name, revision, offline=offline)
     else:
         raise ModelNotFound(f"model {name!r} is neither `smollm2`, `dummy:<preset>`, "
                             "a Hugging Face folder with config.json, a .gguf file, "
                             "nor a Hugging Face Hub id (org/name)")
-    if revision != "main" and not from_hub:
-        raise ModelNotFound(f"--revision {revision} applies to Hugging Face Hub ids; "
-                            f"{name!r} is not one")
     tok = _tokenizer_path(tokenizer, path, offline)
     if path is None:
         cfg = DUMMY_PRESETS[name.split(":", 1)[1]]

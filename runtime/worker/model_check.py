@@ -49,9 +49,10 @@ def check_model(spec: ModelSpec, quantization: str = "none", tp: int = 1) -> Non
         raise UnsupportedModel(f"{source}: {_config_problem(spec, exc)}") from None
     method = (getattr(config, "quantization_config", None) or {}).get("quant_method")
     if method is not None and method not in CHECKPOINT_QUANT_METHODS:
-        known = ", ".join(CHECKPOINT_QUANT_METHODS) or "none yet"
+        known = f"supported: {', '.join(CHECKPOINT_QUANT_METHODS)}" if CHECKPOINT_QUANT_METHODS \
+            else "serve its 16-bit checkpoint, which --quantization fp8 quantizes at load"
         raise UnsupportedModel(f"{source}: quantization_config.quant_method {method!r} is not "
-                               f"supported (checkpoint formats read: {known})")
+                               f"supported ({known})")
     try:
         with torch.device("meta"):
             build_model(config, TPGroup(0, tp), quantization)
