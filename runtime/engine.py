@@ -36,8 +36,8 @@ class Engine:
         if self.config.dp > 1 or self.config.node_rank > 0:
             raise ConfigError("an Engine is one server on node 0: dp and node_rank are "
                               "options of `sluice serve`")
+        self._tm = TokenizerManager(self.config, self.spec)  # raises before any thread starts
         self._loop = LoopThread("sluice-engine")
-        self._tm = TokenizerManager(self.config, self.spec)
         self._loop.run(self._tm.start())
         self._group = ProcessGroup(self.config, {**worker_targets(self.config),
                                                  "scheduler": run_scheduler})

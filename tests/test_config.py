@@ -56,3 +56,14 @@ def test_quantization_flag_is_validated():
     assert ServerConfig().quantization == "none"
     with pytest.raises(ConfigError, match="quantization must be one of"):
         ServerConfig(quantization="int4")
+
+
+def test_generation_config_flag_is_validated(tmp_path):
+    args = build_parser().parse_args(["serve", "--generation-config", "none", "--revision",
+                                      "v1", "--tokenizer", "org/tok"])
+    assert (args.generation_config, args.revision, args.tokenizer) == ("none", "v1", "org/tok")
+    assert ServerConfig().generation_config == "auto"
+    with pytest.raises(ConfigError, match="generation_config must be auto, none or a folder"):
+        ServerConfig(generation_config=str(tmp_path))  # no generation_config.json in it
+    (tmp_path / "generation_config.json").write_text("{}")
+    assert ServerConfig(generation_config=str(tmp_path)).generation_config == str(tmp_path)

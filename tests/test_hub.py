@@ -12,8 +12,9 @@ import pytest
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
 from runtime import hub
+from runtime.config import ServerConfig
 from runtime.hub import NoSafetensors, NotCached, RepoGated, RepoNotFound, files_to_fetch
-from runtime.model_config import ModelNotFound, TokenizerError, resolve_model
+from runtime.model_config import ModelNotFound, TokenizerError, resolve_model, spec_for
 from tests.hub_cache import tiny_llama_with_tokenizer, use_hub_cache, write_snapshot
 
 REPO = "tiny-org/tiny-llama"
@@ -139,8 +140,10 @@ class FakeHub:
     def __init__(self, listing: list[str], folder: str, error: Exception | None = None):
         self.listing, self.folder, self.error = listing, folder, error
         self.fetched: list[list[str]] = []
+        self.listed = 0
 
     def list_repo_files(self, repo_id, revision=None):
+        self.listed += 1
         if self.error is not None:
             raise self.error
         return self.listing
@@ -169,6 +172,14 @@ def test_online_only_the_chosen_files_are_requested(cache, online):
     fake = online(FakeHub(LISTING, snapshot(cache, REPO, COMMIT)))
     assert resolve_model(REPO).path == snapshot(cache, REPO, COMMIT)
     assert fake.fetched == [files_to_fetch(REPO, LISTING, None)]
+
+
+def test_server_processes_resolve_from_the_cache_without_asking_the_hub(cache, online,
+                                                                     tmp_path):
+    fake = online(FakeHub(LISTING, ""))
+    cfg = ServerConfig(model=REPO, revision="dev", ipc_dir=str(tmp_path))
+    assert spec_for(cfg).path == snapshot(cache, REPO, DEV_COMMIT)  # as its processes do
+    assert (fake.listed, fake.fetched) == (0, [])
 
 
 @pytest.mark.parametrize("error, kind, message", [

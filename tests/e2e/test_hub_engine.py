@@ -4,11 +4,13 @@ the Engine as a user runs it, scheduler and worker processes included."""
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
 
 from runtime import Engine, InvalidRequest, SamplingParams
+from runtime.model_config import TokenizerError, resolve_model
 from tests.hub_cache import (
     TOKENIZER_FILES,
     tiny_llama_with_tokenizer,
@@ -83,3 +85,11 @@ def test_tokenizer_flag_gives_a_dummy_preset_text_prompts(tmp_path):
         assert eng.tokenizer is not None and len(eng.tokenizer) <= 400
     assert len(out.token_ids) == GREEDY.max_tokens
     assert out.text == eng.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+
+
+def test_a_tokenizer_past_the_vocabulary_is_refused_before_anything_starts():
+    threads = threading.active_count()
+    with pytest.raises(TokenizerError, match=r"49152 ids, the model \(dummy:tiny\) embeds "
+                                             r"only 1024"):
+        Engine(model="dummy:tiny", tokenizer=resolve_model("smollm2").path, **OPTIONS)
+    assert threading.active_count() == threads
