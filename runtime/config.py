@@ -43,7 +43,16 @@ class ServerConfig:
 
     model: str = "smollm2"
     """The model: `smollm2` (the bundled SmolLM2-135M-Instruct), `dummy:<preset>` (random
-    weights), a Hugging Face folder (config.json, safetensors, tokenizer) or a .gguf file."""
+    weights), a Hugging Face folder (config.json, safetensors, tokenizer), a .gguf file, or
+    a Hugging Face Hub id (`org/name`, fetched into the Hub cache on first use)."""
+    revision: str = "main"
+    """The Hub revision of a Hub id model: a branch, tag or commit."""
+    tokenizer: str = ""
+    """The tokenizer's folder or Hub id; empty: the model's own (a model without one, as
+    `dummy:` presets, takes prompts as token ids only)."""
+    generation_config: str = "auto"
+    """Default sampling parameters for what a request leaves unset: `auto` (the model's
+    generation_config.json), `none` (ignore it) or a folder holding one."""
     host: str = "127.0.0.1"
     """The address the HTTP server listens on."""
     rpc_host: str = "127.0.0.1"
@@ -201,6 +210,10 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("model must be set")
+        if self.generation_config not in ("auto", "none") and not os.path.isfile(
+                os.path.join(self.generation_config, "generation_config.json")):
+            raise ConfigError("generation_config must be auto, none or a folder with "
+                              f"generation_config.json, got {self.generation_config!r}")
         if self.kv not in KV_MODES:
             raise ConfigError(f"kv must be one of {KV_MODES}, got {self.kv!r}")
         if self.device not in DEVICES:

@@ -29,7 +29,6 @@ import urllib.request
 from multiprocessing.connection import wait
 
 from runtime.config import ConfigError, ServerConfig
-from runtime.model_config import ModelNotFound, resolve_model
 from runtime.server_process import ServerProcess
 
 log = logging.getLogger("sluice.launch")
@@ -219,10 +218,12 @@ class DataParallel:
 
 def run_dp(cfg: ServerConfig) -> int:
     """Run `cfg.dp` replicas behind the router until SIGTERM or Ctrl-C (exit 0)."""
+    from runtime.worker.model_check import LOAD_ERRORS, prepare_model
+
     try:
-        resolve_model(cfg.model)  # converts a GGUF once, before the replicas need it
+        prepare_model(cfg)  # fetches a Hub id, converts a GGUF, before the replicas need it
         group = DataParallel(cfg)
-    except (RouterMissing, ConfigError, ModelNotFound) as exc:
+    except (RouterMissing, ConfigError, *LOAD_ERRORS) as exc:
         log.error("%s", exc)
         return 2
     stop = threading.Event()

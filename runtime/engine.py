@@ -15,7 +15,6 @@ from runtime.api.loop_thread import LoopThread
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ConfigError, ServerConfig
 from runtime.messages import ModelInfo, RequestOutput, SamplingParams, SchedulerStats
-from runtime.model_config import resolve_model
 from runtime.process_group import ProcessGroup
 
 Prompt = str | list[int]
@@ -29,15 +28,16 @@ class Engine:
 
     def __init__(self, model: str = "smollm2", **options) -> None:
         from runtime.scheduler.loop import run_scheduler
+        from runtime.worker.model_check import prepare_model
         from runtime.worker.worker import worker_targets
 
-        self.spec = resolve_model(model)
         self.config = ServerConfig(model=model, **options)
+        self.spec = prepare_model(self.config)
         if self.config.dp > 1 or self.config.node_rank > 0:
             raise ConfigError("an Engine is one server on node 0: dp and node_rank are "
                               "options of `sluice serve`")
+        self._tm = TokenizerManager(self.config, self.spec)  # raises before any thread starts
         self._loop = LoopThread("sluice-engine")
-        self._tm = TokenizerManager(self.config, self.spec)
         self._loop.run(self._tm.start())
         self._group = ProcessGroup(self.config, {**worker_targets(self.config),
                                                  "scheduler": run_scheduler})

@@ -17,7 +17,6 @@ import threading
 
 from runtime.config import ConfigError, ServerConfig
 from runtime.dp_launcher import run_dp
-from runtime.model_config import ModelNotFound, resolve_model
 from runtime.process_group import ProcessGroup, StartupError
 
 _INTERNAL = {"ipc_dir", "run_id"}
@@ -69,11 +68,12 @@ def run_server(cfg: ServerConfig, signals: tuple[int, ...] = (signal.SIGINT, sig
     """
     from runtime.api.server import run_api
     from runtime.scheduler.loop import run_scheduler
+    from runtime.worker.model_check import LOAD_ERRORS, prepare_model
     from runtime.worker.worker import worker_targets
 
     try:
-        resolve_model(cfg.model)  # converts a GGUF once, before the processes need it
-    except ModelNotFound as exc:
+        prepare_model(cfg)  # fetches a Hub id, converts a GGUF, before the processes need it
+    except LOAD_ERRORS as exc:
         log.error("%s", exc)
         return 2
     targets = worker_targets(cfg)

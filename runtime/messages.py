@@ -526,6 +526,8 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     chat_roles: dict[str, RoleMarkers] = {}  # "system" | "user" | "assistant"; {}: no template
     quantization: str = "none"  # the projections' weights: none or fp8
     kv_dtype: str = ""  # the KV storage: fp8, int8, or the model's dtype (bfloat16, ...)
+    # what requests get for the sampling fields they leave unset (generation_config.json)
+    default_sampling_params: dict[str, int | float] = {}
 
 
 SchedulerInput = GenerateReq | AbortReq | FinishReq | GetStats | Shutdown | FlushCache

@@ -32,6 +32,19 @@ def error_text(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
+def startup_failure(log: logging.Logger, name: str, exc: BaseException,
+                    expected: tuple[type[BaseException], ...]) -> str:
+    """Why process `name` failed to start, as one line for its supervisor to print. An
+    `expected` error (in the model, files or options the user named) is its message alone,
+    its traceback logged at debug level only; anything else is named with its type and
+    its traceback logged at error level."""
+    if isinstance(exc, expected):
+        log.debug("%s failed to start", name, exc_info=exc)
+        return str(exc)
+    log.error("%s failed to start", name, exc_info=exc)
+    return error_text(exc)
+
+
 def remove_ipc_files(ipc_dir: str, run_id: str) -> None:
     """Remove one server's IPC socket files (`<run_id>-*`; a closed ZMQ socket leaves its
     file behind), then `ipc_dir` itself once nothing else is in it."""

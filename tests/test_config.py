@@ -66,3 +66,14 @@ def test_tool_call_and_reasoning_parsers_are_checked():
         ServerConfig(tool_call_parser="qwen")
     with pytest.raises(ConfigError, match="reasoning_parser must be one of"):
         ServerConfig(reasoning_parser="r1")
+
+
+def test_generation_config_flag_is_validated(tmp_path):
+    args = build_parser().parse_args(["serve", "--generation-config", "none", "--revision",
+                                      "v1", "--tokenizer", "org/tok"])
+    assert (args.generation_config, args.revision, args.tokenizer) == ("none", "v1", "org/tok")
+    assert ServerConfig().generation_config == "auto"
+    with pytest.raises(ConfigError, match="generation_config must be auto, none or a folder"):
+        ServerConfig(generation_config=str(tmp_path))  # no generation_config.json in it
+    (tmp_path / "generation_config.json").write_text("{}")
+    assert ServerConfig(generation_config=str(tmp_path)).generation_config == str(tmp_path)

@@ -103,7 +103,8 @@ class NativeServing:
         prompt = req.text if req.text is not None else req.input_ids
         params = to_params(req)
         rid = req.rid or uuid.uuid4().hex
-        gen = self.tm.generate(prompt, params, rid, stream=req.stream)
+        given = frozenset(name for name, value in req.sampling_params.items() if value is not None)
+        gen = self.tm.generate(prompt, params, rid, stream=req.stream, given=given)
         streams, first = await start_streams([gen], guard)
         if req.stream:
             return EventStream(self._events(params, streams, first[1]), streams)

@@ -189,6 +189,15 @@ def to_params(req: _SamplingRequest, max_tokens: int) -> SamplingParams:
     return params
 
 
+def given_fields(req: _SamplingRequest) -> frozenset[str]:
+    """The SamplingParams fields the request set (the model's defaults fill the others)."""
+    given = {name for name in SamplingParams.__struct_fields__
+             if getattr(req, name, None) is not None}
+    if getattr(req, "max_completion_tokens", None) is not None:
+        given.add("max_tokens")
+    return frozenset(given)
+
+
 def check_completion(req: CompletionRequest) -> None:
     """Reject completions fields Sluice does not implement."""
     if req.suffix:

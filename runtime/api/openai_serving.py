@@ -49,6 +49,7 @@ from runtime.api.openai_protocol import (
     api_error,
     check_chat,
     check_completion,
+    given_fields,
     prompt_list,
     to_params,
 )
@@ -84,6 +85,7 @@ class _Call:
     outputs: list[RequestOutput] = field(default_factory=list)
     chars: list[int] = field(default_factory=list)  # each choice's streamed text length
     top: int = 0  # completions' logprobs=N: alternatives per token
+    given: frozenset[str] = frozenset()  # the sampling fields the request set
     # with echo: per choice, its prompt's text and ids, until its first piece took them
     echo: list[tuple[str, list[int]] | None] = field(default_factory=list)
     # chat with tools or reasoning: per choice, the reader of its output
@@ -122,7 +124,7 @@ class OpenAIServing:
         params.logprobs = req.logprobs is not None
         params.top_logprobs = req.logprobs or 0
         call = _Call(f"cmpl-{uuid.uuid4().hex}", False, req.model, req.n, params.logprobs,
-                     req.include_usage, top=params.top_logprobs)
+                     req.include_usage, top=params.top_logprobs, given=given_fields(req))
         if req.echo:
             prompts = [await self._echo_prompt(call, p) for p in prompts]
             if params.logprobs:
@@ -157,7 +159,7 @@ class OpenAIServing:
         params.top_logprobs = req.top_logprobs or 0
         parsing.apply(params)
         call = _Call(f"chatcmpl-{uuid.uuid4().hex}", True, req.model, req.n, req.logprobs,
-                     req.include_usage)
+                     req.include_usage, given=given_fields(req))
         readers = [parsing.output() for _ in range(req.n)]
         call.readers = readers if readers[0] is not None else []
         return await self._run(call, [ids], params, req.stream, guard)
@@ -173,7 +175,8 @@ class OpenAIServing:
                 if params.seed is not None:
                     choice_params.seed = params.seed + i
                 rid = f"{call.id}-{p * call.n + i}"
-                gens.append(self.tm.generate(prompt, choice_params, rid, stream=stream))
+                gens.append(self.tm.generate(prompt, choice_params, rid, stream=stream,
+                                             given=call.given))
                 call.outputs.append(RequestOutput(rid=rid))
                 call.chars.append(0)
         streams, first = await start_streams(gens, guard)

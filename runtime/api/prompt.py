@@ -13,13 +13,17 @@ from runtime.messages import InvalidRequest, Limits, SamplingParams
 
 async def prepare_prompt(prompt: Any, params: SamplingParams,
                          tokenizer: PromptTokenizer | None, model: str, vocab_size: int,
-                         limits: Limits) -> list[int]:
+                         limits: Limits, fit_max_tokens: bool = False) -> list[int]:
     """The prompt's token ids (text tokenized off the event loop when long), or
-    `InvalidRequest` naming what is wrong (see `check_request`, `check_prompt_ids`)."""
+    `InvalidRequest` naming what is wrong (see `check_request`, `check_prompt_ids`).
+    `fit_max_tokens`: max_tokens is a default, not the request's: shorten it to what the
+    context leaves after the prompt."""
     check_request(prompt, params, tokenizer, model)
     ids = prompt
     if isinstance(prompt, str):
         ids = await tokenizer.encode(prompt, limits.max_req_input_len) if prompt else []
+    if fit_max_tokens and isinstance(ids, list):
+        params.max_tokens = max(1, min(params.max_tokens, limits.max_context - len(ids)))
     return check_prompt_ids(ids, vocab_size, limits, params.max_tokens)
 
 
@@ -32,7 +36,7 @@ def check_request(prompt: Any, params: SamplingParams, tokenizer: Any, model: st
     if isinstance(prompt, str):
         if tokenizer is None:
             raise InvalidRequest(f"model {model!r} has no tokenizer: "
-                                 "send the prompt as token ids")
+                                 "send the prompt as token ids (or serve it with --tokenizer)")
     elif not isinstance(prompt, list):
         raise InvalidRequest("prompt must be a string or a list of token ids, "
                              f"got {type(prompt).__name__}")

@@ -21,11 +21,12 @@ import zmq
 from runtime.api.http_server import HttpServer
 from runtime.api.monitor import Monitor
 from runtime.api.rpc import RpcServer
+from runtime.api.sampling_defaults import InvalidGenerationConfig
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ServerConfig
 from runtime.messages import Ready
-from runtime.model_config import resolve_model
-from runtime.procutil import freeze_startup_heap
+from runtime.model_config import MODEL_ERRORS, spec_for
+from runtime.procutil import freeze_startup_heap, startup_failure
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def run_api(cfg: ServerConfig) -> None:
 async def _serve(cfg: ServerConfig) -> int:
     fronts: list[Front] = []
     try:
-        tm = TokenizerManager(cfg, resolve_model(cfg.model))
+        tm = TokenizerManager(cfg, spec_for(cfg))
         await tm.start()
         # serve nothing before the scheduler's limits (context after every cap) arrive
         limits = await tm.wait_limits(cfg.ready_timeout)
@@ -64,8 +65,8 @@ async def _serve(cfg: ServerConfig) -> int:
         for front in fronts:
             await front.start()
     except Exception as e:
-        log.exception("api startup failed")
-        _send_ready(cfg, Ready(name="api", error=f"{type(e).__name__}: {e}"))
+        error = startup_failure(log, "api", e, (*MODEL_ERRORS, InvalidGenerationConfig))
+        _send_ready(cfg, Ready(name="api", error=error))
         return 1
     freeze_startup_heap()
     _send_ready(

@@ -82,6 +82,7 @@ class SglItem:
     rid: str
     return_logprob: bool
     logprob_start_len: int  # SGLang's: -1 no input logprobs, 0 from the first token on
+    given: frozenset[str] = frozenset()  # the sampling fields the request set
 
 
 @dataclass
@@ -146,7 +147,9 @@ def parse_sglang(body: dict[str, Any]) -> SglRequest:
             params.seed += sample
         params.logprobs = want
         params.logprob_start_len = start if want and start >= 0 else -1
-        items.append(SglItem(prompts[p], params, rids[k], want, start))
+        given = frozenset(_RENAMED_PARAMS.get(name, name) for name, value in raws[p].items()
+                          if value is not None)
+        items.append(SglItem(prompts[p], params, rids[k], want, start, given))
     return SglRequest(items, batch=len(items) > 1 or _is_batch(body),
                       stream=bool(body.get("stream", False)),
                       text_in_logprobs=bool(body.get("return_text_in_logprobs")))

@@ -84,7 +84,8 @@ class SglangServing:
                 first = prompt[0] if prompt else None
             outputs.append(SglOutput(item, first_token=first, token_text=token_text,
                                      index=k if req.batch else None))
-            gens.append(self.tm.generate(prompt, item.params, item.rid, stream=req.stream))
+            gens.append(self.tm.generate(prompt, item.params, item.rid, stream=req.stream,
+                                         given=item.given))
         streams, first_out = await start_streams(gens, guard)
         if req.stream:
             return EventStream(self._events(outputs, streams, first_out), streams)

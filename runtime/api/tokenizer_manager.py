@@ -17,7 +17,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 
 import msgspec
 import zmq.asyncio
@@ -34,6 +34,7 @@ from runtime.api.prompt import prepare_prompt
 from runtime.api.prompt_tokenizer import PromptTokenizer
 from runtime.api.req_state import ReqState
 from runtime.api.rid import check_rid
+from runtime.api.sampling_defaults import SamplingDefaults
 from runtime.api.timing import RequestTimings
 from runtime.config import ServerConfig
 from runtime.messages import (
@@ -71,14 +72,12 @@ class TokenizerManager:
     def __init__(self, cfg: ServerConfig, spec: ModelSpec) -> None:
         self.cfg = cfg
         self.spec = spec
-        self.tokenizer = None
+        self.tokenizer = spec.load_tokenizer()  # TokenizerError: it does not fit the model
         vocab = spec.hf_config().vocab_size
-        if spec.tokenizer_path is not None:
-            from transformers import AutoTokenizer
-
-            self.tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer_path)
+        if self.tokenizer is not None:
             vocab = min(vocab, len(self.tokenizer))
         self.vocab_size: int = vocab
+        self.sampling_defaults = SamplingDefaults.load(cfg.generation_config, spec.path)
         self._decoder = BatchDecoder(self.tokenizer) if self.tokenizer is not None else None
         self._prompts = PromptTokenizer(self.tokenizer) if self.tokenizer is not None else None
         self._reqs: dict[str, ReqState] = {}  # by the key the scheduler knows it by
@@ -148,10 +147,12 @@ class TokenizerManager:
         return self._dead
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       rid: str | None = None, *,
-                       stream: bool = True) -> AsyncIterator[RequestOutput]:
+                       rid: str | None = None, *, stream: bool = True,
+                       given: Collection[str] | None = None) -> AsyncIterator[RequestOutput]:
         """The output of one request: with `stream`, `RequestOutput` deltas as they come;
-        otherwise the whole output, once. The last has `finish_reason`.
+        otherwise the whole output, once. The last has `finish_reason`. The model's
+        default sampling parameters fill the fields the request left unset (`given`: the
+        fields it set, see `SamplingDefaults.apply`).
 
         Raises `InvalidRequest` (before anything reaches the scheduler), `Overloaded` when
         `max_running + max_queue` requests are already in flight (the queue of requests
@@ -159,7 +160,7 @@ class TokenizerManager:
         died, `RequestFailed` if the scheduler failed this request.
         Closing the iterator early (or cancelling its task) aborts the request.
         """
-        state = await self.open(prompt, params, rid, stream=stream)
+        state = await self.open(prompt, params, rid, stream=stream, given=given)
         try:
             while True:
                 await state.event.wait()
@@ -174,17 +175,21 @@ class TokenizerManager:
             self.release(state)
 
     async def open(self, prompt: str | list[int], params: SamplingParams,
-                   rid: str | None = None, *, stream: bool = True) -> ReqState:
-        """Validate, tokenize and submit one request (raising as `generate` does); its
-        output collects in the returned state: `take` it whenever its `event` is set or
-        its `on_ready` is called (deltas with `stream`, else the whole output once).
-        Every opened request must be `release`d."""
+                   rid: str | None = None, *, stream: bool = True,
+                   given: Collection[str] | None = None) -> ReqState:
+        """Fill the model's defaults in, validate, tokenize and submit one request (raising
+        as `generate` does); its output collects in the returned state: `take` it whenever
+        its `event` is set or its `on_ready` is called (deltas with `stream`, else the
+        whole output once). Every opened request must be `release`d."""
         arrival = time.monotonic()
         self._check_alive()
         limits = await self.wait_limits(self.cfg.ready_timeout)  # at once after the first
         rid = check_rid(rid) if rid is not None else uuid.uuid4().hex
+        filled = self.sampling_defaults.apply(params, given) \
+            if isinstance(params, SamplingParams) else set()
         input_ids = await prepare_prompt(prompt, params, self._prompts, self.spec.name,
-                                         self.vocab_size, limits)
+                                         self.vocab_size, limits,
+                                         fit_max_tokens="max_tokens" in filled)
         self._check_alive()  # the engine may have died while the prompt was tokenized
         if rid in self._by_rid:
             raise InvalidRequest(f"request id {rid!r} is already in flight")
@@ -231,7 +236,7 @@ class TokenizerManager:
         `InvalidRequest` without tokenizing when it is far longer than a prompt may be."""
         if self._prompts is None:
             raise InvalidRequest(f"model {self.spec.name!r} has no tokenizer: "
-                                 "send the prompt as token ids")
+                                 "send the prompt as token ids (or serve it with --tokenizer)")
         return await self._prompts.encode(text, self._known_limits().max_req_input_len,
                                           add_special_tokens=add_special_tokens)
 
@@ -255,7 +260,8 @@ class TokenizerManager:
             self._model_info = ModelInfo(model=self.cfg.model, max_model_len=self.context_len,
                                          chat_roles=role_markers(self.tokenizer),
                                          quantization=limits.quantization,
-                                         kv_dtype=limits.kv_dtype)
+                                         kv_dtype=limits.kv_dtype,
+                                         default_sampling_params=self.sampling_defaults.values)
         return self._model_info
 
     async def scheduler_stats(self) -> SchedulerStats:

@@ -36,8 +36,8 @@ from runtime.messages import (
     WorkerOutput,
     WorkerReady,
 )
-from runtime.model_config import resolve_model
-from runtime.procutil import error_text, freeze_startup_heap, setup_logging
+from runtime.model_config import MODEL_ERRORS, spec_for
+from runtime.procutil import freeze_startup_heap, setup_logging, startup_failure
 from runtime.scheduler.grammar_gate import GrammarGate
 from runtime.scheduler.host_tier import HostTier
 from runtime.scheduler.kv_manager import KVManager
@@ -129,14 +129,13 @@ def run_scheduler(cfg: ServerConfig) -> None:
     to_api: PushQueue = PushQueue(ctx, cfg.ipc("api_in"))
     ready: PushQueue = PushQueue(ctx, cfg.ipc("ready"))
     try:
-        spec = resolve_model(cfg.model)
+        spec = spec_for(cfg)
         worker_ready = results.get(timeout_ms=int(cfg.ready_timeout * 1000))
         if not isinstance(worker_ready, WorkerReady):
             raise RuntimeError("the worker did not report ready in time")
         sched = build_scheduler(cfg, worker_ready, spec.max_context)
     except Exception as exc:
-        log.exception("scheduler failed to start")
-        ready.put(Ready("scheduler", error=error_text(exc)))
+        ready.put(Ready("scheduler", error=startup_failure(log, "scheduler", exc, MODEL_ERRORS)))
         sys.exit(1)
     # before Ready: the api serves only after it
     to_api.put(limits(sched, spec.max_context, worker_ready))

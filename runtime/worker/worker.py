@@ -46,13 +46,14 @@ from runtime.messages import (
     WorkerInput,
     WorkerReady,
 )
-from runtime.model_config import ModelSpec, resolve_model
-from runtime.procutil import error_text, freeze_startup_heap, setup_logging
+from runtime.model_config import ModelSpec, spec_for
+from runtime.procutil import error_text, freeze_startup_heap, setup_logging, startup_failure
 from runtime.worker.batch_builder import BatchBuilder, SampleInputs
 from runtime.worker.cpu_threads import ThreadTuner
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.grammar_rows import GrammarRows
 from runtime.worker.kv_transfer import CopyTiming, KVTransfer, host_slots_for
+from runtime.worker.model_check import LOAD_ERRORS
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.step_output import StepOutput, gather_top_logprobs, top_positions
 from runtime.worker.step_timing import StepTimer, StepTiming
@@ -263,12 +264,11 @@ def run_worker(cfg: ServerConfig, rank: int = 0) -> None:
     out: PushQueue = PushQueue(ctx, cfg.results_channel)
     ready: PushQueue = PushQueue(ctx, cfg.ipc("ready"))
     try:
-        worker = Worker(cfg, resolve_model(cfg.model), rank)
+        worker = Worker(cfg, spec_for(cfg), rank)
         if worker.device.type == "cuda":
             worker.warm_up()
     except Exception as exc:  # report the cause to the launcher, then die
-        log.exception("%s failed to start", name)
-        ready.put(Ready(name, error=error_text(exc)))
+        ready.put(Ready(name, error=startup_failure(log, name, exc, LOAD_ERRORS)))
         sys.exit(1)
     if rank == 0:
         out.put(worker.ready_message())

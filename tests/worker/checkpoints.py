@@ -48,10 +48,11 @@ FAMILIES = {
 }
 
 
-def tiny_checkpoint(family: str, folder) -> torch.nn.Module:
-    """Save a random tiny HF model of `family` to `folder`; return it (fp32, eval)."""
+def tiny_checkpoint(family: str, folder, **overrides) -> torch.nn.Module:
+    """Save a random tiny HF model of `family` (config fields `overrides` changed) to
+    `folder`; return it (fp32, eval)."""
     config_cls, extra = FAMILIES[family]
-    config = config_cls(**{**BASE, **extra})
+    config = config_cls(**{**BASE, **extra, **overrides})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():  # every tensor random (HF zero-inits biases, ones norms)

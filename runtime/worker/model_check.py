@@ -1,0 +1,61 @@
+"""Check, before any process starts, that the worker can build the model a config describes.
+
+The model is built on the meta device (no memory, milliseconds), exactly as the worker
+builds it, so whatever the model code refuses (a `model_type`, an activation, a RoPE type,
+a `--tp` that does not divide the heads) is refused here with the same words, as one line
+naming the config file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from runtime.config import ServerConfig
+from runtime.model_config import MODEL_ERRORS, ModelSpec, spec_for
+from runtime.worker.loader import WeightLoadError, build_model
+from runtime.worker.tp import TPGroup
+
+class UnsupportedModel(ValueError):
+    """The model's config asks for something the worker cannot build or load."""
+
+
+# MODEL_ERRORS, and what building or loading the model raises for a checkpoint that does not fit
+LOAD_ERRORS = (*MODEL_ERRORS, UnsupportedModel, WeightLoadError, NotImplementedError,
+               torch.OutOfMemoryError)
+
+
+def prepare_model(cfg: ServerConfig) -> ModelSpec:
+    """The server's model, resolved before its processes start (a Hub id's files fetched, a
+    GGUF converted, once) and checked as `check_model` does; raises one of LOAD_ERRORS."""
+    spec = spec_for(cfg, offline=False)
+    check_model(spec, cfg.quantization, cfg.tp)
+    return spec
+
+
+def check_model(spec: ModelSpec, quantization: str = "none", tp: int = 1) -> None:
+    """Raise `UnsupportedModel` ("<path>/config.json: <what is wrong>") if the worker
+    could not build `spec`'s model with `--quantization` and `--tp` as given."""
+    source = spec.config_source
+    try:
+        config = spec.hf_config()
+    except (OSError, ValueError, KeyError) as exc:  # transformers: an unknown model_type
+        raise UnsupportedModel(f"{source}: {_config_problem(spec, exc)}") from None
+    try:  # the checkpoint's quantization_config is read (and refused) here too
+        with torch.device("meta"):
+            build_model(config, TPGroup(0, tp), quantization)
+    except (NotImplementedError, ValueError) as exc:
+        raise UnsupportedModel(f"{source}: {exc}") from None
+
+
+def _config_problem(spec: ModelSpec, exc: Exception) -> str:
+    """What is wrong with a config transformers refuses, in one line."""
+    from transformers import CONFIG_MAPPING
+
+    if spec.path is not None:
+        kind = json.loads((Path(spec.path) / "config.json").read_text()).get("model_type")
+        if kind not in CONFIG_MAPPING:
+            return f"model_type {kind!r} is not supported (transformers does not know it)"
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
