@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 FLAGS = ("none", "fp8")  # --quantization
 WEIGHTS = ("none", "fp8", "fp8_block")
-QC = "config.json quantization_config"
+QC = "quantization_config"
 MIN_BLOCK_K = 16  # the block GEMM's K tile is one scale block: a power of two, at least this
 
 
