@@ -15,8 +15,10 @@ async def prepare_prompt(prompt: Any, params: SamplingParams,
                          tokenizer: PromptTokenizer | None, model: str, vocab_size: int,
                          limits: Limits) -> list[int]:
     """The prompt's token ids (text tokenized off the event loop when long), or
-    `InvalidRequest` naming what is wrong (see `check_request`, `check_prompt_ids`)."""
+    `InvalidRequest` naming what is wrong (see `check_request`, `check_prompt_ids`, and
+    `SamplingParams.check_vocab`)."""
     check_request(prompt, params, tokenizer, model)
+    params.check_vocab(vocab_size)
     ids = prompt
     if isinstance(prompt, str):
         ids = await tokenizer.encode(prompt, limits.max_req_input_len) if prompt else []
