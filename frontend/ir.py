@@ -75,7 +75,8 @@ def gen(name: str | None = None, max_tokens: int | None = None,
     """Generate text (`regex` constrains it to a full match), or pick one of `choices`.
 
     Unset parameters take the server's defaults; `params` passes any other
-    `SamplingParams` field (seed, min_p, frequency_penalty, stop_token_ids, ...).
+    `SamplingParams` field (seed, min_p, frequency_penalty, stop_token_ids, logit_bias
+    ({token id: bias}), allowed_token_ids, ...).
     """
     if choices is not None:
         if regex is not None:

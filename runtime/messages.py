@@ -35,6 +35,7 @@ Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 MAX_STOP_STRINGS = 16  # per request (OpenAI allows 4)
 MAX_STOP_CHARS = 1024  # the stop strings of a request together
 MAX_TOP_LOGPROBS = 20  # alternatives per scored token (OpenAI's chat bound)
+MAX_LOGIT_BIAS = 100.0  # |logit_bias| bound (OpenAI's)
 
 
 class InvalidRequest(ValueError):
@@ -71,6 +72,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     # Constrain the output to JSON valid under this JSON schema (a JSON text); at most one
     # of `regex` and `json_schema`.
     json_schema: str | None = None
+    # Added to the logits before penalties, masks and temperature: token id -> bias in
+    # [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS] (-100 all but bans a token, 100 all but forces it).
+    logit_bias: dict[Int64, float] = {}
+    # Only these tokens may be sampled (None: any); not with `regex` or `json_schema`.
+    allowed_token_ids: list[Int64] | None = None
 
     def validate(self) -> None:
         """Raise `InvalidRequest` naming the first bad field."""
@@ -117,8 +123,42 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         for ok, message in checks:
             if not ok:
                 raise InvalidRequest(message)
+        self._check_token_sets()
         if self.top_logprobs:
             self.logprobs = True
+
+    def _check_token_sets(self) -> None:
+        """`logit_bias` and `allowed_token_ids` (their ids' range: `check_vocab`)."""
+        if self.logit_bias is None:
+            self.logit_bias = {}
+        bias, allowed = self.logit_bias, self.allowed_token_ids
+        if not isinstance(bias, dict):
+            raise InvalidRequest("logit_bias must map token ids to biases")
+        for token, value in bias.items():
+            if not _token_id(token):
+                raise InvalidRequest(f"logit_bias keys must be token ids (ints >= 0), "
+                                     f"got {token!r}")
+            if not (_finite(value) and abs(value) <= MAX_LOGIT_BIAS):
+                raise InvalidRequest(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, "
+                                     f"{MAX_LOGIT_BIAS:g}], got {value!r} for token {token}")
+        if allowed is None:
+            return
+        if not isinstance(allowed, list) or not allowed:
+            raise InvalidRequest("allowed_token_ids must be a non-empty list of token ids")
+        if not all(_token_id(t) for t in allowed):
+            raise InvalidRequest("allowed_token_ids must be token ids (ints >= 0)")
+        if self.grammar is not None:
+            raise InvalidRequest("allowed_token_ids cannot be combined with regex or "
+                                 "json_schema")
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise `InvalidRequest` if `logit_bias` or `allowed_token_ids` (validated) names a
+        token outside the vocabulary [0, vocab_size)."""
+        for name, ids in (("logit_bias", self.logit_bias),
+                          ("allowed_token_ids", self.allowed_token_ids or ())):
+            if ids and max(ids) >= vocab_size:
+                raise InvalidRequest(f"{name} token id {max(ids)} is outside the vocabulary "
+                                     f"[0, {vocab_size})")
 
     @property
     def greedy(self) -> bool:
@@ -142,6 +182,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 def _finite(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _token_id(t: object) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT64_MAX
 
 
 class FinishReason(str, enum.Enum):

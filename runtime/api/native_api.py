@@ -8,9 +8,10 @@ A body in SGLang's form, one that uses any name or shape only SGLang's protocol 
 form, below.
 
 Request: `{"text": str} | {"input_ids": [int]}`, `"sampling_params": {...}` (the fields of
-`SamplingParams`, unknown names rejected: `regex` constrains the output), `"stream"`, and
-the extras `"priority"`, `"ignore_eos"`, `"return_logprob"`, `"logprob_start_len"` (these
-override sampling_params), `"rid"`.
+`SamplingParams`, unknown names rejected: `regex` constrains the output, `logit_bias` maps
+token ids, as JSON strings, to biases), `"stream"`, and the extras `"priority"`,
+`"ignore_eos"`, `"return_logprob"`, `"logprob_start_len"` (these override
+sampling_params), `"rid"`.
 Response: `{"id", "text", "output_ids", "finish_reason", "usage": {"prompt_tokens",
 "completion_tokens", "cached_tokens"}}` plus `"logprobs"` when asked, and with
 `logprob_start_len >= 0` `"input_logprobs"` / `"input_token_ids"`: the logprob of each
@@ -35,6 +36,7 @@ import msgspec
 from runtime.api.openai_protocol import ApiError, api_error
 from runtime.api.openai_serving import DONE, sse
 from runtime.api.rid import loggable
+from runtime.api.sampling_json import params_from_json
 from runtime.api.sglang_request import is_sglang_form, parse_sglang
 from runtime.api.sglang_serving import SglangServing
 from runtime.api.streams import EventStream, Guard, MergedStreams, collect, start_streams
@@ -65,10 +67,7 @@ def to_params(req: GenerateRequest) -> SamplingParams:
     if unknown:
         raise ApiError(400, f"unknown sampling_params {unknown}; known: {sorted(_PARAM_NAMES)}",
                        param="sampling_params")
-    try:
-        params = msgspec.convert(req.sampling_params, SamplingParams)
-    except msgspec.ValidationError as e:
-        raise ApiError(400, f"invalid sampling_params: {e}", param="sampling_params") from None
+    params = params_from_json(req.sampling_params)
     if req.priority is not None:
         params.priority = req.priority
     if req.ignore_eos is not None:

@@ -5,8 +5,8 @@ naming it (`Expected `float | null`, got `str` - at `$.temperature``); unknown f
 ignored, as clients send extras. `to_params` turns the sampling fields into
 `SamplingParams`, rejecting what Sluice does not do rather than silently ignoring it.
 Sluice extensions (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `priority`,
-`stop_token_ids`, `skip_special_tokens`) go in the body; the `openai` client sends them
-with `extra_body={...}`.
+`stop_token_ids`, `skip_special_tokens`, `allowed_token_ids`) go in the body; the `openai`
+client sends them with `extra_body={...}`.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class _SamplingRequest(msgspec.Struct, kw_only=True):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     user: str | None = None  # accepted for compatibility; not used
-    logit_bias: dict[str, float] | None = None  # rejected unless empty
+    logit_bias: dict[int, float] | None = None  # token id (a string key in JSON) -> bias
     # {"type": "text" | "json_object" | "json_schema", "json_schema": {"schema": ...}}
     response_format: dict[str, Any] | None = None
     # Sluice extensions
@@ -83,6 +83,7 @@ class _SamplingRequest(msgspec.Struct, kw_only=True):
     priority: int = 0
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    allowed_token_ids: list[int] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -165,14 +166,12 @@ def to_params(req: _SamplingRequest, max_tokens: int) -> SamplingParams:
     if max_tokens < least:
         raise ApiError(400, f"max_tokens must be at least {least}, got {max_tokens}",
                        param="max_tokens")
-    if req.logit_bias:
-        raise ApiError(400, "logit_bias is not supported", param="logit_bias")
     if req.stream_options is not None and not req.stream:
         raise ApiError(400, "stream_options is only allowed with stream=true",
                        param="stream_options")
     given = {name: getattr(req, name) for name in (
         "temperature", "top_p", "seed", "frequency_penalty", "presence_penalty", "top_k",
-        "min_p", "repetition_penalty", "stop_token_ids")}
+        "min_p", "repetition_penalty", "stop_token_ids", "logit_bias", "allowed_token_ids")}
     fields = {k: v for k, v in given.items() if v is not None}
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     try:

@@ -15,10 +15,11 @@ async def prepare_prompt(prompt: Any, params: SamplingParams,
                          tokenizer: PromptTokenizer | None, model: str, vocab_size: int,
                          limits: Limits, fit_max_tokens: bool = False) -> list[int]:
     """The prompt's token ids (text tokenized off the event loop when long), or
-    `InvalidRequest` naming what is wrong (see `check_request`, `check_prompt_ids`).
-    `fit_max_tokens`: max_tokens is a default, not the request's: shorten it to what the
-    context leaves after the prompt."""
+    `InvalidRequest` naming what is wrong (see `check_request`, `check_prompt_ids`, and
+    `SamplingParams.check_vocab`). `fit_max_tokens`: max_tokens is a default, not the
+    request's: shorten it to what the context leaves after the prompt."""
     check_request(prompt, params, tokenizer, model)
+    params.check_vocab(vocab_size)
     ids = prompt
     if isinstance(prompt, str):
         ids = await tokenizer.encode(prompt, limits.max_req_input_len) if prompt else []

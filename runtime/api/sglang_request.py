@@ -30,9 +30,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from runtime.api.openai_protocol import ApiError
+from runtime.api.sampling_json import params_from_json
 from runtime.messages import MAX_TOP_LOGPROBS, SamplingParams
 
 # the top-level fields of Sluice's own form (native_api.GenerateRequest)
@@ -68,8 +67,8 @@ _IGNORED_PARAMS = frozenset({"n", "stream_interval"})  # n: the number of sample
 # SGLang's sampling parameters Sluice does not implement: only their default is accepted
 _DEFAULT_ONLY_PARAMS = {
     "min_new_tokens": 0, "spaces_between_special_tokens": True, "stop_regex": None,
-    "no_stop_trim": False, "ebnf": None, "structural_tag": None, "logit_bias": None,
-    "custom_params": None, "beam_width": None, "watermark": None, "choice": None}
+    "no_stop_trim": False, "ebnf": None, "structural_tag": None, "custom_params": None,
+    "beam_width": None, "watermark": None, "choice": None}
 _MAX_SAMPLES = 16  # `n`, as the OpenAI surface allows
 
 
@@ -186,10 +185,7 @@ def to_params(raw: dict[str, Any], body: dict[str, Any]) -> SamplingParams:
     for name in ("priority", "ignore_eos"):
         if body.get(name) is not None:
             out[name] = body[name]
-    try:
-        return msgspec.convert(out, SamplingParams)
-    except msgspec.ValidationError as e:
-        raise ApiError(400, f"invalid sampling_params: {e}", param="sampling_params") from None
+    return params_from_json(out)
 
 
 # ---------------------------------------------------------------- helpers

@@ -1,8 +1,8 @@
 """Batched sampling with per-row parameters, penalties and per-request seeds.
 
 Each request is bound to a row (`init_row`); a step samples S rows at once, vectorized:
-penalties -> grammar mask -> greedy argmax | temperature -> top-k -> top-p -> min-p ->
-exponential race.
+logit bias and allowed tokens (`TokenBias`) -> penalties -> grammar mask -> greedy argmax |
+temperature -> top-k -> top-p -> min-p -> exponential race.
 The race picks argmax(p / E) with E ~ Exp(1), which draws from p without a host sync. A
 seeded row's noise is a counter-based hash of (seed, position, token id), so its samples
 depend only on its own request, never on what else is in the batch.
@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from runtime.messages import SamplingParams
+from runtime.worker.token_bias import TokenBias
 
 MASK32 = 0xFFFFFFFF
 # columns of the per-row float table
@@ -55,6 +56,7 @@ class Sampler:
         # penalty state, allocated the first time a row needs it
         self.counts: torch.Tensor | None = None  # [rows, V] int32, output token counts
         self.prompt_mask: torch.Tensor | None = None  # [rows, V] bool, token in prompt
+        self.bias = TokenBias(max_rows, vocab_size, self.device)
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
         self._vocab_hash = hash32(torch.arange(vocab_size, device=self.device))  # [V]
 
@@ -80,6 +82,7 @@ class Sampler:
         self._ints_cpu[row] = torch.tensor([top_k, seed & MASK32, (seed >> 32) & MASK32,
                                             params.seed is not None])
         self._dirty = True
+        self.bias.init_row(row, params, self._upload)
         if params.uses_penalties and self.counts is None:
             self.counts = torch.zeros(self.max_rows, self.vocab_size, dtype=torch.int32,
                                       device=self.device)
@@ -125,7 +128,7 @@ class Sampler:
         seeded rows hash it with their seed. `allowed` [S, V] bool (a grammar's mask; at
         least one token per row) restricts the choice. `rows_dev` is `rows` on the device
         when the caller has it there already. Returns ids [S] int64 and their logprobs [S]
-        float32 under the raw logits (before penalties, mask and temperature); with
+        float32 under the raw logits (before bias, penalties, mask and temperature); with
         `all_logprobs=False`, logprobs are None unless a row asked for them.
         """
         rows_np = np.asarray(rows, dtype=np.int64)  # [S]
@@ -133,9 +136,9 @@ class Sampler:
         flags = self._flags[rows_np]  # [S, 6]
         needs = flags.any(axis=0)  # [6]: does any row need the stage
 
-        x = logits
+        x = self.bias.apply(logits, rows_np, rows_t)  # [S, V]
         if needs[PENALTIES]:
-            x = self.apply_penalties(logits, rows_t)  # [S, V]
+            x = self.apply_penalties(x, rows_t)  # [S, V]
         if allowed is not None:
             x = x.masked_fill(~allowed, float("-inf"))  # [S, V]
         ids = x.argmax(dim=-1)  # [S] greedy; ties -> lowest index

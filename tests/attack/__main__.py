@@ -40,6 +40,7 @@ GROUPS: dict[str, Callable[[Target, Tally, str], None]] = {
     "int64_nesting": defects.int64_and_nesting,
     "bad_rids": defects.bad_rids,
     "cache_probe": defects.cache_probe,
+    "token_bias": defects.token_bias,
     "sigstop": processes.sigstop,
 }
 OWN_SERVERS = {"sigkill": processes.sigkill, "sigterm": processes.sigterm}  # fresh servers

@@ -1,6 +1,7 @@
 """Groups replaying the hardening issue's defects: a million stop strings, a huge prompt,
 new regexes beside a stream, one request taking all admission, ints beyond int64 and deep
-nesting over HTTP, a newline or 1 MB rid, and cached_tokens probing (`--no-cache-report`).
+nesting over HTTP, a newline or 1 MB rid, cached_tokens probing (`--no-cache-report`), and
+`logit_bias` / `allowed_token_ids` out of bounds on every route.
 Each expects a 4xx (or a 200 where the request is fine) and a prompt answer."""
 
 from __future__ import annotations
@@ -146,3 +147,34 @@ def cache_probe(target: Target, tally: Tally, scale: str) -> None:
     tally.checks["cached_tokens_right_wrong"] = cached
     if len(set(cached)) > 1:
         tally.fail(f"cached_tokens tells the guesses apart: {cached}")
+
+
+def token_bias(target: Target, tally: Tally, scale: str) -> None:
+    """Bad `logit_bias` / `allowed_token_ids` on the four request forms: a 400 (or 413 for
+    a map over the body limit); good ones, a 10,000-entry map included, a 200."""
+    far = 10**9  # outside any vocabulary
+    huge = {str(i): -1 for i in range(300_000 if scale == "full" else 100_000)}
+    bad = [{"logit_bias": {"5": v}} for v in (100.5, -101, 1e308, "x", None, [1])]
+    bad += [{"logit_bias": {k: 1}} for k in ("-1", "abc", "1e3", "", str(far), str(BIG))]
+    bad += [{"logit_bias": v} for v in ([5], "x", 5)]
+    bad += [{"allowed_token_ids": v} for v in ([], [far], [-1], ["5"], [BIG], 5)]
+    good = [{"logit_bias": {"0": -100, "1": 100}}, {"allowed_token_ids": [5, 6, 7]},
+            {"logit_bias": {str(i): -100 for i in range(10_000)}}]
+    for fields, expect in [*[(f, (400,)) for f in bad], ({"logit_bias": huge}, (400, 413)),
+                           *[(f, (200,)) for f in good]]:
+        what = f"{str(fields)[:60]} ({len(json.dumps(fields))} bytes)"
+        for path, body in _routes(target.model, fields):
+            _post(target, path, body, tally, f"{what} on {path}", expect)
+    regex = {"allowed_token_ids": [5], "regex": "a+"}
+    _post(target, "/generate", {"text": "Hi", "sampling_params": regex}, tally,
+          "allowed_token_ids with a regex", (400,))
+
+
+def _routes(model: str, fields: dict) -> list[tuple[str, dict]]:
+    """`fields` in a small request on each route: completions, chat, and /generate in
+    Sluice's and SGLang's forms."""
+    return [("/v1/completions", {"model": model, "prompt": "Hi", "max_tokens": 2, **fields}),
+            ("/v1/chat/completions", {"model": model, "max_tokens": 2, **fields,
+                                      "messages": [{"role": "user", "content": "Hi"}]}),
+            ("/generate", {"text": "Hi", "sampling_params": {"max_tokens": 2, **fields}}),
+            ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 2, **fields}})]

@@ -29,7 +29,8 @@ def test_cheap_groups_find_nothing_wrong_and_the_report_is_written(cfg, spec, sc
         target = SimpleNamespace(url=url, model=cfg.model, rpc_addr=cfg.rpc_addr)
         for name, group in (("int64_nesting", defects.int64_and_nesting),
                             ("admission", defects.admission),
-                            ("bad_rids", defects.bad_rids)):
+                            ("bad_rids", defects.bad_rids),
+                            ("token_bias", defects.token_bias)):
             tally = Tally(name)
             group(target, tally, "small")
             tallies.append(tally)
@@ -38,7 +39,8 @@ def test_cheap_groups_find_nothing_wrong_and_the_report_is_written(cfg, spec, sc
     args = Namespace(model="fake", scale="small")
     attack.write(tmp_path / "out", tallies, args, 1.0, tmp_path)
     rows = json.loads((tmp_path / "out.json").read_text())["groups"]
-    assert [r["group"] for r in rows] == ["int64_nesting", "admission", "bad_rids"]
+    assert [r["group"] for r in rows] == ["int64_nesting", "admission", "bad_rids",
+                                          "token_bias"]
     assert "| admission | 3 | 0 | 0 |" in (tmp_path / "out.md").read_text()
 
 
