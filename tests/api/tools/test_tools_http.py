@@ -33,7 +33,8 @@ CALL_TEXT = ('I will check.\n<tool_call>\n{"name": "get_weather", "arguments": '
 
 @pytest.fixture
 def tool_spec(spec, tmp_path):
-    return dataclasses.replace(spec, path=str(tool_model_dir(tmp_path)))
+    folder = str(tool_model_dir(tmp_path))
+    return dataclasses.replace(spec, path=folder, tokenizer_path=folder)
 
 
 @pytest.fixture
