@@ -34,8 +34,8 @@ from runtime.model_config import resolve_model
 
 MODEL = "smollm2"
 PPL_VARIANTS = {  # name -> Engine options beside dtype bfloat16
-    "bf16": {}, "kv fp8": {"kv_dtype": "fp8"}, "kv fp8_e4m3": {"kv_dtype": "fp8_e4m3"},
-    "kv int8": {"kv_dtype": "int8"}, "weights fp8": {"quantization": "fp8"},
+    "bf16": {}, "kv-fp8": {"kv_dtype": "fp8"}, "kv-fp8_e4m3": {"kv_dtype": "fp8_e4m3"},
+    "kv-int8": {"kv_dtype": "int8"}, "weights-fp8": {"quantization": "fp8"},
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -107,7 +107,8 @@ def run_ppl(args, tok, device: str) -> list[dict]:
     wins = windows(tok, args)
     rows = []
     params = SamplingParams(max_tokens=1, temperature=0.0, logprob_start_len=0)
-    for name, options in PPL_VARIANTS.items():
+    for name in args.variants.split(","):
+        options = PPL_VARIANTS[name]
         t0 = time.perf_counter()
         with Engine(model=MODEL, device=device, dtype="bfloat16", chunk_size=args.chunk,
                     **options) as eng:
@@ -150,6 +151,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--ppl-tokens", type=int, default=20480)
     ap.add_argument("--window", type=int, default=2048)
     ap.add_argument("--chunk", type=int, default=256)
+    ap.add_argument("--variants", default=",".join(PPL_VARIANTS),
+                    help=f"perplexity variants, of {', '.join(PPL_VARIANTS)}")
     ap.add_argument("--tiny", action="store_true", help="a CPU smoke run")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
