@@ -3,11 +3,13 @@
 import pytest
 import torch
 
-# fp32 runs everywhere (CPU through the interpreter); half types only on a GPU.
+# fp32 and fp16 run everywhere (the CPU through Triton's interpreter); bf16 only on a GPU:
+# the interpreter's bf16 arithmetic is wrong on the CPU (every bf16 attention, MLA, MoE and
+# skinny-GEMM case there misses its torch reference by up to 1e9, the fp16 ones all pass).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [
     pytest.param(torch.float32, id="fp32"),
-    pytest.param(torch.float16, id="fp16", marks=pytest.mark.gpu),
+    pytest.param(torch.float16, id="fp16"),
     pytest.param(torch.bfloat16, id="bf16", marks=pytest.mark.gpu),
 ]
 # fp32 on a GPU goes through TF32 in tl.dot, hence the looser fp32 bound there.
