@@ -24,7 +24,6 @@ class DeepSeekV3Parser(ToolParser):
 
     def __init__(self) -> None:
         super().__init__()
-        self._state = _TEXT
         self._head = ""  # the text of a call not yet opened: given back if it never is
         self._fn = ""
 

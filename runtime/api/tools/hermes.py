@@ -18,10 +18,6 @@ class HermesParser(ToolParser):
     name = "hermes"
     template_marker = START
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._state = _TEXT
-
     def _step(self) -> bool:
         src = self.text_in
         if self._state == _TEXT:

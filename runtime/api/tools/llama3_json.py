@@ -17,10 +17,6 @@ class Llama3JsonParser(ToolParser):
     name = "llama3_json"
     template_marker = PYTHON_TAG
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._state = _START
-
     def _step(self) -> bool:
         src = self.text_in
         if self._state == _START:

@@ -76,6 +76,7 @@ class ToolParser:
         self._opening = ""  # the text that opened the current call
         self._announced: CallDelta | None = None
         self._count = 0  # calls announced so far: the next one's index
+        self._state = 0  # where a format's `_step` is: each format numbers its states from 0
 
     @property
     def text(self) -> str:
