@@ -2,14 +2,14 @@
 reference (`name_ref`, or in `name_ref.py` beside it). `kernels` imports nothing from
 `runtime`."""
 
-from kernels.activation import silu_and_mul
-from kernels.decode_attention import DecodeConfig, decode_attention, decode_num_splits
-from kernels.extend_attention import extend_attention
-from kernels.mla_decode import MlaDecodeConfig, mla_decode, mla_decode_num_splits
-from kernels.mla_extend import mla_extend
-from kernels.rmsnorm import rmsnorm
-from kernels.rope import apply_rope, rope_cos_sin_cache
-from kernels.store_kv import store_kv
+from kernels.attention.decode import DecodeConfig, decode_attention, decode_num_splits
+from kernels.attention.extend import extend_attention
+from kernels.attention.mla_decode import MlaDecodeConfig, mla_decode, mla_decode_num_splits
+from kernels.attention.mla_extend import mla_extend
+from kernels.kv.store import store_kv
+from kernels.norm_rope.activation import silu_and_mul
+from kernels.norm_rope.rmsnorm import rmsnorm
+from kernels.norm_rope.rope import apply_rope, rope_cos_sin_cache
 
 __all__ = [
     "DecodeConfig",

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench.kernels.common import COPY_CEILING_GBPS, Row, timeit
-from kernels.decode_attention import DecodeConfig, decode_attention, decode_num_splits
-from kernels.extend_attention import extend_attention
-from kernels.store_kv import scale_pairs, store_kv
+from kernels.attention.decode import DecodeConfig, decode_attention, decode_num_splits
+from kernels.attention.extend import extend_attention
+from kernels.kv.store import scale_pairs, store_kv
 from runtime.worker.kv_pool import KV_STORAGE, kv_dtype_scaled
 
 # the quantized kv dtypes' pool dtypes: with a float32 scale per (slot, head), and without

@@ -27,8 +27,8 @@ import torch
 
 from bench.kernels.attention import QUANT_POOLS, UNSCALED_POOLS, paged_pool
 from bench.kernels.common import COPY_CEILING_GBPS, Preset, timeit
-from kernels.decode_attention import DecodeConfig, decode_attention, decode_num_splits
-from kernels.decode_config import triton_quant_config
+from kernels.attention.decode import DecodeConfig, decode_attention, decode_num_splits
+from kernels.attention.decode_config import triton_quant_config
 
 CONFIGS = [  # the defaults (token; paged GQA), then the register-prefetch variants
     DecodeConfig(block_n=128, num_warps=4, num_stages=3),

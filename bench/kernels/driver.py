@@ -30,10 +30,10 @@ from bench.kernels.attention import (  # noqa: E402
     pool_summary,
 )
 from bench.kernels.common import COPY_CEILING_GBPS, PRESETS, Row, timeit  # noqa: E402
-from kernels.activation import silu_and_mul  # noqa: E402
-from kernels.rmsnorm import rmsnorm  # noqa: E402
-from kernels.rope import apply_rope, rope_cos_sin_cache  # noqa: E402
-from kernels.store_kv import store_kv  # noqa: E402
+from kernels.kv.store import store_kv  # noqa: E402
+from kernels.norm_rope.activation import silu_and_mul  # noqa: E402
+from kernels.norm_rope.rmsnorm import rmsnorm  # noqa: E402
+from kernels.norm_rope.rope import apply_rope, rope_cos_sin_cache  # noqa: E402
 
 GROUPS = ("copy", "decode", "extend", "store_kv", "rmsnorm", "rope", "silu_and_mul")
 

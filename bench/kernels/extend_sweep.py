@@ -29,8 +29,8 @@ import torch
 
 from bench.kernels.attention import QUANT_POOLS, UNSCALED_POOLS, paged_pool
 from bench.kernels.common import Preset, timeit
-from kernels.extend_attention import extend_attention
-from kernels.extend_config import ExtendConfig, default_extend_config, rows_per_token
+from kernels.attention.extend import extend_attention
+from kernels.attention.extend_config import ExtendConfig, default_extend_config, rows_per_token
 
 CASES = [  # (B, prefix, new, Hq, Hkv)
     (4, 2048, 512, 32, 8),

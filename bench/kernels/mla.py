@@ -30,9 +30,9 @@ if not torch.cuda.is_available():
 from triton.runtime.errors import OutOfResources  # noqa: E402
 
 from bench.kernels.common import COPY_CEILING_GBPS, PRESETS, Row, timeit  # noqa: E402
-from kernels.mla_decode import MlaDecodeConfig, mla_decode, mla_decode_num_splits  # noqa: E402
-from kernels.mla_extend import mla_extend  # noqa: E402
-from kernels.store_kv import quantize_ref  # noqa: E402
+from kernels.attention.mla_decode import MlaDecodeConfig, mla_decode, mla_decode_num_splits  # noqa: E402
+from kernels.attention.mla_extend import mla_extend  # noqa: E402
+from kernels.kv.store import quantize_ref  # noqa: E402
 
 FULL = {"batches": (1, 32, 128), "contexts": (1024, 4096), "heads": (16, 128), "dims": (512, 64),
         "layouts": (("token", 1), ("paged16", 16)),

@@ -35,7 +35,7 @@ from kernels.moe import (  # noqa: E402
     moe_align_block_size,
     moe_config,
 )
-from kernels.moe_align import moe_align_block_size_ref  # noqa: E402
+from kernels.moe.align import moe_align_block_size_ref  # noqa: E402
 
 MATMUL_TFLOPS = 780.0  # H200 dense bf16 matmul, measured (device.md)
 SWEEP = (  # the three defaults of `moe_config`, then alternatives

@@ -1,4 +1,4 @@
-"""Sweep `kernels.skinny_gemm` launch configs against cuBLAS on the decode linears.
+"""Sweep `kernels.gemm.skinny` launch configs against cuBLAS on the decode linears.
 
 For each weight kind (bf16, fp8 e4m3 + per-channel scale), llama3-8b and llama-7b projection
 shape (N, K) and M in 1, 2, 4, 8, 16: every config of the grid below, timed inside a CUDA
@@ -6,7 +6,7 @@ graph over enough weight copies to miss L2 (as the layers of a model do), agains
 `F.linear` for bf16, and for fp8 the path `Fp8Linear` takes above the kernel's rows (per-token
 activation quant + row-wise `torch._scaled_mm`). Kernels are compiled first in a process pool
 (the Triton cache is shared on disk). Prints a table; writes JSON and .md to `--out`, and
-`<out>-table.json`, the config table `kernels.skinny_gemm_configs` reads (copy it to
+`<out>-table.json`, the config table `kernels.gemm.skinny_configs` reads (copy it to
 kernels/skinny_gemm_table.json): the `--merge` table (by default that file) with the keys
 this run measured replaced, so a restricted run keeps the other rows.
 
@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from kernels.skinny_gemm import ROWSUM_ROWS
-from kernels.skinny_gemm_configs import TABLE_FILE, SkinnyConfig, m_bucket
+from kernels.gemm.skinny import ROWSUM_ROWS
+from kernels.gemm.skinny_configs import TABLE_FILE, SkinnyConfig, m_bucket
 
 CEILING_GBPS = 4260.0  # H200 device-to-device copy (docs/device.md)
 SHAPES = {  # (N, K): the layers that have it
@@ -101,7 +101,7 @@ def compile_batch(cfgs: list[tuple[bool, SkinnyConfig]], ks: tuple[int, ...] = (
     """Compile (run once) each config in this worker, for each row count the row-sum kernel
     specializes on; fills the on-disk Triton cache. K in `ks`: a multiple of every block_k
     (unmasked loads), and, unless restricted, one that is not."""
-    from kernels.skinny_gemm import skinny_gemm
+    from kernels.gemm.skinny import skinny_gemm
 
     x = torch.randn(ROWSUM_ROWS, max(ks), device=DEVICE, dtype=torch.bfloat16)
     for k in ks:
@@ -139,7 +139,7 @@ def graph_us(calls: list) -> float:
 
 def fp8_cublas(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """`Fp8Linear`'s tensor-core path: per-token activation quant, row-wise `_scaled_mm`."""
-    from kernels.fp8_quant import per_token_fp8
+    from kernels.gemm.fp8_quant import per_token_fp8
 
     xq, xs = per_token_fp8(x)  # [M, K] fp8, [M, 1] f32
     return torch._scaled_mm(xq, q.t(), scale_a=xs, scale_b=s.view(1, -1),
@@ -148,7 +148,7 @@ def fp8_cublas(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tenso
 
 def sweep_case(fp8: bool, n: int, k: int, cfgs: list[SkinnyConfig], weights,
                row_counts: tuple[int, ...]) -> list[dict]:
-    from kernels.skinny_gemm import skinny_gemm, skinny_gemm_ref
+    from kernels.gemm.skinny import skinny_gemm, skinny_gemm_ref
 
     wbytes = n * k * (1 if fp8 else 2)
     rows = []

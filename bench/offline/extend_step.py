@@ -42,7 +42,7 @@ VARIANTS = ("packed", "per-head")
 @contextlib.contextmanager
 def per_head():
     """The extend launcher gives each program one query head's rows while inside."""
-    mod = sys.modules["kernels.extend_attention"]  # `kernels` exports the function by that name
+    mod = sys.modules["kernels.attention.extend"]  # `kernels` exports the function by that name
     packed = mod.rows_per_token
     mod.rows_per_token = lambda q_heads, kv_heads, pack_heads=None: packed(q_heads, kv_heads,
                                                                            False)  # fmt: skip

@@ -39,7 +39,7 @@ import torch
 from bench.offline.parts import decode_batch, time_ms
 from bench.outputs import write_outputs
 from bench.roofline import BANDWIDTH, ModelBytes
-from kernels.decode_config import decode_num_splits
+from kernels.attention.decode_config import decode_num_splits
 
 GROUPS = ("rmsnorm", "rope_store_kv", "merge", "silu_mul", "attention", "small")
 SMALL = ("rmsnorm", "rope_store_kv", "merge", "silu_mul")
@@ -58,7 +58,7 @@ def _cuts(group: str) -> list[tuple[object, str, object]]:
     from runtime.worker import attention_triton
     from runtime.worker.ops import TritonOps
 
-    decode_attention = sys.modules["kernels.decode_attention"]
+    decode_attention = sys.modules["kernels.attention.decode"]
     if group == "small":
         return [cut for g in SMALL for cut in _cuts(g)]
     return {

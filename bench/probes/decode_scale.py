@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-import kernels.decode_attention_gluon as gluon_mod
+import kernels.attention.decode_gluon as gluon_mod
 from bench.kernels.attention import QUANT_POOLS, UNSCALED_POOLS, paged_pool
 from bench.kernels.common import COPY_CEILING_GBPS, Preset, module_with_cuts, timeit
 from bench.kernels.decode_quant_sweep import GLUON
-from kernels.decode_attention import decode_attention, decode_num_splits
+from kernels.attention.decode import decode_attention, decode_num_splits
 
 SRC = Path(gluon_mod.__file__).read_text()
 PAIR_LOAD = """\
@@ -41,7 +41,7 @@ LAUNCH = "    _decode_quant_gluon_kernel[(Hkv, B, num_splits)]("
 
 
 def variant(name: str, against: Path | None = None):
-    """A module like `kernels.decode_attention_gluon` with `name`'s cuts (or, for "against",
+    """A module like `kernels.attention.decode_gluon` with `name`'s cuts (or, for "against",
     the source in that file); it keeps the last compiled kernel in `LAST`."""
     src = against.read_text() if name == "against" else SRC
     src = src.replace(LAUNCH, "    global LAST\n    LAST = " + LAUNCH.strip())
@@ -78,7 +78,7 @@ def main():
                                                    map(int, args.splits.split(","))):
             cfg = replace(GLUON[0], block_n=block_n, num_stages=2)
             splits = mult * decode_num_splits(B, Hkv, L, quantized=True)
-            sys.modules["kernels.decode_attention_gluon"] = mod
+            sys.modules["kernels.attention.decode_gluon"] = mod
             run = partial(decode_attention, q, k_buf, v_buf, indptr, indices, seq_lens, ps,
                           D**-0.5, num_splits=splits, config=cfg,
                           **(two if vname == "two" else scales))
@@ -92,7 +92,7 @@ def main():
                          "elapsed_s": round(time.monotonic() - t0, 1)})
             print(" ".join(f"{a}={b}" for a, b in rows[-1].items()), flush=True)
             (args.out / "decode_scale_probe.json").write_text(json.dumps(rows, indent=1))
-    sys.modules["kernels.decode_attention_gluon"] = gluon_mod
+    sys.modules["kernels.attention.decode_gluon"] = gluon_mod
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ from bench.kernels.attention import QUANT_POOLS, paged_pool
 from bench.kernels.common import Preset, module_with_cuts, timeit
 
 # (`kernels` exports the function under the module's name: find the modules by their specs)
-SRC = Path(importlib.util.find_spec("kernels.extend_attention").origin).read_text()
-TILES_SRC = Path(importlib.util.find_spec("kernels.extend_tiles").origin).read_text()
+SRC = Path(importlib.util.find_spec("kernels.attention.extend").origin).read_text()
+TILES_SRC = Path(importlib.util.find_spec("kernels.attention.extend_tiles").origin).read_text()
 ONE = "(slot * 0).to(tl.float32) + 1.0"
 SCALE_LOADS = [  # the scale loads of masked and full tiles
     (f"tl.load({x}_scale_ptr + slot * stride_ss{tail})", ONE)
@@ -63,14 +63,14 @@ CASES = [(4, 2048, 512, 32, 8), (4, 2048, 512, 32, 32)]  # (B, prefix, new, Hq, 
 
 
 def variant(name: str):
-    """A module like `kernels.extend_attention` with `name`'s cuts, made in it or in the
-    key tiles it imports (`kernels.extend_tiles`, then rebuilt as well)."""
+    """A module like `kernels.attention.extend` with `name`'s cuts, made in it or in the
+    key tiles it imports (`kernels.attention.extend_tiles`, then rebuilt as well)."""
     cuts = CUTS.get(name, [])
     tiles = module_with_cuts(TILES_SRC, [c for c in cuts if c[0] in TILES_SRC],
                              f"extend_tiles_{name.replace('-', '_')}")  # fmt: skip
     sys.modules[tiles.__name__] = tiles  # for the rebuilt kernel's import
     own = [c for c in cuts if c[0] not in TILES_SRC]
-    own.append(("from kernels.extend_tiles import", f"from {tiles.__name__} import"))
+    own.append(("from kernels.attention.extend_tiles import", f"from {tiles.__name__} import"))
     return module_with_cuts(SRC, own, f"extend_{name.replace('-', '_')}")
 
 

@@ -45,8 +45,8 @@ def kernel_source(kind: str, q_heads: int, kv_heads: int, block_n: int, words: b
     False: a quantized kernel over an fp8 pool without scales)."""
     group = q_heads // kv_heads
     if kind.endswith("-gluon"):  # 4 warps x block_n / 4 keys (16 or 32), head_dim 128
-        mod = importlib.import_module("kernels.decode_attention_gluon")
-        ops = importlib.import_module("kernels.gluon_operands")
+        mod = importlib.import_module("kernels.attention.decode_gluon")
+        ops = importlib.import_module("kernels.attention.gluon_operands")
         widen, pairs = ops.WIDEN_ASM[torch.int8 if kind == "decode-int8-gluon" else
                                      torch.float8_e4m3fn]
         names = ["q_ptr", "k_ptr", "v_ptr", "k_scale_ptr", "v_scale_ptr", *COMMON]
@@ -59,7 +59,7 @@ def kernel_source(kind: str, q_heads: int, kv_heads: int, block_n: int, words: b
         fn = mod._decode_quant_gluon_kernel
         return fn, dict(zip(names, types)) | SCALE_STRIDES, const, 2 * block_n * HEAD_DIM
     if kind == "decode-16":
-        mod = importlib.import_module("kernels.decode_attention")
+        mod = importlib.import_module("kernels.attention.decode")
         names = ["q_ptr", "k_ptr", "v_ptr", *COMMON]
         types = ["*bf16", "*bf16", "*bf16", *COMMON_TYPES]
         const = dict(Q_HEADS=q_heads, GROUP=group, HEAD_DIM=HEAD_DIM, PAGE_SIZE=1, USE_DOT=True,
@@ -67,7 +67,7 @@ def kernel_source(kind: str, q_heads: int, kv_heads: int, block_n: int, words: b
         return mod._decode_attention_kernel, dict(zip(names, types)), const, 4 * block_n * HEAD_DIM
     is_int = kind == "decode-int8"
     code = "*i32" if words else "*i8" if is_int else "*fp8e4nv"
-    mod = importlib.import_module("kernels.decode_attention_quant")
+    mod = importlib.import_module("kernels.attention.decode_quant")
     names = ["q_ptr", "k_ptr", "v_ptr", "k_scale_ptr", "v_scale_ptr", *COMMON]
     types = ["*bf16", code, code, "*fp32", "*fp32", *COMMON_TYPES]
     const = dict(Q_HEADS=q_heads, GROUP=group, HEAD_DIM=HEAD_DIM, PAGE_SIZE=1,

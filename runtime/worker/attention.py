@@ -1,7 +1,7 @@
 """`AttentionBackend`: what the model and the graph runner ask of an attention implementation.
 
 A ForwardBatch carries the backend-neutral inputs of a step: positions, the slots the new
-tokens' K/V go to, lengths and the CSR page table (`kernels/paging.py`). A backend derives
+tokens' K/V go to, lengths and the CSR page table (`kernels/kv/paging.py`). A backend derives
 what its kernels need beyond that (split counts, padded widths, ...) once per step in
 `prepare`, into `fb.attn_meta`, and the model calls `forward` once per layer. A backend
 that runs in CUDA graphs also owns the static buffers a captured decode reads:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.mla_decode import mla_decode, mla_decode_num_splits, mla_decode_ref
-from kernels.mla_extend import mla_extend, mla_extend_ref
-from kernels.store_kv import quantize_ref
+from kernels.attention.mla_decode import mla_decode, mla_decode_num_splits, mla_decode_ref
+from kernels.attention.mla_extend import mla_extend, mla_extend_ref
+from kernels.kv.store import quantize_ref
 from runtime.worker.attention_torch import TorchAttention, TorchAttentionMeta
 from runtime.worker.attention_triton import TritonAttention, TritonAttentionMeta
 from runtime.worker.forward_batch import ForwardBatch

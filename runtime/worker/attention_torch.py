@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.decode_attention import decode_attention_ref
-from kernels.extend_attention_ref import extend_attention_ref
-from kernels.store_kv import store_kv_ref
+from kernels.attention.decode import decode_attention_ref
+from kernels.attention.extend_ref import extend_attention_ref
+from kernels.kv.store import store_kv_ref
 from runtime.worker.attention import AttentionBackend
 from runtime.worker.forward_batch import ForwardBatch
 

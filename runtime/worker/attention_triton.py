@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.decode_attention import decode_attention, decode_num_splits
-from kernels.extend_attention import extend_attention
-from kernels.rope_store_kv import rope_store_kv
-from kernels.store_kv import store_kv
+from kernels.attention.decode import decode_attention, decode_num_splits
+from kernels.attention.extend import extend_attention
+from kernels.kv.rope_store import rope_store_kv
+from kernels.kv.store import store_kv
 from runtime.worker.attention import AttentionBackend, Rotary
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.quant.fp8_linear import MIN_CAPABILITY, QuantizationError

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kernels.page_gather import gather_pages, gather_pages_ref
+from kernels.kv.page_gather import gather_pages, gather_pages_ref
 from runtime.messages import BatchPlan
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.staging import Staging

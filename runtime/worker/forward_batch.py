@@ -15,7 +15,7 @@ class ForwardBatch:
     input_ids[qo_indptr[i]:qo_indptr[i+1]]. The KV of every position of sequence i
     (cached prefix and new tokens) lives in the pages kv_indices[kv_indptr[i]:kv_indptr[i+1]]:
     position p at slot kv_indices[kv_indptr[i] + p // page_size] * page_size + p % page_size
-    (`kernels/paging.py`; page_size 1 lists every slot). The new tokens' K/V must be stored
+    (`kernels/kv/paging.py`; page_size 1 lists every slot). The new tokens' K/V must be stored
     at `out_slots` before attention reads them. All of this is backend-neutral; what one
     attention backend derives from it for its kernels is `attn_meta` (`AttentionBackend.prepare`).
     """

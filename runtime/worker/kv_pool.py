@@ -9,7 +9,7 @@ is a padding sink: it is never a real token, so batched gathers may point paddin
 
 `kv_dtype` "fp8" (float8_e4m3fn) or "int8" quantizes the pool: each (slot, kv_head) row of
 head_dim values keeps one float32 scale beside it (`k_scale`, `v_scale`); the attention
-backends write it with `kernels.store_kv` (or its torch reference), and readers dequantize
+backends write it with `kernels.kv.store` (or its torch reference), and readers dequantize
 on load. "fp8_e4m3" stores float8_e4m3fn codes with one scale for the whole tensor, 1 (the
 values themselves, clamped to +-448): no scale is stored or read. "auto" stores K/V in the
 model's dtype, unscaled.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.store_kv import QUANT_MAX, scale_pairs
+from kernels.kv.store import QUANT_MAX, scale_pairs
 
 GiB = 1 << 30
 # kv_dtype -> pool element dtype

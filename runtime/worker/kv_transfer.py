@@ -5,14 +5,14 @@ The host pool mirrors the device pool's tensors: those of `KVPool.layer_tensors(
 (every layer's K, then every layer's V, then a quantized pool's scales) are grouped by
 shape and dtype, and each group has one host tensor `[host_slots + 1, members, ...]`,
 slot-major, so that a slot's rows of every member are one contiguous run of whole lines
-(the kernel writes short rows, the scales, as such runs: see `kernels.kv_copy`).
+(the kernel writes short rows, the scales, as such runs: see `kernels.kv.copy_slots`).
 All of them live in one page-aligned anonymous mapping, registered with the device once
 (pinned in place, mapped for the kernel) and unregistered before it can be unmapped:
 memory freed while registered, or two registrations sharing a page, make the next
 registration of those pages fail. Its slots are the scheduler's host slot ids.
 
 A plan's copies run before its forward, write-backs first, on a copy stream of their own.
-Each is one `kernels.kv_copy` launch per group (all layers, K and V): the kernel reads the
+Each is one `kernels.kv.copy_slots` launch per group (all layers, K and V): the kernel reads the
 scattered device slots and writes the scattered host slots directly over the bus, or the
 reverse for a load, so nothing is staged and the CPU touches no KV. The slot lists go up
 as one index tensor, copied from pinned memory without blocking, on the same stream.
@@ -46,7 +46,7 @@ import weakref
 
 import torch
 
-from kernels.kv_copy import SlotTensors, copy_slots, copy_slots_ref
+from kernels.kv.copy_slots import SlotTensors, copy_slots, copy_slots_ref
 from runtime.messages import BatchPlan
 from runtime.worker.kv_pool import GiB, KVPool
 

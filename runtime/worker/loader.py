@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from kernels.fp8_quant import FP8
+from kernels.gemm.fp8_quant import FP8
 from runtime.model_config import ModelSpec
 from runtime.worker.models.causal_lm import CausalLM
 from runtime.worker.models.registry import model_class

@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.activation import silu_and_mul, silu_and_mul_ref
 from kernels.moe import fused_moe, fused_moe_ref
-from kernels.rmsnorm import rmsnorm, rmsnorm_ref
-from kernels.rope import apply_rope, apply_rope_ref
+from kernels.norm_rope.activation import silu_and_mul, silu_and_mul_ref
+from kernels.norm_rope.rmsnorm import rmsnorm, rmsnorm_ref
+from kernels.norm_rope.rope import apply_rope, apply_rope_ref
 
 GateAct = Callable[[torch.Tensor], torch.Tensor]  # `Ops.silu_mul`: [T, 2I] gate|up -> [T, I]
 

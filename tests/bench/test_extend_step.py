@@ -31,7 +31,7 @@ def test_decode_batch_is_a_one_token_step():
 
 
 def test_per_head_unpacks_only_inside():
-    launcher = sys.modules["kernels.extend_attention"].extend_attention
+    launcher = sys.modules["kernels.attention.extend"].extend_attention
     rows = launcher.__globals__["rows_per_token"]  # what the launcher calls
     assert rows(32, 8) == 4
     with extend_step.per_head():

@@ -4,7 +4,8 @@ and the table it writes keeping the rows it did not measure."""
 import json
 
 from bench.kernels.skinny_gemm import fits, grid, merged_table
-from kernels.skinny_gemm_configs import SkinnyConfig
+
+from kernels.gemm.skinny_configs import SkinnyConfig
 
 
 def row(kind, m, n, k, best_us, cublas_us, block_n):

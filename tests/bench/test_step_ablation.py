@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from bench.offline import step_ablation as ablation
-from kernels.decode_attention import decode_attention, decode_attention_ref
+from kernels.attention.decode import decode_attention, decode_attention_ref
 from runtime.worker import attention_triton
 from runtime.worker.ops import TritonOps
 from tests.kernels.test_decode_attention import make_inputs
 
 
 def _state():
-    merge = sys.modules["kernels.decode_attention"]._decode_attention_merge_kernel
+    merge = sys.modules["kernels.attention.decode"]._decode_attention_merge_kernel
     return (dict(TritonOps.__dict__), attention_triton.rope_store_kv, merge,
             attention_triton.TritonAttention.__dict__["forward_rotary"])
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels.activation import silu_and_mul, silu_and_mul_ref
+from kernels.norm_rope.activation import silu_and_mul, silu_and_mul_ref
 from tests.kernels.cases import DEVICE, DTYPES, ELEMENTWISE_TOL, randn
 
 

@@ -9,8 +9,8 @@ modes run on the CPU."""
 import pytest
 import torch
 
-from kernels.block_fp8_gemm import block_fp8_gemm, block_fp8_gemm_ref
-from kernels.fp8_quant import per_token_group_fp8, per_token_group_fp8_ref
+from kernels.gemm.block_fp8 import block_fp8_gemm, block_fp8_gemm_ref
+from kernels.gemm.fp8_quant import per_token_group_fp8, per_token_group_fp8_ref
 from tests.kernels.cases import DEVICE, DTYPES, randn
 
 FP8 = torch.float8_e4m3fn
@@ -18,6 +18,15 @@ FP8 = torch.float8_e4m3fn
 # past one tile; and blocks of another size (BLOCK_N 64 spans two 32-row scale blocks)
 SHAPES = [(1, 100, 200, (128, 128)), (5, 257, 384, (128, 128)), (33, 130, 96, (128, 128)),
           (70, 70, 256, (128, 128)), (17, 96, 100, (32, 64))]
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Relative error bound: the interpreter sums fp32 exactly as the reference does; fp16
+    output rounds each element (2^-11 relative); on a GPU tl.dot accumulates in its own
+    order (and fp32 goes through TF32)."""
+    if DEVICE == "cpu":
+        return 1e-6 if dtype == torch.float32 else 1e-3
+    return 1e-2
 
 
 def operands(m, n, k, block, gen):
@@ -39,7 +48,7 @@ def test_weight_only_matches_reference(shape, dtype):
     want = block_fp8_gemm_ref(x, None, w, w_scale, block, bias.to(dtype))
     assert got.dtype == dtype and got.shape == (m, n)
     err = (got.float() - want.float()).norm() / want.float().norm()
-    assert err < (1e-6 if DEVICE == "cpu" else 1e-2), err
+    assert err < tolerance(dtype), err
 
 
 @pytest.mark.parametrize("out_dtype", DTYPES)
@@ -54,7 +63,7 @@ def test_w8a8_matches_reference(shape, out_dtype):
     want = block_fp8_gemm_ref(x, x_scale, w, w_scale, block, out_dtype=out_dtype)
     assert got.dtype == out_dtype and got.shape == (m, n)
     err = (got.float() - want.float()).norm() / want.float().norm()
-    assert err < (1e-6 if DEVICE == "cpu" else 1e-2), err
+    assert err < tolerance(out_dtype), err
 
 
 def test_no_rows():

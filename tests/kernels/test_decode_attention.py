@@ -1,13 +1,13 @@
 import pytest
 import torch
 
-from kernels.decode_attention import (
+from kernels.attention.decode import (
     DecodeConfig,
     decode_attention,
     decode_attention_ref,
     decode_num_splits,
 )
-from kernels.store_kv import quantize_ref, scale_pairs
+from kernels.kv.store import quantize_ref, scale_pairs
 from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, page_table, randn
 
 HEADS = [(3, 3, 64), (9, 3, 48), (8, 2, 32), (8, 1, 80)]  # (Hq, Hkv, D): GQA 1, 3, 4, 8

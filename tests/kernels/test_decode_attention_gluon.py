@@ -1,4 +1,4 @@
-"""The Gluon stage 1 (`kernels.decode_attention_gluon`) over fp8 and int8 pools against the
+"""The Gluon stage 1 (`kernels.attention.decode_gluon`) over fp8 and int8 pools against the
 reference: MHA and GQA groups up to 16, token and paged layouts, splits, partial and empty
 tiles, each tile size and ring depth; every code coming back exactly (the register-level
 operand build); and which stage 1 `default_quant_config` picks. GPU only but one test: Gluon
@@ -7,8 +7,8 @@ has no interpreter."""
 import pytest
 import torch
 
-from kernels.decode_attention import decode_attention
-from kernels.decode_config import (
+from kernels.attention.decode import decode_attention
+from kernels.attention.decode_config import (
     GLUON_CONFIG,
     QUANT_GQA_CONFIG,
     QUANT_MHA_CONFIG,
@@ -16,7 +16,7 @@ from kernels.decode_config import (
     DecodeConfig,
     default_quant_config,
 )
-from kernels.store_kv import dequantize_ref
+from kernels.kv.store import dequantize_ref
 from tests.kernels.test_decode_attention import check, make_inputs
 
 GPU = pytest.mark.gpu

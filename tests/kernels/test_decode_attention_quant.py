@@ -5,8 +5,8 @@ over pools with per-(slot, head) scales and over an unscaled fp8 pool."""
 import pytest
 import torch
 
-from kernels.decode_attention import DecodeConfig, decode_attention
-from kernels.store_kv import dequantize_ref
+from kernels.attention.decode import DecodeConfig, decode_attention
+from kernels.kv.store import dequantize_ref
 from tests.kernels.cases import DEVICE, DTYPES, randn
 from tests.kernels.test_decode_attention import check, make_inputs
 

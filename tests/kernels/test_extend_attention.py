@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from kernels.extend_attention import extend_attention, launch_grid
-from kernels.extend_attention_ref import extend_attention_ref
-from kernels.extend_config import ExtendConfig, default_extend_config
-from kernels.store_kv import quantize_ref
+from kernels.attention.extend import extend_attention, launch_grid
+from kernels.attention.extend_config import ExtendConfig, default_extend_config
+from kernels.attention.extend_ref import extend_attention_ref
+from kernels.kv.store import quantize_ref
 from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, page_table, randn
 
 HEADS = [(3, 3, 64), (9, 3, 48), (8, 2, 80), (8, 1, 16)]  # (Hq, Hkv, D): GQA 1, 3, 4, 8

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels.fp8_quant import per_token_fp8, per_token_fp8_ref
+from kernels.gemm.fp8_quant import per_token_fp8, per_token_fp8_ref
 from tests.kernels.cases import DEVICE, DTYPES, randn
 
 SHAPES = [(1, 16), (5, 77), (3, 5000)]  # 5000: more than one block per row

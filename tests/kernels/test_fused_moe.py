@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kernels.moe import MoeConfig, fused_moe, fused_moe_ref, grouped_topk, moe_align_block_size
-from kernels.moe_align import max_padded_rows, moe_align_block_size_ref
+from kernels.moe.align import max_padded_rows, moe_align_block_size_ref
 from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, randn
 
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels.kv_copy import SlotTensors, copy_slots, copy_slots_ref
+from kernels.kv.copy_slots import SlotTensors, copy_slots, copy_slots_ref
 from tests.kernels.cases import DEVICE
 
 

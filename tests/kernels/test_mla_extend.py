@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from kernels.mla_extend import mla_extend, mla_extend_ref
-from kernels.paging import page_slots
-from kernels.store_kv import quantize_ref
+from kernels.attention.mla_extend import mla_extend, mla_extend_ref
+from kernels.kv.paging import page_slots
+from kernels.kv.store import quantize_ref
 from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, page_table, randn
 
 DIMS = [(32, 16), (24, 8), (64, 32)]  # (Dl, Dr): power-of-two, odd, and wider latents

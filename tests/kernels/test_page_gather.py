@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels.page_gather import gather_pages, gather_pages_ref
+from kernels.kv.page_gather import gather_pages, gather_pages_ref
 from tests.kernels.cases import DEVICE
 
 

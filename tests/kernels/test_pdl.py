@@ -4,14 +4,14 @@ before it may still run, must compute exactly what the same chain computes witho
 import pytest
 import torch
 
-from kernels.activation import silu_and_mul
-from kernels.decode_attention import decode_attention
+from kernels.attention.decode import decode_attention
+from kernels.gemm.skinny import skinny_gemm
+from kernels.gemm.skinny_configs import SkinnyConfig
+from kernels.kv.rope_store import rope_store_kv
+from kernels.norm_rope.activation import silu_and_mul
+from kernels.norm_rope.rmsnorm import rmsnorm
+from kernels.norm_rope.rope import rope_cos_sin_cache
 from kernels.pdl import pdl_args
-from kernels.rmsnorm import rmsnorm
-from kernels.rope import rope_cos_sin_cache
-from kernels.rope_store_kv import rope_store_kv
-from kernels.skinny_gemm import skinny_gemm
-from kernels.skinny_gemm_configs import SkinnyConfig
 
 
 def test_off_without_a_gpu_or_when_switched_off(monkeypatch):

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels.rmsnorm import rmsnorm, rmsnorm_ref
+from kernels.norm_rope.rmsnorm import rmsnorm, rmsnorm_ref
 from tests.kernels.cases import DEVICE, DTYPES, ELEMENTWISE_TOL, randn
 
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels.rope import apply_rope, apply_rope_ref, rope_cos_sin_cache, rope_inv_freq
+from kernels.norm_rope.rope import apply_rope, apply_rope_ref, rope_cos_sin_cache, rope_inv_freq
 from tests.kernels.cases import DEVICE, DTYPES, ELEMENTWISE_TOL, randn
 
 LLAMA3 = {

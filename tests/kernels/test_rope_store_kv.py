@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from kernels.rope import rope_cos_sin_cache
-from kernels.rope_store_kv import rope_store_kv, rope_store_kv_ref
+from kernels.kv.rope_store import rope_store_kv, rope_store_kv_ref
+from kernels.norm_rope.rope import rope_cos_sin_cache
 from tests.kernels.cases import DEVICE, DTYPES, ELEMENTWISE_TOL, randn
 from tests.kernels.test_store_kv import assert_cast_close, assert_quantized_close
 

@@ -3,9 +3,8 @@ import json
 import pytest
 import torch
 
-from kernels.activation import silu_and_mul_ref
-from kernels.skinny_gemm import MAX_ROWS, _workspaces, skinny_gemm, skinny_gemm_ref
-from kernels.skinny_gemm_configs import (
+from kernels.gemm.skinny import MAX_ROWS, _workspaces, skinny_gemm, skinny_gemm_ref
+from kernels.gemm.skinny_configs import (
     SkinnyConfig,
     load_table,
     m_bucket,
@@ -13,6 +12,7 @@ from kernels.skinny_gemm_configs import (
     rule_config,
     use_kernel,
 )
+from kernels.norm_rope.activation import silu_and_mul_ref
 from tests.kernels.cases import DEVICE, DTYPES, randn
 
 FP8 = torch.float8_e4m3fn
@@ -89,7 +89,7 @@ def test_gated_product_takes_a_row_sum_config_and_refuses_others():
 def test_every_table_entry_matches_the_reference_at_its_shape():
     """The measured table's configs on the shapes they were picked for, at the bucket's row
     count (the interpreter cases above use small shapes and tiles)."""
-    from kernels.skinny_gemm_configs import TABLE
+    from kernels.gemm.skinny_configs import TABLE
 
     assert TABLE, "kernels/skinny_gemm_table.json holds no entries"
     for (fp8, m, n, k), cfg in sorted(TABLE.items()):
@@ -133,7 +133,7 @@ def test_table_file_picks_configs_and_cublas_wins(tmp_path):
 
 
 def test_unmeasured_shapes_use_the_kernel_for_fp8_only(monkeypatch):
-    import kernels.skinny_gemm_configs as configs
+    import kernels.gemm.skinny_configs as configs
 
     monkeypatch.setattr(configs, "VERDICTS", {(True, 4, 96, 512): False,
                                               (False, 1, 96, 512): True})

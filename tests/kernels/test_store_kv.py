@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels.store_kv import dequantize_ref, quantize_ref, scale_pairs, store_kv, store_kv_ref
+from kernels.kv.store import dequantize_ref, quantize_ref, scale_pairs, store_kv, store_kv_ref
 from tests.kernels.cases import DEVICE, DTYPES, randn
 
 # (T, Hkv, D): odd head counts and a head_dim that is not a power of two

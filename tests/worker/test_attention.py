@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paging import page_slots
+from kernels.kv.paging import page_slots
 from runtime.worker.attention_torch import TorchAttention
 from runtime.worker.kv_pool import GiB, KVPool, kv_bytes_per_token, slots_for_memory
 from tests.worker.batching import Chunk, attend, make_batch, slot

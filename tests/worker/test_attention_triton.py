@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kernels.rmsnorm import rmsnorm_ref
-from kernels.rope import apply_rope_ref, rope_cos_sin_cache
+from kernels.norm_rope.rmsnorm import rmsnorm_ref
+from kernels.norm_rope.rope import apply_rope_ref, rope_cos_sin_cache
 from runtime.model_config import resolve_model
 from runtime.worker.attention import Rotary
 from runtime.worker.attention_torch import TorchAttention

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.paging import page_slots
+from kernels.kv.paging import page_slots
 from runtime.messages import BatchPlan
 from runtime.worker.batch_builder import BatchBuilder
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config
 
-from kernels.paging import expand_pages
+from kernels.kv.paging import expand_pages
 from runtime.model_config import resolve_model
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.models.deepseek_arch import DeepseekArch

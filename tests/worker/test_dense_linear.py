@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from kernels.activation import silu_and_mul_ref
+from kernels.norm_rope.activation import silu_and_mul_ref
 from runtime.worker.models import dense_linear as dl
 from runtime.worker.models.parallel import RowParallelLinear
 from runtime.worker.tp import TPGroup

@@ -170,7 +170,7 @@ def test_smollm2_fp8_keeps_the_next_token():
 def test_gated_input_is_the_activation_then_the_product(device, tokens):
     """An fp8 down projection given `[gate | up]` and the activation: the product of the
     activation's output (the activation runs first: fused, it measured slower)."""
-    from kernels.activation import silu_and_mul_ref
+    from kernels.norm_rope.activation import silu_and_mul_ref
 
     layer = Fp8Linear(80, 48, bias=False).to(device)
     layer.load_rows(0, weights(48, 80).to(device))
@@ -210,7 +210,7 @@ def test_kernel_and_scaled_mm_paths_match_reference(shape, dtype):
 def test_few_tokens_take_scaled_mm_where_the_table_says_it_wins(monkeypatch):
     """A decode batch whose shape the table gives to cuBLAS quantizes its activations too:
     the product of the per-token-quantized x, not the weight-only one."""
-    from kernels.fp8_quant import per_token_fp8_ref
+    from kernels.gemm.fp8_quant import per_token_fp8_ref
     from runtime.worker.quant import fp8_linear as fl
 
     monkeypatch.setattr(fl, "use_kernel", lambda fp8, m, n, k: False)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bench.offline.kv_quant import compare, make_prompts
-from kernels.store_kv import dequantize_ref, paired_scales, store_kv_ref
+from kernels.kv.store import dequantize_ref, paired_scales, store_kv_ref
 from runtime.config import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.worker import model_runner

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from bench.offline.kv_quant import compare, make_prompts
-from kernels import decode_config
+from kernels.attention import decode_config
 from runtime.model_config import DUMMY_PRESETS, resolve_model
 from runtime.worker.model_runner import ModelRunner
 from tests.worker.batching import greedy
 from tests.worker.test_kv_quant import NEW_TOKENS, ROWS, slots_for
 
-DECODE = sys.modules["kernels.decode_attention"]  # the package re-exports the function
+DECODE = sys.modules["kernels.attention.decode"]  # the package re-exports the function
 
 
 @pytest.mark.gpu

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.kv_copy import copy_slots
+from kernels.kv.copy_slots import copy_slots
 from runtime.messages import BatchPlan
 from runtime.worker.kv_pool import KVPool
 from runtime.worker.kv_transfer import KVTransfer

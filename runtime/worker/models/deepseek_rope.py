@@ -10,7 +10,7 @@ import math
 import torch
 from torch import nn
 
-from kernels.fp8_quant import FP8
+from kernels.gemm.fp8_quant import FP8
 from runtime.worker.models.deepseek_arch import yarn_mscale
 from runtime.worker.quant.block_fp8_linear import BlockFp8Linear
 from runtime.worker.quant.fp8_linear import Fp8Linear, QuantizationError

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.skinny_gemm import MAX_ROWS, skinny_gemm
-from kernels.skinny_gemm_configs import use_kernel
+from kernels.gemm.skinny import MAX_ROWS, skinny_gemm
+from kernels.gemm.skinny_configs import use_kernel
 from runtime.worker.ops import GateAct
 
 

@@ -24,7 +24,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from kernels.rope import ROPE_TYPES, rope_cos_sin_cache
+from kernels.norm_rope.rope import ROPE_TYPES, rope_cos_sin_cache
 from runtime.worker.attention import AttentionBackend, Rotary
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.models.causal_lm import CausalLM, DecoderLayer, Ops, Piece, RMSNorm

@@ -6,7 +6,7 @@ multiple).
 The product follows `fp8_linear`'s split: up to `WEIGHT_ONLY_ROWS` tokens run weight-only
 (16-bit activations, the weight widened in registers); larger batches quantize the activations
 per token and bk-column group, so that each K step of the block GEMM meets one activation scale
-per row and one weight scale per block (`kernels.block_fp8_gemm`, on CUDA). A K that is not a
+per row and one weight scale per block (`kernels.gemm.block_fp8`, on CUDA). A K that is not a
 multiple of bk leaves a partial last group: such layers run weight-only at every batch size.
 Off CUDA the same numbers are computed by dequantizing and multiplying in float32 (the
 reference): correct, not fast.
@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.block_fp8_gemm import block_fp8_gemm, dequantize_blocks
-from kernels.fp8_quant import per_token_group_fp8, per_token_group_fp8_ref
+from kernels.gemm.block_fp8 import block_fp8_gemm, dequantize_blocks
+from kernels.gemm.fp8_quant import per_token_group_fp8, per_token_group_fp8_ref
 from runtime.worker.ops import GateAct
 from runtime.worker.quant.fp8_linear import (
     WEIGHT_ONLY_ROWS,

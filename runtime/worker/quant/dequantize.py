@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.block_fp8_gemm import dequantize_blocks
+from kernels.gemm.block_fp8 import dequantize_blocks
 from runtime.worker.quant.block_fp8_linear import cdiv
 
 

@@ -5,12 +5,12 @@ is what every fp8 layer shares (block scales: `block_fp8_linear`).
 
 At most `WEIGHT_ONLY_ROWS` tokens (decode batches) can run weight-only: the activations stay
 in 16 bits and the product is `y[t, o] = s_w[o] * (x q_w^T)[t, o]`, on CUDA one
-`kernels.skinny_gemm` launch that streams the fp8 weight and widens it in registers (the
+`kernels.gemm.skinny` launch that streams the fp8 weight and widens it in registers (the
 step is bound by weight bytes, and quantizing the few activation rows would cost more than
 it saves). They do so on CUDA wherever the measured table (`use_kernel`) does not say the
 tensor-core path below was faster for that row count and weight shape. Other batches
 quantize each token's activations too, with a scale of their own (dynamic, per token:
-`kernels.fp8_quant`), and the product is `y[t, o] = s_x[t] * s_w[o] * (q_x q_w^T)[t, o]`. On
+`kernels.gemm.fp8_quant`), and the product is `y[t, o] = s_x[t] * s_w[o] * (q_x q_w^T)[t, o]`. On
 a CUDA device with fp8 matmul (compute capability 8.9+) that is one `torch._scaled_mm`
 (row-wise scales, bf16 out); elsewhere, and for shapes `_scaled_mm` refuses (a dim not a
 multiple of 16), the same numbers are computed by dequantizing the operands and multiplying
@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.fp8_quant import FP8, FP8_MAX, per_token_fp8, per_token_fp8_ref
-from kernels.skinny_gemm import MAX_ROWS, skinny_gemm
-from kernels.skinny_gemm_configs import use_kernel
+from kernels.gemm.fp8_quant import FP8, FP8_MAX, per_token_fp8, per_token_fp8_ref
+from kernels.gemm.skinny import MAX_ROWS, skinny_gemm
+from kernels.gemm.skinny_configs import use_kernel
 from runtime.worker.ops import GateAct
 from runtime.worker.tp import TPGroup
 

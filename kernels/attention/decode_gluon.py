@@ -33,8 +33,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from kernels.gluon_operands import WIDEN_ASM, _k_operand, _v_operand, tile_layouts
-from kernels.store_kv import paired_scales
+from kernels.attention.gluon_operands import WIDEN_ASM, _k_operand, _v_operand, tile_layouts
+from kernels.kv.store import paired_scales
 
 WARPS, ROWS, D = 4, 16, 128  # warps; q rows; head dim
 # renamed after Triton 3.6

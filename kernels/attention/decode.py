@@ -16,17 +16,17 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.decode_attention_quant import decode_attention_quant_stage1
-from kernels.decode_config import (
+from kernels.attention.decode_config import (
     GQA_CONFIG,
     MHA_CONFIG,
     DecodeConfig,
     decode_num_splits,
     default_quant_config,
 )
-from kernels.decode_split_merge import _decode_attention_merge_kernel
+from kernels.attention.decode_quant import decode_attention_quant_stage1
+from kernels.attention.split_merge import _decode_attention_merge_kernel
+from kernels.kv.store import QUANT_MAX, dequantize_ref, scale_strides, unscaled_pool
 from kernels.pdl import pdl_args, pdl_wait, prefetch_rows_l2
-from kernels.store_kv import QUANT_MAX, dequantize_ref, scale_strides, unscaled_pool
 
 LOG2E = 1.4426950408889634
 
@@ -215,7 +215,7 @@ def decode_attention(
     if quant:
         config = config or default_quant_config(q, k_buf, page_size)
         if config.gluon:
-            from kernels.decode_attention_gluon import decode_quant_gluon_stage1
+            from kernels.attention.decode_gluon import decode_quant_gluon_stage1
 
             assert q.dtype != torch.float32, "the Gluon stage 1 takes a 16-bit q"
             decode_quant_gluon_stage1(

@@ -1,4 +1,4 @@
-"""The pieces the skinny-matmul kernels (`kernels.skinny_gemm`) share: what a program loads
+"""The pieces the skinny-matmul kernels (`kernels.gemm.skinny`) share: what a program loads
 before its loop (its first weight tile into L2, its channels' scales and biases), an
 activation row as the loop reads it, the row-sum kernel's in-thread partial sums, and how a
 program writes its sums (straight, or split-K through the workspace)."""
@@ -6,7 +6,7 @@ program writes its sums (straight, or split-K through the workspace)."""
 import triton
 import triton.language as tl
 
-from kernels.activation import silu_mul_f32
+from kernels.norm_rope.activation import silu_mul_f32
 from kernels.pdl import prefetch_rows_l2
 
 
@@ -14,7 +14,7 @@ from kernels.pdl import prefetch_rows_l2
 def x_row(row_ptr, offs_k, mask_k, K, GATED: tl.constexpr):
     """Columns `offs_k` of one activation row, float32 `[BK]`: the row of x itself, or (GATED)
     silu(gate) * up of a `[gate | up]` row of 2K, rounded to x's dtype as the standalone
-    activation kernel (`kernels.activation`) rounds its output."""
+    activation kernel (`kernels.norm_rope.activation`) rounds its output."""
     if GATED:
         gate = tl.load(row_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)  # [BK]
         up = tl.load(row_ptr + K + offs_k, mask=mask_k, other=0.0).to(tl.float32)  # [BK]

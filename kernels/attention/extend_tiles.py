@@ -1,4 +1,4 @@
-"""Key tiles of extend attention (`kernels.extend_attention`): each folds one tile of keys
+"""Key tiles of extend attention (`kernels.attention.extend`): each folds one tile of keys
 into a program's running softmax (max, sum) and output accumulator. A prefix tile reads the
 pool through the page table (widening fp8 / int8 codes with their scales in registers), a
 new-token tile reads the new K/V rows; `MASK` off, a tile known to lie within bounds loads

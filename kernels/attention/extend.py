@@ -7,7 +7,7 @@ from `k_new`/`v_new`, so the caller may store them into the pool before or after
 One program handles BLOCK_M rows: new tokens of one query head, or under GQA (packed) tokens
 x the query heads of one kv head, so that a key tile serves the whole group. FlashAttention-
 style online softmax over the prefix tiles, then over the new tiles up to the diagonal
-(`kernels.extend_tiles`); only the tiles that cross an edge (the prefix's last, the
+(`kernels.attention.extend_tiles`); only the tiles that cross an edge (the prefix's last, the
 diagonal's) are masked, the others load and score unmasked. The grid launches a (sequence,
 head)'s row blocks side by side, so that they meet its keys in L2 together, except packed
 programs over a cached prefix, which launch the sequences' blocks of one row range side by
@@ -28,14 +28,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.extend_config import (
+from kernels.attention.extend_config import (
     ExtendConfig,
     default_extend_config,
     fp8_scores_default,
     rows_per_token,
 )
-from kernels.extend_tiles import new_tile, prefix_tile
-from kernels.store_kv import QUANT_MAX, scale_strides, unscaled_pool
+from kernels.attention.extend_tiles import new_tile, prefix_tile
+from kernels.kv.store import QUANT_MAX, scale_strides, unscaled_pool
 
 LOG2E = 1.4426950408889634
 GRID_YZ_MAX = 65535  # CUDA's limit on a grid's second and third axes (the first: 2^31 - 1)

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_align import moe_align_block_size
+from kernels.moe.align import moe_align_block_size
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.decode_config import FP8_CAPABILITY, kernel_capability
+from kernels.attention.decode_config import FP8_CAPABILITY, kernel_capability
 
 # shared memory of each default below (head dim 128, as compiled for sm_90)
 QUANT_SMEM = 161 * 1024  # a quantized prefix: 128 x 128 tiles in 2 stages

@@ -2,9 +2,9 @@
 
 Per token it reads q, k, v straight from the fused QKV projection (any token and head
 strides), optionally RMS-normalizes each q/k head over head_dim first (Qwen3's q/k norm),
-rotates q and k at the token's position (NeoX halves, as `kernels/rope.py`), writes the
+rotates q and k at the token's position (NeoX halves, as `kernels/norm_rope/rope.py`), writes the
 rotated q to a new contiguous tensor and the rotated k plus v into the pool row `slots[t]`
-(quantized per (slot, head) for an fp8/int8 pool, as `kernels/store_kv.py`). An extend also
+(quantized per (slot, head) for an fp8/int8 pool, as `kernels/kv/store.py`). An extend also
 needs the new tokens' K/V as plain tensors (its attention reads them unquantized): `kv_out`
 writes them, contiguous. Every intermediate is rounded to the model dtype where the unfused
 ops (`rmsnorm`, `apply_rope`, `store_kv`) round it, so the pool and q match theirs.
@@ -17,16 +17,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import pdl_args, pdl_wait
-from kernels.rmsnorm import rmsnorm_ref
-from kernels.rope import apply_rope_ref
-from kernels.store_kv import (
+from kernels.kv.store import (
     QUANT_MAX,
     _quantize_store,
     scale_strides,
     store_kv_ref,
     unscaled_pool,
 )
+from kernels.norm_rope.rmsnorm import rmsnorm_ref
+from kernels.norm_rope.rope import apply_rope_ref
+from kernels.pdl import pdl_args, pdl_wait
 
 
 @triton.jit

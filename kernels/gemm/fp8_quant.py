@@ -5,7 +5,7 @@ scale `s = amax(|x|) / 448` (1.0 for an all-zero row), so `x ~= q * s`. One prog
 a first pass over the row finds amax, a second quantizes (the row is still in L2). Scales
 stay on the device: nothing here syncs the host, so it runs inside a CUDA graph.
 `per_token_group_fp8` gives each `group` columns of a row a scale of their own (the input side
-of a block-scaled matmul, `kernels.block_fp8_gemm`), as rows of a reshaped view.
+of a block-scaled matmul, `kernels.gemm.block_fp8`), as rows of a reshaped view.
 """
 
 import torch

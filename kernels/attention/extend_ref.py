@@ -1,11 +1,11 @@
-"""Torch reference of extend attention (`kernels.extend_attention`): one SDPA call per
+"""Torch reference of extend attention (`kernels.attention.extend`): one SDPA call per
 sequence, in float32, over its cached prefix gathered through the page table and its new tokens."""
 
 import torch
 import torch.nn.functional as F
 
-from kernels.paging import expand_pages
-from kernels.store_kv import dequantize_ref, quantize_ref
+from kernels.kv.paging import expand_pages
+from kernels.kv.store import dequantize_ref, quantize_ref
 
 
 def extend_attention_ref(

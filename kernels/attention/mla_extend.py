@@ -19,10 +19,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.decode_attention import LOG2E
-from kernels.mla_decode import check_pool_scale, latent_softmax_step
-from kernels.paging import expand_pages
-from kernels.store_kv import QUANT_MAX, dequantize_ref
+from kernels.attention.decode import LOG2E
+from kernels.attention.mla_decode import check_pool_scale, latent_softmax_step
+from kernels.kv.paging import expand_pages
+from kernels.kv.store import QUANT_MAX, dequantize_ref
 
 
 @triton.jit(do_not_specialize=["heads"])

@@ -29,7 +29,7 @@ must not run concurrently (one compute stream). Under PDL (`kernels.pdl`) each p
 L2 for its first weight tile, and loads its channels' scales and biases, before it waits for
 the kernel before it.
 
-Launch configs come from `kernels.skinny_gemm_configs`, a table measured on the GPU keyed on
+Launch configs come from `kernels.gemm.skinny_configs`, a table measured on the GPU keyed on
 (weight kind, M bucket, N, K), with a rule for shapes it does not hold: no autotuning, so
 nothing is compiled or benchmarked inside a graph capture.
 """
@@ -40,16 +40,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.activation import silu_and_mul_ref
-from kernels.pdl import pdl_args, pdl_wait
-from kernels.skinny_gemm_configs import GATED_CONFIG, SkinnyConfig, m_bucket, pick_config
-from kernels.skinny_gemm_parts import (
+from kernels.gemm.skinny_configs import GATED_CONFIG, SkinnyConfig, m_bucket, pick_config
+from kernels.gemm.skinny_parts import (
     channel_terms,
     first_tile_to_l2,
     fma_fold,
     skinny_finish,
     x_row,
 )
+from kernels.norm_rope.activation import silu_and_mul_ref
+from kernels.pdl import pdl_args, pdl_wait
 
 MAX_ROWS = 16  # x rows one launch handles; larger batches go to the tensor-core GEMMs
 BLOCK_M = 16  # x rows padded to the smallest MMA width

@@ -1,4 +1,4 @@
-"""Launch configs of `kernels.skinny_gemm`, chosen by a table measured on the GPU.
+"""Launch configs of `kernels.gemm.skinny`, chosen by a table measured on the GPU.
 
 `skinny_gemm_table.json` beside this file is what `bench.kernels.skinny_gemm` writes as
 `<out>-table.json`: for each (fp8 weight, M bucket, N, K) it swept, the fastest config and
@@ -41,7 +41,7 @@ class SkinnyConfig:
 
 GATED_CONFIG = SkinnyConfig(block_n=4, block_k=2048, num_warps=4, num_stages=1, dot=False)
 """The row-sum config of a product that takes the MLP's gated activation in its loads
-(`kernels.skinny_gemm`'s `gated`), picked in the bf16 batch-1 step of dummy:llama3-8b on two
+(`kernels.gemm.skinny`'s `gated`), picked in the bf16 batch-1 step of dummy:llama3-8b on two
 H200s (2026-12-03): of seven tried, it and 8 x 2048 (0.6-7 us behind, within the noise) led
 the others by 24-674 us."""
 

@@ -24,9 +24,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.decode_attention import LOG2E, _decode_attention_merge_kernel, decode_num_splits
+from kernels.attention.decode import LOG2E, _decode_attention_merge_kernel, decode_num_splits
+from kernels.kv.store import QUANT_MAX, dequantize_ref
 from kernels.pdl import pdl_args
-from kernels.store_kv import QUANT_MAX, dequantize_ref
 
 
 @dataclass(frozen=True)

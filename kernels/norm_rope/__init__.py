@@ -1,0 +1,2 @@
+"""Per-token elementwise kernels: RMSNorm (with a fused residual add), rotary embedding,
+and the gated activation."""
