@@ -2,9 +2,12 @@
 (safetensors, one file or sharded with `model.safetensors.index.json`) or random (`dummy:`).
 
 Nothing is materialized twice: parameters are allocated once on the target device and dtype,
-then filled in place, tensor by tensor. Under tensor parallelism every rank reads (or draws)
-each whole checkpoint tensor and keeps its share, cut as `tp_split_dim` says, so a dummy
-model's shards at `--tp N` are exactly the slices of its weights at `--tp 1`.
+then filled in place, tensor by tensor. Checkpoint files are memory-mapped and each tensor is
+copied from the mapped pages straight into its parameter (`safetensors_reader`): no copy of
+the model is ever made in host memory, and under tensor parallelism each rank reads only its
+share of each tensor, cut as `tp_split_dim` says. Random weights are drawn whole and cut the
+same way, so a dummy model's shards at `--tp N` are exactly the slices of its weights at
+`--tp 1`.
 
 With `quantization="fp8"` the projections are allocated in fp8 and each 16-bit tensor is
 quantized as it arrives (`Fp8Linear.load_rows`), after its TP cut: the model never exists in
@@ -14,10 +17,10 @@ quantized as it arrives (`Fp8Linear.load_rows`), after its TP cut: the model nev
 from __future__ import annotations
 
 import json
+from contextlib import closing
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from runtime.model_config import ModelSpec
 from runtime.worker.models.deepseek import DeepseekForCausalLM
@@ -26,6 +29,7 @@ from runtime.worker.models.deepseek_arch import SUPPORTED_TYPES as DEEPSEEK_TYPE
 from runtime.worker.models.deepseek_arch import DeepseekArch
 from runtime.worker.models.llama import LlamaArch, LlamaForCausalLM, tp_split_dim
 from runtime.worker.quant.fp8_linear import Fp8Linear
+from runtime.worker.safetensors_reader import WeightLoadError, rank_part, read_slices
 from runtime.worker.tp import TPGroup
 
 DUMMY_STD = 0.02
@@ -41,29 +45,32 @@ def build_model(config, tp: TPGroup | None, quantization: str) -> CausalLM:
     return LlamaForCausalLM(LlamaArch.from_hf(config), tp, quantization)
 
 
-class WeightLoadError(RuntimeError):
-    """A checkpoint does not fit the model built from its config."""
-
-
 def load_model(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype,
                seed: int = 0, tp: TPGroup | None = None,
                quantization: str = "none") -> CausalLM:
     """The model for `spec` (this rank's shard of it) on `device` in `dtype`, with its
     weights (projections in fp8 with `quantization="fp8"`), in eval mode."""
-    with torch.device("meta"):
-        model = build_model(spec.hf_config(), tp, quantization)
-    model.to(dtype=dtype)  # still meta: no memory touched
-    for module in model.modules():
-        if isinstance(module, Fp8Linear):
-            module.restore_storage()
-    model.to_empty(device=device)  # one uninitialized allocation per parameter
-    model.requires_grad_(False)
+    model = empty_model(spec.hf_config(), device, dtype, tp, quantization)
     if spec.path is None:
         init_dummy(model, seed)
     else:
         load_hf_folder(model, Path(spec.path))
     model.init_buffers()
     return model.eval()
+
+
+def empty_model(config, device: torch.device | str, dtype: torch.dtype,
+                tp: TPGroup | None = None, quantization: str = "none") -> CausalLM:
+    """The model for a transformers `config` with its parameters allocated on `device`
+    (fp8 projections in fp8, the rest in `dtype`) and not initialized."""
+    with torch.device("meta"):
+        model = build_model(config, tp, quantization)
+    model.to(dtype=dtype)  # still meta: no memory touched
+    for module in model.modules():
+        if isinstance(module, Fp8Linear):
+            module.restore_storage()
+    model.to_empty(device=device)  # one uninitialized allocation per parameter
+    return model.requires_grad_(False)
 
 
 def init_dummy(model: CausalLM, seed: int) -> None:
@@ -96,9 +103,9 @@ def init_dummy(model: CausalLM, seed: int) -> None:
 
 
 class ShardLoader:
-    """Copies whole checkpoint tensors, by their transformers names, into this rank's
-    (possibly fused) parameters, quantizing those of fp8 layers, and tracks which are still
-    missing."""
+    """Copies checkpoint tensors, by their transformers names, into this rank's (possibly
+    fused) parameters, quantizing those of fp8 layers, and tracks which are still missing.
+    A tensor comes whole (cut here to this rank's share) or already cut (`rank_part`)."""
 
     def __init__(self, model: CausalLM) -> None:
         self.tp = model.tp
@@ -110,19 +117,33 @@ class ShardLoader:
         self.split_dim = (deepseek_split_dim if isinstance(model, DeepseekForCausalLM)
                           else tp_split_dim)
 
+    def _dest(self, name: str) -> torch.Tensor:
+        param_name, start, rows = self.targets[name]
+        return self.params[param_name].narrow(0, start, rows)
+
+    def whole_shape(self, name: str) -> tuple[int, ...]:
+        """The shape checkpoint tensor `name` must have: its destination's, times the TP
+        size along the dim it is split on."""
+        shape = list(self._dest(name).shape)
+        dim = self.split_dim(name) if self.tp.size > 1 else None
+        if dim is not None:
+            shape[dim] *= self.tp.size
+        return tuple(shape)
+
     def put(self, name: str, tensor: torch.Tensor) -> None:
         param_name, start, rows = self.targets[name]
-        dest = self.params[param_name].narrow(0, start, rows)
+        dest = self._dest(name)
         dim = self.split_dim(name) if self.tp.size > 1 else None
-        if dim is not None and tensor.shape[dim] % self.tp.size == 0:
-            tensor = tensor.chunk(self.tp.size, dim)[self.tp.rank]  # this rank's share
+        if dim is not None and tensor.dim() > dim and tensor.shape[dim] != dest.shape[dim]:
+            tensor = tensor.chunk(self.tp.size, dim)[self.tp.rank]  # whole: this rank's share
         if tensor.shape != dest.shape:
             raise WeightLoadError(f"{name}: checkpoint shape {tuple(tensor.shape)}, "
                                   f"model expects {tuple(dest.shape)}")
         if param_name in self.fp8:
             self.fp8[param_name].load_rows(start, tensor)
         else:
-            dest.copy_(tensor)  # converts dtype, moves to the device
+            # converts dtype, moves to the device; a host tensor is staged by the copy itself
+            dest.copy_(tensor, non_blocking=True)
         self.pending.discard(name)
 
     def check_complete(self, source: str) -> None:
@@ -136,7 +157,12 @@ def checkpoint_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.exists():
         weight_map = json.loads(index.read_text())["weight_map"]
-        return [folder / name for name in sorted(set(weight_map.values()))]
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.exists()]
+        if missing:
+            raise WeightLoadError(f"{index}: lists {len(missing)} missing file(s): "
+                                  f"{', '.join(missing[:3])}")
+        return files
     single = folder / "model.safetensors"
     if single.exists():
         return [single]
@@ -147,19 +173,27 @@ def checkpoint_files(folder: Path) -> list[Path]:
 
 
 def load_hf_folder(model: CausalLM, folder: Path) -> None:
-    """Copy every checkpoint tensor into its (possibly fused) parameter, converting dtype.
+    """Copy every checkpoint tensor (this rank's part of it) into its (possibly fused)
+    parameter, converting dtype, reading each file once in file order.
 
-    Raises WeightLoadError for a missing tensor, an unknown one, or a shape mismatch. With
-    tied embeddings an `lm_head.weight` in the file is ignored (the head reads embed_tokens).
+    Raises WeightLoadError, naming the file and tensor, for a truncated or unreadable file,
+    a missing tensor, an unknown one, or a shape mismatch. With tied embeddings an
+    `lm_head.weight` in the file is ignored (the head reads embed_tokens).
     """
     loader = ShardLoader(model)
+
+    def wanted(name: str) -> bool:
+        return not (name.endswith(IGNORED_SUFFIXES) or (
+            name == "lm_head.weight" and model.arch.tie_word_embeddings))
+
     for path in checkpoint_files(folder):
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                if name.endswith(IGNORED_SUFFIXES) or (
-                        name == "lm_head.weight" and model.arch.tie_word_embeddings):
-                    continue
+        with closing(read_slices(path, wanted)) as slices:
+            for name, sl in slices:
                 if name not in loader.targets:
-                    raise WeightLoadError(f"{path.name}: unexpected tensor {name}")
-                loader.put(name, f.get_tensor(name))
+                    raise WeightLoadError(f"{path}: unexpected tensor {name}")
+                shape, expected = tuple(sl.get_shape()), loader.whole_shape(name)
+                if shape != expected:
+                    raise WeightLoadError(f"{path}: tensor {name} has shape {shape}, "
+                                          f"the model expects {expected}")
+                loader.put(name, rank_part(sl, name, loader.tp, loader.split_dim))
     loader.check_complete(str(folder))
