@@ -2,13 +2,14 @@
 
     python -m bench.load [--preset llama3-8b] [--dir /tmp/sluice-load-<preset>]
                          [--shard-size 5GB] [--device auto|cpu|cuda] [--dtype auto]
-                         [--quantization none|fp8] [--no-engine]
+                         [--quantization none|fp8] [--repeats 1] [--no-engine]
                          [--out bench/results/<date>-load-<preset>-<cpu|gpu>]
 
 1. write: a random bf16 checkpoint of the preset's shape (`bench.load_checkpoint`), sharded
    as Hub checkpoints are; a folder written with the same arguments is reused.
 2. read: every file read once, in 64 MiB reads on one thread: the disk's read speed, and
-   the time a load cannot beat.
+   the time a load should not exceed by much. With `--repeats N` steps 2 and 3 alternate N
+   times and the medians are reported.
 3. load, cold: `load_model` in this process: wall time against the read's, peak anonymous
    memory (`RssAnon`, sampled every 5 ms) above the interpreter's just before (CUDA context
    included on a GPU), peak RSS, peak GPU memory allocated.
@@ -134,6 +135,17 @@ def engine_pass(folder: Path, device: str, dtype: str, quantization: str) -> dic
             "worker_peak_anon_gb": worker.rss_anon / GB, "worker_peak_rss_gb": worker.hwm / GB}
 
 
+def median_pass(passes: list[dict]) -> dict:
+    """The pass of median time, with every pass's time (`all_s`) and the largest memory
+    peaks of any."""
+    out = dict(sorted(passes, key=lambda p: p["s"])[len(passes) // 2])
+    out["all_s"] = [p["s"] for p in passes]
+    for key in ("anon_over_base_gb", "anon_over_model_gb", "peak_rss_gb", "gpu_peak_gb"):
+        if out.get(key) is not None:
+            out[key] = max(p[key] for p in passes)
+    return out
+
+
 def run(args: argparse.Namespace) -> dict:
     """Every pass of the benchmark; the results by pass."""
     device = resolve_device(args.device)
@@ -145,10 +157,13 @@ def run(args: argparse.Namespace) -> dict:
     res: dict = {"write_s": time.perf_counter() - t0 if written else None,
                  "files": [p.name for p in paths],
                  "checkpoint_gb": sum(p.stat().st_size for p in paths) / GB}
-    evict(paths)
-    res["read"] = read_pass(paths)
-    evict(paths)
-    res["load_cold"] = load_pass(args.dir, device, dtype, args.quantization)
+    reads, colds = [], []
+    for _ in range(args.repeats):  # interleaved: a busy disk slows both alike
+        evict(paths)
+        reads.append(read_pass(paths))
+        evict(paths)
+        colds.append(load_pass(args.dir, device, dtype, args.quantization))
+    res["read"], res["load_cold"] = median_pass(reads), median_pass(colds)
     read_pass(paths)  # every page in the cache
     res["load_warm"] = load_pass(args.dir, device, dtype, args.quantization)
     if args.quantization != "none":
@@ -163,6 +178,10 @@ def run(args: argparse.Namespace) -> dict:
 
 def _f(x: float | None, digits: int = 2) -> str:
     return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def runs(p: dict) -> str:
+    return "" if len(p["all_s"]) == 1 else "; median of " + ", ".join(_f(s) for s in p["all_s"])
 
 
 def _verdict(ok: bool) -> str:
@@ -183,9 +202,9 @@ def markdown(meta: dict, res: dict) -> str:
              + f"; the model in memory {cold['model_gb']:.2f} GB.", "",
              "| phase | seconds | notes |", "|---|---:|---|",
              f"| read the files once | {_f(read['s'])} | {read['gb_s']:.2f} GB/s: the disk, "
-             "one thread, 64 MiB reads, cold page cache |",
+             f"one thread, 64 MiB reads, cold page cache{runs(read)} |",
              f"| load, cold | {_f(cold['s'])} | {ratio:.2f}x the read "
-             f"(reading, copying{', quantizing' if quant else ''}) |",
+             f"(reading, copying{', quantizing' if quant else ''}){runs(cold)} |",
              f"| load, warm | {_f(warm['s'])} | copying{' and quantizing' if quant else ''} "
              "alone: the files in the page cache |"]
     if "quantize_s" in res:
@@ -207,7 +226,8 @@ def markdown(meta: dict, res: dict) -> str:
     if eng:
         lines.append(f"| Engine worker (whole process) | {_f(eng['worker_peak_anon_gb'])} "
                      f"(absolute) | - | {_f(eng['worker_peak_rss_gb'])} | - |")
-    lines += ["", f"Interpreter before the cold load: {cold['base_anon_gb']:.2f} GB RssAnon. "
+    lines += ["", "Memory: the largest peak of any pass. "
+              f"Interpreter before the cold load: {cold['base_anon_gb']:.2f} GB RssAnon. "
               "Peak RSS counts the mapped checkpoint pages a process touched; RssAnon does not.",
               "", "Targets (GPU, Llama-3-8B shape):", "",
               f"- cold load <= {LOAD_TARGET}x the read: "
@@ -234,6 +254,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="the model's dtype (auto: bfloat16 on a GPU, float32 on the CPU)")
     parser.add_argument("--quantization", default="none", choices=("none", "fp8"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="read and cold-load passes, interleaved (the median is reported)")
     parser.add_argument("--no-engine", dest="engine", action="store_false",
                         help="skip the Engine start-up pass")
     parser.add_argument("--out", help="output prefix (default bench/results/<date>-load-"

@@ -131,7 +131,8 @@ class ShardLoader:
         return tuple(shape)
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
-        param_name, start, rows = self.targets[name]
+        """Place checkpoint tensor `name`, whole or this rank's part, in its parameter."""
+        param_name, start, _ = self.targets[name]
         dest = self._dest(name)
         dim = self.split_dim(name) if self.tp.size > 1 else None
         if dim is not None and tensor.dim() > dim and tensor.shape[dim] != dest.shape[dim]:

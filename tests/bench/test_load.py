@@ -24,7 +24,7 @@ def report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("load")
     folder, out = tmp / "ckpt", tmp / "report"
     res = main(["--preset", "tiny", "--dir", str(folder), "--shard-size", SHARD,
-                "--device", "cpu", "--out", str(out)])
+                "--device", "cpu", "--repeats", "2", "--out", str(out)])
     return folder, out, res
 
 
@@ -40,6 +40,7 @@ def test_the_report_has_every_figure(report):
         assert r["s"] > 0 and r["base_anon_gb"] > 0 and r["peak_rss_gb"] > 0
         assert r["model_gb"] == pytest.approx(2 * res["checkpoint_gb"], rel=0.01)  # fp32
         assert {"anon_over_base_gb", "anon_over_model_gb", "gpu_peak_gb"} <= r.keys()
+    assert len(res["read"]["all_s"]) == len(res["load_cold"]["all_s"]) == 2
     eng = res["engine"]
     assert eng["generated"] == 4 and eng["start_s"] > 0 and eng["worker_peak_rss_gb"] > 0
     md = out.with_suffix(".md").read_text()
