@@ -9,6 +9,9 @@ descendant (looked up again every `scan_every` samples), and keeps each one's pe
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import os
 import re
 import threading
@@ -27,6 +30,15 @@ def status_bytes(pid: int | str = "self") -> dict[str, int]:
         return {}
     found = {k: re.search(rf"^{k}:\s+(\d+) kB", text, re.M) for k in _FIELDS}
     return {k: int(m.group(1)) * 1024 for k, m in found.items() if m}
+
+
+def release_free_memory() -> None:
+    """Collect garbage and hand the allocator's free pages back to the kernel (glibc's
+    `malloc_trim`), so RssAnon counts live memory only: a baseline taken after a large
+    tensor was freed would otherwise still include it."""
+    gc.collect()
+    with contextlib.suppress(AttributeError, OSError):  # not glibc: nothing to trim
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def descendants(root: int) -> list[int]:

@@ -27,7 +27,6 @@ CPU the model's own weights are host memory: the report subtracts them from the 
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import re
 import sys
@@ -36,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from bench.host_memory import MemorySampler, status_bytes
+from bench.host_memory import MemorySampler, release_free_memory, status_bytes
 from bench.load_checkpoint import write_checkpoint
 from bench.offline import git_commit
 from bench.offline_parts import device_info
@@ -93,7 +92,7 @@ def _sync(device: torch.device) -> None:
 def load_pass(folder: Path, device: torch.device, dtype: torch.dtype,
               quantization: str) -> dict:
     """`load_model` of the folder: seconds, the model's bytes, peak memory."""
-    gc.collect()
+    release_free_memory()
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)

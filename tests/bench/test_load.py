@@ -8,11 +8,13 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig
 
+from bench.host_memory import MemorySampler, release_free_memory, status_bytes
 from bench.load import main, parse_size
 from bench.load_checkpoint import state_dict
 from runtime.model_config import resolve_model
+from runtime.worker.loader import empty_model, load_hf_folder
 from runtime.worker.model_runner import ModelRunner
 from tests.worker.batching import Chunk, Driver
 
@@ -78,3 +80,21 @@ def test_the_folder_loads_to_the_weights_it_was_drawn_from(report):
 def test_parse_size():
     assert parse_size("5GB") == 5 * 10**9 and parse_size("100MB") == 10**8
     assert parse_size("2GiB") == 2 * 2**30 and parse_size("1234") == 1234
+
+
+def test_filling_a_model_copies_no_tensor_to_the_host(tmp_path):
+    """Loading into allocated (and touched) parameters adds no checkpoint tensor's worth of
+    anonymous host memory (RssAnon sampled every 5 ms): the copies read views of the mapped
+    file, converting bf16 to fp32 on the fly."""
+    config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=8, vocab_size=32000)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(tmp_path)
+    model = empty_model(resolve_model(str(tmp_path)).hf_config(), "cpu", torch.float32)
+    for p in model.parameters():
+        p.zero_()  # every page of the model resident before the baseline
+    largest = max(p.numel() * p.element_size() for p in model.parameters())  # fp32 embedding
+    release_free_memory()
+    base = status_bytes()["RssAnon"]
+    with MemorySampler() as mem:
+        load_hf_folder(model, tmp_path)
+    assert mem.own.rss_anon - base < largest / 2  # less than the bf16 embedding
