@@ -238,7 +238,9 @@ def markdown(meta: dict, res: dict) -> str:
         lines.append(f"- Engine() start-up <= {ENGINE_TARGET_S:g} s: "
                      f"**{_verdict(eng['start_s'] <= ENGINE_TARGET_S)}** ({eng['start_s']:.1f} s)")
     if cpu:
-        lines += ["", "A CPU run: the targets are the GPU's, shown for reference."]
+        lines += ["", "A CPU run: the targets are the GPU's, shown for reference. Here the "
+                  "weights are host memory, so each load also takes the kernel's zeroing of "
+                  "their pages on first touch (the warm load shows it without the disk)."]
     return "\n".join(lines) + "\n"
 
 
