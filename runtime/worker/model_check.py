@@ -18,6 +18,7 @@ from runtime.model_config import MODEL_ERRORS, ModelSpec, spec_for
 from runtime.worker.loader import WeightLoadError, build_model
 from runtime.worker.tp import TPGroup
 
+
 class UnsupportedModel(ValueError):
     """The model's config asks for something the worker cannot build or load."""
 
