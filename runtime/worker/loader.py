@@ -2,25 +2,28 @@
 (safetensors, one file or sharded with `model.safetensors.index.json`) or random (`dummy:`).
 
 Nothing is materialized twice: parameters are allocated once on the target device and dtype,
-then filled in place, tensor by tensor. Under tensor parallelism every rank reads (or draws)
-each whole checkpoint tensor and keeps its share, cut as `tp_split_dim` says, so a dummy
-model's shards at `--tp N` are exactly the slices of its weights at `--tp 1`.
+then filled in place, tensor by tensor. Checkpoint files are memory-mapped and each tensor is
+copied from the mapped pages straight into its parameter (`safetensors_reader`): no copy of
+the model is ever made in host memory, and under tensor parallelism each rank reads only its
+share of each tensor, cut as `tp_split_dim` says. Random weights are drawn whole and cut the
+same way, so a dummy model's shards at `--tp N` are exactly the slices of its weights at
+`--tp 1`.
 
 With `quantization="fp8"` the projections are allocated in fp8 and each 16-bit tensor is
 quantized as it arrives (`Fp8Linear.load_rows`), after its TP cut: the model never exists in
 16 bits on the device, one tensor at a time does. An fp8 checkpoint (`QuantScheme` from its
 config.json) is copied as it is: fp8 weights raw, their scales into the fp8 layers' scale
 buffers, each cut for TP like its weight; fp8 weights the model keeps in 16 bits are
-dequantized once their scales are in (`ShardLoader`).
+dequantized once their scales are in (`ShardLoader`). Scales (tiny) and those dequantized
+weights (a few per layer at most) are read whole and cut after.
 """
 
 from __future__ import annotations
 
-import json
+from contextlib import closing
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from kernels.gemm.fp8_quant import FP8
 from runtime.model_config import ModelSpec
@@ -35,11 +38,19 @@ from runtime.worker.quant.fp8_linear import (
     tp_share,
 )
 from runtime.worker.quant.scheme import QuantScheme
+from runtime.worker.safetensors_reader import (
+    FP8_DTYPE,
+    WeightLoadError,
+    checkpoint_files,
+    rank_part,
+    read_slices,
+)
 from runtime.worker.tp import TPGroup
 
 DUMMY_STD = 0.02
 # tensors some checkpoints carry that we recompute or do not use
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+SCALE_LEAVES = (".weight_scale", ".weight_scale_inv", ".input_scale")  # fp8 checkpoints'
 
 
 def build_model(config, tp: TPGroup | None, quantization: str) -> CausalLM:
@@ -48,18 +59,28 @@ def build_model(config, tp: TPGroup | None, quantization: str) -> CausalLM:
     return model_class(config).from_hf(config, tp, quantization)
 
 
-class WeightLoadError(RuntimeError):
-    """A checkpoint does not fit the model built from its config."""
-
-
 def load_model(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype,
                seed: int = 0, tp: TPGroup | None = None,
                quantization: str = "none") -> CausalLM:
     """The model for `spec` (this rank's shard of it) on `device` in `dtype`, with its
     weights (projections in fp8 with `quantization="fp8"` or from an fp8 checkpoint), in
     eval mode."""
+    model = empty_model(spec.hf_config(), device, dtype, tp, quantization)
+    if spec.path is None:
+        init_dummy(model, seed)
+    else:
+        load_hf_folder(model, Path(spec.path))
+    model.init_buffers()
+    return model.eval()
+
+
+def empty_model(config, device: torch.device | str, dtype: torch.dtype,
+                tp: TPGroup | None = None, quantization: str = "none") -> CausalLM:
+    """The model for a transformers `config` with its parameters allocated on `device`
+    (fp8 weights in fp8 with float32 scales, the rest in `dtype`) and not initialized.
+    Raises QuantizationError for an fp8 checkpoint on a device without fp8 matmul."""
     with torch.device("meta"):
-        model = build_model(spec.hf_config(), tp, quantization)
+        model = build_model(config, tp, quantization)
     if model.quant.shipped:
         check_fp8_support(torch.device(device), what="an fp8 checkpoint",
                           instead="serve a 16-bit checkpoint of the model")
@@ -68,13 +89,7 @@ def load_model(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype,
         if isinstance(module, Fp8Weights):
             module.restore_storage()
     model.to_empty(device=device)  # one uninitialized allocation per parameter
-    model.requires_grad_(False)
-    if spec.path is None:
-        init_dummy(model, seed)
-    else:
-        load_hf_folder(model, Path(spec.path))
-    model.init_buffers()
-    return model.eval()
+    return model.requires_grad_(False)
 
 
 def init_dummy(model: CausalLM, seed: int) -> None:
@@ -107,8 +122,9 @@ def init_dummy(model: CausalLM, seed: int) -> None:
 
 
 class ShardLoader:
-    """Copies whole checkpoint tensors, by their transformers names, into this rank's
-    (possibly fused) parameters, and tracks which are still missing.
+    """Copies checkpoint tensors, by their transformers names, into this rank's (possibly
+    fused) parameters, and tracks which are still missing. A tensor comes whole (cut here to
+    this rank's share) or already cut (`read`, through `rank_part`).
 
     fp8 layers take 16-bit tensors quantized (`--quantization fp8`), or an fp8 checkpoint's
     weights raw with their scales (`<module>.weight_scale_inv` / `.weight_scale`, each cut for
@@ -150,26 +166,65 @@ class ShardLoader:
             if layer is not None:
                 self.pending.add(base + self.quant.scale_names[0])  # any of the names does
 
-    def put(self, name: str, tensor: torch.Tensor) -> None:
+    def _dest(self, name: str) -> torch.Tensor:
+        param_name, start, rows = self.targets[name]
+        return self.params[param_name].narrow(0, start, rows)
+
+    def whole_shape(self, name: str) -> tuple[int, ...]:
+        """The shape checkpoint weight `name` (not a scale) must have: its destination's,
+        times the TP size along the dim it is split on."""
+        shape = list(self._dest(name).shape)
+        dim = self._dim(name)
+        if dim is not None:
+            shape[dim] *= self.tp.size
+        return tuple(shape)
+
+    def read(self, path: Path, name: str, sl) -> None:
+        """Place checkpoint tensor `name` of file `path` from its safetensors slice `sl`: this
+        rank's part read straight from the mapped file, except scales and fp8 weights bound
+        for 16-bit parameters, which are read whole and cut once dequantized (`put`)."""
+        if name not in self.targets:
+            if name.endswith(SCALE_LEAVES) and not self.quant.shipped:
+                raise WeightLoadError(f"{path}: {name} is a quantization scale but config.json "
+                                      "has no quantization_config saying how to use it")
+            raise WeightLoadError(f"{path}: unexpected tensor {name}")
+        if name in self.scale_of:
+            self.put(name, sl[...])
+            return
+        shape, expected = tuple(sl.get_shape()), self.whole_shape(name)
+        if shape != expected:
+            raise WeightLoadError(f"{path}: tensor {name} has shape {shape}, "
+                                  f"the model expects {expected}")
+        if sl.get_dtype() == FP8_DTYPE and self.targets[name][0] not in self.fp8:
+            self.put(name, sl[...])
+        else:
+            self.put(name, rank_part(sl, name, self.tp, self.split_dim), whole=False)
+
+    def put(self, name: str, tensor: torch.Tensor, whole: bool = True) -> None:
+        """Place checkpoint tensor `name` in its parameter: the whole tensor, or with
+        `whole=False` this rank's part of it (never a scale, nor an fp8 weight bound for a
+        16-bit parameter: those are cut after dequantizing)."""
         if tensor.dtype == FP8 and not self.quant.shipped:
             raise WeightLoadError(f"{name} is {tensor.dtype} but config.json has no "
                                   "quantization_config saying how to scale it")
         if name in self.scale_of:
             self._put_scale(name, tensor)
             return
-        param_name, start, rows = self.targets[name]
+        param_name, start, _ = self.targets[name]
         layer = self.fp8.get(param_name)
         if tensor.dtype == FP8 and layer is None:
             tensor = self._dequantized(name, weight=tensor)
             if tensor is None:
                 return  # until its scale is in
-        tensor = tp_share(tensor, self._dim(name), self.tp)  # this rank's share
-        dest = self.params[param_name].narrow(0, start, rows)
+        if whole:
+            tensor = tp_share(tensor, self._dim(name), self.tp)  # this rank's share
+        dest = self._dest(name)
         if tensor.shape != dest.shape:
             raise WeightLoadError(f"{name}: checkpoint shape {tuple(tensor.shape)}, "
                                   f"model expects {tuple(dest.shape)}")
         if layer is None:
-            dest.copy_(tensor)  # converts dtype, moves to the device
+            # converts dtype (on the device), moves there; a host tensor is staged by the copy
+            dest.copy_(tensor, non_blocking=True)
         elif tensor.dtype == FP8:
             layer.load_fp8_rows(start, tensor)
         elif self.quant.shipped:
@@ -222,35 +277,22 @@ class ShardLoader:
             raise WeightLoadError(f"{source}: {len(self.pending)} tensors missing, e.g. {shown}")
 
 
-def checkpoint_files(folder: Path) -> list[Path]:
-    """The safetensors files of a HF folder, sharded (via the index) or single."""
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [folder / name for name in sorted(set(weight_map.values()))]
-    single = folder / "model.safetensors"
-    if single.exists():
-        return [single]
-    found = sorted(folder.glob("*.safetensors"))
-    if not found:
-        raise WeightLoadError(f"no .safetensors files in {folder}")
-    return found
-
-
 def load_hf_folder(model: CausalLM, folder: Path) -> None:
-    """Copy every checkpoint tensor into its (possibly fused) parameter, converting dtype.
+    """Copy every checkpoint tensor (this rank's part of it) into its (possibly fused)
+    parameter, converting dtype, reading each file once in file order.
 
-    Raises WeightLoadError for a missing tensor, an unknown one, or a shape mismatch. With
-    tied embeddings an `lm_head.weight` in the file is ignored (the head reads embed_tokens).
+    Raises WeightLoadError, naming the file and tensor, for a truncated or unreadable file,
+    a missing tensor, an unknown one, or a shape mismatch. With tied embeddings an
+    `lm_head.weight` in the file is ignored (the head reads embed_tokens).
     """
     loader = ShardLoader(model)
+
+    def wanted(name: str) -> bool:
+        return not (name.endswith(IGNORED_SUFFIXES) or (
+            name == "lm_head.weight" and model.arch.tie_word_embeddings))
+
     for path in checkpoint_files(folder):
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                if name.endswith(IGNORED_SUFFIXES) or (
-                        name == "lm_head.weight" and model.arch.tie_word_embeddings):
-                    continue
-                if name not in loader.targets:
-                    raise WeightLoadError(f"{path.name}: unexpected tensor {name}")
-                loader.put(name, f.get_tensor(name))
+        with closing(read_slices(path, wanted)) as slices:
+            for name, sl in slices:
+                loader.read(path, name, sl)
     loader.check_complete(str(folder))

@@ -142,8 +142,15 @@ def test_a_dequantized_tensor_needs_its_scale(tmp_path):
         load_model(resolve_model(str(fp8_dir)), "cpu", torch.float32)
 
 
-def test_fp8_tensors_without_a_quantization_config_are_refused(tmp_path):
+@pytest.mark.parametrize("drop_scales, message", [
+    (False, r"weight_scale is a quantization scale but config.json has no quantization_config"),
+    (True, r"is torch.float8_e4m3fn but config.json has no quantization_config"),
+])
+def test_fp8_tensors_without_a_quantization_config_are_refused(tmp_path, drop_scales, message):
+    """Refused by whichever the file holds first: a scale, or an fp8 weight."""
     fp8_dir, _ = write_fp8_pair(tiny_hf("llama"), "ct-channel", tmp_path)
     set_quantization_config(fp8_dir, None)
-    with pytest.raises(WeightLoadError, match=r"float8_e4m3fn but config.json has no "):
+    if drop_scales:
+        rewrite(fp8_dir, lambda t: [t.pop(n) for n in list(t) if n.endswith("_scale")])
+    with pytest.raises(WeightLoadError, match=message):
         load_model(resolve_model(str(fp8_dir)), "cpu", torch.float32, quantization="fp8")

@@ -159,8 +159,9 @@ class Fp8Weights(nn.Module):
         raise NotImplementedError
 
     def load_fp8_rows(self, start: int, q: torch.Tensor) -> None:
-        """Copy a checkpoint's fp8 rows `q` `[rows, in]` into output rows start..start+rows."""
-        self.weight.narrow(0, start, q.shape[0]).copy_(q)
+        """Copy a checkpoint's fp8 rows `q` `[rows, in]` (on any device, a host tensor staged
+        by the copy itself) into output rows start..start+rows."""
+        self.weight.narrow(0, start, q.shape[0]).copy_(q, non_blocking=True)
 
     def restore_storage(self) -> None:
         """`Module.to(dtype)` casts every floating tensor, fp8 and the scales included: give

@@ -1,0 +1,5 @@
+"""`python -m bench.load`: see `bench.load.driver`."""
+
+from bench.load.driver import main
+
+main()
