@@ -4,7 +4,6 @@ and the table it writes keeping the rows it did not measure."""
 import json
 
 from bench.kernels.skinny_gemm import fits, grid, merged_table
-
 from kernels.gemm.skinny_configs import SkinnyConfig
 
 
