@@ -4,7 +4,7 @@ blocks partial when N or K is not a multiple), as block-quantized fp8 checkpoint
 
 Two modes, one kernel:
 - w8a8: x is fp8 too, quantized per token and GROUP_K-column group (`x_scale`
-  `[M, ceil(K / GROUP_K)]`, `kernels.fp8_quant.per_token_group_fp8`); tiles multiply on the
+  `[M, ceil(K / GROUP_K)]`, `kernels.gemm.fp8_quant.per_token_group_fp8`); tiles multiply on the
   fp8 tensor cores.
 - weight-only: x in 16 bits (or float32), each W tile widened to x's dtype in registers.
 The K tile is one scale block (BLOCK_K = GROUP_K), so each K step's partial product is
