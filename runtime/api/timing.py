@@ -72,7 +72,16 @@ class RequestTimings:
             timer.queue_time = out.queue_time
             self.prompt_tokens += out.prompt_tokens
             self.cached_tokens += out.cached_tokens
-        n = len(out.token_ids)
+        self._tokens(timer, len(out.token_ids), now)
+
+    def on_token(self, key: str, now: float) -> None:
+        """Account for one output token that came alone (see `BatchOut`)."""
+        timer = self._timers.get(key)
+        if timer is not None:
+            self._tokens(timer, 1, now)
+
+    def _tokens(self, timer: _Timer, n: int, now: float) -> None:
+        """`n` output tokens of one request arrived together at `now`."""
         if not n:
             return
         self.generation_tokens += n
@@ -82,7 +91,10 @@ class RequestTimings:
             gap = 0.0
         else:  # tokens that arrive together share the gap since the previous arrival
             gap = (now - timer.last_token) / n
-        timer.itl.extend([gap] * n)
+        if n == 1:
+            timer.itl.append(gap)
+        else:
+            timer.itl.extend([gap] * n)
         timer.last_token = now
 
     def finish(self, key: str, outcome: FinishReason, completion_tokens: int,

@@ -26,7 +26,6 @@ from runtime.api.admission import check_admission
 from runtime.api.aio_queue import AsyncPullQueue, AsyncPushQueue
 from runtime.api.chat import chat_prompt_text, conversation_chars, role_markers
 from runtime.api.detokenize import IncrementalDetokenizer
-from runtime.api.detokenize_batch import BatchDecoder
 from runtime.api.dispatch import apply_batch
 from runtime.api.errors import EngineDeadError
 from runtime.api.openai_protocol import ChatMessage
@@ -79,7 +78,6 @@ class TokenizerManager:
             self.tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer_path)
             vocab = min(vocab, len(self.tokenizer))
         self.vocab_size: int = vocab
-        self._decoder = BatchDecoder(self.tokenizer) if self.tokenizer is not None else None
         self._prompts = PromptTokenizer(self.tokenizer) if self.tokenizer is not None else None
         self._reqs: dict[str, ReqState] = {}  # by the key the scheduler knows it by
         self._by_rid: dict[str, ReqState] = {}  # by the caller's rid
@@ -367,7 +365,7 @@ class TokenizerManager:
                     fut.set_result(msg)
 
     def _dispatch(self, batch: BatchOut) -> None:
-        for msg in apply_batch(batch, self._reqs, self._decoder, self.timings):
+        for msg in apply_batch(batch, self._reqs, self.timings):
             self._sched.put(msg)
 
     def _die(self, reason: str, *, quiet: bool = False) -> None:
