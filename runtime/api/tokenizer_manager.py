@@ -146,10 +146,11 @@ class TokenizerManager:
         return self._dead
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       rid: str | None = None, *,
-                       stream: bool = True) -> AsyncIterator[RequestOutput]:
+                       rid: str | None = None, *, stream: bool = True,
+                       text: bool = True) -> AsyncIterator[RequestOutput]:
         """The output of one request: with `stream`, `RequestOutput` deltas as they come;
-        otherwise the whole output, once. The last has `finish_reason`.
+        otherwise the whole output, once. The last has `finish_reason`. `text=False`:
+        token ids only, never detokenized (the output's text stays empty).
 
         Raises `InvalidRequest` (before anything reaches the scheduler), `Overloaded` when
         `max_running + max_queue` requests are already in flight (the queue of requests
@@ -157,7 +158,7 @@ class TokenizerManager:
         died, `RequestFailed` if the scheduler failed this request.
         Closing the iterator early (or cancelling its task) aborts the request.
         """
-        state = await self.open(prompt, params, rid, stream=stream)
+        state = await self.open(prompt, params, rid, stream=stream, text=text)
         try:
             while True:
                 await state.event.wait()
@@ -172,13 +173,17 @@ class TokenizerManager:
             self.release(state)
 
     async def open(self, prompt: str | list[int], params: SamplingParams,
-                   rid: str | None = None, *, stream: bool = True) -> ReqState:
+                   rid: str | None = None, *, stream: bool = True,
+                   text: bool = True) -> ReqState:
         """Validate, tokenize and submit one request (raising as `generate` does); its
         output collects in the returned state: `take` it whenever its `event` is set or
         its `on_ready` is called (deltas with `stream`, else the whole output once).
         Every opened request must be `release`d."""
         arrival = time.monotonic()
         self._check_alive()
+        if not text and params.stop:
+            raise InvalidRequest("stop strings are matched in the text: with text=False, "
+                                 "use stop_token_ids")
         limits = await self.wait_limits(self.cfg.ready_timeout)  # at once after the first
         rid = check_rid(rid) if rid is not None else uuid.uuid4().hex
         input_ids = await prepare_prompt(prompt, params, self._prompts, self.spec.name,
@@ -188,7 +193,7 @@ class TokenizerManager:
             raise InvalidRequest(f"request id {rid!r} is already in flight")
         check_admission(len(self._reqs), 1, limits, self.cfg)
         detok = None
-        if self.tokenizer is not None:
+        if self.tokenizer is not None and text:
             detok = IncrementalDetokenizer(self.tokenizer, input_ids,
                                            params.skip_special_tokens, params.stop)
         key = format(next(self._keys), "x")

@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import random
 
+import msgspec
+import pytest
+
 from runtime.api.detokenize import IncrementalDetokenizer
 from runtime.api.dispatch import apply_batch
 from runtime.api.errors import RequestFailed
@@ -20,6 +23,7 @@ from runtime.messages import (
     BatchOut,
     FinishReason,
     FinishReq,
+    InvalidRequest,
     ReqOut,
     RequestOutput,
     SamplingParams,
@@ -142,6 +146,30 @@ def test_the_whole_output_is_the_join_of_the_deltas(tok):
         assert RequestOutput.join(pieces) == whole[rid], rid
         assert pieces[-1].finish_reason is not None
     assert sum(len(p) > 1 for p in deltas.values()) > len(deltas) // 2
+
+
+def test_ids_only_outputs_are_the_same_without_text(cfg, spec, script_ids):
+    """`text=False`: the ids, counters and finish of the text output, an empty text, and
+    no stop strings (they are matched in the text)."""
+    params = SamplingParams(max_tokens=len(script_ids), logprobs=True)
+
+    async def main():
+        tm = TokenizerManager(cfg, spec)
+        await tm.start()
+        try:
+            with_text = [c async for c in tm.generate("Story", params, stream=False)]
+            ids_only = [c async for c in tm.generate("Story", params, text=False)]
+            with pytest.raises(InvalidRequest, match="stop strings"):
+                await anext(tm.generate("Story", SamplingParams(stop=["END"]), text=False))
+            return with_text[0], ids_only
+        finally:
+            await tm.close()
+
+    with FakeScheduler(cfg, lambda r: script_ids):
+        whole, deltas = asyncio.run(main())
+    joined = RequestOutput.join(deltas)
+    assert whole.text and joined.text == "" and len(deltas) > 1
+    assert msgspec.structs.replace(joined, rid=whole.rid, text=whole.text) == whole
 
 
 def test_a_thousand_concurrent_streams_complete(cfg, spec, tok, script_ids):
