@@ -77,8 +77,14 @@ class RequestTimings:
     def on_token(self, key: str, now: float) -> None:
         """Account for one output token that came alone (see `BatchOut`)."""
         timer = self._timers.get(key)
-        if timer is not None:
+        if timer is None:
+            return
+        if timer.last_token is None:
             self._tokens(timer, 1, now)
+            return
+        self.generation_tokens += 1  # `_tokens` of one token after the first, inline
+        timer.itl.append(now - timer.last_token)
+        timer.last_token = now
 
     def _tokens(self, timer: _Timer, n: int, now: float) -> None:
         """`n` output tokens of one request arrived together at `now`."""
@@ -91,10 +97,7 @@ class RequestTimings:
             gap = 0.0
         else:  # tokens that arrive together share the gap since the previous arrival
             gap = (now - timer.last_token) / n
-        if n == 1:
-            timer.itl.append(gap)
-        else:
-            timer.itl.extend([gap] * n)
+        timer.itl.extend([gap] * n)
         timer.last_token = now
 
     def finish(self, key: str, outcome: FinishReason, completion_tokens: int,
