@@ -39,8 +39,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.host_output_feed import PROMPT_LEN, output_ids, stand_in
+
 ROOT = Path(__file__).resolve().parents[1]
-PROMPT_LEN = 16
 
 
 def add_args(p) -> None:
@@ -51,65 +52,6 @@ def add_args(p) -> None:
     p.add_argument("--output-repeats", type=int, default=3)
     p.add_argument("--output-baseline", default="",
                    help="a git revision or a folder with runtime/: run it too, alternating")
-
-
-def output_ids(model: str, n: int) -> list[int]:
-    """The `n` ids every request gets: unicode-heavy text for a tokenizer, else ids."""
-    from runtime.model_config import resolve_model
-
-    spec = resolve_model(model)
-    if spec.tokenizer_path is None:
-        return [3 + (i * 37) % 1000 for i in range(n)]
-    from transformers import AutoTokenizer
-
-    from bench.host_api import TEXT
-
-    ids = AutoTokenizer.from_pretrained(spec.tokenizer_path).encode(TEXT)
-    return (ids * (n // len(ids) + 1))[:n]
-
-
-def _stand_in(sched_in: str, api_in: str, n: int, ids: list[int], conn) -> None:
-    """The stand-in scheduler: once `n` requests arrived, every step's BatchOut at once."""
-    import msgspec
-    import zmq
-
-    from runtime.messages import (
-        BatchOut,
-        FinishReason,
-        GenerateReq,
-        Limits,
-        ReqOut,
-        SchedulerInput,
-    )
-
-    ctx = zmq.Context()
-    inbox, outbox = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    inbox.bind(sched_in)
-    outbox.connect(api_in)
-    enc, dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(SchedulerInput)
-    outbox.send(enc.encode(Limits(max_context=8192, max_req_input_len=8191, max_running=n,
-                                  kv_slots=1 << 22)))
-    keys = []
-    while len(keys) < n:
-        msg = dec.decode(inbox.recv())
-        if isinstance(msg, GenerateReq):
-            keys.append(msg.rid)
-    columns = "rids" in BatchOut.__struct_fields__
-    frames = []
-    for s, tok in enumerate(ids):
-        last = s == len(ids) - 1
-        if s == 0 or last or not columns:
-            frames.append(enc.encode(BatchOut([ReqOut(
-                k, [tok], finish_reason=FinishReason.LENGTH if last else None,
-                prompt_tokens=PROMPT_LEN if s == 0 else 0) for k in keys])))
-        else:
-            frames.append(enc.encode(BatchOut([], keys, [tok] * n)))
-    for frame in frames:
-        outbox.send(frame)
-    conn.send(columns)
-    outbox.close(linger=10_000)
-    inbox.close(linger=0)
-    ctx.term()
 
 
 class _FullCollections:
@@ -143,14 +85,14 @@ def measure(case: str, requests: int, tokens: int, profile: bool = False) -> dic
     cfg = ServerConfig(model=model, max_running=requests, max_queue=requests,
                        log_level="warning")
     rx, tx = mp.get_context("spawn").Pipe(duplex=False)
-    proc = mp.get_context("spawn").Process(target=_stand_in, daemon=True, args=(
+    proc = mp.get_context("spawn").Process(target=stand_in, daemon=True, args=(
         cfg.ipc("sched_in"), cfg.ipc("api_in"), requests, ids, tx))
     proc.start()
     loop = LoopThread("bench-output")
     tm = TokenizerManager(cfg, resolve_model(model))
     ids_only = mode == "ids" and "text" in inspect.signature(tm.generate).parameters
     kw = {"text": False} if ids_only else {}
-    gcs, start = _FullCollections(), {}
+    gcs, span = _FullCollections(), {}
     prof = None
     if profile:
         import cProfile
@@ -160,7 +102,7 @@ def measure(case: str, requests: int, tokens: int, profile: bool = False) -> dic
     def on_first_batch(batch) -> None:  # every request is in: output work starts
         del tm._dispatch
         gc.callbacks.append(gcs)
-        start.update(cpu=time.process_time(), wall=time.perf_counter())
+        span.update(cpu0=time.process_time(), wall0=time.perf_counter())
         if prof is not None:
             prof.enable()
         tm._dispatch(batch)
@@ -173,8 +115,9 @@ def measure(case: str, requests: int, tokens: int, profile: bool = False) -> dic
         params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
         prompts = [[3 + (i * 7 + j) % 1000 for j in range(PROMPT_LEN)] for i in range(requests)]
         outs = list(await asyncio.gather(*(whole(p, params) for p in prompts)))
-        start.update(cpu=time.process_time() - start["cpu"],
-                     wall=time.perf_counter() - start["wall"])
+        span.update(cpu=time.process_time() - span["cpu0"],
+                    wall=time.perf_counter() - span["wall0"])
+        gc.callbacks.remove(gcs)
         if prof is not None:  # on the loop thread, where it was enabled
             prof.disable()
         return outs
@@ -184,8 +127,6 @@ def measure(case: str, requests: int, tokens: int, profile: bool = False) -> dic
         loop.run(tm.wait_limits(60))
         tm._dispatch = on_first_batch
         outs = loop.run(generate_all())
-        cpu, wall = start["cpu"], start["wall"]
-        gc.callbacks.remove(gcs)
         columns = rx.recv()
     finally:
         loop.run(tm.close())
@@ -199,7 +140,8 @@ def measure(case: str, requests: int, tokens: int, profile: bool = False) -> dic
     res = {"case": case, "requests": requests, "tokens": n, "columns": columns,
            "text": bool(text),
            "ok": sum(o.token_ids == ids and o.text == text for o in outs),
-           "cpu_us_per_token": cpu / n * 1e6, "wall_s": wall, "gc_full": gcs.count,
+           "cpu_us_per_token": span["cpu"] / n * 1e6, "wall_s": span["wall"],
+           "gc_full": gcs.count,
            "gc_full_s": gcs.seconds}
     if prof is not None:
         res["profile"] = _top(prof, n)
