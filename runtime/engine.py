@@ -58,31 +58,32 @@ class Engine:
     def tokenizer(self):
         return self._tm.tokenizer
 
-    def generate(self, prompts: Prompt | Sequence[Prompt],
-                 params: SamplingParams | None = None) -> list[RequestOutput]:
+    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None,
+                 *, text: bool = True) -> list[RequestOutput]:
         """Run every prompt concurrently (one batch stream) and return their whole outputs
         in order.
 
-        `prompts` is a string, a list of token ids, or a list of either.
+        `prompts` is a string, a list of token ids, or a list of either. `text=False`:
+        token ids only, no detokenization (empty text; stop strings are refused).
         """
         batch = [prompts] if _is_single(prompts) else list(prompts)
         params = params if params is not None else SamplingParams()
-        return self._loop.run(self._generate_all(batch, params))
+        return self._loop.run(self._generate_all(batch, params, text))
 
-    async def _generate_all(self, prompts: list[Prompt],
-                            params: SamplingParams) -> list[RequestOutput]:
-        return list(await asyncio.gather(*(self._whole(p, params) for p in prompts)))
+    async def _generate_all(self, prompts: list[Prompt], params: SamplingParams,
+                            text: bool) -> list[RequestOutput]:
+        return list(await asyncio.gather(*(self._whole(p, params, text) for p in prompts)))
 
-    async def _whole(self, prompt: Prompt, params: SamplingParams) -> RequestOutput:
-        gen = self._tm.generate(prompt, _copy(params), stream=False)
+    async def _whole(self, prompt: Prompt, params: SamplingParams, text: bool) -> RequestOutput:
+        gen = self._tm.generate(prompt, _copy(params), stream=False, text=text)
         return RequestOutput.join([out async for out in gen])
 
-    def stream(self, prompt: Prompt,
-               params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None, *,
+               text: bool = True) -> Iterator[RequestOutput]:
         """Yield a request's output as `RequestOutput` deltas as it is produced; breaking
-        out aborts the request."""
+        out aborts the request. `text=False`: token ids only, as in `generate`."""
         params = params if params is not None else SamplingParams()
-        return self._loop.iterate(self._tm.generate(prompt, _copy(params)))
+        return self._loop.iterate(self._tm.generate(prompt, _copy(params), text=text))
 
     def model_info(self) -> ModelInfo:
         """The model's name, context length and chat role markers."""

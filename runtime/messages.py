@@ -272,7 +272,21 @@ class ReqOut(msgspec.Struct, **_WIRE):
 
 
 class BatchOut(msgspec.Struct, **_WIRE):
+    """What the api must apply after a scheduler step.
+
+    A request whose only news is one output token (its header already sent, no logprobs,
+    no finish: the bulk of a decode step) is in the columns `rids` / `next_ids` instead of
+    a ReqOut each; the receiver applies the columns first, then `outs` in order (the
+    sender puts a request's later news in `outs` once it has a ReqOut there).
+    """
+
     outs: list[ReqOut]
+    rids: list[str] = []
+    next_ids: list[int] = []
+
+    def expanded(self) -> list[ReqOut]:
+        """Every output as a ReqOut, in the order they apply."""
+        return [ReqOut(r, [t]) for r, t in zip(self.rids, self.next_ids)] + self.outs
 
 
 class SchedulerStats(msgspec.Struct, **_WIRE):

@@ -55,13 +55,15 @@ def _limits(n: int) -> Limits:
 
 def _scheduler(sched_in: str, api_in: str, n: int, ids: list[int], step_s: float,
                conn) -> None:
-    """The stand-in scheduler: one token per active request per step, `n` requests."""
+    """The stand-in scheduler: one token per active request per step, `n` requests; no
+    logprobs (none are asked for)."""
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.PULL)
     inbox.bind(sched_in)
     outbox = ctx.socket(zmq.PUSH)
     outbox.connect(api_in)
     enc, dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(SchedulerInput)
+    columns = "rids" in BatchOut.__struct_fields__  # a runtime from before them: ReqOuts
     outbox.send(enc.encode(_limits(n)))
     active: dict[str, list] = {}  # rid -> [max_tokens, sent]
     seen = produced = 0
@@ -78,16 +80,20 @@ def _scheduler(sched_in: str, api_in: str, n: int, ids: list[int], step_s: float
         next_step += step_s
         if seen < n or not active:  # all streams start together
             continue
-        outs = []
+        outs, rids, next_ids = [], [], []
         for rid, st in list(active.items()):
             st[1] += 1
-            done = st[1] == st[0]
-            outs.append(ReqOut(rid, [ids[st[1] - 1]], [-0.5], "length" if done else None,
-                               prompt_tokens=st[2] if st[1] == 1 else 0))
+            tok, done = ids[st[1] - 1], st[1] == st[0]
+            if st[1] > 1 and not done and columns:  # a lone token: a column, as sent for real
+                rids.append(rid)
+                next_ids.append(tok)
+            else:
+                outs.append(ReqOut(rid, [tok], finish_reason="length" if done else None,
+                                   prompt_tokens=st[2] if st[1] == 1 else 0))
             if done:
                 del active[rid]
-        outbox.send(enc.encode(BatchOut(outs)))
-        produced += len(outs)
+        outbox.send(enc.encode(BatchOut(outs, rids, next_ids) if columns else BatchOut(outs)))
+        produced += len(outs) + len(rids)
         first, last = first or time.monotonic(), time.monotonic()
     conn.send({"produced": produced, "first": first, "last": last})
     outbox.close(linger=2000)

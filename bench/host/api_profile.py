@@ -27,7 +27,7 @@ CATEGORIES = [("tokenizer_manager:open", ADMISSION), ("tokenizer_manager:_prepar
               ("runtime/api/http_server", "SSE encoding"), ("runtime/api/sse", "SSE encoding"),
               ("starlette/", "SSE encoding"), ("anyio/", "SSE encoding"),
               ("runtime/api/rpc", "RPC encoding"), ("runtime/api/aio_queue", "receive"),
-              ("bench/host_api", "bench clients")]
+              ("bench/host/api", "bench clients")]
 
 
 def _category(func: tuple) -> str | None:

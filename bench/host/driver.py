@@ -1,12 +1,15 @@
 """The host-path benchmark: where the CPU time of a step goes, and what it costs end to end.
 
-    python -m bench.host [--part scheduler,worker,api,e2e] [--out PREFIX] [--device auto|cpu]
+    python -m bench.host [--part scheduler,worker,api,output,e2e] [--out PREFIX]
+                         [--device auto|cpu]
                          [--e2e-models dummy:tiny,dummy:llama3-1b,dummy:llama3-8b] [...]
 
 Parts (`--help` lists each part's options):
 - `scheduler` (`bench/host/scheduler.py`, CPU): scheduler ms per decode step;
 - `worker` (`bench/host/worker.py`, CUDA): the worker's host time per decode step and its split;
 - `api` (`bench/host/api.py`, CPU): the api process's CPU per streamed token;
+- `output` (`bench/host/output.py`, CPU): the offline Engine's api-side CPU per output
+  token, optionally against a baseline runtime in the same call;
 - `e2e` (`bench/host/e2e.py`, CUDA): offline vs served tok/s and the GPU's busy fraction,
   token vs paged KV.
 By default every part this machine can run: without CUDA, `worker` and `e2e` are skipped
@@ -30,9 +33,10 @@ from bench.host.e2e import add_args as add_e2e_args
 from bench.serving.metrics import finite
 from bench.serving.server_proc import ROOT, device_name, git_rev
 
-PARTS = ("scheduler", "worker", "api", "e2e")
+PARTS = ("scheduler", "worker", "api", "output", "e2e")
 GPU_PARTS = ("worker", "e2e")
-OTHERS = {"scheduler": "bench.host.scheduler", "api": "bench.host.api"}
+OTHERS = {"scheduler": "bench.host.scheduler", "api": "bench.host.api",
+          "output": "bench.host.output"}
 
 
 def optional_module(name: str):

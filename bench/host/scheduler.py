@@ -24,7 +24,7 @@ from collections import deque
 
 import msgspec
 
-from runtime.messages import BatchOut, GenerateReq, SamplingParams, StepResult
+from runtime.messages import GenerateReq, SamplingParams, StepResult
 from runtime.scheduler.paged_kv import PagedKV
 from runtime.scheduler.scheduler import Scheduler
 from runtime.scheduler.token_kv import TokenKV
@@ -69,8 +69,8 @@ class Driver:
         plan = self.launched.popleft()
         n = sum(plan.sample)
         sched.on_result(StepResult(plan.batch_id, [11] * n, [0.0] * n))
-        if outs := sched.take_outputs():
-            self.enc.encode(BatchOut(outs))
+        if batch := sched.take_batch():
+            self.enc.encode(batch)
 
     def settle(self) -> None:
         """Step until every request decodes (prefill done)."""

@@ -1,7 +1,7 @@
 """An fp8 KV pool against the 16-bit one, offline, in one command: output tok/s and how many
 tokens each pool holds.
 
-Each KV dtype runs `bench.offline`'s engine part (`bench.offline_parts.part_engine`: a warm-up
+Each KV dtype runs `bench.offline`'s engine part (`bench.offline.parts.part_engine`: a warm-up
 generate, then timed generates, overlap on) in a fresh process, on the same random prompts
 (greedy, ignore_eos, fixed lengths: every run does the same work). Defaults: 128 prompts of
 2,048 tokens, 256 output tokens each, `dummy:llama-7b-32k` fp16, `--kv-dtype auto` (fp16) vs

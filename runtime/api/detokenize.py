@@ -1,13 +1,18 @@
-"""Incremental detokenization with stop strings, per request (`detokenize_batch` runs
-many requests' steps through one batched decode).
+"""Incremental detokenization with stop strings, per request.
 
 Decoding token by token breaks characters that span tokens (byte-level BPE splits an
 emoji or a CJK character over several tokens) and words whose leading space depends on
-the token before. So, as vLLM and SGLang do, we decode a short window of tokens twice:
+the token before. So we decode a short window of tokens twice:
 `prefix_text = decode(ids[prefix_offset:read_offset])` (already emitted) and
 `full = decode(ids[prefix_offset:])`; the new text is `full[len(prefix_text):]`, and it is
 held back while it ends in U+FFFD (an unfinished UTF-8 sequence). The window starts with
 a few prompt tokens so the first output token decodes in context.
+
+With a fast tokenizer whose decode is exactly its Rust backend's (no
+`clean_up_tokenization_spaces`), the `tokenizers` library's `DecodeStream` runs that same
+window rule in Rust, one call per token and no Python lists; the window offsets are kept
+here either way, so the end of a request (`flush`) and a token the stream refuses fall
+back to the Python windows.
 
 Stop strings are searched in the committed text (also across token boundaries) by a
 `StopMatcher`, so a token costs the same however many stop strings a request has; while
@@ -20,9 +25,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tokenizers.decoders import DecodeStream
+
 from runtime.api.stop_matcher import StopMatcher
 
-PROMPT_CONTEXT = 5  # prompt tokens decoded ahead of the output (vLLM uses 5 too)
+PROMPT_CONTEXT = 5  # prompt tokens decoded ahead of the output
+
+
+def stream_backend(tokenizer: Any) -> Any | None:
+    """The Rust tokenizer a `DecodeStream` may decode with: one whose decode is exactly the
+    wrapper's (a fast tokenizer without `clean_up_tokenization_spaces`), else None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    return backend
 
 
 class IncrementalDetokenizer:
@@ -48,6 +64,9 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         self._read_offset = len(context)
         self._unsent = ""  # committed text not yet returned (always holds the stop window)
+        self._backend = stream_backend(tokenizer)
+        self._stream = None if self._backend is None else DecodeStream(
+            ids=context, skip_special_tokens=skip_special_tokens)
         self.stop_str: str | None = None  # the stop string that ended the output
         self.finished = False
 
@@ -70,24 +89,24 @@ class IncrementalDetokenizer:
         for token_id in new_ids:
             if self.finished:
                 break
-            prefix, full = self.push(token_id)
-            self.accept(self._decode(prefix), self._decode(full))
+            self._ids.append(token_id)
+            if self._stream is not None:
+                try:
+                    piece = self._stream.step(self._backend, token_id)
+                except Exception:  # e.g. a window whose text does not extend the last one
+                    self._stream = None  # this id and the rest: Python windows
+                else:
+                    if piece is not None:
+                        self._advance()
+                        self._commit(piece)
+                    continue
+            prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
+            full = self._decode(self._ids[self._prefix_offset:])
+            # nothing new, or it ends inside a character: hold it until a later id
+            if len(full) > len(prefix) and not full.endswith("\ufffd"):
+                self._advance()
+                self._commit(full[len(prefix):])
         return self.emit()
-
-    def push(self, token_id: int) -> tuple[list[int], list[int]]:
-        """Take one output id (while not `finished`); return the two windows whose decoded
-        text `accept` needs: the text already emitted, and it plus the new id. `add` is
-        `push` + decode + `accept` per id; a batch decodes many requests' windows at once."""
-        self._ids.append(token_id)
-        return self._ids[self._prefix_offset:self._read_offset], self._ids[self._prefix_offset:]
-
-    def accept(self, prefix: str, full: str) -> None:
-        """Commit the text the newest id completed, given `push`'s windows decoded; nothing
-        while it ends inside a character."""
-        if len(full) <= len(prefix) or full.endswith("\ufffd"):
-            return
-        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
-        self._commit(full[len(prefix):])
 
     def flush(self) -> str:
         """The request ended: return all remaining text (an unfinished character decodes
@@ -107,6 +126,10 @@ class IncrementalDetokenizer:
             return ""
         out, self._unsent = self._unsent[:end], self._unsent[end:]
         return out
+
+    def _advance(self) -> None:
+        """The newest id completed text: the next windows start after the text so far."""
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
 
     def _decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=self.skip_special_tokens)

@@ -72,7 +72,22 @@ class RequestTimings:
             timer.queue_time = out.queue_time
             self.prompt_tokens += out.prompt_tokens
             self.cached_tokens += out.cached_tokens
-        n = len(out.token_ids)
+        self._tokens(timer, len(out.token_ids), now)
+
+    def on_token(self, key: str, now: float) -> None:
+        """Account for one output token that came alone (see `BatchOut`)."""
+        timer = self._timers.get(key)
+        if timer is None:
+            return
+        if timer.last_token is None:
+            self._tokens(timer, 1, now)
+            return
+        self.generation_tokens += 1  # `_tokens` of one token after the first, inline
+        timer.itl.append(now - timer.last_token)
+        timer.last_token = now
+
+    def _tokens(self, timer: _Timer, n: int, now: float) -> None:
+        """`n` output tokens of one request arrived together at `now`."""
         if not n:
             return
         self.generation_tokens += n

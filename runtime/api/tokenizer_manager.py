@@ -26,7 +26,6 @@ from runtime.api.admission import check_admission
 from runtime.api.aio_queue import AsyncPullQueue, AsyncPushQueue
 from runtime.api.chat import chat_prompt_text, conversation_chars, role_markers
 from runtime.api.detokenize import IncrementalDetokenizer
-from runtime.api.detokenize_batch import BatchDecoder
 from runtime.api.dispatch import apply_batch
 from runtime.api.errors import EngineDeadError
 from runtime.api.openai_protocol import ChatMessage
@@ -78,7 +77,6 @@ class TokenizerManager:
             vocab = min(vocab, len(self.tokenizer))
         self.vocab_size: int = vocab
         self.sampling_defaults = SamplingDefaults.load(cfg.generation_config, spec.path)
-        self._decoder = BatchDecoder(self.tokenizer) if self.tokenizer is not None else None
         self._prompts = PromptTokenizer(self.tokenizer) if self.tokenizer is not None else None
         self._reqs: dict[str, ReqState] = {}  # by the key the scheduler knows it by
         self._by_rid: dict[str, ReqState] = {}  # by the caller's rid
@@ -148,11 +146,13 @@ class TokenizerManager:
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
                        rid: str | None = None, *, stream: bool = True,
-                       given: Collection[str] | None = None) -> AsyncIterator[RequestOutput]:
+                       given: Collection[str] | None = None,
+                       text: bool = True) -> AsyncIterator[RequestOutput]:
         """The output of one request: with `stream`, `RequestOutput` deltas as they come;
         otherwise the whole output, once. The last has `finish_reason`. The model's
         default sampling parameters fill the fields the request left unset (`given`: the
-        fields it set, see `SamplingDefaults.apply`).
+        fields it set, see `SamplingDefaults.apply`). `text=False`: token ids only, never
+        detokenized (the output's text stays empty).
 
         Raises `InvalidRequest` (before anything reaches the scheduler), `Overloaded` when
         `max_running + max_queue` requests are already in flight (the queue of requests
@@ -160,7 +160,7 @@ class TokenizerManager:
         died, `RequestFailed` if the scheduler failed this request.
         Closing the iterator early (or cancelling its task) aborts the request.
         """
-        state = await self.open(prompt, params, rid, stream=stream, given=given)
+        state = await self.open(prompt, params, rid, stream=stream, given=given, text=text)
         try:
             while True:
                 await state.event.wait()
@@ -176,13 +176,17 @@ class TokenizerManager:
 
     async def open(self, prompt: str | list[int], params: SamplingParams,
                    rid: str | None = None, *, stream: bool = True,
-                   given: Collection[str] | None = None) -> ReqState:
+                   given: Collection[str] | None = None, text: bool = True) -> ReqState:
         """Fill the model's defaults in, validate, tokenize and submit one request (raising
         as `generate` does); its output collects in the returned state: `take` it whenever
         its `event` is set or its `on_ready` is called (deltas with `stream`, else the
-        whole output once). Every opened request must be `release`d."""
+        whole output once). `text=False`: ids only. Every opened request must be
+        `release`d."""
         arrival = time.monotonic()
         self._check_alive()
+        if not text and params.stop:
+            raise InvalidRequest("stop strings are matched in the text: with text=False, "
+                                 "use stop_token_ids")
         limits = await self.wait_limits(self.cfg.ready_timeout)  # at once after the first
         rid = check_rid(rid) if rid is not None else uuid.uuid4().hex
         filled = self.sampling_defaults.apply(params, given) \
@@ -195,7 +199,7 @@ class TokenizerManager:
             raise InvalidRequest(f"request id {rid!r} is already in flight")
         check_admission(len(self._reqs), 1, limits, self.cfg)
         detok = None
-        if self.tokenizer is not None:
+        if self.tokenizer is not None and text:
             detok = IncrementalDetokenizer(self.tokenizer, input_ids,
                                            params.skip_special_tokens, params.stop)
         key = format(next(self._keys), "x")
@@ -377,7 +381,7 @@ class TokenizerManager:
                     fut.set_result(msg)
 
     def _dispatch(self, batch: BatchOut) -> None:
-        for msg in apply_batch(batch, self._reqs, self._decoder, self.timings):
+        for msg in apply_batch(batch, self._reqs, self.timings):
             self._sched.put(msg)
 
     def _die(self, reason: str, *, quiet: bool = False) -> None:

@@ -19,7 +19,6 @@ from runtime.ipc import FanOutQueue, PullQueue, PushQueue
 from runtime.kv_mode import KVMode
 from runtime.messages import (
     AbortReq,
-    BatchOut,
     CacheFlushed,
     FinishReq,
     FlushCache,
@@ -173,8 +172,8 @@ def run_scheduler(cfg: ServerConfig) -> None:
             to_workers.put(plan)
         if update := sched.take_grammar_update():  # a retraction may need a compile
             to_workers.put(update)
-        if outs := sched.take_outputs():
-            to_api.put(BatchOut(outs))
+        if batch := sched.take_batch():
+            to_api.put(batch)
         if flushes and (sched.has_work or not sched.in_flight):
             for msg in flushes:
                 to_api.put(CacheFlushed(msg.token, *sched.flush_cache()))
@@ -192,5 +191,5 @@ def run_scheduler(cfg: ServerConfig) -> None:
                 sched.on_grammar_compiled(res)
             if CHECK_INVARIANTS and not sched.in_flight:
                 sched.check_invariants()
-            if outs := sched.take_outputs():
-                to_api.put(BatchOut(outs))
+            if batch := sched.take_batch():
+                to_api.put(batch)

@@ -1,7 +1,7 @@
 """`Scheduler`: continuous batching with chunked prefill, retraction and delayed KV release.
 
 Pure state machine, no sockets: `add`/`abort`/`finish` take requests, `plan` builds the next step,
-`on_result` consumes the oldest step's sampled tokens, `take_outputs` drains what the api
+`on_result` consumes the oldest step's sampled tokens, `take_batch` drains what the api
 must stream. A request with a grammar (regex or JSON schema) waits in `grammars` until
 the workers compiled it: `take_grammar_update` says what they must compile,
 `on_grammar_compiled` takes their answers.
@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 
 from runtime.messages import (
+    BatchOut,
     BatchPlan,
     FinishReason,
     GenerateReq,
@@ -57,7 +58,12 @@ class Scheduler:
         self.reqs: dict[str, Req] = {}
         self.in_flight: deque[Batch] = deque()
         self.deferred: list[Req] = []  # finished, KV still read by a batch in flight
+        # what the api gets next (`take_batch`): ReqOuts, the rids they are for, and the
+        # one-token outputs as columns (see BatchOut)
         self.outbox: list[ReqOut] = []
+        self._outbox_rids: set[str] = set()
+        self.out_rids: list[str] = []
+        self.out_ids: list[int] = []
         self.next_batch_id = 0
         self.completed_batch_id = -1
         self.adder = PrefillAdder()
@@ -328,6 +334,15 @@ class Scheduler:
 
     # ------------------------------------------------------------------ output
     def _emit(self, req: Req, error: str | None = None) -> None:
+        reason = req.finish_reason if req.finished and not req.silent_finish else None
+        if (error is None and reason is None and req.sent_header
+                and len(req.output_ids) == req.sent + 1 and not req.params.logprobs
+                and not req.params.top_logprobs and len(req.input_logprobs) == req.sent_input
+                and req.rid not in self._outbox_rids):  # one plain token: a column entry
+            req.sent += 1
+            self.out_rids.append(req.rid)
+            self.out_ids.append(req.output_ids[-1])
+            return
         new = req.output_ids[req.sent:]
         lps = req.logprobs[req.sent:] if req.params.logprobs else []
         k = req.params.top_logprobs
@@ -337,7 +352,6 @@ class Scheduler:
         req.sent = len(req.output_ids)
         input_lps = req.input_logprobs[req.sent_input:]
         req.sent_input = len(req.input_logprobs)
-        reason = req.finish_reason if req.finished and not req.silent_finish else None
         if not new and not input_lps and reason is None and req.sent_header:
             return
         out = ReqOut(rid=req.rid, token_ids=new, logprobs=lps, finish_reason=reason,
@@ -349,14 +363,28 @@ class Scheduler:
             if req.scheduled_at is not None:
                 out.queue_time = req.scheduled_at - req.arrival
             req.sent_header = True
-        self.outbox.append(out)
+        self._append(out)
 
     def _emit_error(self, req: Req, message: str) -> None:
-        self.outbox.append(ReqOut(rid=req.rid, finish_reason=FinishReason.ERROR, error=message))
+        self._append(ReqOut(rid=req.rid, finish_reason=FinishReason.ERROR, error=message))
+
+    def _append(self, out: ReqOut) -> None:
+        self.outbox.append(out)
+        self._outbox_rids.add(out.rid)  # its later outputs follow it in `outbox`
+
+    def take_batch(self) -> BatchOut | None:
+        """What the api must apply since the last take, or None if nothing."""
+        if not self.outbox and not self.out_rids:
+            return None
+        batch = BatchOut(self.outbox, self.out_rids, self.out_ids)
+        self.outbox, self.out_rids, self.out_ids = [], [], []
+        self._outbox_rids.clear()
+        return batch
 
     def take_outputs(self) -> list[ReqOut]:
-        out, self.outbox = self.outbox, []
-        return out
+        """`take_batch` as one ReqOut per output, in order (for in-process drivers)."""
+        batch = self.take_batch()
+        return [] if batch is None else batch.expanded()
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from runtime.api.detokenize import IncrementalDetokenizer
+from runtime.api.detokenize import IncrementalDetokenizer, stream_backend
 
 TEXTS = [
     "Hello, world! The quick brown fox.",
@@ -16,6 +16,20 @@ TEXTS = [
     "  leading spaces and trailing   ",
     "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
 ]
+
+
+class PythonWindows:
+    """The tokenizer's decode without its Rust backend: the detokenizer decodes windows in
+    Python. With `backend`, a stand-in backend that `DecodeStream` cannot use."""
+
+    def __init__(self, tok, backend=None) -> None:
+        self.tok = tok
+        if backend is not None:
+            self.backend_tokenizer = backend
+            self.clean_up_tokenization_spaces = False
+
+    def decode(self, ids, skip_special_tokens=True):
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
 def stream(tok, prompt_ids, ids, *, stop=(), skip=True, split=None):
@@ -137,3 +151,41 @@ def test_unfinished_character_at_the_end_flushes_as_replacement(tok):
     deltas, _ = stream(tok, [], ids)
     assert "".join(deltas) == tok.decode(ids)
     assert "".join(deltas).endswith("\ufffd")
+
+
+def random_case(tok, rng):
+    """Prompt, output ids (random ids or unicode-heavy text), stop strings, skip flag."""
+    if rng.random() < 0.5:
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randint(1, 40))]
+    else:
+        ids = tok.encode(rng.choice(TEXTS) + rng.choice(TEXTS))
+    text = tok.decode(ids)
+    stop = []
+    if text and rng.random() < 0.3:
+        at = rng.randrange(len(text))
+        stop = [text[at:at + rng.randint(1, 4)]]
+    prompt = [rng.randrange(len(tok)) for _ in range(rng.randint(0, 8))]
+    return prompt, ids, stop, rng.random() < 0.5
+
+
+def test_decode_stream_gives_the_python_windows_text(tok):
+    """The Rust `DecodeStream` path and the Python windows give the same deltas, ids and
+    stop, split however the ids arrive."""
+    assert stream_backend(tok) is not None and stream_backend(PythonWindows(tok)) is None
+    rng = random.Random(3)
+    for _ in range(150):
+        prompt, ids, stop, skip = random_case(tok, rng)
+        split = random_split(rng, len(ids))
+        rust, d = stream(tok, prompt, ids, stop=stop, skip=skip, split=split)
+        windows, w = stream(PythonWindows(tok), prompt, ids, stop=stop, skip=skip, split=split)
+        assert rust == windows, (prompt, ids, stop, skip)
+        assert (d.token_ids, d.stop_str) == (w.token_ids, w.stop_str)
+
+
+def test_a_refused_stream_step_falls_back_to_python_windows(tok):
+    rng = random.Random(4)
+    for _ in range(20):
+        prompt, ids, stop, skip = random_case(tok, rng)
+        refused, _ = stream(PythonWindows(tok, backend=object()), prompt, ids, stop=stop,
+                            skip=skip)
+        assert refused == stream(tok, prompt, ids, stop=stop, skip=skip)[0]

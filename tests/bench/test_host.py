@@ -6,10 +6,12 @@ Checks the report's structure and that its counts agree with the workload; no ti
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
 from bench.host import driver as host
+from bench.host.output import ROOT, baseline_dir
 from bench.host.worker import SyntheticLoad, make_plan
 
 REQUESTS, CONCURRENCY, INPUT_LEN, OUTPUT_LEN, STEPS = 4, 2, 8, 4, 3
@@ -78,3 +80,35 @@ def test_e2e_part_on_cpu(tmp_path):
     assert row["served_over_offline"] == pytest.approx(
         row["served"]["tok_s"] / row["offline"]["tok_s"])
     assert (tmp_path / "host.png").exists()
+
+
+@pytest.mark.timeout(300)
+def test_output_part_against_a_baseline(tmp_path):
+    """The offline output part, this tree against a baseline folder (here: a link to this
+    tree's runtime), ids only: every output arrives whole, the baseline's runs are kept
+    apart, no timings checked."""
+    out, base = tmp_path / "host", tmp_path / "base"
+    base.mkdir()
+    (base / "runtime").symlink_to(ROOT / "runtime")
+    host.main(["--part", "output", "--out", str(out), "--output-cases", "smollm2+ids",
+               "--output-requests", "3", "--output-tokens", "5", "--output-repeats", "1",
+               "--output-baseline", str(base)])
+    (row,) = json.loads(out.with_suffix(".json").read_text())["parts"]["output"]["rows"]
+    assert row["case"] == "smollm2+ids" and row["speedup"] > 0
+    for name in ("baseline", "current"):
+        run = row[name]
+        assert "error" not in run, run.get("error")
+        assert run["tokens"] == 15 and run["ok_requests"] == run["requests"] == 3
+        assert run["columns"] and run["text"] is False and len(run["runs"]) == 1
+    assert row["profile"] and all(us >= 0 for _, us in row["profile"])
+    md = out.with_suffix(".md").read_text()
+    assert f"| smollm2+ids | baseline {base} | 3 x 5 | no |" in md
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="not a git checkout")
+def test_a_baseline_revision_is_exported_from_git(tmp_path):
+    assert baseline_dir("HEAD~1", tmp_path) == tmp_path
+    committed = subprocess.run(["git", "show", "HEAD~1:runtime/messages.py"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout
+    assert (tmp_path / "runtime" / "messages.py").read_text() == committed
+    assert not (tmp_path / "bench").exists()  # the bench code stays this tree's

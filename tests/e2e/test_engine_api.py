@@ -90,6 +90,19 @@ def test_stop_strings_and_stop_token_ids(eng):
     assert_idle(eng)
 
 
+def test_ids_only_outputs_skip_the_text(eng):
+    p = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    full = eng.generate("1, 2, 3,", p)[0]
+    ids = eng.generate("1, 2, 3,", p, text=False)[0]
+    assert full.text and ids.text == "" and ids.token_ids == full.token_ids
+    chunks = list(eng.stream("1, 2, 3,", p, text=False))
+    assert [t for c in chunks for t in c.token_ids] == full.token_ids
+    assert all(c.text == "" for c in chunks) and chunks[-1].finish_reason == "length"
+    with pytest.raises(InvalidRequest, match="stop strings"):
+        eng.generate("1, 2, 3,", SamplingParams(stop=[" 7"]), text=False)
+    assert_idle(eng)
+
+
 @pytest.mark.parametrize("prompt, params, message", [
     ("", SamplingParams(max_tokens=4), "empty"),
     ("hi " * 9000, SamplingParams(max_tokens=4), "8192"),

@@ -207,3 +207,41 @@ def test_failed_batch_ends_its_requests_with_errors_and_caches_nothing():
     assert not sched.has_work and not sched.deferred
     assert sched.kv.cache.evictable_size == 0  # unwritten KV never enters the prefix cache
     assert sched.kv.stats().used == 0
+
+
+def test_lone_tokens_go_to_the_api_as_columns_in_order():
+    """A decode step's one-token outputs travel as BatchOut columns. Taken only every
+    third step (so a request's first ReqOut and its next tokens share a batch), the
+    outputs still apply in order and match the reference; logprob requests never use the
+    columns."""
+    reqs = random_reqs(12, seed=4, max_tokens=30)
+    for r in reqs[::3]:
+        r.params.logprobs = True
+    sched, worker = build(overlap=False)
+    outs: dict = {}
+    columns = 0
+
+    def record(batch) -> None:
+        for o in batch.expanded():
+            rec = outs.setdefault(o.rid, {"ids": [], "lps": 0, "reason": None, "error": None})
+            assert rec["reason"] is None, f"{o.rid} got output after finishing"
+            assert not rec["ids"] or not o.prompt_tokens, "the header comes first"
+            rec["ids"] += o.token_ids
+            rec["lps"] += len(o.logprobs)
+            rec["reason"], rec["error"] = o.finish_reason, o.error
+
+    def on_step(s, step):
+        nonlocal columns
+        if step % 3 == 0 and (batch := s.take_batch()) is not None:
+            columns += len(batch.rids)
+            assert not set(batch.rids) & {r.rid for r in reqs[::3]}
+            record(batch)
+
+    for r in reqs:
+        sched.add(r)
+    drive(sched, worker, on_step=on_step)
+    if (batch := sched.take_batch()) is not None:
+        record(batch)
+    check_against_reference(reqs, outs)
+    assert columns > sum(r.params.max_tokens for r in reqs) // 3
+    assert all(outs[r.rid]["lps"] == len(outs[r.rid]["ids"]) for r in reqs[::3])
