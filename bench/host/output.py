@@ -41,7 +41,7 @@ from pathlib import Path
 
 from bench.host.output_feed import PROMPT_LEN, output_ids, stand_in
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_args(p) -> None:
@@ -159,11 +159,12 @@ def _top(prof, n: int, k: int = 12) -> list[tuple[str, float]]:
 
 
 def baseline_dir(spec: str, tmp: Path) -> Path:
-    """A folder whose `runtime/` is the baseline: `spec` itself, or `spec`'s git export."""
+    """A folder whose `runtime/` is the baseline: `spec` itself, or `spec`'s git export of
+    `runtime/` and the `kernels/` it imports."""
     if (Path(spec) / "runtime").is_dir():
         return Path(spec).resolve()
-    archive = subprocess.run(["git", "archive", spec, "runtime"], cwd=ROOT, check=True,
-                             capture_output=True).stdout
+    archive = subprocess.run(["git", "archive", spec, "runtime", "kernels"], cwd=ROOT,
+                             check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
     return tmp
 
