@@ -44,7 +44,7 @@ def _assert_clean(done: subprocess.CompletedProcess, tmp_path: Path) -> None:
 
 
 def test_readme_engine_example_runs_as_written(tmp_path):
-    done = _run_script(_readme_example("run the engine in-process"), tmp_path)
+    done = _run_script(_readme_example("In-process, with no server"), tmp_path)
     _assert_clean(done, tmp_path)
     generated = re.search(r"\] (length|stop)\n(.*)", done.stdout, re.S)
     assert generated is not None, done.stdout

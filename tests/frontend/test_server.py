@@ -108,16 +108,15 @@ def test_generate_takes_regex_and_input_logprobs_and_refuses_a_bad_regex(server)
 
 
 def readme_examples() -> list[str]:
-    """The programs of the README's "Frontend DSL" section."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Frontend DSL", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    """The DSL programs of the README and of its frontend page (docs/frontend.md)."""
+    text = (ROOT / "README.md").read_text() + (ROOT / "docs" / "frontend.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     return [b for b in blocks if "RuntimeEndpoint(" in b]
 
 
 def test_readme_examples_run_as_written(server):
     examples = readme_examples()
-    assert len(examples) == 3
+    assert len(examples) == 4
     for code in examples:
         code = code.replace("http://127.0.0.1:30000", server.http_url)
         code = code.replace("tcp://127.0.0.1:30001", server.rpc_addr)
