@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from runtime.kv_mode import KVMode
+from runtime.lora_paths import parse_lora_paths
 
 KV_MODES = ("token", "paged", "contiguous")
 RESERVE_MODES = ("request", "max")  # contiguous: prompt + max_tokens, or the whole context
@@ -158,6 +159,15 @@ class ServerConfig:
     grammar_cache_size: int = 64
     """Compiled regexes each worker keeps (least recently used evicted first; a large one
     takes a few MB); a request with a regex not kept waits for its compile."""
+    lora_paths: tuple[str, ...] = ()
+    """LoRA adapters to serve, as `name=path` (a PEFT folder: adapter_config.json and
+    adapter_model.safetensors); a request picks one by name (OpenAI `model`, SGLang
+    `lora_path`, native `lora`)."""
+    max_loras: int = 8
+    """LoRA adapters held on the device at once; the others load when a request needs
+    them, in the place of the least recently used one no running request holds."""
+    max_lora_rank: int = 64
+    """The largest LoRA rank an adapter may have."""
     cuda_graph: bool = True
     """Capture decode CUDA graphs at start-up (GPU, triton attention only)."""
     log_level: str = "info"
@@ -212,7 +222,8 @@ class ServerConfig:
         if self.chunk_size < 0:
             raise ConfigError(f"chunk_size must be >= 0 (0: auto), got {self.chunk_size}")
         for name in ("max_running", "max_queue", "tp", "grammar_cache_size", "max_request_seqs",
-                     "max_connections", "max_rpc_connections", "nnodes", "dp"):
+                     "max_connections", "max_rpc_connections", "nnodes", "dp", "max_loras",
+                     "max_lora_rank"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.schedule_conservativeness < 0:
@@ -231,6 +242,10 @@ class ServerConfig:
                 raise ConfigError(f"{name} must be a TCP port, got {getattr(self, name)}")
         if self.shutdown_grace < 0:
             raise ConfigError(f"shutdown_grace must be >= 0, got {self.shutdown_grace}")
+        try:
+            parse_lora_paths(self.lora_paths, self.model)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self._check_monitoring()
         self._check_exposure()
         self._check_scale_out()
@@ -300,6 +315,11 @@ class ServerConfig:
     def kv_mode(self) -> KVMode:
         """The KV layout and what follows from it (page size, overlap, prefix cache)."""
         return KVMode.from_config(self)
+
+    @property
+    def lora_adapters(self) -> dict[str, str]:
+        """The LoRA adapters of `lora_paths`: name -> folder."""
+        return parse_lora_paths(self.lora_paths, self.model)
 
     def request_bytes_limit(self, max_context: int) -> int:
         """`max_request_bytes`, or its default for a context of `max_context` tokens."""

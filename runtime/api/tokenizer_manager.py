@@ -71,6 +71,7 @@ class TokenizerManager:
     def __init__(self, cfg: ServerConfig, spec: ModelSpec) -> None:
         self.cfg = cfg
         self.spec = spec
+        self.lora_names = tuple(cfg.lora_adapters)  # the LoRA adapters a request may pick
         self.tokenizer = None
         vocab = spec.hf_config().vocab_size
         if spec.tokenizer_path is not None:
@@ -185,6 +186,9 @@ class TokenizerManager:
         rid = check_rid(rid) if rid is not None else uuid.uuid4().hex
         input_ids = await prepare_prompt(prompt, params, self._prompts, self.spec.name,
                                          self.vocab_size, limits)
+        if params.lora is not None and params.lora not in self.lora_names:
+            raise InvalidRequest(f"lora: unknown LoRA adapter {params.lora!r}; this server "
+                                 f"has {list(self.lora_names)}")
         self._check_alive()  # the engine may have died while the prompt was tokenized
         if rid in self._by_rid:
             raise InvalidRequest(f"request id {rid!r} is already in flight")

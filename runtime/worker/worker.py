@@ -53,6 +53,7 @@ from runtime.worker.cpu_threads import ThreadTuner
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.grammar_rows import GrammarRows
 from runtime.worker.kv_transfer import CopyTiming, KVTransfer, host_slots_for
+from runtime.worker.lora.manager import LoraOptions
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.step_output import StepOutput, gather_top_logprobs, top_positions
 from runtime.worker.step_timing import StepTimer, StepTiming
@@ -121,9 +122,11 @@ class Worker:
                                   mem_fraction=cfg.mem_fraction, cuda_graph=cfg.cuda_graph,
                                   kv_dtype=cfg.kv_dtype, page_size=self.page_size, tp=self.tp,
                                   attention_backend=cfg.attention_backend,
-                                  quantization=cfg.quantization)
+                                  quantization=cfg.quantization,
+                                  lora=LoraOptions.from_config(cfg))
         self.builder = BatchBuilder(self.max_rows, self.runner.max_context, self.device,
-                                    self.page_size)
+                                    self.page_size,
+                                    self.runner.lora.num_slots if self.runner.lora else 0)
         compiler = None
         if spec.tokenizer_path is not None:
             compiler = GrammarCompiler(str(spec.tokenizer_path), self.runner.vocab_size,
@@ -173,6 +176,8 @@ class Worker:
             sampler.init_row(init.row, init.params, init.prompt_ids, init.output_ids)
             self.grammar.init_row(init.row, init.params.grammar, init.output_ids)
         copies = self.transfer.run(plan) if self.transfer is not None else None
+        if plan.lora_loads:
+            self.runner.lora.load_slots(plan.lora_loads)
         fb, inputs = self.builder.build(plan)
         logits = self.runner.forward(fb)  # [S + L, vocab] float32
         n = len(inputs.rows)
