@@ -1,0 +1,71 @@
+"""Multi-LoRA through the Engine's processes: requests of two adapters and of the base
+model, concurrently, give `peft`'s merged models' greedy tokens, whole and split over two
+tensor-parallel workers (gloo); a truncated adapter stops the start-up naming the file."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime import Engine, InvalidRequest, SamplingParams
+from runtime.model_config import resolve_model
+from runtime.process_group import StartupError
+from tests.e2e.test_engine_api import assert_idle
+from tests.worker.checkpoints import BASE, tiny_checkpoint
+from tests.worker.lora_adapters import hf_greedy, tiny_adapters
+
+MAX_TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny Llama 3 checkpoint (with SmolLM2's tokenizer: the api needs one), its
+    adapters and their merged models."""
+    tmp = tmp_path_factory.mktemp("lora-e2e")
+    base = tiny_checkpoint("llama3-rope", tmp / "base")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(resolve_model("smollm2").path) / name, tmp / "base")
+    folders, merged = tiny_adapters(tmp / "base", tmp)
+    return str(tmp / "base"), folders, {None: base, **merged}
+
+
+def prompts(n: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(7)
+    return [torch.randint(0, BASE["vocab_size"], (k,), generator=gen).tolist()
+            for k in torch.randint(4, 40, (n,), generator=gen).tolist()]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_concurrent_adapters_match_merged_models(checkpoint, tp):
+    base, folders, refs = checkpoint
+    paths = tuple(f"{n}={p}" for n, p in folders.items())
+    batch = prompts(4)
+    with Engine(model=base, lora_paths=paths, max_loras=2, tp=tp, chunk_size=32,
+                torch_threads=1) as eng:
+        def run(lora):
+            params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True,
+                                    lora=lora)
+            return [o.token_ids for o in eng.generate(batch, params)]
+
+        with ThreadPoolExecutor(3) as pool:
+            outs = dict(zip(refs, pool.map(run, refs)))
+        with pytest.raises(InvalidRequest, match="lora: unknown LoRA adapter 'other'"):
+            eng.generate(batch[0], SamplingParams(lora="other"))
+        assert_idle(eng)
+    for lora, got in outs.items():
+        assert got == [hf_greedy(refs[lora], p, MAX_TOKENS) for p in batch], f"adapter {lora}"
+
+
+def test_a_truncated_adapter_stops_the_start_up_naming_it(checkpoint, tmp_path):
+    base, folders, _ = checkpoint
+    cut = tmp_path / "cut"
+    shutil.copytree(folders["all"], cut)
+    weights = cut / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:999])
+    with pytest.raises(StartupError, match=re.escape(str(weights))):
+        Engine(model=base, lora_paths=(f"cut={cut}",), torch_threads=1)
