@@ -14,7 +14,13 @@ from collections.abc import Iterator, Sequence
 from runtime.api.loop_thread import LoopThread
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ConfigError, ServerConfig
-from runtime.messages import ModelInfo, RequestOutput, SamplingParams, SchedulerStats
+from runtime.messages import (
+    InvalidRequest,
+    ModelInfo,
+    RequestOutput,
+    SamplingParams,
+    SchedulerStats,
+)
 from runtime.model_config import resolve_model
 from runtime.process_group import ProcessGroup
 
@@ -59,19 +65,25 @@ class Engine:
         return self._tm.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
-                 params: SamplingParams | None = None) -> list[RequestOutput]:
+                 params: SamplingParams | Sequence[SamplingParams] | None = None
+                 ) -> list[RequestOutput]:
         """Run every prompt concurrently (one batch stream) and return their whole outputs
         in order.
 
-        `prompts` is a string, a list of token ids, or a list of either.
+        `prompts` is a string, a list of token ids, or a list of either; `params` one
+        SamplingParams for all of them, or a list with one per prompt (e.g. each its own
+        LoRA adapter).
         """
         batch = [prompts] if _is_single(prompts) else list(prompts)
         params = params if params is not None else SamplingParams()
-        return self._loop.run(self._generate_all(batch, params))
+        each = [params] * len(batch) if isinstance(params, SamplingParams) else list(params)
+        if len(each) != len(batch):
+            raise InvalidRequest(f"{len(each)} SamplingParams for {len(batch)} prompts")
+        return self._loop.run(self._generate_all(batch, each))
 
     async def _generate_all(self, prompts: list[Prompt],
-                            params: SamplingParams) -> list[RequestOutput]:
-        return list(await asyncio.gather(*(self._whole(p, params) for p in prompts)))
+                            params: list[SamplingParams]) -> list[RequestOutput]:
+        return list(await asyncio.gather(*(self._whole(p, q) for p, q in zip(prompts, params))))
 
     async def _whole(self, prompt: Prompt, params: SamplingParams) -> RequestOutput:
         gen = self._tm.generate(prompt, _copy(params), stream=False)

@@ -74,8 +74,10 @@ class GraphRunner:
     def _forward(self, fb: ForwardBatch) -> torch.Tensor:
         if self.lora is None:
             hidden = self.model(fb, self.attn)  # [B, hidden]
-        else:
-            with self.lora.step.applying(self.lora_batch):
+        else:  # the LoRA kernels' grids cover this graph's rows
+            static = self.lora_batch
+            batch = LoraBatch(static.order[:fb.batch_size], static.indptr, None, fb.batch_size)
+            with self.lora.step.applying(batch):
                 hidden = self.model(fb, self.attn)  # [B, hidden]
         return self.model.compute_logits(hidden)  # [B, vocab]
 

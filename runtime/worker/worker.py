@@ -143,7 +143,8 @@ class Worker:
         """Run one prefill (chunked in two) through the whole step path before serving, so
         the extend kernels are compiled before the first request (decode is warmed by
         CUDA graph capture). It uses row 0 and the slots from page 1 on, which hold
-        nothing yet."""
+        nothing yet; with LoRA adapters, one of them in slot 0 (the scheduler loads every
+        slot before its first use)."""
         ps = self.page_size
         n = min(64, self.runner.kv_slots + 1 - ps, self.runner.max_context - 1)
         half = n // 2
@@ -155,6 +156,9 @@ class Worker:
                           inits=[RowInit(row=0, params=SamplingParams(max_tokens=1))])
         second = BatchPlan(batch_id=-1, rows=[0], prefix_lens=[half], extend_lens=[n - half],
                            input_ids=ids[half:], new_pages=pages[split:], sample=[True])
+        if self.runner.lora is not None:
+            first.lora_loads = [(0, next(iter(self.runner.lora.host)))]
+            first.lora_slots = second.lora_slots = [0]
         for plan in (first, second):
             self.launch(plan).result()
 
