@@ -12,6 +12,7 @@ from runtime.messages import GenerateReq, InvalidRequest
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.test_http_health import http_front
 from tests.api.test_rpc import serving
+from tests.attack.http_inputs import lora_bodies
 
 
 @pytest.fixture
@@ -92,3 +93,14 @@ def test_a_server_without_adapters_refuses_any(cfg, spec, script_ids):
         r = http.post("/generate", json={"text": "Hi", "lora_path": "sql"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "lora_path"
     assert not fake.of_type(GenerateReq)
+
+
+def test_the_attack_batterys_lora_inputs_get_answers_under_500(lora_cfg, spec, script_ids):
+    with (
+        FakeScheduler(lora_cfg, lambda r: script_ids[:2]),
+        http_front(lora_cfg, spec) as url,
+        httpx.Client(base_url=url, timeout=30) as http,
+    ):
+        for path, body in lora_bodies("smollm2"):
+            r = http.post(path, json=body)
+            assert r.status_code in (200, 400, 404), (path, body, r.text)
