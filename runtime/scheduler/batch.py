@@ -84,15 +84,11 @@ class Batch:
         pages = decode_pages.tolist()
         for new in extend_pages:
             pages.extend(new.tolist())
-        reqs = self.reqs
-        lora_slots = []
-        if any(r.lora_slot is not None for r in reqs):
-            lora_slots = [-1 if r.lora_slot is None else r.lora_slot for r in reqs]
         return BatchPlan(
             batch_id=bid, rows=rows, prefix_lens=prefix_lens,
             extend_lens=[1] * len(self.decode) + self.extend_lens, input_ids=input_ids,
             new_pages=pages, sample=sample, inits=inits, prefix_writes=prefix_writes,
-            input_logprobs=logprob_targets, lora_slots=lora_slots,
+            input_logprobs=logprob_targets,
         )
 
 

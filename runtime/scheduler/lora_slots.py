@@ -68,6 +68,14 @@ class LoraSlots:
         self.last_used[req.lora_slot] = next(self._clock)
         req.lora_slot = None
 
+    def slots_of(self, reqs: list[Req]) -> list[int]:
+        """`BatchPlan.lora_slots` of a step's requests: each one's slot (-1: none), or []
+        when none has an adapter."""
+        if not self.names:
+            return []
+        slots = [-1 if r.lora_slot is None else r.lora_slot for r in reqs]
+        return slots if max(slots, default=-1) >= 0 else []
+
     def take_loads(self) -> list[tuple[int, str]]:
         """(slot, adapter) pairs the worker must load before the next step, once each."""
         loads, self._loads = sorted(self._loads.items()), {}

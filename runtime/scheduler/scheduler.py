@@ -210,7 +210,7 @@ class Scheduler:
         self.next_batch_id += 1
         self.num_steps += 1
         plan = batch.to_plan(decode_pages, extend_pages)
-        plan.lora_loads = self.loras.take_loads()
+        plan.lora_slots, plan.lora_loads = self.loras.slots_of(batch.reqs), self.loras.take_loads()
         if (copies := self.kv.take_copies()) is not None:
             plan.writeback_dev, plan.writeback_host = (copies.writeback_dev.tolist(),
                                                        copies.writeback_host.tolist())
