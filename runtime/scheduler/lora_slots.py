@@ -25,6 +25,7 @@ class LoraSlots:
         self.names = frozenset(names)
         self.holds: list[str | None] = [None] * num_slots  # adapter of each slot
         self.pins = [0] * num_slots  # running requests using each slot
+        self.num_pinned = 0  # slots with a pin
         self.last_used = [0] * num_slots  # clock tick of the last acquire or release
         self.slot_of: dict[str, int] = {}  # resident adapter -> its slot
         self._loads: dict[int, str] = {}  # slot -> adapter to load before the next step
@@ -48,16 +49,18 @@ class LoraSlots:
             self.slot_of[req.lora] = slot
             self._loads[slot] = req.lora
             self.num_loads += 1
+        self.num_pinned += self.pins[slot] == 0
         self.pins[slot] += 1
         self.last_used[slot] = next(self._clock)
         req.lora_slot = slot
         return True
 
     def _victim(self) -> int | None:
-        """A free slot, else the least recently used unpinned one, else None."""
-        unpinned = [s for s, n in enumerate(self.pins) if n == 0]
-        if not unpinned:
+        """A free slot, else the least recently used unpinned one, else None (at once:
+        a long queue of waiting adapters costs little per step)."""
+        if self.num_pinned == len(self.pins):
             return None
+        unpinned = [s for s, n in enumerate(self.pins) if n == 0]
         return min(unpinned, key=lambda s: (self.holds[s] is not None, self.last_used[s]))
 
     def release(self, req: Req) -> None:
@@ -65,6 +68,7 @@ class LoraSlots:
         if req.lora_slot is None:
             return
         self.pins[req.lora_slot] -= 1
+        self.num_pinned -= self.pins[req.lora_slot] == 0
         self.last_used[req.lora_slot] = next(self._clock)
         req.lora_slot = None
 
@@ -91,5 +95,6 @@ class LoraSlots:
                     f"holds {self.holds[req.lora_slot]!r}")
                 held[req.lora_slot] += 1
         assert held == self.pins, f"LoRA slot pins {self.pins}, live requests hold {held}"
+        assert self.num_pinned == sum(n > 0 for n in held), "LoRA pinned-slot count is off"
         assert self.slot_of == {n: s for s, n in enumerate(self.holds) if n is not None}, (
             "LoRA slot maps disagree")

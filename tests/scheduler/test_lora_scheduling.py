@@ -98,19 +98,20 @@ def test_same_prompt_under_other_adapters_gets_no_cache_hit(kv):
 
 def test_plans_carry_each_requests_slot_and_the_loads_before_them():
     sched, worker = build_mode("token", chunk_size=256, max_loras=2, lora_paths=ADAPTERS)
-    reqs = [make_req("r0", [3, 4, 5], 3, lora="b"), make_req("r1", [6, 7], 3),
-            make_req("r2", [8, 9, 10, 11], 3, lora="a"), make_req("r3", [12], 3, lora="c")]
+    reqs = [make_req("r0", [3, 4, 5], 3, lora="b"), make_req("r1", [8, 9, 10, 11], 3, lora="a"),
+            make_req("r2", [12], 3, lora="c"), make_req("r3", [6, 7], 3)]
     for r in reqs:
         sched.add(r)
     plan = sched.plan()
-    # c waits: both slots are pinned by b and a, which run; the base request does not wait
-    assert plan.lora_slots == [0, -1, 1] and plan.lora_loads == [(0, "b"), (1, "a")]
-    assert [r.rid for r in sched.waiting] == ["r3"]
+    # c waits: both slots are pinned by b and a, which run; the base request behind it
+    # does not wait
+    assert plan.lora_slots == [0, 1, -1] and plan.lora_loads == [(0, "b"), (1, "a")]
+    assert [r.rid for r in sched.waiting] == ["r2"]
     sched.on_result(worker.run(plan))
     outs = {r.rid: [] for r in reqs}
     drive(sched, worker, on_step=lambda s, _: [outs[o.rid].extend(o.token_ids)
                                                for o in s.take_outputs()])
-    assert sched.loras.num_loads == 3  # r3 ran once a slot was released, "c" loaded then
+    assert sched.loras.num_loads == 3  # r2 ran once a slot was released, "c" loaded then
     for r in reqs:  # the fake worker computes no adapter: every output is the plain one
         assert outs[r.rid] == reference(r.input_ids, 3, {0})
     sched.check_invariants()
