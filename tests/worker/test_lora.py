@@ -82,3 +82,16 @@ def test_warm_up_leaves_the_slots_to_the_scheduler(llama):
     requests = list(zip(prompts(3, seed=4), ["qv", None, "all"]))
     for (prompt, lora), (out, _) in zip(requests, engine.run(requests)):
         assert out == hf_greedy(refs[lora], prompt, MAX_TOKENS), f"adapter {lora}"
+
+
+def test_retracted_requests_come_back_with_their_adapters(llama):
+    """A pool too small for the batch retracts requests (their slots unpinned) and admits
+    them again (pinned again, perhaps elsewhere): outputs stay each adapter's."""
+    base, folders, refs = llama
+    engine = InProcess(config(base, folders, kv_slots=200, max_loras=1,
+                              schedule_conservativeness=0.0))
+    adapters = ["all", "all", None, "all", "qv", None]
+    requests = list(zip(prompts(len(adapters), seed=5), adapters))
+    for (prompt, lora), (out, _) in zip(requests, engine.run(requests)):
+        assert out == hf_greedy(refs[lora], prompt, MAX_TOKENS), f"adapter {lora}"
+    assert engine.sched.num_retractions > 0
