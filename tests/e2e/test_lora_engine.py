@@ -51,6 +51,8 @@ def test_concurrent_adapters_match_merged_models(checkpoint, tp):
                                                    ignore_eos=True, lora=a) for a in adapters])
         with pytest.raises(InvalidRequest, match="lora: unknown LoRA adapter 'other'"):
             eng.generate(batch[0], SamplingParams(lora="other"))
+        with pytest.raises(InvalidRequest, match="2 SamplingParams for 1 prompts"):
+            eng.generate(batch[0], [SamplingParams(), SamplingParams()])
         assert_idle(eng)
     for prompt, lora, out in zip(batch, adapters, outs):
         assert out.token_ids == hf_greedy(refs[lora], prompt, MAX_TOKENS), f"adapter {lora}"
