@@ -16,14 +16,21 @@ import textwrap
 import uuid
 from dataclasses import dataclass, field
 
+from runtime.config_checks import (
+    ConfigError,
+    check_exposure,
+    check_lora,
+    check_monitoring,
+    check_scale_out,
+)
 from runtime.kv_mode import KVMode
+from runtime.lora_paths import parse_lora_paths
 
 KV_MODES = ("token", "paged", "contiguous")
 RESERVE_MODES = ("request", "max")  # contiguous: prompt + max_tokens, or the whole context
 PREEMPT_MODES = ("recompute", "swap")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "int8")
 QUANTIZATIONS = ("none", "fp8")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
@@ -31,10 +38,6 @@ TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3_json", "mistral", "deepse
 REASONING_PARSERS = ("none", "deepseek-r1", "qwen3")
 REQUEST_BYTES_PER_TOKEN = 64  # JSON token ids take <= 8, text far less per token
 MIN_REQUEST_BYTES = 1 << 20
-
-
-class ConfigError(ValueError):
-    """A server option is invalid."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,15 @@ class ServerConfig:
     `deepseek_v3`, `auto` (the one the chat template shows) or `none`."""
     reasoning_parser: str = "none"
     """Splits `<think>` reasoning into `reasoning_content`: `deepseek-r1`, `qwen3` or `none`."""
+    lora_paths: tuple[str, ...] = ()
+    """LoRA adapters to serve, as `name=path` (a PEFT folder: adapter_config.json and
+    adapter_model.safetensors); a request picks one by name (OpenAI `model`, SGLang
+    `lora_path`, native `lora`)."""
+    max_loras: int = 8
+    """LoRA adapters held on the device at once; the others load when a request needs
+    them, in the place of the least recently used one no running request holds."""
+    max_lora_rank: int = 64
+    """The largest LoRA rank an adapter may have."""
     cuda_graph: bool = True
     """Capture decode CUDA graphs at start-up (GPU, triton attention only)."""
     log_level: str = "info"
@@ -236,7 +248,8 @@ class ServerConfig:
         if self.chunk_size < 0:
             raise ConfigError(f"chunk_size must be >= 0 (0: auto), got {self.chunk_size}")
         for name in ("max_running", "max_queue", "tp", "grammar_cache_size", "max_request_seqs",
-                     "max_connections", "max_rpc_connections", "nnodes", "dp"):
+                     "max_connections", "max_rpc_connections", "nnodes", "dp", "max_loras",
+                     "max_lora_rank"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.schedule_conservativeness < 0:
@@ -255,53 +268,10 @@ class ServerConfig:
                 raise ConfigError(f"{name} must be a TCP port, got {getattr(self, name)}")
         if self.shutdown_grace < 0:
             raise ConfigError(f"shutdown_grace must be >= 0, got {self.shutdown_grace}")
-        self._check_monitoring()
-        self._check_exposure()
-        self._check_scale_out()
-
-    def _check_exposure(self) -> None:
-        if not self.host or not self.rpc_host:
-            raise ConfigError("host and rpc_host must be set")
-        if self.api_key and not (self.api_key.isascii() and self.api_key.isprintable()
-                                 and " " not in self.api_key):
-            raise ConfigError("api_key must be printable ASCII without spaces")
-        if not self.read_timeout > 0:
-            raise ConfigError(f"read_timeout must be > 0, got {self.read_timeout}")
-
-    def _check_scale_out(self) -> None:
-        if self.router_policy not in ROUTER_POLICIES:
-            raise ConfigError(f"router_policy must be one of {ROUTER_POLICIES}, "
-                              f"got {self.router_policy!r}")
-        if self.dp > 1 and self.port + 1 + 2 * self.dp >= 65536:
-            raise ConfigError(f"dp {self.dp} needs ports {self.port}.."
-                              f"{self.port + 1 + 2 * self.dp}")
-        if not 0 <= self.node_rank < self.nnodes:
-            raise ConfigError(f"node_rank must be in [0, nnodes), got {self.node_rank}")
-        if self.tp % self.nnodes:
-            raise ConfigError(f"nnodes ({self.nnodes}) must divide tp ({self.tp})")
-        if self.nnodes > 1 and self.dp > 1:
-            raise ConfigError("dp > 1 and nnodes > 1 together are not supported: run one "
-                              "multi-node server per replica and a router in front")
-        if self.dist_init_addr:
-            host, _, port = self.dist_init_addr.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536 - 2 - self.tp:
-                raise ConfigError(f"dist_init_addr must be host:port, got "
-                                  f"{self.dist_init_addr!r}")
-        elif self.nnodes > 1:
-            raise ConfigError("nnodes > 1 needs dist_init_addr (node 0's host:port)")
-
-    def _check_monitoring(self) -> None:
-        for name in ("stats_interval", "stall_timeout"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("log_interval", "kv_alert_seconds", "degrade_waiting",
-                     "degrade_max_running"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0.0 < self.kv_alert_ratio <= 1.0:
-            raise ConfigError(f"kv_alert_ratio must be in (0, 1], got {self.kv_alert_ratio}")
-        if self.degrade_max_tokens < 1:
-            raise ConfigError(f"degrade_max_tokens must be >= 1, got {self.degrade_max_tokens}")
+        check_lora(self)
+        check_monitoring(self)
+        check_exposure(self)
+        check_scale_out(self)
 
     def _check_kv(self) -> None:
         if not self.host_kv_gib >= 0:
@@ -324,6 +294,11 @@ class ServerConfig:
     def kv_mode(self) -> KVMode:
         """The KV layout and what follows from it (page size, overlap, prefix cache)."""
         return KVMode.from_config(self)
+
+    @property
+    def lora_adapters(self) -> dict[str, str]:
+        """The LoRA adapters of `lora_paths`: name -> folder."""
+        return parse_lora_paths(self.lora_paths, self.model)
 
     def request_bytes_limit(self, max_context: int) -> int:
         """`max_request_bytes`, or its default for a context of `max_context` tokens."""

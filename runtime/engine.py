@@ -14,7 +14,13 @@ from collections.abc import Iterator, Sequence
 from runtime.api.loop_thread import LoopThread
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ConfigError, ServerConfig
-from runtime.messages import ModelInfo, RequestOutput, SamplingParams, SchedulerStats
+from runtime.messages import (
+    InvalidRequest,
+    ModelInfo,
+    RequestOutput,
+    SamplingParams,
+    SchedulerStats,
+)
 from runtime.process_group import ProcessGroup
 
 Prompt = str | list[int]
@@ -58,21 +64,28 @@ class Engine:
     def tokenizer(self):
         return self._tm.tokenizer
 
-    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None,
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, text: bool = True) -> list[RequestOutput]:
         """Run every prompt concurrently (one batch stream) and return their whole outputs
         in order.
 
-        `prompts` is a string, a list of token ids, or a list of either. `text=False`:
-        token ids only, no detokenization (empty text; stop strings are refused).
+        `prompts` is a string, a list of token ids, or a list of either; `params` one
+        SamplingParams for all of them, or a list with one per prompt (e.g. each its own
+        LoRA adapter). `text=False`: token ids only, no detokenization (empty text; stop
+        strings are refused).
         """
         batch = [prompts] if _is_single(prompts) else list(prompts)
         params = params if params is not None else SamplingParams()
-        return self._loop.run(self._generate_all(batch, params, text))
+        each = [params] * len(batch) if isinstance(params, SamplingParams) else list(params)
+        if len(each) != len(batch):
+            raise InvalidRequest(f"{len(each)} SamplingParams for {len(batch)} prompts")
+        return self._loop.run(self._generate_all(batch, each, text))
 
-    async def _generate_all(self, prompts: list[Prompt], params: SamplingParams,
+    async def _generate_all(self, prompts: list[Prompt], params: list[SamplingParams],
                             text: bool) -> list[RequestOutput]:
-        return list(await asyncio.gather(*(self._whole(p, params, text) for p in prompts)))
+        return list(await asyncio.gather(*(self._whole(p, q, text)
+                                           for p, q in zip(prompts, params))))
 
     async def _whole(self, prompt: Prompt, params: SamplingParams, text: bool) -> RequestOutput:
         gen = self._tm.generate(prompt, _copy(params), stream=False, text=text)

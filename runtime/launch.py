@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
         if f.type in ("bool", bool, "bool | None"):  # None: decided later (`KVMode.overlap`)
             serve.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=f.default, help=text)
+        elif f.type == "tuple[str, ...]":  # `--lora-paths a=/x b=/y`
+            serve.add_argument(flag, dest=f.name, nargs="+", type=str, default=f.default,
+                               help=text)
         else:
             typ = {"int": int, "float": float}.get(str(f.type), str)
             serve.add_argument(flag, dest=f.name, type=typ, default=f.default, help=text)
@@ -52,7 +55,8 @@ def config_from_args(args: argparse.Namespace, **internal) -> ServerConfig:
     """The ServerConfig of the parsed flags (without `--api-key`, the key comes from
     SLUICE_API_KEY); `internal`: fields that are not flags."""
     fields = {f.name for f in dataclasses.fields(ServerConfig)} - _INTERNAL
-    options = {k: v for k, v in vars(args).items() if k in fields}
+    options = {k: tuple(v) if isinstance(v, list) else v
+               for k, v in vars(args).items() if k in fields}
     options["api_key"] = options.get("api_key") or os.environ.get("SLUICE_API_KEY", "")
     return ServerConfig(**options, **internal)
 

@@ -77,6 +77,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     logit_bias: dict[Int64, float] = {}
     # Only these tokens may be sampled (None: any); not with `regex` or `json_schema`.
     allowed_token_ids: list[Int64] | None = None
+    # The LoRA adapter to run the request with, by its `--lora-paths` name (None: the base
+    # model alone).
+    lora: str | None = None
 
     def validate(self) -> None:
         """Raise `InvalidRequest` naming the first bad field."""
@@ -119,6 +122,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
              "json_schema must be a non-empty string"),
             (self.regex is None or self.json_schema is None,
              "give at most one of regex and json_schema"),
+            (self.lora is None or (isinstance(self.lora, str) and 0 < len(self.lora) <= 64),
+             "lora must be an adapter name (1 to 64 characters)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -394,6 +399,10 @@ class BatchPlan(msgspec.Struct, **_WIRE):
     writeback_host: list[int] = []
     load_host: list[int] = []
     load_dev: list[int] = []
+    # LoRA: the adapter slot of each request (in order; -1: none), empty when no request
+    # has one; `lora_loads` (slot, adapter name) are copied into their slots first
+    lora_slots: list[int] = []
+    lora_loads: list[tuple[int, str]] = []
 
 
 class GrammarCacheUpdate(msgspec.Struct, **_WIRE):

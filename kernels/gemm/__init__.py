@@ -1,2 +1,2 @@
 """Matrix products: the skinny decode GEMM and its measured config table, the block-scaled
-fp8 GEMM, and fp8 activation quantization."""
+fp8 GEMM, fp8 activation quantization, and the segmented LoRA shrink/expand GEMMs."""

@@ -138,14 +138,16 @@ class _Endpoints:
         return await self._answer(self.sglang.health_generate())
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [self._model_card()]})
+        """The base model, then its LoRA adapters (each with the base as `parent`)."""
+        cards = [self._model_card()] + [self._model_card(n) for n in self.tm.lora_names]
+        return JSONResponse({"object": "list", "data": cards})
 
     async def model(self, request: Request) -> Response:
         try:
-            self.openai.check_model(request.path_params["model"])
+            adapter = self.openai.check_model(request.path_params["model"])
         except ApiError as e:
             return self._error(e)
-        return JSONResponse(self._model_card())
+        return JSONResponse(self._model_card(adapter))
 
     async def model_info(self, request: Request) -> Response:
         """The model's name, context length and chat role markers (`ModelInfo`), and
@@ -162,10 +164,12 @@ class _Endpoints:
         report = self.monitor.health_report()
         return JSONResponse(report.to_json(), status_code=report.http_status)
 
-    def _model_card(self) -> dict[str, Any]:
-        return {"id": self.cfg.model, "object": "model", "created": self.created,
-                "owned_by": "sluice", "root": self.cfg.model,
+    def _model_card(self, adapter: str | None = None) -> dict[str, Any]:
+        """The OpenAI model object of the base model, or of one of its LoRA adapters."""
+        card = {"id": adapter or self.cfg.model, "object": "model", "created": self.created,
+                "owned_by": "sluice", "root": adapter or self.cfg.model,
                 "max_model_len": self.tm.context_len}
+        return card if adapter is None else card | {"parent": self.cfg.model}
 
     async def _serve(self, request: Request, typ: type,
                      handler: Callable[[Any, Any], Awaitable[Any]]) -> Response:

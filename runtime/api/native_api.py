@@ -88,7 +88,7 @@ class NativeServing:
     async def generate(self, body: dict[str, Any], guard: Guard) -> Any:
         """The reply to a `/generate` body (a JSON object), in the body's form."""
         if is_sglang_form(body):
-            return await self.sglang.generate(parse_sglang(body), guard)
+            return await self.sglang.generate(parse_sglang(body, self.tm.lora_names), guard)
         try:
             req = msgspec.convert(body, GenerateRequest)
         except msgspec.ValidationError as e:

@@ -109,18 +109,34 @@ class OpenAIServing:
         self.model_names = model_names
         self.parsing = ChatParsing(tm.cfg, tm.tokenizer)
 
-    def check_model(self, name: str) -> None:
-        if name not in self.model_names:
-            raise ApiError(404, f"The model `{name}` does not exist; this server has "
-                                f"{list(self.model_names)}", code="model_not_found", param="model")
+    def check_model(self, name: str) -> str | None:
+        """The LoRA adapter that model `name` picks: None for the base model, the adapter
+        for `"<adapter>"` or `"<base>:<adapter>"`. An unknown adapter of the base is a
+        400, any other unknown name a 404 (both naming `model`)."""
+        if name in self.model_names:
+            return None
+        if name in self.tm.lora_names:
+            return name
+        for base in self.model_names:
+            if name.startswith(base + ":"):
+                adapter = name[len(base) + 1:]
+                if adapter not in self.tm.lora_names:
+                    raise ApiError(400, f"model: unknown LoRA adapter {adapter!r} of `{base}`; "
+                                        f"this server has {list(self.tm.lora_names)}",
+                                   param="model")
+                return adapter
+        raise ApiError(404, f"The model `{name}` does not exist; this server has "
+                            f"{[*self.model_names, *self.tm.lora_names]}",
+                       code="model_not_found", param="model")
 
     async def completions(self, req: CompletionRequest,
                           guard: Guard) -> msgspec.Struct | EventStream:
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
         check_completion(req)
         prompts = prompt_list(req.prompt)
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
         params = to_params(req, max_tokens)
+        params.lora = lora
         params.logprobs = req.logprobs is not None
         params.top_logprobs = req.logprobs or 0
         call = _Call(f"cmpl-{uuid.uuid4().hex}", False, req.model, req.n, params.logprobs,
@@ -143,7 +159,7 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest,
                    guard: Guard) -> msgspec.Struct | EventStream:
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
         check_chat(req)
         parsing = self.parsing.request(req)
         tools = parsing.template_tools
@@ -155,6 +171,7 @@ class OpenAIServing:
         if max_tokens is None:  # OpenAI: as much as the context leaves
             max_tokens = max(1, self.tm.context_len - len(ids))
         params = to_params(req, max_tokens)
+        params.lora = lora
         params.logprobs = req.logprobs
         params.top_logprobs = req.top_logprobs or 0
         parsing.apply(params)

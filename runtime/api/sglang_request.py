@@ -16,7 +16,9 @@ In SGLang's form:
   sampling parameters.
 - `n` > 1 runs n requests per prompt, in SGLang's order (the whole batch, n times; with a
   seed, sample j gets seed + j) and answers a list.
-- Fields that SGLang has and Sluice does not implement (LoRA, images, sessions, hidden
+- `lora_path` names the LoRA adapter (one for all prompts, or a list with one per prompt;
+  null or "": the base model); an adapter the server does not have is a 400.
+- Fields that SGLang has and Sluice does not implement (images, sessions, hidden
   states, ...) are accepted only while empty (null, false, 0, "", [] or {}); otherwise a
   400 names the field. Hints that change nothing about the output are ignored: `model`
   (which routers add), logging and routing fields, `stream_interval`.
@@ -27,6 +29,7 @@ In SGLang's form:
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +41,7 @@ from runtime.messages import MAX_TOP_LOGPROBS, SamplingParams
 SLUICE_FIELDS = frozenset({"text", "input_ids", "sampling_params", "stream", "priority",
                            "ignore_eos", "return_logprob", "rid", "logprob_start_len"})
 # SGLang's top-level fields that Sluice implements beyond its own form
-_SGLANG_FIELDS = frozenset({"top_logprobs_num", "return_text_in_logprobs"})
+_SGLANG_FIELDS = frozenset({"top_logprobs_num", "return_text_in_logprobs", "lora_path"})
 _IGNORED_FIELDS = frozenset({
     "model", "log_metrics", "no_logs", "custom_labels", "routing_key", "conversation_id",
     "received_time", "external_trace_header", "http_worker_ipc", "routed_dp_rank",
@@ -48,7 +51,7 @@ _EMPTY_ONLY_FIELDS = frozenset({
     "audio_data", "background", "bootstrap_host", "bootstrap_pair_key", "bootstrap_port",
     "bootstrap_room", "cache_salt", "custom_logit_processor", "decode_tp_size",
     "encoder_urls", "extra_key", "image_data", "image_max_dynamic_patch", "images_config",
-    "input_embeds", "kv_hints", "lora_id", "lora_path", "max_dynamic_patch",
+    "input_embeds", "kv_hints", "lora_id", "max_dynamic_patch",
     "max_thinking_tokens", "min_dynamic_patch", "mm_content_hashes", "mm_hashes",
     "mm_processor_kwargs", "modalities", "multi_item_delimiter_indices",
     "need_wait_for_mm_inputs", "num_items_assigned", "positional_embed_overrides",
@@ -106,8 +109,9 @@ def is_sglang_form(body: dict[str, Any]) -> bool:
     return _is_batch(body)
 
 
-def parse_sglang(body: dict[str, Any]) -> SglRequest:
-    """The requests of an SGLang-form body; `ApiError(400)` naming what is wrong."""
+def parse_sglang(body: dict[str, Any], lora_names: Collection[str] = ()) -> SglRequest:
+    """The requests of an SGLang-form body, whose `lora_path` may name any of
+    `lora_names`; `ApiError(400)` naming what is wrong."""
     for name, value in body.items():
         if name in _EMPTY_ONLY_FIELDS and not _is_empty(value):
             raise ApiError(400, f"`{name}` is not supported by this server (only an empty "
@@ -126,7 +130,7 @@ def parse_sglang(body: dict[str, Any]) -> SglRequest:
     n = _samples(raws)
     per_prompt = {name: _per_prompt(body, name, default, len(prompts), n)
                   for name, default in (("return_logprob", False), ("logprob_start_len", -1),
-                                        ("top_logprobs_num", 0))}
+                                        ("top_logprobs_num", 0), ("lora_path", None))}
     rids = _rids(body.get("rid"), len(prompts), n)
     items = []
     for k in range(len(prompts) * n):
@@ -146,6 +150,7 @@ def parse_sglang(body: dict[str, Any]) -> SglRequest:
             params.seed += sample
         params.logprobs = want
         params.logprob_start_len = start if want and start >= 0 else -1
+        params.lora = _lora(per_prompt["lora_path"][p], lora_names)
         given = frozenset(_RENAMED_PARAMS.get(name, name) for name, value in raws[p].items()
                           if value is not None)
         items.append(SglItem(prompts[p], params, rids[k], want, start, given))
@@ -189,6 +194,16 @@ def to_params(raw: dict[str, Any], body: dict[str, Any]) -> SamplingParams:
 
 
 # ---------------------------------------------------------------- helpers
+def _lora(path: Any, lora_names: Collection[str]) -> str | None:
+    """The adapter `lora_path` names (None or "": the base model)."""
+    if path is None or path == "":
+        return None
+    if not isinstance(path, str) or path not in lora_names:
+        raise ApiError(400, f"lora_path: unknown LoRA adapter {path!r}; this server has "
+                            f"{list(lora_names)}", param="lora_path")
+    return path
+
+
 def _is_batch(body: dict[str, Any]) -> bool:
     text, ids = body.get("text"), body.get("input_ids")
     return isinstance(text, list) or (isinstance(ids, list) and bool(ids)

@@ -71,6 +71,7 @@ class TokenizerManager:
     def __init__(self, cfg: ServerConfig, spec: ModelSpec) -> None:
         self.cfg = cfg
         self.spec = spec
+        self.lora_names = tuple(cfg.lora_adapters)  # the LoRA adapters a request may pick
         self.tokenizer = spec.load_tokenizer()  # TokenizerError: it does not fit the model
         vocab = spec.hf_config().vocab_size
         if self.tokenizer is not None:
@@ -194,6 +195,9 @@ class TokenizerManager:
         input_ids = await prepare_prompt(prompt, params, self._prompts, self.spec.name,
                                          self.vocab_size, limits,
                                          fit_max_tokens="max_tokens" in filled)
+        if params.lora is not None and params.lora not in self.lora_names:
+            raise InvalidRequest(f"lora: unknown LoRA adapter {params.lora!r}; this server "
+                                 f"has {list(self.lora_names)}")
         self._check_alive()  # the engine may have died while the prompt was tokenized
         if rid in self._by_rid:
             raise InvalidRequest(f"request id {rid!r} is already in flight")

@@ -31,6 +31,15 @@ def hash_block_tokens(parent_hash: BlockHash | None, tokens: Sequence[int]) -> B
     return digest.digest()
 
 
+def space_seed(space: str | None) -> tuple[BlockHash, ...]:
+    """What a request's hash chain starts from: nothing for the base model; for a LoRA
+    adapter, a digest of its name (its first block's parent), so the same tokens computed
+    under another adapter, or none, never match."""
+    if space is None:
+        return ()
+    return (hashlib.blake2b(b"lora:" + space.encode(), digest_size=16).digest(),)
+
+
 def chain_block_hashes(
     tokens: Sequence[int], block_size: int, known: Sequence[BlockHash] = ()
 ) -> list[BlockHash]:

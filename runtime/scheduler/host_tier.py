@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.scheduler.radix_cache import RadixCache, TreeNode
+from runtime.scheduler.radix_cache import RadixCache, Space, TreeNode
 from runtime.scheduler.token_allocator import TokenAllocator
 
 _NONE = np.zeros(0, dtype=np.int32)
@@ -76,10 +76,10 @@ class HostTier:
         self.load_tokens = 0
 
     # ------------------------------------------------------------------ device -> host
-    def write_back(self, key: np.ndarray, dev_slots: np.ndarray) -> None:
-        """Keep a copy of the KV of `key` (`dev_slots[i]` holds `key[i]`), which the device
-        tree is about to drop: order copies of the positions the host lacks."""
-        held, node = self.cache.match_prefix(key)
+    def write_back(self, key: np.ndarray, dev_slots: np.ndarray, space: Space = None) -> None:
+        """Keep a copy of the KV of `key` (`dev_slots[i]` holds `key[i]`) in `space`, which
+        the device tree is about to drop: order copies of the positions the host lacks."""
+        held, node = self.cache.match_prefix(key, space)
         missing = len(key) - len(held)
         if missing == 0:
             return  # already on the host (a node loaded back earlier): now the freshest
@@ -92,14 +92,14 @@ class HostTier:
             return  # larger than everything the host can free: not kept
         self._writebacks.append((dev_slots[len(held):], host))
         self.writeback_tokens += missing
-        dup = self.cache.insert(key, np.concatenate([held, host]))
+        dup = self.cache.insert(key, np.concatenate([held, host]), space)
         assert dup == len(held), (dup, len(held))
 
     # ------------------------------------------------------------------ host -> device
-    def match(self, key: np.ndarray, skip: int) -> np.ndarray:
-        """Host slots of `key[skip:n]`, where `key[:n]` is the longest prefix on the host
-        (empty if n <= skip). They stay locked until `take_orders`."""
-        held, node = self.cache.match_prefix(key)
+    def match(self, key: np.ndarray, skip: int, space: Space = None) -> np.ndarray:
+        """Host slots of `key[skip:n]`, where `key[:n]` is the longest prefix of `space` on
+        the host (empty if n <= skip). They stay locked until `take_orders`."""
+        held, node = self.cache.match_prefix(key, space)
         if len(held) <= skip:
             return _NONE
         self.cache.inc_lock(node)

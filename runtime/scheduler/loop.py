@@ -41,6 +41,7 @@ from runtime.scheduler.grammar_gate import GrammarGate
 from runtime.scheduler.host_tier import HostTier
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.kv_study import build_study_kv
+from runtime.scheduler.lora_slots import LoraSlots
 from runtime.scheduler.paged_kv import PagedKV
 from runtime.scheduler.policy import PrefillAdder, preempt_order
 from runtime.scheduler.scheduler import Scheduler
@@ -79,6 +80,8 @@ def build_scheduler(cfg: ServerConfig, ready: WorkerReady, max_context: int) -> 
     sched.adder = PrefillAdder(init_ratio=0.7 * cfg.schedule_conservativeness,
                                min_ratio=0.1 * cfg.schedule_conservativeness)
     sched.grammars = GrammarGate(cfg.grammar_cache_size, cfg.tp)
+    if cfg.lora_paths:
+        sched.loras = LoraSlots(cfg.lora_adapters, cfg.max_loras)
     return sched
 
 

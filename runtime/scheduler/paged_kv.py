@@ -10,6 +10,8 @@ once its KV has been scheduled (here: by an earlier batch, so its writes precede
 reader), it keeps that hash while free in the LRU queue, and a later request whose
 prefix has the same chain takes it back. A preempted request frees its blocks without
 registering new ones; its earlier full blocks stay cached, so recompute is mostly hits.
+A request of a LoRA adapter chains its hashes from a seed of the adapter's name
+(`space_seed`): its blocks are cached apart from every other adapter's and the base's.
 With a host tier and `--preempt swap` (vLLM v0's swapping), its full blocks are copied to
 host slots first, and its re-admission loads those the device no longer caches.
 """
@@ -26,6 +28,7 @@ from runtime.scheduler.block_pool import (
     BlockPool,
     chain_block_hashes,
     hash_block_tokens,
+    space_seed,
 )
 from runtime.scheduler.host_tier import HostTier
 from runtime.scheduler.kv_manager import KVManager
@@ -68,7 +71,8 @@ class PagedKV(KVManager[BlockTable]):
     def _match(self, req: Req) -> tuple[BlockTable, np.ndarray]:
         """The longest cached run of full blocks of the first `req.max_prefix_len` tokens
         (at least one token is left to compute)."""
-        hashes = chain_block_hashes(req.tokens(0, req.max_prefix_len), self.block_size)
+        hashes = chain_block_hashes(req.tokens(0, req.max_prefix_len), self.block_size,
+                                    space_seed(req.lora))
         hits = self.pool.match_prefix(hashes)
         self.pool.touch(hits)
         if req.rid in self.swapped:
@@ -152,7 +156,8 @@ class PagedKV(KVManager[BlockTable]):
             return
         if (k := len(table.hashes)) < full:  # hash only the blocks not hashed yet
             tokens = table.req.tokens(k * self.block_size, full * self.block_size)
-            table.hashes += chain_block_hashes(tokens, self.block_size, table.hashes)
+            table.hashes += chain_block_hashes(tokens, self.block_size,
+                                               table.hashes or space_seed(table.req.lora))
         self.pool.cache_full_blocks(table.blocks, table.hashes[:full], table.num_registered)
         table.num_registered = full
 
@@ -201,7 +206,7 @@ class PagedKV(KVManager[BlockTable]):
                 f"{req.rid}: {len(ids)} blocks for {table.num_tokens} tokens (kv_len {req.kv_len})"
             )
             if k := len(table.hashes):  # the chain's last link (O(1): stats call this)
-                parent = table.hashes[k - 2] if k > 1 else None
+                parent = table.hashes[k - 2] if k > 1 else (space_seed(req.lora) or [None])[0]
                 tail = hash_block_tokens(parent, req.tokens((k - 1) * bs, k * bs))
                 assert tail == table.hashes[-1], f"{req.rid}: stale hash chain"
             for block, block_hash in zip(table.blocks[: table.num_registered], table.hashes):

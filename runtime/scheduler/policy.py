@@ -57,7 +57,8 @@ class PrefillAdder:
         return [(r, min(r.remaining_tokens, RESERVE_CLIP)) for r in reqs]
 
     def fill(self, sched: Scheduler, budget: int) -> Iterator[tuple[Req, int]]:
-        """Yield (request, new tokens) pairs; admitted requests move to `running`."""
+        """Yield (request, new tokens) pairs; admitted requests move to `running`. A
+        waiting request whose LoRA adapter finds no free slot is passed over."""
         self.ratio = max(self.min_ratio, self.ratio - self.decay)
         kv = sched.kv
         chunked = [r for r in sched.running if r.in_prefill]
@@ -72,17 +73,23 @@ class PrefillAdder:
         if budget <= 0 or len(sched.running) >= sched.max_running:
             return  # no admission this step: leave the queue unsorted (it may be long)
         sched.waiting.sort(key=admission_order)
-        while budget > 0 and sched.waiting and len(sched.running) < sched.max_running:
-            req = sched.waiting[0]
+        i = 0  # requests before it wait for a LoRA slot
+        while budget > 0 and i < len(sched.waiting) and len(sched.running) < sched.max_running:
+            req = sched.waiting[i]
+            if not sched.loras.acquire(req):  # every slot pinned by other adapters
+                i += 1
+                continue
             if not kv.admit(req):
+                sched.loras.release(req)
                 return
             n = min(budget, req.known_len - req.kv_len)
             others = [r for r in sched.running if not r.finished]
             if not kv.can_admit(req, n, self._growth(others + [req]) if others else (), self.ratio):
                 kv.release(req, cache=False)
+                sched.loras.release(req)
                 req.unadmit()
                 return
-            sched.waiting.pop(0)
+            sched.waiting.pop(i)
             req.status = ReqStatus.RUNNING
             sched.running.append(req)
             budget -= n

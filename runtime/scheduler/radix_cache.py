@@ -7,6 +7,10 @@ evicted least-recently-used first when the allocator runs short.
 Slot ownership: a slot is in exactly one place at a time: the allocator's free list, this
 tree (evictable if its node is unlocked, protected if locked), or a request that computed
 it and has not given it to the tree yet ("in use").
+
+Keys live in spaces: the same tokens computed under another LoRA adapter (or none) have
+other KV, so each space (an adapter's name; None: the base model) has a root of its own.
+Eviction is one LRU order over all of them.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import numpy as np
 from runtime.scheduler.token_allocator import TokenAllocator
 
 _EMPTY = np.zeros(0, dtype=np.int32)
+Space = str | None  # a key space: a LoRA adapter's name, or None for the base model
 
 
 class TreeNode:
@@ -30,7 +35,7 @@ class TreeNode:
     def __init__(
         self, key: np.ndarray, value: np.ndarray, parent: TreeNode | None, uid: int
     ) -> None:
-        self.key = key  # [n] int32 token ids
+        self.key = key  # [n] int32 token ids; empty only in a space's root
         self.value = value  # [n] int32 slot ids
         self.parent = parent  # None for the root and for evicted (detached) nodes
         self.children: dict[int, TreeNode] = {}  # first token of the child's key -> child
@@ -48,15 +53,15 @@ def _common_len(a: np.ndarray, b: np.ndarray) -> int:
 class RadixCache:
     """Radix tree of cached KV, sharing `allocator` with the requests that use it.
 
-    `on_evict(key, slots)`, when set, sees each node `evict` drops just before its slots
-    are freed: the token ids of the whole path from the root to it and their slots (the
-    ancestors' still cached), so a lower tier can keep a copy.
+    `on_evict(key, slots, space)`, when set, sees each node `evict` drops just before its
+    slots are freed: the token ids of the whole path from its space's root to it and their
+    slots (the ancestors' still cached), so a lower tier can keep a copy.
     """
 
     def __init__(
         self,
         allocator: TokenAllocator,
-        on_evict: Callable[[np.ndarray, np.ndarray], None] | None = None,
+        on_evict: Callable[[np.ndarray, np.ndarray, Space], None] | None = None,
     ) -> None:
         self.allocator = allocator
         self.on_evict = on_evict
@@ -65,7 +70,8 @@ class RadixCache:
         self._reset_tree()
 
     def _reset_tree(self) -> None:
-        self._root = TreeNode(_EMPTY, _EMPTY, None, next(self._uids))
+        self._roots: dict[Space, TreeNode] = {}
+        self._space_of: dict[int, Space] = {}  # id of a root -> its space
         self._evictable = 0
         self._protected = 0
         self._leaves: set[TreeNode] = set()  # nodes without children, root excluded
@@ -85,22 +91,31 @@ class RadixCache:
     def total_cached(self) -> int:
         return self._evictable + self._protected
 
+    def _root_of(self, space: Space) -> TreeNode:
+        root = self._roots.get(space)
+        if root is None:
+            root = self._roots[space] = TreeNode(_EMPTY, _EMPTY, None, next(self._uids))
+            self._space_of[id(root)] = space
+        return root
+
     # ------------------------------------------------------------------ lookup
-    def match_prefix(self, key: Sequence[int] | np.ndarray) -> tuple[np.ndarray, TreeNode]:
-        """Longest cached prefix of `key`: its slots (int32, the tree's own: borrow, never
-        free) and the node ending exactly there (the root if nothing matched).
+    def match_prefix(self, key: Sequence[int] | np.ndarray,
+                     space: Space = None) -> tuple[np.ndarray, TreeNode]:
+        """Longest cached prefix of `key` in `space`: its slots (int32, the tree's own:
+        borrow, never free) and the node ending exactly there (the space's root if nothing
+        matched).
 
         An edge the match ends inside is split so the returned node covers the prefix
         exactly. Every node on the path becomes the most recently used.
         """
         key = np.asarray(key, dtype=np.int32)
-        node, _, values = self._walk(key)
+        node, _, values = self._walk(key, space)
         return (np.concatenate(values) if values else _EMPTY.copy()), node
 
-    def _walk(self, key: np.ndarray) -> tuple[TreeNode, int, list[np.ndarray]]:
+    def _walk(self, key: np.ndarray, space: Space) -> tuple[TreeNode, int, list[np.ndarray]]:
         """Descend along `key`, splitting the last edge if the match ends inside it."""
         self._clock += 1
-        node, matched, values = self._root, 0, []
+        node, matched, values = self._root_of(space), 0, []
         while matched < len(key):
             child = node.children.get(int(key[matched]))
             if child is None:
@@ -125,10 +140,10 @@ class RadixCache:
 
     # ------------------------------------------------------------------ locks
     def inc_lock(self, node: TreeNode) -> None:
-        """Protect `node` and its ancestors from eviction (one lock per call; the root is a
+        """Protect `node` and its ancestors from eviction (one lock per call; a root is a
         no-op). Tokens of nodes going from 0 to 1 locks move evictable -> protected."""
         self._check_attached(node)
-        while node is not self._root:
+        while node.parent is not None:
             if node.lock_ref == 0:
                 self._evictable -= len(node.key)
                 self._protected += len(node.key)
@@ -138,7 +153,7 @@ class RadixCache:
     def dec_lock(self, node: TreeNode) -> None:
         """Undo one `inc_lock(node)`; nodes reaching 0 locks move protected -> evictable."""
         self._check_attached(node)
-        while node is not self._root:
+        while node.parent is not None:
             if node.lock_ref == 0:
                 raise ValueError("dec_lock on a node that is not locked")
             node.lock_ref -= 1
@@ -148,13 +163,14 @@ class RadixCache:
             node = node.parent
 
     def _check_attached(self, node: TreeNode) -> None:
-        if node is not self._root and node.parent is None:
+        if node.parent is None and len(node.key):  # neither attached nor a root
             raise ValueError("node was evicted or flushed from the tree")
 
     # ------------------------------------------------------------------ insert
-    def insert(self, key: Sequence[int] | np.ndarray, slots: np.ndarray) -> int:
-        """Cache `slots` (`slots[i]` holds the KV of `key[i]`); returns `dup`, the number of
-        leading tokens that were already cached.
+    def insert(self, key: Sequence[int] | np.ndarray, slots: np.ndarray,
+               space: Space = None) -> int:
+        """Cache `slots` (`slots[i]` holds the KV of `key[i]`) in `space`; returns `dup`, the
+        number of leading tokens that were already cached there.
 
         Ownership contract: the tree keeps its existing slots for `key[:dup]` and takes
         ownership of `slots[dup:]` (the caller must not free them). `slots[:dup]` stay
@@ -166,7 +182,7 @@ class RadixCache:
         slots = np.asarray(slots, dtype=np.int32)
         if len(key) != len(slots):
             raise ValueError(f"insert of {len(key)} tokens with {len(slots)} slots")
-        node, dup, _ = self._walk(key)
+        node, dup, _ = self._walk(key, space)
         if dup < len(key):
             leaf = TreeNode(key[dup:].copy(), slots[dup:].copy(), node, next(self._uids))
             leaf.last_access = self._clock
@@ -196,7 +212,7 @@ class RadixCache:
             released.append(node.value)
             freed += len(node.key)
             self._evictable -= len(node.key)
-            if parent is not self._root and not parent.children:
+            if parent.parent is not None and not parent.children:
                 self._leaves.add(parent)
                 if parent.lock_ref == 0:
                     heapq.heappush(heap, (parent.last_access, parent.uid, parent))
@@ -204,14 +220,15 @@ class RadixCache:
             self.allocator.free(np.concatenate(released))
         return freed
 
-    def _path(self, node: TreeNode) -> tuple[np.ndarray, np.ndarray]:
-        """(token ids, slots) of every position from the root to the end of `node`."""
+    def _path(self, node: TreeNode) -> tuple[np.ndarray, np.ndarray, Space]:
+        """(token ids, slots) of every position from its space's root to the end of
+        `node`, and that space."""
         keys, values = [], []
-        while node is not self._root:
+        while node.parent is not None:
             keys.append(node.key)
             values.append(node.value)
             node = node.parent
-        return np.concatenate(keys[::-1]), np.concatenate(values[::-1])
+        return np.concatenate(keys[::-1]), np.concatenate(values[::-1]), self._space_of[id(node)]
 
     def reset(self) -> None:
         """Flush the whole tree, giving every cached slot back to the allocator. Only legal
@@ -219,7 +236,7 @@ class RadixCache:
         totals)."""
         if self._protected:
             raise RuntimeError(f"reset with {self._protected} tokens locked by requests")
-        values, stack = [], [self._root]
+        values, stack = [], list(self._roots.values())
         while stack:
             node = stack.pop()
             values.append(node.value)
@@ -235,7 +252,7 @@ class RadixCache:
         slot is cached twice or is both cached and free. Raises AssertionError."""
         evictable = protected = 0
         values, leaves = [], set()
-        stack = list(self._root.children.values())
+        stack = [child for root in self._roots.values() for child in root.children.values()]
         while stack:
             node = stack.pop()
             parent = node.parent
@@ -245,7 +262,7 @@ class RadixCache:
             assert parent is not None and parent.children.get(int(node.key[0])) is node, (
                 f"node {node.uid} is not linked from its parent under its first token"
             )
-            assert parent is self._root or parent.lock_ref >= node.lock_ref >= 0, (
+            assert parent.parent is None or parent.lock_ref >= node.lock_ref >= 0, (
                 f"node {node.uid} has {node.lock_ref} locks, parent {parent.lock_ref}"
             )
             if node.lock_ref:

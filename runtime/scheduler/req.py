@@ -36,6 +36,10 @@ class Req:
         self.token_ids: list[int] = list(self.prompt_ids)  # append-only: prompt, then outputs
         self.params: SamplingParams = msg.params
         self.stop_ids = frozenset(msg.stop_ids)
+        # the LoRA adapter (None: the base model), which also names its prefix-cache space,
+        # and the device slot it runs in while admitted (`LoraSlots`)
+        self.lora: str | None = msg.params.lora
+        self.lora_slot: int | None = None
         self.arrival = time.monotonic() if arrival is None else arrival
         self.scheduled_at: float | None = None  # first admission: the end of its queue time
         self.output_ids: list[int] = []

@@ -28,6 +28,7 @@ from runtime.messages import (
 from runtime.scheduler.batch import Batch, split_top
 from runtime.scheduler.grammar_gate import GrammarGate
 from runtime.scheduler.kv_manager import KVManager
+from runtime.scheduler.lora_slots import LoraSlots
 from runtime.scheduler.policy import PrefillAdder, retract_order
 from runtime.scheduler.req import Req, ReqStatus
 
@@ -68,6 +69,7 @@ class Scheduler:
         self.completed_batch_id = -1
         self.adder = PrefillAdder()
         self.grammars = GrammarGate()
+        self.loras = LoraSlots()  # the LoRA adapters' device slots (none by default)
         self.num_retractions = 0
         self.num_swaps = 0
         self.num_steps = 0
@@ -82,6 +84,9 @@ class Scheduler:
             return
         if not req.prompt_ids:
             self._emit_error(req, "empty prompt")
+            return
+        if req.lora is not None and req.lora not in self.loras.names:
+            self._emit_error(req, f"unknown LoRA adapter {req.lora!r}")
             return
         need = len(req.prompt_ids) + req.params.max_tokens
         if need > self.max_context or len(req.prompt_ids) + 1 > self.kv.total:
@@ -211,6 +216,7 @@ class Scheduler:
         self.next_batch_id += 1
         self.num_steps += 1
         plan = batch.to_plan(decode_pages, extend_pages)
+        plan.lora_slots, plan.lora_loads = self.loras.slots_of(batch.reqs), self.loras.take_loads()
         if (copies := self.kv.take_copies()) is not None:
             plan.writeback_dev, plan.writeback_host = (copies.writeback_dev.tolist(),
                                                        copies.writeback_host.tolist())
@@ -254,6 +260,7 @@ class Scheduler:
             self.num_swaps += 1
         else:
             self.kv.release(req, cache=False)
+        self.loras.release(req)
         self.running.remove(req)
         req.retract()
         if self.grammars.admissible(req):  # its grammar may have left the cache meanwhile
@@ -323,6 +330,7 @@ class Scheduler:
                 # cache only KV that was surely written: never after a failed batch
                 ok = req.finish_reason != FinishReason.ERROR and 0 < req.kv_len <= req.known_len
                 self.kv.release(req, cache=ok)
+                self.loras.release(req)
                 req.row = None
                 self._drop(req)
             else:
@@ -390,3 +398,4 @@ class Scheduler:
     def check_invariants(self) -> None:
         live = [r for r in list(self.running) + self.deferred if r.row is not None]
         self.kv.check_invariants(live)
+        self.loras.check_invariants(live)

@@ -7,7 +7,7 @@ import numpy as np
 
 from runtime.scheduler.host_tier import HostTier
 from runtime.scheduler.kv_manager import KVManager
-from runtime.scheduler.radix_cache import RadixCache, TreeNode
+from runtime.scheduler.radix_cache import RadixCache, Space, TreeNode
 from runtime.scheduler.req import Req
 from runtime.scheduler.token_allocator import TokenAllocator
 
@@ -21,7 +21,8 @@ class TokenKV(KVManager[TreeNode]):
     beyond its `cached_len`.
 
     With a `host` tier, the tree's evictions are written back to it and a prompt prefix
-    found there is loaded back at admission (see `HostTier`).
+    found there is loaded back at admission (see `HostTier`). A request's prefixes are
+    cached in the key space of its LoRA adapter (`Req.lora`) on both tiers.
     """
 
     prefix_cache = True
@@ -43,17 +44,17 @@ class TokenKV(KVManager[TreeNode]):
     def _match(self, req: Req) -> tuple[TreeNode, np.ndarray]:
         """The longest cached prefix (at least one token is left to compute)."""
         key = np.asarray(req.tokens(0, req.max_prefix_len), dtype=np.int32)
-        slots, node = self.cache.match_prefix(key)
+        slots, node = self.cache.match_prefix(key, req.lora)
         if self.host is not None:
-            slots, node = self._load_back(key, slots, node)
+            slots, node = self._load_back(key, slots, node, req.lora)
         self.cache.inc_lock(node)
         return node, slots
 
-    def _load_back(self, key: np.ndarray, slots: np.ndarray,
-                   node: TreeNode) -> tuple[np.ndarray, TreeNode]:
+    def _load_back(self, key: np.ndarray, slots: np.ndarray, node: TreeNode,
+                   space: Space) -> tuple[np.ndarray, TreeNode]:
         """Extend the device match `slots` (ending at `node`) with what the host holds
         beyond it, loaded into fresh device slots; unchanged if the device has no room."""
-        host = self.host.match(key, len(slots))
+        host = self.host.match(key, len(slots), space)
         if not len(host):
             return slots, node
         self.cache.inc_lock(node)  # making room must not evict the device prefix
@@ -63,9 +64,9 @@ class TokenKV(KVManager[TreeNode]):
             return slots, node
         self.host.load(host, dev)
         n = len(slots) + len(dev)
-        dup = self.cache.insert(key[:n], np.concatenate([slots, dev]))
+        dup = self.cache.insert(key[:n], np.concatenate([slots, dev]), space)
         assert dup == len(slots), (dup, len(slots))
-        return self.cache.match_prefix(key[:n])
+        return self.cache.match_prefix(key[:n], space)
 
     def swap_out(self, req: Req) -> bool:
         """Cache its KV: evicted from the device, it goes to the host tier, and the prefix
@@ -90,7 +91,7 @@ class TokenKV(KVManager[TreeNode]):
     def _free(self, req: Req, node: TreeNode, cache: bool) -> None:
         """With `cache`, the computed KV goes to the radix tree."""
         if cache and req.kv_len > 0:
-            dup = self.cache.insert(req.tokens(0, req.kv_len), req.slots[: req.kv_len])
+            dup = self.cache.insert(req.tokens(0, req.kv_len), req.slots[: req.kv_len], req.lora)
             # the tree already held [0, dup): our copies of [cached_len, dup) are duplicates
             self.allocator.free(req.slots[req.cached_len : max(dup, req.cached_len)])
         else:

@@ -18,6 +18,7 @@ import torch
 from kernels.kv.page_gather import gather_pages, gather_pages_ref
 from runtime.messages import BatchPlan
 from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.lora.batch import LoraBatch, lora_segments
 from runtime.worker.staging import Staging
 
 
@@ -42,9 +43,10 @@ class BatchBuilder:
     """Device-side request tables and the step builder (see the module docstring)."""
 
     def __init__(self, max_rows: int, max_context: int, device: torch.device,
-                 page_size: int = 1) -> None:
+                 page_size: int = 1, lora_slots: int = 0) -> None:
         self.device = device
         self.page_size = page_size
+        self.lora_slots = lora_slots  # LoRA adapter slots of the model (0: no LoRA)
         self.req_to_page = torch.zeros(max_rows, -(-max_context // page_size),
                                        dtype=torch.int64, device=device)  # [rows, pages]
         self.last_ids = torch.zeros(max_rows, dtype=torch.int64, device=device)  # [rows]
@@ -76,14 +78,19 @@ class BatchBuilder:
             start = qo_indptr[i] + first - pre[i]
             logit_rows.append(np.arange(start, start + len(tgt)))
             targets.append(tgt)
-        d = self.staging.upload(i64={
+        i64 = {
             "ids": np.array(plan.input_ids, dtype=np.int64), "positions": positions,
             "tok_rows": tok_rows, "rows": rows, "pages": pages, "kv_starts": kv_indptr[:-1],
             "w_rows": w_rows, "w_cols": w_cols, "w_pages": w_pages,
             "logit_rows": np.concatenate(logit_rows), "s_rows": rows[sample],
             "s_pos": seq[sample],
             "targets": np.array([t for tgt in targets for t in tgt], dtype=np.int64),
-        }, i32={"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "seq": seq, "pre": pre})
+        }
+        i32 = {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "seq": seq, "pre": pre}
+        lora = lora_segments(plan.lora_slots, ext, self.lora_slots) if plan.lora_slots else None
+        if lora is not None:
+            i64["lora_order"], i32["lora_indptr"] = lora[0], lora[1]
+        d = self.staging.upload(i64=i64, i32=i32)
         if len(w_rows):
             self.req_to_page[d["w_rows"], d["w_cols"]] = d["w_pages"]
         pos_d, tok_rows_d = d["positions"], d["tok_rows"]
@@ -103,6 +110,8 @@ class BatchBuilder:
             # extra logit rows take the extend path (decode graphs return one row each)
             is_decode=decode, seq_lens_cpu=seq.tolist(), prefix_lens_cpu=plan.prefix_lens,
             extend_lens_cpu=plan.extend_lens, page_size=ps)
+        if lora is not None:
+            fb.lora = LoraBatch(d["lora_order"], d["lora_indptr"], lora[1].tolist(), lora[2])
         inputs = SampleInputs(rows=rows[sample], rows_dev=d["s_rows"],
                               positions=d["s_pos"], logprob_targets=d["targets"],
                               logprob_sizes=tuple(len(t) for t in targets))

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.worker.lora.batch import LoraBatch
+
 
 @dataclass
 class ForwardBatch:
@@ -38,6 +40,7 @@ class ForwardBatch:
     extend_lens_cpu: list[int]
     page_size: int = 1  # slots per page of kv_indices
     attn_meta: object = None  # the attention backend's metadata of this step, once prepared
+    lora: LoraBatch | None = None  # the tokens' LoRA adapter slots; None: no adapter
 
     @property
     def batch_size(self) -> int:

@@ -4,7 +4,8 @@ A decode step of B sequences replays the graph of the smallest captured size >= 
 model's inputs are copied into static buffers here, the page table and lengths into the
 attention backend's (`AttentionBackend.prepare_replay`); padded rows read nothing
 (sequence length 0) and write their K/V into slot 0, the padding sink. The logits of the
-first B rows are returned.
+first B rows are returned. With LoRA adapters the graphs read the step's adapter segments
+from static buffers too (`LoraBatch.static`), sized for every row of the graph.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import torch
 
 from runtime.worker.attention import AttentionBackend
 from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.lora.batch import LoraBatch
+from runtime.worker.lora.manager import LoraManager
 
 log = logging.getLogger("sluice.worker")
 
@@ -33,8 +36,10 @@ class GraphRunner:
         max_context: int,
         device: torch.device,
         page_size: int = 1,
+        lora: LoraManager | None = None,
     ) -> None:
         self.model, self.attn, self.device = model, attn, device
+        self.lora = lora
         self.page_size = page_size
         self.sizes = [s for s in CAPTURE_SIZES if s <= max_bs] or [max_bs]
         n = self.sizes[-1]
@@ -46,6 +51,7 @@ class GraphRunner:
         self.arange = torch.arange(n + 1, dtype=torch.int32, device=device)  # qo_indptr, rows
         self.zeros = torch.zeros(n + 1, dtype=torch.int32, device=device)  # empty sequences
         self.no_pages = torch.zeros(0, **i64)  # [0]
+        self.lora_batch = LoraBatch.static(n, lora.num_slots, device) if lora else None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.pool = None
@@ -66,7 +72,13 @@ class GraphRunner:
         return fb
 
     def _forward(self, fb: ForwardBatch) -> torch.Tensor:
-        hidden = self.model(fb, self.attn)  # [B, hidden]
+        if self.lora is None:
+            hidden = self.model(fb, self.attn)  # [B, hidden]
+        else:  # the LoRA kernels' grids cover this graph's rows
+            static = self.lora_batch
+            batch = LoraBatch(static.order[:fb.batch_size], static.indptr, None, fb.batch_size)
+            with self.lora.step.applying(batch):
+                hidden = self.model(fb, self.attn)  # [B, hidden]
         return self.model.compute_logits(hidden)  # [B, vocab]
 
     @torch.inference_mode()
@@ -102,6 +114,8 @@ class GraphRunner:
             self.input_ids[bs:padded].zero_()
             self.positions[bs:padded].zero_()
             self.out_slots[bs:padded].zero_()
+        if self.lora_batch is not None:
+            self.lora_batch.fill(fb.lora)
         self.attn.prepare_replay(fb, padded)
         self.graphs[padded].replay()
         return self.logits[padded][:bs]

@@ -3,6 +3,7 @@ on one device; `forward(fb)` turns a ForwardBatch into logits for the rows to sa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -25,6 +26,7 @@ from runtime.worker.kv_pool import (
     slots_for_memory,
 )
 from runtime.worker.loader import load_model
+from runtime.worker.lora.manager import LoraManager, LoraOptions
 from runtime.worker.models.deepseek import DeepseekForCausalLM
 from runtime.worker.quant.fp8_linear import check_fp8_support
 from runtime.worker.sampler import Sampler
@@ -78,6 +80,8 @@ class ModelRunner:
     A latent-attention (MLA) model gets a latent pool: one `[L + Dr]` row a token and layer.
     `quantization="fp8"` holds the projections' weights in fp8 (`Fp8Linear`); a device
     without fp8 matmul raises `QuantizationError` before anything is loaded.
+    With `lora`, the adapters are read and their device slots allocated (`LoraManager`)
+    before the KV pool takes the memory left; a bad adapter raises `AdapterError`.
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class ModelRunner:
         tp: TPGroup | None = None,
         attention_backend: str = "auto",
         quantization: str = "none",
+        lora: LoraOptions | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
@@ -103,6 +108,7 @@ class ModelRunner:
             check_fp8_support(self.device)
         self.model = load_model(spec, self.device, dtype, seed, tp, quantization)
         self.quantization = self.model.quantization  # "fp8" for an fp8 checkpoint too
+        self.lora = LoraManager(self.model, lora, self.device, dtype) if lora else None
         arch = self.model.arch
         self.vocab_size = arch.vocab_size
         mla = self.model.mla if isinstance(self.model, DeepseekForCausalLM) else None
@@ -135,7 +141,8 @@ class ModelRunner:
         if self.device.type == "cuda" and cuda_graph:
             if self.attn.supports_graphs:
                 self.graphs = GraphRunner(
-                    self.model, self.attn, max_rows, self.max_context, self.device, page_size
+                    self.model, self.attn, max_rows, self.max_context, self.device, page_size,
+                    self.lora,
                 )
                 self.graphs.capture()
             else:
@@ -157,5 +164,7 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.can_run(fb):
             return self.graphs.replay(fb)  # [B, vocab]
         self.attn.prepare(fb)
-        hidden = self.model(fb, self.attn)  # [T, hidden]
+        lora = self.lora.step.applying(fb.lora) if self.lora else contextlib.nullcontext()
+        with lora:
+            hidden = self.model(fb, self.attn)  # [T, hidden]
         return self.model.compute_logits(hidden[fb.sample_idx])  # [S, vocab]

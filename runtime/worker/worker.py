@@ -53,6 +53,7 @@ from runtime.worker.cpu_threads import ThreadTuner
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.grammar_rows import GrammarRows
 from runtime.worker.kv_transfer import CopyTiming, KVTransfer, host_slots_for
+from runtime.worker.lora.manager import LoraOptions
 from runtime.worker.model_check import LOAD_ERRORS
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.step_output import StepOutput, gather_top_logprobs, top_positions
@@ -122,9 +123,11 @@ class Worker:
                                   mem_fraction=cfg.mem_fraction, cuda_graph=cfg.cuda_graph,
                                   kv_dtype=cfg.kv_dtype, page_size=self.page_size, tp=self.tp,
                                   attention_backend=cfg.attention_backend,
-                                  quantization=cfg.quantization)
+                                  quantization=cfg.quantization,
+                                  lora=LoraOptions.from_config(cfg))
         self.builder = BatchBuilder(self.max_rows, self.runner.max_context, self.device,
-                                    self.page_size)
+                                    self.page_size,
+                                    self.runner.lora.num_slots if self.runner.lora else 0)
         compiler = None
         if spec.tokenizer_path is not None:
             compiler = GrammarCompiler(str(spec.tokenizer_path), self.runner.vocab_size,
@@ -141,7 +144,8 @@ class Worker:
         """Run one prefill (chunked in two) through the whole step path before serving, so
         the extend kernels are compiled before the first request (decode is warmed by
         CUDA graph capture). It uses row 0 and the slots from page 1 on, which hold
-        nothing yet."""
+        nothing yet; with LoRA adapters, one of them in slot 0 (the scheduler loads every
+        slot before its first use)."""
         ps = self.page_size
         n = min(64, self.runner.kv_slots + 1 - ps, self.runner.max_context - 1)
         half = n // 2
@@ -153,6 +157,9 @@ class Worker:
                           inits=[RowInit(row=0, params=SamplingParams(max_tokens=1))])
         second = BatchPlan(batch_id=-1, rows=[0], prefix_lens=[half], extend_lens=[n - half],
                            input_ids=ids[half:], new_pages=pages[split:], sample=[True])
+        if self.runner.lora is not None:
+            first.lora_loads = [(0, next(iter(self.runner.lora.host)))]
+            first.lora_slots = second.lora_slots = [0]
         for plan in (first, second):
             self.launch(plan).result()
 
@@ -174,6 +181,8 @@ class Worker:
             sampler.init_row(init.row, init.params, init.prompt_ids, init.output_ids)
             self.grammar.init_row(init.row, init.params.grammar, init.output_ids)
         copies = self.transfer.run(plan) if self.transfer is not None else None
+        if plan.lora_loads:
+            self.runner.lora.load_slots(plan.lora_loads)
         fb, inputs = self.builder.build(plan)
         logits = self.runner.forward(fb)  # [S + L, vocab] float32
         n = len(inputs.rows)

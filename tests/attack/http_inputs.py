@@ -1,8 +1,9 @@
 """Group `http_malformed`: about a thousand malformed HTTP inputs, each expecting an answer
 under 500: every field of the three POST routes set to each bad value, malformed tools
-and tool calls, bodies that are not JSON or not objects, wrong content types, methods and
-paths, and raw bytes that are not HTTP (read from a socket: an answer or a close is fine,
-silence is lost)."""
+and tool calls, the LoRA adapter fields (`lora_path`, `sampling_params.lora`, a `model`
+naming an adapter) set to each bad value, bodies that are not JSON or not objects, wrong
+content types, methods and paths, and raw bytes that are not HTTP (read from a socket: an
+answer or a close is fine, silence is lost)."""
 
 from __future__ import annotations
 
@@ -111,10 +112,27 @@ def corpus(model: str) -> list[tuple[str, str, dict[str, str], bytes]]:
         for method in ("GET", "PUT", "DELETE", "PATCH"):
             items.append((method, path, json_ct, good))
         items.append(("POST", path, {**json_ct, "Host": "evil.example"}, good))
+    items += [("POST", path, json_ct, json.dumps(body).encode())
+              for path, body in lora_bodies(model)]
     for path in ("/v1/embeddings", "/../../etc/passwd", "/" + "a" * 5000, "/metrics?x=%ff",
-                 "/health/../generate", "/v1/models/none"):
+                 "/health/../generate", "/v1/models/none", f"/v1/models/{model}:none"):
         items.append(("GET", path, {}, b""))
     return items
+
+
+def lora_bodies(model: str) -> list[tuple[str, dict]]:
+    """Requests of LoRA adapters the server does not have, by each field that names one."""
+    out = []
+    for value in BAD_VALUES + ["nope", "../../etc", model]:
+        out.append(("/generate", {"text": "Hi", "lora_path": value,
+                                  "sampling_params": {"max_new_tokens": 2}}))
+        out.append(("/generate", {"text": "Hi", "sampling_params": {"max_tokens": 2,
+                                                                     "lora": value}}))
+        if isinstance(value, str):
+            out.append(("/v1/completions", {"model": f"{model}:{value}", "prompt": "Hi",
+                                            "max_tokens": 2}))
+    out.append(("/generate", {"text": ["a", "b"], "lora_path": ["nope"]}))
+    return out
 
 
 def malformed_http(target: Target, tally: Tally, scale: str) -> None:
