@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from runtime.api.errors import ContextLengthExceeded
@@ -49,6 +50,13 @@ def check_request(prompt: Any, params: SamplingParams, tokenizer: Any, model: st
             raise InvalidRequest(f"model {model!r} has no tokenizer: "
                                  "regex and json_schema constraints are unsupported")
         check_grammar(params)
+
+
+def check_lora(params: SamplingParams, lora_names: Collection[str]) -> None:
+    """Raise `InvalidRequest` unless `params.lora` is None or one of `lora_names`."""
+    if params.lora is not None and params.lora not in lora_names:
+        raise InvalidRequest(f"lora: unknown LoRA adapter {params.lora!r}; this server "
+                             f"has {list(lora_names)}")
 
 
 def check_prompt_ids(ids: list[Any], vocab_size: int, limits: Limits,

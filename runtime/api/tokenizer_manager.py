@@ -29,7 +29,7 @@ from runtime.api.detokenize import IncrementalDetokenizer
 from runtime.api.dispatch import apply_batch
 from runtime.api.errors import EngineDeadError
 from runtime.api.openai_protocol import ChatMessage
-from runtime.api.prompt import prepare_prompt
+from runtime.api.prompt import check_lora, prepare_prompt
 from runtime.api.prompt_tokenizer import PromptTokenizer
 from runtime.api.req_state import ReqState
 from runtime.api.rid import check_rid
@@ -195,9 +195,7 @@ class TokenizerManager:
         input_ids = await prepare_prompt(prompt, params, self._prompts, self.spec.name,
                                          self.vocab_size, limits,
                                          fit_max_tokens="max_tokens" in filled)
-        if params.lora is not None and params.lora not in self.lora_names:
-            raise InvalidRequest(f"lora: unknown LoRA adapter {params.lora!r}; this server "
-                                 f"has {list(self.lora_names)}")
+        check_lora(params, self.lora_names)
         self._check_alive()  # the engine may have died while the prompt was tokenized
         if rid in self._by_rid:
             raise InvalidRequest(f"request id {rid!r} is already in flight")

@@ -32,6 +32,12 @@ class LoraSlots:
         self._clock = itertools.count(1)
         self.num_loads = 0  # adapters loaded so far
 
+    def refusal(self, req: Req) -> str | None:
+        """Why `req` cannot run here (an adapter this server does not have), else None."""
+        if req.lora is not None and req.lora not in self.names:
+            return f"unknown LoRA adapter {req.lora!r}"
+        return None
+
     def acquire(self, req: Req) -> bool:
         """Pin the slot of `req`'s adapter, making it resident if needed (`req.lora_slot`);
         False when every slot is pinned by requests of other adapters. A request without

@@ -82,11 +82,9 @@ class Scheduler:
         if msg.rid in self.reqs:
             self._emit_error(req, f"duplicate request id {msg.rid!r}")
             return
-        if not req.prompt_ids:
-            self._emit_error(req, "empty prompt")
-            return
-        if req.lora is not None and req.lora not in self.loras.names:
-            self._emit_error(req, f"unknown LoRA adapter {req.lora!r}")
+        refusal = "empty prompt" if not req.prompt_ids else self.loras.refusal(req)
+        if refusal is not None:
+            self._emit_error(req, refusal)
             return
         need = len(req.prompt_ids) + req.params.max_tokens
         if need > self.max_context or len(req.prompt_ids) + 1 > self.kv.total:
