@@ -178,16 +178,15 @@ def preset_bytes(model: str, dtype: str, kv_dtype: str = "auto") -> tuple[int, i
     from bench.roofline import ModelBytes
     from runtime.model_config import resolve_model
     from runtime.worker.kv_pool import kv_bytes_per_token, kv_dtype_scaled, kv_storage_dtype
-    from runtime.worker.loader import DEEPSEEK_TYPES, DeepseekArch, LlamaArch
+    from runtime.worker.models.registry import model_class
 
     dt = getattr(torch, dtype)
     config = resolve_model(model).hf_config()
     stored = kv_storage_dtype(kv_dtype, dt)
-    if getattr(config, "model_type", "llama") in DEEPSEEK_TYPES:
-        a = DeepseekArch.from_hf(config)
+    a = model_class(config).ARCH.from_hf(config)
+    if hasattr(a, "latent_dim"):  # MLA: one latent row a layer
         kv = kv_bytes_per_token(a.num_layers, 1, a.latent_dim, stored, planes=1)
     else:
-        a = LlamaArch.from_hf(config)
         kv = kv_bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim, stored,
                                 scaled=kv_dtype_scaled(kv_dtype))
     return ModelBytes.of(model, dt).params, kv
