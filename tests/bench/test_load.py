@@ -15,8 +15,7 @@ from bench.load.driver import main, parse_size
 from bench.load.memory import MemorySampler, release_free_memory, status_bytes
 from runtime.model_config import resolve_model
 from runtime.worker.loader import empty_model, load_hf_folder
-from runtime.worker.model_runner import ModelRunner
-from tests.worker.batching import Chunk, Driver
+from tests.worker.batching import assert_prefill_matches_hf
 
 SHARD = "200KB"  # the tiny preset is ~4 MB in bf16
 
@@ -72,12 +71,7 @@ def test_the_folder_loads_to_the_weights_it_was_drawn_from(report):
     spec = resolve_model(str(folder))
     hf = AutoModelForCausalLM.from_config(spec.hf_config(), dtype=torch.float32).eval()
     hf.load_state_dict({name: t.float() for name, t in state_dict("tiny")}, strict=True)
-    ids = list(range(3, 40))
-    runner = ModelRunner(spec, "cpu", torch.float32, kv_slots=64, max_rows=1)
-    logits = Driver(runner, 1).step([Chunk(0, ids)], sample_all=True)
-    with torch.no_grad():
-        torch.testing.assert_close(logits, hf(torch.tensor([ids])).logits[0],
-                                   atol=1e-4, rtol=1e-4)
+    assert_prefill_matches_hf(spec, hf, list(range(3, 40)))
 
 
 def test_parse_size():

@@ -141,3 +141,15 @@ def greedy(
         steps.append(logits)  # [P, V]
     out = torch.stack(steps, 1)  # [P, new_tokens, V]
     return out.argmax(-1).tolist(), out
+
+
+def assert_prefill_matches_hf(spec, hf, ids: list[int]) -> None:
+    """One prefill of `ids` through a ModelRunner of `spec` (fp32, CPU) gives the logits of
+    the transformers model `hf` at every position."""
+    from runtime.worker.model_runner import ModelRunner
+
+    runner = ModelRunner(spec, "cpu", torch.float32, kv_slots=len(ids) + 16, max_rows=1)
+    logits = Driver(runner, 1).step([Chunk(0, ids)], sample_all=True)  # [T, V]
+    with torch.no_grad():
+        torch.testing.assert_close(logits, hf(torch.tensor([ids])).logits[0],
+                                   atol=1e-4, rtol=1e-4)

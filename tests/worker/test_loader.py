@@ -8,9 +8,8 @@ from safetensors.torch import load_file, save_file
 
 from runtime.model_config import resolve_model
 from runtime.worker.loader import WeightLoadError, checkpoint_files, load_model
-from runtime.worker.model_runner import ModelRunner
 from runtime.worker.models.llama import LlamaArch, LlamaForCausalLM
-from tests.worker.batching import Chunk, Driver
+from tests.worker.batching import assert_prefill_matches_hf
 from tests.worker.checkpoints import tiny_checkpoint
 
 
@@ -24,12 +23,7 @@ def test_sharded_checkpoint(tmp_path):
     single = load_model(resolve_model(str(tmp_path)), "cpu", torch.float32)
     for (name, a), (_, b) in zip(model.named_parameters(), single.named_parameters()):
         assert torch.equal(a, b), name
-    ids = list(range(3, 14))
-    runner = ModelRunner(spec, "cpu", torch.float32, kv_slots=32, max_rows=1)
-    logits = Driver(runner, 1).step([Chunk(0, ids)], sample_all=True)
-    with torch.no_grad():
-        torch.testing.assert_close(logits, hf(torch.tensor([ids])).logits[0],
-                                   atol=1e-4, rtol=1e-4)
+    assert_prefill_matches_hf(spec, hf, list(range(3, 14)))
 
 
 @pytest.mark.parametrize("edit, message", [
