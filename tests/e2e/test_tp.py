@@ -12,7 +12,7 @@ import re
 import pytest
 
 from runtime import Engine, SamplingParams
-from runtime.process_group import StartupError
+from runtime.worker.model_check import UnsupportedModel
 from tests.e2e.hf_reference import PROMPTS, HFReference, assert_matches
 from tests.e2e.test_engine_api import wait_idle
 from tests.near_tie import near_tie_failures_by_logprobs
@@ -56,7 +56,9 @@ def test_tp3_regexes_are_compiled_by_every_rank_and_evicted_across_processes():
 
 
 def test_tp_that_does_not_divide_the_heads_fails_clearly():
-    with pytest.raises(StartupError, match=r"--tp 2 does not divide attention heads \(9\)"):
+    """Refused before any process starts, naming the config and the heads."""
+    with pytest.raises(UnsupportedModel,
+                       match=r"config.json: --tp 2 does not divide attention heads \(9\)"):
         Engine(model="smollm2", tp=2, torch_threads=1)
 
 
