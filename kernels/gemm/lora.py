@@ -38,6 +38,24 @@ def _segment_rows(order_ptr, indptr_ptr, slot, pid_m, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _rows_dot(l_ptrs, r_ptrs, m_mask, n_mask, K,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The fp32 product of a `[BM, K]` left operand and a `[K, BN]` right one read tile by
+    tile from `l_ptrs` / `r_ptrs` (each advanced BLOCK_K along K), the left cast to the
+    right's dtype; rows outside `m_mask` and columns outside `n_mask` read as 0."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_mask = offs_k < K - k0
+        lhs = tl.load(l_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [BM, BK]
+        rhs = tl.load(r_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # [BK, BN]
+        acc = tl.dot(lhs.to(rhs.dtype), rhs, acc)
+        l_ptrs += BLOCK_K
+        r_ptrs += BLOCK_K
+    return acc
+
+
+@triton.jit
 def _lora_shrink_kernel(
     x_ptr, a_ptr, tmp_ptr, order_ptr, indptr_ptr,
     K, NR, stride_x, stride_as, stride_ar, stride_t,
@@ -55,14 +73,7 @@ def _lora_shrink_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_x + offs_k[None, :]  # [BM, BK]
     a_ptrs = a_ptr + slot * stride_as + offs_n[None, :] * stride_ar + offs_k[:, None]  # [BK, BN]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_mask = offs_k < K - k0
-        x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        a = tl.load(a_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        acc = tl.dot(x, a, acc)
-        x_ptrs += BLOCK_K
-        a_ptrs += BLOCK_K
+    acc = _rows_dot(x_ptrs, a_ptrs, m_mask, n_mask, K, BLOCK_M, BLOCK_N, BLOCK_K)  # [BM, BN]
     t_ptrs = tmp_ptr + rows.to(tl.int64)[:, None] * stride_t + offs_n[None, :]
     tl.store(t_ptrs, acc, mask=m_mask[:, None] & n_mask[None, :])
 
@@ -91,14 +102,7 @@ def _lora_expand_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     t_ptrs = tmp_ptr + rows.to(tl.int64)[:, None] * stride_t + j * R + offs_k[None, :]  # [BM, BK]
     b_ptrs = b_ptr + slot * stride_bs + offs_n[None, :] * stride_bo + offs_k[:, None]  # [BK, BN]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, R, BLOCK_K):
-        k_mask = offs_k < R - k0
-        t = tl.load(t_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        acc = tl.dot(t.to(b.dtype), b, acc)
-        t_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
+    acc = _rows_dot(t_ptrs, b_ptrs, m_mask, n_mask, R, BLOCK_M, BLOCK_N, BLOCK_K)  # [BM, BN]
     y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_y + offs_n[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
     y = tl.load(y_ptrs, mask=mask, other=0.0).to(tl.float32)
