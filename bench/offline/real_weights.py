@@ -143,16 +143,11 @@ def markdown(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--part", default="greedy,ppl")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--prompts", type=int, default=50)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--ppl-tokens", type=int, default=20480)
-    ap.add_argument("--window", type=int, default=2048)
-    ap.add_argument("--chunk", type=int, default=256)
-    ap.add_argument("--variants", default=",".join(PPL_VARIANTS),
-                    help=f"perplexity variants, of {', '.join(PPL_VARIANTS)}")
+    defaults = {"part": "greedy,ppl", "device": "auto", "dtypes": "float32,bfloat16",
+                "prompts": 50, "max-tokens": 64, "ppl-tokens": 20480, "window": 2048,
+                "chunk": 256, "variants": ",".join(PPL_VARIANTS)}  # --variants: of PPL_VARIANTS
+    for name, value in defaults.items():
+        ap.add_argument(f"--{name}", type=type(value), default=value)
     ap.add_argument("--tiny", action="store_true", help="a CPU smoke run")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)

@@ -3,8 +3,6 @@ them in one process, stepped as the server steps them."""
 
 from __future__ import annotations
 
-from collections import deque
-
 import torch
 
 from runtime.config import ServerConfig
@@ -13,6 +11,7 @@ from runtime.model_config import spec_for
 from runtime.scheduler.loop import build_scheduler
 from runtime.worker.worker import Worker
 from tests.worker.checkpoints import BASE, tiny_checkpoint
+from tests.worker.in_process import run_to_end
 from tests.worker.lora_adapters import tiny_adapters
 
 MAX_TOKENS = 12
@@ -53,19 +52,7 @@ class InProcess:
             self.sched.add(GenerateReq(rids[-1], prompt, params))
         outs = {rid: [] for rid in rids}
         cached = dict.fromkeys(rids, 0)
-        in_flight: deque = deque()
-        sched = self.sched
-        while sched.has_work or in_flight:
-            while sched.can_plan() and (plan := sched.plan()) is not None:
-                in_flight.append(self.worker.launch(plan))
-            assert in_flight, "work left and nothing to run: the scheduler is stuck"
-            sched.on_result(in_flight.popleft().result())
-            if not sched.in_flight:
-                sched.check_invariants()
-            for out in sched.take_outputs():
-                assert out.error is None, out.error
-                outs[out.rid] += out.token_ids
-                cached[out.rid] += out.cached_tokens
+        run_to_end(self.sched, self.worker, outs, cached)
         return [(outs[r], cached[r]) for r in rids]
 
 
