@@ -1,4 +1,4 @@
-"""`SluiceServer`: `python -m runtime.launch serve ...` as a subprocess for benchmarks, and
+"""`SluiceServer`: `python -m runtime.launch.cli serve ...` as a subprocess for benchmarks, and
 what a results file says about the machine it ran on (device name, GPU memory, git revision).
 
 The server's output goes to a log file; `start` waits until the launcher says it is
@@ -36,7 +36,7 @@ class SluiceServer:
 
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.port, self.rpc_port = free_port(), free_port()
-        self.cmd = [sys.executable, "-m", "runtime.launch", "serve", "--host", "127.0.0.1",
+        self.cmd = [sys.executable, "-m", "runtime.launch.cli", "serve", "--host", "127.0.0.1",
                     "--port", str(self.port), "--rpc-port", str(self.rpc_port), *args]
         self.log_path = log_path
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
