@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from runtime.messages import SamplingParams
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.req import Req
 from runtime.scheduler.speculative.ngram import NgramDrafter
+from runtime.wire.sampling import SamplingParams
 
 
 class Drafter(Protocol):
