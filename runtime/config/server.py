@@ -25,12 +25,13 @@ from runtime.config.model import ModelOptions
 from runtime.config.monitoring import MonitoringOptions
 from runtime.config.scale_out import ScaleOutOptions
 from runtime.config.scheduling import SchedulingOptions
+from runtime.config.speculative import SpeculativeOptions
 
 
 # a dataclass takes its bases' fields last base first: the flags list the model first
 @dataclass(frozen=True)
-class ServerConfig(MonitoringOptions, ScaleOutOptions, SchedulingOptions, FrontOptions,
-                   ModelOptions):
+class ServerConfig(MonitoringOptions, ScaleOutOptions, SpeculativeOptions, SchedulingOptions,
+                   FrontOptions, ModelOptions):
     """Everything the processes need to agree on: the option groups and the processes'
     own options below."""
 
@@ -50,8 +51,13 @@ class ServerConfig(MonitoringOptions, ScaleOutOptions, SchedulingOptions, FrontO
         self.check_model()
         self.check_front()
         self.check_scheduling()
+        self.check_speculative()
         self.check_scale_out()
         self.check_monitoring()
+        if (self.speculative_algorithm != "none" and self.kv == "paged"
+                and self.block_size == "dynamic"):
+            raise ConfigError("speculative decoding needs kv token, contiguous or paged with a "
+                              "fixed block size")
         if self.dp > 1 and self.port + 1 + 2 * self.dp >= 65536:
             raise ConfigError(f"dp {self.dp} needs ports {self.port}.."
                               f"{self.port + 1 + 2 * self.dp}")
