@@ -1,21 +1,22 @@
-"""Build the vLLM payload for the GPU host without network, on a machine with PyPI access.
+"""Build the payloads for the GPU host without network, on a machine with PyPI access.
 
-    python -m bench.peers.payload [--work /tmp/sluice-peers-build] [--part-mib N]
+    python -m bench.peers.payload [--set vllm --set sluice] [--work DIR] [--part-mib N]
+    python -m bench.peers.payload --plan     # only print the transfers of what is built
 
-1. download (`pip download --no-deps`, CPython 3.12 manylinux wheels) vllm and the
-   packages it imports that the GPU host's image lacks (`PACKAGES`), and a few that no
-   traced import needs but an unusual code path might (`EXTRA`);
-2. install them (`pip install --target`, no bytecode) into `site/` and `site-extra/`;
-3. trim what a model on an H200 (sm_90) never loads (`TRIM`, each with its reason);
-4. tar both folders and compress them with xz -9;
+For each package set (`bench.peers.package_sets`: vLLM and what it imports that the host's
+image lacks; Sluice's own runtime dependencies the image lacks):
+1. download (`pip download --no-deps`, CPython 3.12 manylinux wheels) its packages;
+2. install them (`pip install --target`, no bytecode) into `site/` (and the set's extras,
+   which go last on the path, into `site-extra/`);
+3. trim what a run on an H200 (sm_90) never loads (each path with its reason);
+4. tar the folders and compress them with xz -9;
 5. split the archive into parts that each fit one transfer beside the repository's own
    files (a transfer carries 64 MiB in all) and write them, each with the sha256
-   manifest, to `.peers/vllm-<i>/` (git-ignored).
+   manifest, to `.peers/<set>-<i>/` (git-ignored).
 
-The GPU host's image has torch 2.11 (CUDA 13), triton, numpy, transformers, numba, scipy,
-opencv, aiohttp, httpx, prometheus-client and tiktoken: vLLM 0.26.0 pins that torch. On
-the host, `python3 -m bench.peers.unpack` after each transfer gathers, checks and unpacks
-the parts (docs/peers.md has the sequence). Downloads are cached in `--work`.
+Then it prints the transfers: the part folders packed into as few as fit, each followed on
+the host by `python3 -m bench.peers.unpack`, which gathers, checks and unpacks the parts
+(docs/peers.md has the sequence). Downloads are cached in `--work`.
 """
 
 from __future__ import annotations
@@ -30,60 +31,15 @@ import time
 from pathlib import Path
 
 from bench.peers.archive import split
+from bench.peers.package_sets import SETS, PackageSet
 from bench.peers.unpack import CARRY_ROOT, ROOT
 
-NAME = "vllm"
-VERSION = "0.26.0"
 TRANSFER_BYTES = 64 << 20  # one transfer: the repository's files and the carried folders
 MARGIN_BYTES = 2 << 20
 PYTHON = "3.12"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x86_64",
              "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux_2_31_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64")
-# what `import vllm`, `LLM(...)`, `vllm serve` and `vllm bench serve` import that the image
-# lacks. apache-tvm-ffi: vllm pins 0.1.10 but never imports it, and xgrammar 0.2.9 needs
-# >= 0.1.11. typing-extensions: pydantic 2.14 needs >= 4.16, newer than the image may have.
-PACKAGES = (
-    f"vllm=={VERSION}",
-    "pydantic==2.14.4", "pydantic-core==2.50.5", "typing-inspection==0.4.5",
-    "annotated-types==0.8.0", "typing-extensions==4.16.0",
-    "fastapi==0.136.3", "openai==3.63.0", "jiter==0.19.0", "sniffio==1.3.1", "httpx2==2.17.0",
-    "httpcore2==2.17.0", "truststore==0.10.5", "cachetools==8.0.2", "blake3==1.0.11",
-    "cbor2==6.3.0", "pybase64==1.5.1", "partial-json-parser==0.2.1.1.post7",
-    "jsonschema==4.26.0", "referencing==0.37.0", "rpds-py==2026.9.1",
-    "jsonschema-specifications==2025.9.1", "lark==1.2.2", "interegular==0.3.3",
-    "lm-format-enforcer==0.11.3", "llguidance==1.7.6", "outlines-core==0.2.14",
-    "xgrammar==0.2.9", "apache-tvm-ffi==0.1.15.post2", "torch-c-dlpack-ext==0.1.5",
-    "compressed-tensors==0.17.0", "loguru==0.7.3", "depyf==0.20.0", "astor==0.8.1",
-    "dill==0.4.1", "watchfiles==1.3.0", "python-json-logger==4.2.0", "ijson==3.6.0",
-    "setproctitle==1.3.8", "openai-harmony==0.0.8", "mistral-common==1.13.1",
-    "pydantic-extra-types==2.11.1", "gguf==0.19.0", "nvtx==0.2.15", "docstring-parser==0.18.0",
-    "python-multipart==0.0.34", "sse-starlette==3.7.1", "uvicorn==0.55.0",
-    "starlette==1.10.0", "prometheus-fastapi-instrumentator==8.1.0", "msgspec==0.23.0",
-    "pyzmq==27.3.0",
-)  # fmt: skip
-# last on the path: they answer only an import nothing else answers
-EXTRA = (
-    "anthropic==2.17.0", "mcp==2.3.0", "mcp-types==2.3.0",
-    "model-hosting-container-standards==0.1.16", "jmespath==1.1.0", "supervisor==4.3.0",
-    "pyjwt==2.15.1", "opentelemetry-api==1.45.3", "opentelemetry-sdk==1.45.2",
-    "opentelemetry-semantic-conventions==0.66b2", "opentelemetry-semantic-conventions-ai==0.5.1",
-    "pycountry==26.2.16", "distro==1.9.0",
-)  # fmt: skip
-# (glob under site/, why an H200 run never loads it). The MoE kernels (_moe_C) stay: the
-# DeepSeek-V2-Lite row needs them.
-TRIM = (
-    ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "FA2 build: on sm_90 vLLM picks FA3"),
-    ("vllm/vllm-rs", "Rust frontend binary, only with VLLM_USE_RUST_FRONTEND=1"),
-    ("vllm/third_party/fmha_sm100", "sparse FMHA for sm_100"),
-    ("vllm/third_party/deep_gemm/include", "DeepGEMM JIT headers (fp8 GEMMs only)"),
-    ("vllm/third_party/deep_gemm/_C.cpython-31[!2]-*.so", "DeepGEMM for other Pythons"),
-    ("mistral_common/data/tekken_*.json", "Mistral tokenizer data; no tokenizer is loaded"),
-    ("bin", "console scripts; the peer runs through python -m"),
-    ("**/__pycache__", "bytecode of the build machine's Python"),
-)
-ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0",  # flashinfer is not in the payload
-       "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
 
 def pip(*args: str) -> None:
@@ -102,10 +58,10 @@ def install(packages: tuple[str, ...], downloads: Path, target: Path) -> None:
         str(target), *packages)
 
 
-def trim(site: Path) -> int:
-    """Remove the `TRIM` paths under `site`; bytes removed."""
+def trim(site: Path, patterns: tuple[tuple[str, str], ...]) -> int:
+    """Remove the paths under `site` that `patterns` (glob, reason) name; bytes removed."""
     removed = 0
-    for pattern, _ in TRIM:
+    for pattern, _ in patterns:
         for path in list(site.glob(pattern)):
             files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
             removed += sum(p.stat().st_size for p in files)
@@ -159,35 +115,70 @@ def default_part_bytes() -> int:
     return room >> 20 << 20
 
 
-def build(work: Path, carried: Path, part_bytes: int) -> dict:
-    """Steps 1-5 of the module docstring; the manifest."""
-    downloads, site, extra = work / "downloads", work / "site", work / "site-extra"
-    install(PACKAGES, downloads, site)
-    install(EXTRA, downloads, extra)
-    print(f"trimmed {trim(site) / 2**20:.0f} MiB", flush=True)
-    archive = work / f"{NAME}-{VERSION}.tar.xz"
+def build(pset: PackageSet, work: Path, carried: Path, part_bytes: int) -> dict:
+    """Steps 1-5 of the module docstring for one package set; the manifest."""
+    work = work / pset.name
+    downloads, site, extra = work.parent / "downloads", work / "site", work / "site-extra"
+    install(pset.packages, downloads, site)
+    folders = [site]
+    if pset.extra:
+        install(pset.extra, downloads, extra)
+        folders.append(extra)
+    print(f"{pset.name}: trimmed {trim(site, pset.trim) / 2**20:.0f} MiB", flush=True)
+    archive = work / f"{pset.name}.tar.xz"
     t0 = time.monotonic()
-    compress([site, extra], archive)
+    compress(folders, archive)
     print(f"{archive.name}: {archive.stat().st_size / 2**20:.1f} MiB in "
           f"{time.monotonic() - t0:.0f} s", flush=True)
-    return split(archive, carried, NAME, part_bytes,
-                 {"import": NAME, "version": VERSION, "path": [site.name, extra.name],
-                  "env": ENV, "python": PYTHON})
+    return split(archive, carried, pset.name, part_bytes,
+                 {"import": pset.module, "path": [f.name for f in folders], "env": pset.env,
+                  "packages": list(pset.packages + pset.extra), "python": PYTHON})
+
+
+def carry_plan(carried: Path, room: int) -> list[list[Path]]:
+    """Every part folder under `carried` (by name, then part), packed into transfers of at
+    most `room` bytes each: each folder goes into the first transfer it still fits."""
+    folders = sorted((f for f in carried.iterdir() if f.is_dir()),
+                     key=lambda f: (f.name.rsplit("-", 1)[0], int(f.name.rsplit("-", 1)[1])))
+    calls: list[list[Path]] = []
+    for folder in folders:
+        size = _size(folder)
+        fits = [c for c in calls if sum(_size(f) for f in c) + size <= room]
+        if fits:
+            fits[0].append(folder)
+        else:
+            calls.append([folder])
+    return calls
+
+
+def _size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir())
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--set", action="append", choices=sorted(SETS),
+                    help="package sets to build (default: all)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/sluice-peers-build"),
-                    help="downloads, the installed folders and the archive (~1.5 GB)")
+                    help="downloads, the installed folders and the archives (~1.5 GB)")
     ap.add_argument("--part-mib", type=int, default=0,
                     help="part size (default: what a transfer leaves beside the repository)")
+    ap.add_argument("--plan", action="store_true", help="only print the transfers")
     args = ap.parse_args(argv)
-    part_bytes = args.part_mib << 20 if args.part_mib else default_part_bytes()
-    manifest = build(args.work, CARRY_ROOT, part_bytes)
-    folders = [f"{CARRY_ROOT.name}/{p['folder']}" for p in manifest["parts"]]
-    print(f"{len(folders)} parts of at most {part_bytes >> 20} MiB: " + " ".join(folders))
-    print("On the GPU host, one transfer per folder, each running "
-          "`python3 -m bench.peers.unpack` (the last with --check).")
+    room = default_part_bytes()
+    if not args.plan:
+        part_bytes = args.part_mib << 20 if args.part_mib else room
+        for name in args.set or sorted(SETS, reverse=True):
+            build(SETS[name], args.work, CARRY_ROOT, part_bytes)
+    names = sorted({f.name.rsplit("-", 1)[0] for f in CARRY_ROOT.glob("*-*")})
+    unpack = "python3 -m bench.peers.unpack " + " ".join(f"--name {n}" for n in names)
+    calls = carry_plan(CARRY_ROOT, room)
+    print(f"{len(calls)} transfers to the GPU host, back to back:")
+    for i, call in enumerate(calls, 1):
+        carry = ", ".join(f'"{f.relative_to(ROOT)}"' for f in call)
+        check = " --check" if i == len(calls) else ""
+        print(f"  {i}. carry [{carry}]  ({sum(map(_size, call)) / 2**20:.1f} MiB): "
+              f"{unpack}{check}")
 
 
 if __name__ == "__main__":

@@ -3,16 +3,16 @@
 The payload (`python -m bench.peers.payload`) travels as folders `.peers/<name>-<i>/`, one
 or a few per transfer. Run this after each transfer, from the repository root:
 
-    python3 -m bench.peers.unpack [--check]
+    python3 -m bench.peers.unpack --name vllm --name sluice [--check]
 
-It copies the parts carried this time into a store that outlives the transfer
-(`/tmp/sluice-peers/<name>-parts`), says which parts are still to come, and once all are
-there checks every part's and the whole archive's sha256, unpacks it to
-`/tmp/sluice-peers/<name>` and (with `--check`) imports the peer there. Unpacking again
-the same archive is skipped. Standard library only: it runs before anything is installed.
+For each payload it copies the parts carried this time into a store that outlives the
+transfer (`/tmp/sluice-peers/<name>-parts`), says which parts are still to come, and once
+all are there checks every part's and the whole archive's sha256, unpacks it to
+`/tmp/sluice-peers/<name>` and (with `--check`) imports its module there. Unpacking the
+same archive again is skipped. Standard library only: it runs before anything is installed.
 
-`peer_env(site)` is how a peer's process finds the unpacked packages: the folders the
-manifest lists, first on PYTHONPATH, and the manifest's environment variables.
+`peer_env(site)` is how a process finds the unpacked packages: the folders the manifest
+lists, first on PYTHONPATH, and the manifest's environment variables (printed too).
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ def unpack(manifest: dict, store: Path, site: Path) -> float:
 
 
 def check_import(site: Path, timeout: float = 300.0) -> int:
-    """Import the peer's module (`manifest["import"]`) in a fresh interpreter; its exit code."""
+    """Import the payload's module (`manifest["import"]`) in a fresh interpreter; its exit
+    code."""
     module = unpacked_manifest(site)["import"]
     code = (f"import time; t = time.time(); import {module} as m; "
             f"print('import {module}', m.__version__, 'in', round(time.time() - t, 1), 's')")
@@ -96,37 +97,43 @@ def check_import(site: Path, timeout: float = 300.0) -> int:
         return 124
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--name", default="vllm", help="the payload's name (its folders' prefix)")
-    ap.add_argument("--carried", type=Path, default=CARRY_ROOT,
-                    help="where the carried folders are (default .peers/)")
-    ap.add_argument("--home", type=Path, default=HOME, help="the store and the unpacked site")
-    ap.add_argument("--check", action="store_true", help="import the peer once unpacked")
-    args = ap.parse_args(argv)
-    store, site = args.home / f"{args.name}-parts", site_dir(args.name, args.home)
+def gather(name: str, carried: Path, home: Path, check: bool) -> int:
+    """Collect, and once complete unpack (and check), the payload `name`; an exit code."""
+    store, site = home / f"{name}-parts", site_dir(name, home)
     try:
-        manifest = collect(sorted(args.carried.glob(f"{args.name}-*")), store)
+        manifest = collect(sorted(carried.glob(f"{name}-*")), store)
         if manifest is None:
-            print(f"no parts of {args.name!r}: carry the folders {args.carried.name}/"
-                  f"{args.name}-<i> that `python -m bench.peers.payload` wrote")
+            print(f"{name}: no parts here: carry the folders {carried.name}/{name}-<i> that "
+                  "`python -m bench.peers.payload` wrote")
             return 2
         if unpacked_manifest(site) == manifest:
-            print(f"{site}: already unpacked ({manifest['sha256'][:12]}...)")
+            print(f"{name}: already unpacked at {site}")
         elif todo := missing(manifest, store):
             have = len(manifest["parts"]) - len(todo)
-            print(f"{have} of {len(manifest['parts'])} parts here; still to carry: "
-                  + " ".join(f"{args.carried.name}/{p['folder']}" for p in todo))
+            print(f"{name}: {have} of {len(manifest['parts'])} parts here; still to carry: "
+                  + " ".join(f"{carried.name}/{p['folder']}" for p in todo))
             return 0
         else:
             seconds = unpack(manifest, store, site)
-            print(f"unpacked {manifest['archive']} to {site} in {seconds:.1f} s")
+            print(f"{name}: unpacked {manifest['archive']} to {site} in {seconds:.1f} s")
     except PartsError as exc:
-        print(f"error: {exc}")
+        print(f"{name}: error: {exc}")
         return 3
     env = peer_env(site)
-    print("peer environment: " + " ".join(f"{k}={v}" for k, v in env.items()))
-    return check_import(site) if args.check else 0
+    print(f"{name} environment: " + " ".join(f"{k}={v}" for k, v in env.items()))
+    return check_import(site) if check else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--name", action="append",
+                    help="a payload's name, its folders' prefix (repeatable; default vllm)")
+    ap.add_argument("--carried", type=Path, default=CARRY_ROOT,
+                    help="where the carried folders are (default .peers/)")
+    ap.add_argument("--home", type=Path, default=HOME, help="the stores and unpacked sites")
+    ap.add_argument("--check", action="store_true", help="import each one once unpacked")
+    args = ap.parse_args(argv)
+    return max(gather(n, args.carried, args.home, args.check) for n in args.name or ["vllm"])
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bench.peers import archive, payload, unpack
+from bench.peers import archive, package_sets, payload, unpack
 
 
 def fake_site(work):
@@ -35,7 +35,7 @@ def fake_site(work):
 def build_parts(tmp_path, part_bytes=100_000, tool=True):
     work, carried = tmp_path / "work", tmp_path / "carried"
     site, extra = fake_site(work)
-    assert payload.trim(site) == 1000 + 2 * 3 + len("#!/bin/sh\n")
+    assert payload.trim(site, package_sets.VLLM.trim) == 1000 + 2 * 3 + len("#!/bin/sh\n")
     assert sorted(p.name for p in (site / "vllm/third_party/deep_gemm").iterdir()) == [
         "_C.cpython-312-x86_64.so"]
     assert not (site / "bin").exists()
@@ -87,11 +87,11 @@ def test_parts_over_several_transfers_unpack_once_complete(tmp_path, capsys):
     carry(carried, arrived, names[:1])
     assert unpack.main(args) == 0
     out = capsys.readouterr().out
-    assert f"1 of {len(names)} parts here" in out and f"arrived/{names[-1]}" in out
+    assert f"fake: 1 of {len(names)} parts here" in out and f"arrived/{names[-1]}" in out
     assert unpack.unpacked_manifest(home / "fake") is None and unpack.peer_env(home / "fake") == {}
     carry(carried, arrived, names[1:])
     assert unpack.main(args) == 0
-    assert "unpacked fake.tar.xz" in capsys.readouterr().out
+    assert "fake: unpacked fake.tar.xz" in capsys.readouterr().out
     site = home / "fake"
     assert (site / "site/fakepeer/data.bin").read_bytes() == (
         tmp_path / "work/site/fakepeer/data.bin").read_bytes()
@@ -101,7 +101,7 @@ def test_parts_over_several_transfers_unpack_once_complete(tmp_path, capsys):
     assert env["PYTHONPATH"].split(os.pathsep)[:2] == [str(site / "site"), str(site / "site-extra")]
     carry(carried, arrived, [])
     assert unpack.main(args) == 0
-    assert "already unpacked" in capsys.readouterr().out
+    assert "fake: already unpacked" in capsys.readouterr().out
 
 
 def test_a_corrupt_part_is_refused(tmp_path, capsys):
@@ -155,3 +155,25 @@ def test_the_import_check_runs_in_the_peer_environment(tmp_path):
                          env={**os.environ, **unpack.peer_env(home / "fake")}, check=True)
     assert out.stdout.split() == ["1.2.3", "1"]
     assert unpack.check_import(home / "fake") == 0
+
+
+def test_small_parts_share_a_transfer_and_every_payload_unpacks_from_one_command(tmp_path):
+    _, carried, manifest = build_parts(tmp_path, part_bytes=150_000)
+    small_site = tmp_path / "small" / "site"
+    (small_site / "smallpkg").mkdir(parents=True)
+    (small_site / "smallpkg" / "__init__.py").write_text("__version__ = '0.1'\n")
+    (small_site / "smallpkg" / "blob").write_bytes(os.urandom(20_000))
+    small = tmp_path / "small.tar.xz"
+    payload.compress([small_site], small, level=1)
+    archive.split(small, carried, "small", 150_000, {"import": "smallpkg", "path": ["site"]})
+    room = 200_000
+    calls = payload.carry_plan(carried, room)
+    names = [[f.name for f in call] for call in calls]
+    assert len(manifest["parts"]) == 3  # 150,000 + 150,000 + the rest of ~300 kB
+    assert names == [["fake-1", "fake-3", "small-1"], ["fake-2"]]  # first fit, in order
+    assert all(sum(payload._size(f) for f in call) <= room for call in calls)
+    home = tmp_path / "home"
+    args = ["--carried", str(carried), "--home", str(home), "--name", "fake", "--name", "small"]
+    assert unpack.main([*args, "--check"]) == 0
+    assert (home / "small" / "site" / "smallpkg" / "blob").stat().st_size == 20_000
+    assert unpack.unpacked_manifest(home / "fake") == manifest
