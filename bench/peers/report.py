@@ -183,11 +183,19 @@ def write_report(res: dict, out: str) -> None:
 
 
 def merge(results: list[dict]) -> dict:
-    """Several results as one: the groups of all (a later one replaces a group of the
-    same name), the metadata of the last, every command."""
+    """Several results as one: every group's rows from all of them (a later run of the same
+    row replaces an earlier one), the metadata of the last, every command."""
     merged = {**results[-1], "groups": {}}
     for r in results:
-        merged["groups"].update(r["groups"])
+        for name, g in r["groups"].items():
+            if name not in merged["groups"]:
+                merged["groups"][name] = json.loads(json.dumps(g))
+                continue
+            have = merged["groups"][name]
+            have["rows"] += [row for row in g["rows"] if row not in have["rows"]]
+            for engine, out in g["engines"].items():
+                rows = {**have["engines"].get(engine, {}).get("rows", {}), **out.get("rows", {})}
+                have["engines"][engine] = {**out, "rows": rows}
     merged["meta"] = {**results[-1]["meta"], "command": "; ".join(
         r["meta"]["command"] for r in results)}
     return merged

@@ -121,22 +121,23 @@ def test_results_of_several_calls_merge_into_one_report(tmp_path):
                          "dtype": "bfloat16", "repeats": 1, "client": "c"},
                 "peer": {"name": "vllm", "status": "run"}, "groups": groups_}
 
-    def group(value):
+    def group(value, row="r"):
         runs = [{"out_tok_s": value}]
-        return {"kind": "offline", "headline": "out_tok_s", "rows": ["r"],
-                "engines": {"sluice": {"rows": {"r": {"runs": runs}}},
-                            "vllm": {"rows": {"r": {"runs": [{"out_tok_s": 2.0}]}}}}}
+        return {"kind": "offline", "headline": "out_tok_s", "rows": [row],
+                "engines": {"sluice": {"rows": {row: {"runs": runs}}},
+                            "vllm": {"rows": {row: {"runs": [{"out_tok_s": 2.0}]}}}}}
 
     paths = []
     for i, res in enumerate((result({"a": group(1.0), "b": group(1.0)}, "one"),
-                             result({"b": group(3.0)}, "two"))):
+                             result({"b": group(3.0)}, "two"),
+                             result({"b": group(4.0, row="s")}, "three"))):
         paths.append(tmp_path / f"{i}.json")
         paths[-1].write_text(json.dumps(res))
     report.main([str(p) for p in paths] + ["--out", str(tmp_path / "m")])
     merged = json.loads((tmp_path / "m.json").read_text())
-    assert [(t["group"], t["ratio"]["out_tok_s"]) for t in merged["table"]] == [
-        ("a", 0.5), ("b", 1.5)]
-    assert merged["meta"]["command"] == "one; two"
+    assert [(t["group"], t["row"], t["ratio"]["out_tok_s"]) for t in merged["table"]] == [
+        ("a", "r", 0.5), ("b", "r", 1.5), ("b", "s", 2.0)]
+    assert merged["meta"]["command"] == "one; two; three"
 
 
 def test_options_become_flags_and_prompts_are_the_same_for_every_engine():
