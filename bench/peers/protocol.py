@@ -93,7 +93,8 @@ def run_offline(engine: OfflineEngine, job: Job) -> dict:
             print(f"[{engine.name}] {row.name}: {out / wall:.1f} out tok/s", flush=True)
         rows[row.name] = {"runs": runs}
     engine.stop()
-    return {"engine": engine.name, "start_s": start_s, **info, "rows": rows}
+    return {"engine": engine.name, "start_s": start_s, "options": job.options, **info,
+            "rows": rows}
 
 
 def main(engine: OfflineEngine, serve_argv: Callable[[Job, int], list[str]],

@@ -52,6 +52,7 @@ def test_tiny_run_against_a_fake_peer_gives_both_columns_and_their_ratio(tmp_pat
     assert offline["sluice"]["start_s"] > 0 and offline["sluice"]["import_s"] > 0
     assert served["sluice"]["start_s"] > 0 and served["fake_peer"]["start_s"] > 0
     assert offline["fake_peer"]["defaults"] == {"max_num_seqs": 7}
+    assert offline["sluice"]["options"]["torch_threads"] == 1
     assert served["sluice"]["options"]["device"] == "cpu"
     assert served["sluice"]["defaults"]["max_running"] == 256
     assert "Question:" in md and "Answer: Sluice/fake_peer from" in md
