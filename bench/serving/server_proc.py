@@ -59,7 +59,7 @@ class SluiceServer:
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
                                          cwd=ROOT, env=self.env, start_new_session=True)
         while time.monotonic() - t0 < timeout:
-            if "] serving " in self.log_path.read_text(errors="replace"):
+            if self.ready():
                 self.start_s = time.monotonic() - t0
                 return
             if not self.alive:
@@ -68,6 +68,10 @@ class SluiceServer:
             time.sleep(0.25)
         self.stop()
         raise ServerFailed(f"server not serving after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def ready(self) -> bool:
+        """Whether the server is serving: the launcher said so in its log."""
+        return "] serving " in self.log_path.read_text(errors="replace")
 
     def log_tail(self, lines: int = 25) -> str:
         try:
