@@ -18,7 +18,7 @@ REPORTED = ("kv", "max_running", "chunk_size", "kv_slots", "mem_fraction", "over
 
 def defaults(options: dict) -> dict:
     """`ServerConfig`'s defaults of `REPORTED`, with the job's options over them."""
-    from runtime.config import ServerConfig
+    from runtime.config.server import ServerConfig
 
     base = {f.name: f.default for f in fields(ServerConfig) if f.name in REPORTED}
     return {**base, **{k: v for k, v in options.items() if k in REPORTED}}
@@ -48,7 +48,7 @@ class SluiceOffline:
 
 
 def serve_argv(job: Job, port: int) -> list[str]:
-    return [sys.executable, "-m", "runtime.launch", "serve", "--model",
+    return [sys.executable, "-m", "runtime.launch.cli", "serve", "--model",
             f"dummy:{job.group.preset}", "--tokenizer", job.model_dir, "--dtype", job.dtype,
             "--seed", str(job.seed), "--host", "127.0.0.1", "--port", str(port),
             "--rpc-port", str(free_port()), *as_flags(job.options)]
