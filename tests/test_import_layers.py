@@ -133,13 +133,13 @@ def test_the_checks_see_every_kind_of_import(tmp_path):
     source.write_text("from typing import TYPE_CHECKING\n"
                       "from runtime.wire import rpc\n"
                       "if TYPE_CHECKING:\n    from runtime.launch.server import run_server\n"
-                      "def f():\n    import runtime.api.server\n")
+                      "def f():\n    import runtime.api.process\n")
     known = {"runtime.wire.rpc": source}
     found = _imports(source, known)
-    assert found == {"runtime.wire.rpc", "runtime.launch.server", "runtime.api.server"}
+    assert found == {"runtime.wire.rpc", "runtime.launch.server", "runtime.api.process"}
     graph = {"runtime.scheduler.x": found, "runtime.wire.rpc": {"runtime.scheduler.x"},
-             "runtime.launch.server": set(), "runtime.api.server": set()}
-    assert _climbing(graph) == ["runtime.scheduler.x -> runtime.api.server",
+             "runtime.launch.server": set(), "runtime.api.process": set()}
+    assert _climbing(graph) == ["runtime.scheduler.x -> runtime.api.process",
                                 "runtime.scheduler.x -> runtime.launch.server",
                                 "runtime.wire.rpc -> runtime.scheduler.x"]
     assert _circles(graph) == [["runtime.scheduler.x", "runtime.wire.rpc"]]

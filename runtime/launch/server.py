@@ -21,7 +21,7 @@ def run_server(cfg: ServerConfig, signals: tuple[int, ...] = (signal.SIGINT, sig
     `cfg.shutdown_grace` seconds to finish, the rest get an error each. A node other than
     node 0 (`--node-rank`) runs only its TP worker ranks.
     """
-    from runtime.api.server import run_api
+    from runtime.api.process import run_api
     from runtime.scheduler.loop import run_scheduler
     from runtime.worker.model_check import LOAD_ERRORS, prepare_model
     from runtime.worker.worker import worker_targets
