@@ -26,7 +26,8 @@ from prometheus_client.utils import floatToGoString
 
 from runtime.api.gpu_metrics import GpuCollector
 from runtime.api.timing import RequestRecord, RequestTimings
-from runtime.messages import FinishReason, Limits, SchedulerStats
+from runtime.wire.api_input import Limits, SchedulerStats
+from runtime.wire.request_output import FinishReason
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
