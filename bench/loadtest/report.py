@@ -32,7 +32,8 @@ def question_answer(meta: dict, res: dict) -> list[str]:
         parts.append(f"soak at {res['rate_rps']:.2f} req/s for {cfg['soak_s']:g} s: P99 TTFT "
                      f"per {cfg['window_s']:g} s window {_num(t['min'])}-{_num(t['max'])} ms, "
                      f"P99 TPOT {_num(p['min'], '.1f')}-{_num(p['max'], '.1f')} ms, "
-                     f"{s['unfinished']} unfinished")
+                     f"{s['shed']} of {s['sent']} refused with 429, {s['unfinished']} "
+                     "unfinished")
     if "burst" in res:
         b = res["burst"]
         rows = b["windows"]
