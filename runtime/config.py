@@ -22,6 +22,7 @@ from runtime.config_checks import (
     check_lora,
     check_monitoring,
     check_scale_out,
+    check_speculative,
 )
 from runtime.kv_mode import KVMode
 from runtime.lora_paths import parse_lora_paths
@@ -186,6 +187,19 @@ class ServerConfig:
     them, in the place of the least recently used one no running request holds."""
     max_lora_rank: int = 64
     """The largest LoRA rank an adapter may have."""
+    speculative_algorithm: str = "none"
+    """Speculative decoding: `none`, or `ngram` (prompt lookup: draft the tokens that
+    followed the latest earlier occurrence of the sequence's last few tokens; no second
+    model). The target verifies every draft exactly: greedy outputs are the same tokens,
+    sampled outputs keep its distribution. `draft`, `eagle` and `mtp` are not implemented
+    yet."""
+    speculative_num_draft_tokens: int = 4
+    """Speculative decoding: draft tokens a request's verify step checks (k; the step
+    yields 1 to k + 1 tokens)."""
+    speculative_ngram_min: int = 2
+    """ngram: the shortest suffix of the sequence looked up in its history."""
+    speculative_ngram_max: int = 4
+    """ngram: the longest suffix of the sequence looked up in its history (tried first)."""
     cuda_graph: bool = True
     """Capture decode CUDA graphs at start-up (GPU, triton attention only)."""
     log_level: str = "info"
@@ -272,6 +286,7 @@ class ServerConfig:
         check_monitoring(self)
         check_exposure(self)
         check_scale_out(self)
+        check_speculative(self)
 
     def _check_kv(self) -> None:
         if not self.host_kv_gib >= 0:

@@ -11,6 +11,8 @@ if TYPE_CHECKING:
     from runtime.config import ServerConfig
 
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
+SPECULATIVE_ALGORITHMS = ("none", "ngram")
+SPECULATIVE_PLANNED = ("draft", "eagle", "mtp")  # named by the flag's help, not built yet
 
 
 class ConfigError(ValueError):
@@ -74,3 +76,25 @@ def check_monitoring(cfg: ServerConfig) -> None:
     if cfg.degrade_max_tokens < 1:
         raise ConfigError(f"degrade_max_tokens must be >= 1, got {cfg.degrade_max_tokens}")
 
+
+
+def check_speculative(cfg: ServerConfig) -> None:
+    """Speculative decoding: a known algorithm, on a KV layout that can give back the
+    slots of rejected draft tokens, and sane draft sizes."""
+    algo = cfg.speculative_algorithm
+    if algo in SPECULATIVE_PLANNED:
+        raise ConfigError(f"speculative_algorithm {algo!r} is not implemented yet "
+                          f"(one of {SPECULATIVE_ALGORITHMS})")
+    if algo not in SPECULATIVE_ALGORITHMS:
+        raise ConfigError(f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS}, "
+                          f"got {algo!r}")
+    if cfg.speculative_num_draft_tokens < 1:
+        raise ConfigError(f"speculative_num_draft_tokens must be >= 1, "
+                          f"got {cfg.speculative_num_draft_tokens}")
+    if not 1 <= cfg.speculative_ngram_min <= cfg.speculative_ngram_max:
+        raise ConfigError(f"speculative_ngram_min and speculative_ngram_max must satisfy "
+                          f"1 <= min <= max, got {cfg.speculative_ngram_min} and "
+                          f"{cfg.speculative_ngram_max}")
+    if algo != "none" and cfg.kv == "paged" and cfg.block_size == "dynamic":
+        raise ConfigError("speculative decoding needs kv token, contiguous or paged with a "
+                          "fixed block size")

@@ -26,6 +26,7 @@ from runtime.scheduler.lora_slots import LoraSlots
 from runtime.scheduler.paged_kv import PagedKV
 from runtime.scheduler.policy import PrefillAdder, preempt_order
 from runtime.scheduler.scheduler import Scheduler
+from runtime.scheduler.speculative.speculation import Speculation
 from runtime.scheduler.token_kv import TokenKV
 from runtime.wire.api_input import CacheFlushed, Limits, SchedulerStats
 from runtime.wire.ipc import FanOutQueue, PullQueue, PushQueue
@@ -81,6 +82,9 @@ def build_scheduler(cfg: ServerConfig, ready: WorkerReady, max_context: int) -> 
     sched.grammars = GrammarGate(cfg.grammar_cache_size, cfg.tp)
     if cfg.lora_paths:
         sched.loras = LoraSlots(cfg.lora_adapters, cfg.max_loras)
+    if cfg.speculative_algorithm == "ngram":
+        sched.spec = Speculation.ngram(cfg.speculative_num_draft_tokens,
+                                       cfg.speculative_ngram_min, cfg.speculative_ngram_max)
     return sched
 
 

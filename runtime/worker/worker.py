@@ -193,7 +193,7 @@ class Worker:
             out.next_ids, out.logprobs = sampler.sample(
                 logits[:n], inputs.rows, inputs.positions, allowed, rows_dev=inputs.rows_dev,
                 all_logprobs=False)
-            self.builder.record(inputs.rows_dev, out.next_ids)
+            self.builder.record(*inputs.last_samples(out.next_ids))
             self.grammar.advance(inputs.rows, out.next_ids)
         self._top_logprobs(out, logits, plan, inputs)
         on_cuda = self.device.type == "cuda"

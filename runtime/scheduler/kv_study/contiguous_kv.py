@@ -69,6 +69,9 @@ class ContiguousKV(KVManager[Region]):
         region.num_tokens += n
         return np.arange(first, first + n, dtype=np.int32)
 
+    def _shrink(self, req: Req, region: Region, kv_len: int) -> None:
+        region.num_tokens = kv_len  # the region stays reserved for the request's growth
+
     def _free(self, req: Req, region: Region, cache: bool) -> None:
         self.pool.release(region.start)
 
