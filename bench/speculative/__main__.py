@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 from bench.outputs import write_outputs
 from bench.speculative.oracle import oracle_speculation
 from bench.speculative.workload import edit_prompts
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.scheduler.loop import build_scheduler
 from runtime.wire.sampling import SamplingParams

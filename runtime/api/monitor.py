@@ -19,7 +19,7 @@ from runtime.api.metrics import Metrics
 from runtime.api.rid import loggable
 from runtime.api.timing import RequestRecord
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.wire.api_input import SchedulerStats
 from runtime.wire.errors import ServerError
 

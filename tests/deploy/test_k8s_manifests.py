@@ -14,9 +14,9 @@ import promql_parser
 import pytest
 import yaml
 
-from runtime.config import ServerConfig
-from runtime.launch import build_parser, config_from_args
-from runtime.process_group import STOP_TIMEOUT_S
+from runtime.config.server import ServerConfig
+from runtime.launch.cli import build_parser, config_from_args
+from runtime.launch.process_group import STOP_TIMEOUT_S
 from tests.deploy.metric_names import query_names
 
 BASE = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "base"

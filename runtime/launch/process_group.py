@@ -9,9 +9,9 @@ from multiprocessing.connection import wait
 
 import zmq
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
+from runtime.launch.server_process import Entry, ServerProcess
 from runtime.procutil import remove_ipc_files
-from runtime.server_process import Entry, ServerProcess
 from runtime.wire.ipc import PullQueue, PushQueue
 from runtime.wire.lifecycle import ProcessDied, Ready
 

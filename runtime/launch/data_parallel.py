@@ -28,9 +28,11 @@ import time
 import urllib.request
 from multiprocessing.connection import wait
 
-from runtime.config import ConfigError, ServerConfig
-from runtime.procutil import STOP_SIGNAL
-from runtime.server_process import ServerProcess
+from runtime.config.checks import ConfigError
+from runtime.config.server import ServerConfig
+from runtime.launch.server import run_server
+from runtime.launch.server_process import ServerProcess
+from runtime.procutil import STOP_SIGNAL, setup_logging
 
 log = logging.getLogger("sluice.launch")
 STOP_TIMEOUT_S = 15.0  # beyond the drain: a replica stops its own processes meanwhile
@@ -74,9 +76,6 @@ def device_groups(cfg: ServerConfig) -> list[str | None]:
 def run_replica(cfg: ServerConfig, index: int, devices: str | None) -> None:
     """A replica's process: one whole server. The launcher stops it with `STOP_SIGNAL`;
     SIGTERM and Ctrl-C are the launcher's."""
-    from runtime.launch import run_server
-    from runtime.procutil import setup_logging
-
     if devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices  # before anything touches CUDA
     setup_logging(f"replica{index}", cfg.log_level)
