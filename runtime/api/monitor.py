@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 
+from runtime.api.gpu_metrics import GpuCollector
 from runtime.api.health import HealthReport, HealthTracker
 from runtime.api.metrics import Metrics
 from runtime.api.rid import loggable
@@ -32,7 +33,8 @@ class Monitor:
     def __init__(self, tm: TokenizerManager, cfg: ServerConfig) -> None:
         self.tm = tm
         self.cfg = cfg
-        self.metrics = Metrics(tm.timings)
+        gpus = 0 if cfg.device == "cpu" else len(cfg.local_ranks)
+        self.metrics = Metrics(tm.timings, GpuCollector(gpus))
         self.health = HealthTracker(cfg)
         tm.timings.listeners += [self.metrics.observe_request, log_request]
         self._task: asyncio.Task | None = None
