@@ -15,8 +15,9 @@ PROG = "python -m runtime.ray_serve"
 
 def policy_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, allow_abbrev=False, description="Serve a model on Ray Serve: one Sluice server per replica, "
-                               "replicas added and removed by an autoscaling policy.",
+        prog=PROG, allow_abbrev=False,
+        description="Serve a model on Ray Serve: one Sluice server per replica, replicas "
+                    "added and removed by an autoscaling policy.",
         epilog="Every `sluice serve` flag is accepted too (see `sluice serve --help`); "
                "--host and --port are where Serve's HTTP proxy listens.")
     add_arguments(parser)
