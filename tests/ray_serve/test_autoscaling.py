@@ -1,15 +1,18 @@
 """Sluice on Ray Serve, on a local Ray cluster (CPU, `dummy:tiny`), with the policy's
 delays shortened: a load ramp scales 2 -> 3 replicas and back to 2 with no failed or cut
 request and every request's tokens equal to a single server's; a replica killed mid-stream
-ends its stream with an error event while new requests go elsewhere and Ray replaces it; a
-replica whose server never becomes healthy fails the deployment with the server's error.
+ends its stream with an error event while new requests go elsewhere and Serve replaces it;
+a replica whose server never becomes healthy fails the deployment with the server's error.
 
 One cluster and application for the module; each test leaves it at 2 running replicas.
+Slow: a replica's server starts in 20-100 s on a busy 2-core machine, and the ramp waits
+for one start.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import random
 import threading
 import time
@@ -24,6 +27,10 @@ serve = pytest.importorskip("ray.serve")
 
 from runtime.ray_serve.app import build_app  # noqa: E402 - needs ray
 from runtime.ray_serve.cli import parse  # noqa: E402
+
+pytestmark = [pytest.mark.slow,
+              # the shortened look-back is below Serve's deprecated metrics_interval_s
+              pytest.mark.filterwarnings("ignore:`look_back_period_s`:FutureWarning")]
 
 SERVER_FLAGS = ["--model", "dummy:tiny", "--device", "cpu", "--torch-threads", "1"]
 POLICY_FLAGS = ["--min-replicas", "2", "--max-replicas", "3", "--target-ongoing-requests", "2",
@@ -89,12 +96,13 @@ def url(reference):
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
+@pytest.mark.timeout(900)
 def test_a_load_ramp_scales_out_and_back_in_losing_nothing(url, reference):
     assert _states() == {"RUNNING": 2}
     load = Load(url, PROMPTS, MAX_TOKENS)
     start = time.monotonic()
     load.set_concurrency(HIGH)
-    assert wait_for(lambda: _running() == 3, 240, poll=0.5), _states()
+    assert wait_for(lambda: _running() == 3, 420, poll=0.5), _states()
     scaled_out = time.monotonic() - start
     # the new replica takes requests (its load is the lowest)
     assert wait_for(lambda: len({o.replica for o in load.outcomes}) == 3, 120, poll=0.2)
@@ -113,3 +121,47 @@ def test_a_load_ramp_scales_out_and_back_in_losing_nothing(url, reference):
     assert not wrong, (len(wrong), wrong[:2])
     print(f"\n{len(outcomes)} streams; 2 -> 3 replicas after {scaled_out:.1f} s of load, "
           f"3 -> 2 after {scaled_in:.1f} s of calm")
+
+
+def test_a_replica_killed_mid_stream(url, reference):
+    """Its stream ends with an error event and `[DONE]`; new requests go to the other
+    replica; Serve replaces the dead one."""
+    assert wait_for(lambda: _states() == {"RUNNING": 2}, 120, poll=0.5), _states()
+    heads: queue.Queue[str] = queue.Queue()
+    result = {}
+    long = 1800  # tokens: the stream outlives the kill by far
+
+    def client():
+        result["out"] = stream_generate(url, PROMPTS[0], long, on_head=heads.put)
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    victim = heads.get(timeout=120)  # the replica streaming it
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    thread.join(120)
+    out = result["out"]
+    assert out.status == 200 and out.done and "replica failed" in out.error, out
+    assert len(out.output_ids) < long
+
+    expected = reference()
+    for i in range(4):
+        other = stream_generate(url, PROMPTS[i], MAX_TOKENS, i)
+        assert other.whole and other.replica != victim, other
+        assert other.output_ids == expected[i]
+    assert wait_for(lambda: _states() == {"RUNNING": 2}, 240, poll=0.5), _states()
+
+
+def test_a_replica_that_never_becomes_healthy(url, tmp_path):
+    """A server that cannot start: the deployment fails with the server's error, and the
+    application already serving is unaffected."""
+    missing = str(tmp_path / "no-such-model")
+    cfg, opts = parse(["--model", missing, "--device", "cpu", "--min-replicas", "1",
+                       "--max-replicas", "1", "--max-start-attempts", "1"])
+    with pytest.raises(RuntimeError):
+        serve.run(build_app(cfg, opts, cluster_gpus=0), name="broken", route_prefix="/broken")
+    try:
+        message = serve.status().applications["broken"].deployments["SluiceReplica"].message
+        assert "the server exited with code 2" in message and missing in message, message
+        assert stream_generate(url, PROMPTS[1], MAX_TOKENS).whole
+    finally:
+        serve.delete("broken")
