@@ -59,10 +59,11 @@ def stream_generate(url: str, prompt: list[int], max_tokens: int, index: int = 0
 
 
 class Load:
-    """`concurrency` threads sending the prompts round-robin, back to back."""
+    """`concurrency` threads sending prompts back to back: request n sends
+    `prompt(n) = (key, token ids)`, its outcome keeps the key."""
 
-    def __init__(self, url: str, prompts: list[list[int]], max_tokens: int) -> None:
-        self.url, self.prompts, self.max_tokens = url, prompts, max_tokens
+    def __init__(self, url: str, prompt, max_tokens: int) -> None:
+        self.url, self.prompt, self.max_tokens = url, prompt, max_tokens
         self.outcomes: list[Outcome] = []
         self._lock = threading.Lock()
         self._next = 0
@@ -85,10 +86,21 @@ class Load:
     def _client(self, slot: int) -> None:
         while slot < self._concurrency:
             with self._lock:
-                index, self._next = self._next % len(self.prompts), self._next + 1
-            out = stream_generate(self.url, self.prompts[index], self.max_tokens, index)
+                key, ids = self.prompt(self._next)
+                self._next += 1
+            out = stream_generate(self.url, ids, self.max_tokens, key)
             with self._lock:
                 self.outcomes.append(out)
+
+    def served_by(self, replica: str, after: float = 0.0) -> list[Outcome]:
+        """The outcomes `replica` answered that ended after monotonic time `after`."""
+        with self._lock:
+            return [o for o in self.outcomes if o.replica == replica and o.ended > after]
+
+    def replicas(self) -> list[str]:
+        """The replicas that answered, in the order they first did."""
+        with self._lock:
+            return list(dict.fromkeys(o.replica for o in self.outcomes))
 
     def stop(self) -> list[Outcome]:
         self._concurrency = 0

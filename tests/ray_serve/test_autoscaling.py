@@ -43,8 +43,9 @@ FAST_METRICS = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
 APP = "sluice"
 MAX_TOKENS = 32
 PROMPTS = [[random.Random(i).randrange(3, 1000) for _ in range(48)] for i in range(8)]
-# concurrent streams: 10 / target 2 asks for 5 replicas (max 3), 2 for 1 (min 2)
-HIGH, LOW = 10, 2
+# concurrent streams: 10 / target 2 asks for 5 replicas (max 3); 3 ask for 2
+HIGH, LOW = 10, 3
+LONG = 256  # the calm phase's streams: each replica is rarely without one
 
 
 def _states(app: str = APP) -> dict[str, int]:
@@ -96,31 +97,51 @@ def url(reference):
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
+def _cycled(n: int) -> tuple[int, list[int]]:
+    return n % len(PROMPTS), PROMPTS[n % len(PROMPTS)]
+
+
+def _fresh(n: int) -> tuple[int, list[int]]:
+    """A prompt no replica has seen: routed to the least busy replica."""
+    return -1, [random.Random(1000 + n).randrange(3, 1000) for _ in range(48)]
+
+
 @pytest.mark.timeout(900)
 def test_a_load_ramp_scales_out_and_back_in_losing_nothing(url, reference):
+    """10 short streams at a time scale 2 -> 3; then 3 long ones (one on each replica)
+    scale 3 -> 2: the replica removed (Serve stops the newest) drains its stream first."""
     assert _states() == {"RUNNING": 2}
-    load = Load(url, PROMPTS, MAX_TOKENS)
+    burst = Load(url, _cycled, MAX_TOKENS)
     start = time.monotonic()
-    load.set_concurrency(HIGH)
+    burst.set_concurrency(HIGH)
     assert wait_for(lambda: _running() == 3, 420, poll=0.5), _states()
     scaled_out = time.monotonic() - start
     # the new replica takes requests (its load is the lowest)
-    assert wait_for(lambda: len({o.replica for o in load.outcomes}) == 3, 120, poll=0.2)
-    calm = time.monotonic()
-    load.set_concurrency(LOW)
+    assert wait_for(lambda: len(burst.replicas()) == 3, 120, poll=0.2)
+    newest = burst.replicas()[2]
+    burst.set_concurrency(0)
+    calm = Load(url, _fresh, LONG)
+    calm_start = time.monotonic()
+    calm.set_concurrency(LOW)
+    assert wait_for(lambda: _states().get("STOPPING"), 120, poll=0.2), _states()
+    stopping = time.monotonic()
     assert wait_for(lambda: _states() == {"RUNNING": 2}, 120, poll=0.5), _states()
-    scaled_in = time.monotonic() - calm
-    served = len(load.outcomes)
-    assert wait_for(lambda: len(load.outcomes) >= served + 4, 60, poll=0.2)
-    outcomes = load.stop()
+    scaled_in = time.monotonic() - calm_start
+    drained = calm.served_by(newest, after=stopping)
+    served = len(calm.outcomes)
+    assert wait_for(lambda: len(calm.outcomes) >= served + LOW, 120, poll=0.2)
+    short, long = burst.stop(), calm.stop()
 
-    broken = [o for o in outcomes if not o.whole]
+    broken = [o for o in short + long if not o.whole]
     assert not broken, broken[:3]
     expected = reference()
-    wrong = [o for o in outcomes if o.output_ids != expected[o.prompt]]
+    wrong = [o for o in short if o.output_ids != expected[o.prompt]]
     assert not wrong, (len(wrong), wrong[:2])
-    print(f"\n{len(outcomes)} streams; 2 -> 3 replicas after {scaled_out:.1f} s of load, "
-          f"3 -> 2 after {scaled_in:.1f} s of calm")
+    assert all(len(o.output_ids) == LONG for o in long)
+    assert drained, "the removed replica had no stream in flight when it was stopped"
+    print(f"\n{len(short)} short and {len(long)} long streams; 2 -> 3 replicas after "
+          f"{scaled_out:.1f} s of load, 3 -> 2 after {scaled_in:.1f} s of calm, "
+          f"{len(drained)} stream(s) drained by the removed replica")
 
 
 def test_a_replica_killed_mid_stream(url, reference):
