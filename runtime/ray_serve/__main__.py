@@ -44,13 +44,13 @@ def main(argv: list[str] | None = None) -> int:
         serve.run(app, name=opts.app_name, route_prefix="/")
     except Exception as exc:  # the deployment failed: its replicas' errors say why
         log.error("the application did not start: %s", exc)
-        serve.shutdown()
+        serve.delete(opts.app_name)
         return 1
     log.info("serving %s on Ray Serve: http://%s:%d (%d..%d replicas)", cfg.model, cfg.host,
              cfg.port, opts.min_replicas, opts.max_replicas)
     stop.wait()
     log.info("shutting down: each replica drains its requests, then stops")
-    serve.shutdown()
+    serve.delete(opts.app_name)  # other applications on a shared cluster keep running
     return 0
 
 

@@ -8,10 +8,11 @@ from ray.serve.config import RequestRouterConfig
 
 from runtime.config import ConfigError, ServerConfig
 from runtime.ray_serve.ingress import SluiceIngress
-from runtime.ray_serve.options import RayServeOptions, check_server_config, server_argv
+from runtime.ray_serve.options import RayServeOptions
 from runtime.ray_serve.policy import autoscaling_config
 from runtime.ray_serve.replica import SluiceReplica
 from runtime.ray_serve.router import PrefixAffinityRouter
+from runtime.ray_serve.server_args import check_server_config, server_argv
 
 STOP_MARGIN_S = 15.0  # a server's stop beyond its drain: its processes exit meanwhile
 PREPARE_MARGIN_S = 60.0  # a replica's start beyond ready_timeout: fetching, converting

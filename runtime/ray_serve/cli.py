@@ -9,6 +9,7 @@ import tempfile
 from runtime.config import ServerConfig
 from runtime.launch import build_parser, config_from_args
 from runtime.ray_serve.options import RayServeOptions, add_arguments, options_from_args
+from runtime.ray_serve.server_args import check_server_config
 
 PROG = "python -m runtime.ray_serve"
 
@@ -25,10 +26,11 @@ def policy_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str] | None) -> tuple[ServerConfig, RayServeOptions]:
-    """The server's config and the policy's options of `argv` (ConfigError if invalid;
-    argparse exits on unknown flags)."""
+    """The server's config and the policy's options of `argv` (ConfigError if invalid or
+    not for a replica; argparse exits on unknown flags)."""
     ours, rest = policy_parser().parse_known_args(argv)
     serve_args = build_parser().parse_args(["serve", *rest])
     # the driver starts no server: no socket folder of its own
     cfg = config_from_args(serve_args, ipc_dir=tempfile.gettempdir())
+    check_server_config(cfg)
     return cfg, options_from_args(ours)

@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
-from runtime.config import ConfigError, ServerConfig
+from runtime.config import ConfigError
 
 
 def _knob(default, help_: str):
@@ -82,20 +82,6 @@ class RayServeOptions:
                               f"{self.downscale_utilization} and {self.upscale_utilization}")
 
 
-# the server flags a replica decides itself, or that Serve's replicas replace
-_REPLICA_OWNED = {"host", "port", "rpc_host", "rpc_port", "api_key", "ipc_dir", "run_id",
-                  "dp", "router_policy"}
-
-
-def check_server_config(cfg: ServerConfig) -> None:
-    """Refuse the `sluice serve` options a Serve replica cannot run (ConfigError)."""
-    if cfg.dp != 1:
-        raise ConfigError("dp: Ray Serve runs the replicas; use --min-replicas / "
-                          "--max-replicas instead of --dp")
-    if cfg.nnodes != 1:
-        raise ConfigError("nnodes: a replica runs on one host (tp GPUs of one node)")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per RayServeOptions field."""
     for f in dataclasses.fields(RayServeOptions):
@@ -112,21 +98,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace) -> RayServeOptions:
     names = {f.name for f in dataclasses.fields(RayServeOptions)}
     return RayServeOptions(**{k: v for k, v in vars(args).items() if k in names})
-
-
-def server_argv(cfg: ServerConfig) -> list[str]:
-    """The `sluice serve` flags that give a replica's server `cfg`, less what the replica
-    decides itself (its ports, its sockets; the API key travels in the environment)."""
-    argv = []
-    for f in dataclasses.fields(ServerConfig):
-        value = getattr(cfg, f.name)
-        if f.name in _REPLICA_OWNED or value == f.default:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            argv.append(flag if value else "--no-" + flag[2:])
-        elif isinstance(value, tuple):
-            argv += [flag, *value]
-        else:
-            argv += [flag, str(value)]
-    return argv

@@ -43,9 +43,10 @@ FAST_METRICS = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
 APP = "sluice"
 MAX_TOKENS = 32
 PROMPTS = [[random.Random(i).randrange(3, 1000) for _ in range(48)] for i in range(8)]
-# concurrent streams: 10 / target 2 asks for 5 replicas (max 3); 3 ask for 2
-HIGH, LOW = 10, 3
-LONG = 256  # the calm phase's streams: each replica is rarely without one
+# concurrent streams: 10 / target 2 asks for 5 replicas (max 3); 4 ask for 2, and keep a
+# stream on each of 3 replicas (a client whose stream ends goes back to the least busy)
+HIGH, LOW = 10, 4
+LONG = 512
 
 
 def _states(app: str = APP) -> dict[str, int]:
@@ -106,10 +107,24 @@ def _fresh(n: int) -> tuple[int, list[int]]:
     return -1, [random.Random(1000 + n).randrange(3, 1000) for _ in range(48)]
 
 
+class _FirstStop:
+    """Watches the replica states from a thread: when a replica was first seen stopping."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while self.at is None:
+            if _states().get("STOPPING"):
+                self.at = time.monotonic()
+
+
 @pytest.mark.timeout(900)
 def test_a_load_ramp_scales_out_and_back_in_losing_nothing(url, reference):
-    """10 short streams at a time scale 2 -> 3; then 3 long ones (one on each replica)
-    scale 3 -> 2: the replica removed (Serve stops the newest) drains its stream first."""
+    """10 short streams at a time scale 2 -> 3; then 4 long ones (each replica always has
+    one) scale 3 -> 2: the replica removed (Serve stops the newest) drains its stream first."""
     assert _states() == {"RUNNING": 2}
     burst = Load(url, _cycled, MAX_TOKENS)
     start = time.monotonic()
@@ -123,11 +138,11 @@ def test_a_load_ramp_scales_out_and_back_in_losing_nothing(url, reference):
     calm = Load(url, _fresh, LONG)
     calm_start = time.monotonic()
     calm.set_concurrency(LOW)
-    assert wait_for(lambda: _states().get("STOPPING"), 120, poll=0.2), _states()
-    stopping = time.monotonic()
+    stop = _FirstStop()
+    assert wait_for(lambda: stop.at is not None, 120, poll=0.2), _states()
     assert wait_for(lambda: _states() == {"RUNNING": 2}, 120, poll=0.5), _states()
     scaled_in = time.monotonic() - calm_start
-    drained = calm.served_by(newest, after=stopping)
+    drained = calm.served_by(newest, after=stop.at)
     served = len(calm.outcomes)
     assert wait_for(lambda: len(calm.outcomes) >= served + LOW, 120, poll=0.2)
     short, long = burst.stop(), calm.stop()
@@ -138,7 +153,8 @@ def test_a_load_ramp_scales_out_and_back_in_losing_nothing(url, reference):
     wrong = [o for o in short if o.output_ids != expected[o.prompt]]
     assert not wrong, (len(wrong), wrong[:2])
     assert all(len(o.output_ids) == LONG for o in long)
-    assert drained, "the removed replica had no stream in flight when it was stopped"
+    ends = sorted(round(o.ended - stop.at, 1) for o in calm.served_by(newest))
+    assert drained, f"no stream of the removed replica ended after it stopped: {ends}"
     print(f"\n{len(short)} short and {len(long)} long streams; 2 -> 3 replicas after "
           f"{scaled_out:.1f} s of load, 3 -> 2 after {scaled_in:.1f} s of calm, "
           f"{len(drained)} stream(s) drained by the removed replica")

@@ -9,8 +9,9 @@ import pytest
 
 from runtime.config import ConfigError, ServerConfig
 from runtime.launch import build_parser, config_from_args
-from runtime.ray_serve.cli import parse
-from runtime.ray_serve.options import RayServeOptions, check_server_config, server_argv
+from runtime.ray_serve.cli import PROG, parse
+from runtime.ray_serve.options import RayServeOptions
+from runtime.ray_serve.server_args import server_argv
 
 
 def test_defaults_are_the_stated_policy():
@@ -54,9 +55,8 @@ def test_options_are_frozen():
                                           (["--nnodes", "2", "--tp", "2",
                                             "--dist-init-addr", "h:1"], "nnodes")])
 def test_server_options_a_replica_cannot_run_are_refused(flags, field):
-    cfg, _ = parse(flags)
     with pytest.raises(ConfigError, match=field):
-        check_server_config(cfg)
+        parse(flags)
 
 
 def test_a_bad_server_flag_is_the_server_configs_error():
@@ -68,7 +68,7 @@ def test_the_replicas_server_gets_the_same_config():
     flags = ["--model", "dummy:tiny", "--kv", "paged", "--block-size", "32", "--no-overlap",
              "--max-running", "7", "--mem-fraction", "0.5", "--lora-paths", "a=/x", "b=/y",
              "--no-cuda-graph", "--shutdown-grace", "12.5", "--port", "9000",
-             "--host", "0.0.0.0", "--dp", "1"]
+             "--host", "0.0.0.0"]
     cfg, _ = parse(flags)
     again = config_from_args(build_parser().parse_args(["serve", *server_argv(cfg)]),
                              ipc_dir=cfg.ipc_dir, run_id=cfg.run_id)
@@ -76,3 +76,15 @@ def test_the_replicas_server_gets_the_same_config():
     mine = {"host", "port", "rpc_host", "rpc_port"}
     assert cfg.replace(**{k: getattr(again, k) for k in mine}) == again
     assert "--port" not in server_argv(cfg) and "--host" not in server_argv(cfg)
+
+
+def test_the_command_refuses_bad_flags_in_one_line(capsys):
+    pytest.importorskip("ray", reason="the command needs Ray Serve")
+    from runtime.ray_serve.__main__ import main
+
+    assert main(["--min-replicas", "0"]) == 2
+    assert main(["--dp", "2"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2
+    assert err[0] == f"{PROG}: min_replicas must be >= 1, got 0"
+    assert err[1].startswith(f"{PROG}: dp: Ray Serve runs the replicas")
