@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 # hop-by-hop headers and those the next hop sets itself
 _NOT_FORWARDED = {"host", "content-length", "connection", "keep-alive", "transfer-encoding",
-                  "te", "trailer", "upgrade", "proxy-authorization", "proxy-connection"}
+                  "te", "trailer", "upgrade", "proxy-authorization", "proxy-connection",
+                  "date", "server"}
 
 
 @dataclass(frozen=True)

@@ -116,9 +116,8 @@ class _FirstStop:
         self._thread.start()
 
     def _watch(self) -> None:
-        while self.at is None:
-            if _states().get("STOPPING"):
-                self.at = time.monotonic()
+        if wait_for(lambda: _states().get("STOPPING"), 300, poll=0.05):
+            self.at = time.monotonic()
 
 
 @pytest.mark.timeout(900)

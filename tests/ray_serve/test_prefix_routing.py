@@ -1,28 +1,16 @@
-"""Prefix-aware routing: the prompt a request carries, the map of which replica served
-which prefix, and the router's choice among replicas."""
+"""Prefix-aware routing: the map of which replica served which prefix, and the router's
+choice among replicas."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from types import SimpleNamespace
 
 import pytest
 
-from runtime.ray_serve.forward import prefix_key
 from runtime.ray_serve.prefix_map import PrefixMap
 
 BLOCK = 8
-
-
-def test_prefix_key_reads_each_api_s_prompt():
-    assert prefix_key(json.dumps({"model": "m", "prompt": "hello"}).encode()) == "hello"
-    messages = [{"role": "user", "content": "hi"}]
-    assert prefix_key(json.dumps({"messages": messages}).encode()) == json.dumps(
-        messages, separators=(",", ":"))
-    assert prefix_key(json.dumps({"input_ids": [1, 2, 3]}).encode()) == "[1,2,3]"
-    assert prefix_key(json.dumps({"text": "abc"}).encode()) == "abc"
-    assert prefix_key(b"not json") == prefix_key(b"[1]") == prefix_key(b"{}") == ""
 
 
 def test_the_longest_prefix_wins():
@@ -81,3 +69,4 @@ def test_the_router_prefers_the_prefix_s_replica_unless_it_is_too_busy(holder_lo
     # a prompt no replica has seen: all of them, the least busy first by Serve's choice
     assert asyncio.run(router.choose_replicas([a, b, c], _pending("n" * 40))) == [[a, b, c]]
     assert asyncio.run(router.choose_replicas([], _pending(prompt))) == []
+
