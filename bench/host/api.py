@@ -33,17 +33,10 @@ import msgspec
 import zmq
 
 from bench.host.api_profile import ADMISSION, split_profile
-from runtime.messages import (
-    AbortReq,
-    BatchOut,
-    GenerateReq,
-    Limits,
-    ReqOut,
-    RpcGenerate,
-    RpcOutput,
-    SamplingParams,
-    SchedulerInput,
-)
+from runtime.wire.api_input import BatchOut, Limits, ReqOut
+from runtime.wire.rpc import RpcGenerate, RpcOutput
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import AbortReq, GenerateReq, SchedulerInput
 
 TEXT = (" Hello 😀 world, 世界! Ünïcödé — naïve café. 🎉🚀 Answer: 42. こんにちは, and the "
         "story goes on: a fox, a dog, a long road home, numbers 3.14159 and 2.71828. ") * 8
@@ -184,7 +177,7 @@ async def _scenario(n: int, tokens: int, step_s: float, profile: cProfile.Profil
     from runtime.api.monitor import Monitor
     from runtime.api.rpc import RpcServer
     from runtime.api.tokenizer_manager import TokenizerManager
-    from runtime.config import ServerConfig
+    from runtime.config.server import ServerConfig
     from runtime.model_config import resolve_model
 
     cfg = ServerConfig(model="smollm2", max_running=n, max_queue=n, rpc_port=_free_port(),

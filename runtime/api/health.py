@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.config import ServerConfig
-from runtime.messages import SchedulerStats
+from runtime.config.server import ServerConfig
+from runtime.wire.api_input import SchedulerStats
 
 
 @dataclass(frozen=True)

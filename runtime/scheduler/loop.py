@@ -14,28 +14,10 @@ import sys
 
 import zmq
 
-from runtime.config import ServerConfig
-from runtime.ipc import FanOutQueue, PullQueue, PushQueue
-from runtime.kv_mode import KVMode
-from runtime.messages import (
-    AbortReq,
-    CacheFlushed,
-    FinishReq,
-    FlushCache,
-    GenerateReq,
-    GetStats,
-    GrammarCompiled,
-    Limits,
-    Ready,
-    SchedulerInput,
-    SchedulerStats,
-    Shutdown,
-    StepResult,
-    WorkerFailed,
-    WorkerOutput,
-    WorkerReady,
-)
-from runtime.model_config import MODEL_ERRORS, spec_for
+from runtime.config.kv_mode import KVMode
+from runtime.config.server import ServerConfig
+from runtime.model_config import spec_for
+from runtime.model_errors import MODEL_ERRORS
 from runtime.procutil import freeze_startup_heap, setup_logging, startup_failure
 from runtime.scheduler.grammar_gate import GrammarGate
 from runtime.scheduler.host_tier import HostTier
@@ -45,7 +27,26 @@ from runtime.scheduler.lora_slots import LoraSlots
 from runtime.scheduler.paged_kv import PagedKV
 from runtime.scheduler.policy import PrefillAdder, preempt_order
 from runtime.scheduler.scheduler import Scheduler
+from runtime.scheduler.speculative.speculation import Speculation
 from runtime.scheduler.token_kv import TokenKV
+from runtime.wire.api_input import CacheFlushed, Limits, SchedulerStats
+from runtime.wire.ipc import FanOutQueue, PullQueue, PushQueue
+from runtime.wire.lifecycle import Ready, Shutdown
+from runtime.wire.scheduler_input import (
+    AbortReq,
+    FinishReq,
+    FlushCache,
+    GenerateReq,
+    GetStats,
+    SchedulerInput,
+)
+from runtime.wire.worker_channel import (
+    GrammarCompiled,
+    StepResult,
+    WorkerFailed,
+    WorkerOutput,
+    WorkerReady,
+)
 
 CHECK_INVARIANTS = os.environ.get("SLUICE_CHECK_INVARIANTS", "0") == "1"
 
@@ -82,6 +83,9 @@ def build_scheduler(cfg: ServerConfig, ready: WorkerReady, max_context: int) -> 
     sched.grammars = GrammarGate(cfg.grammar_cache_size, cfg.tp)
     if cfg.lora_paths:
         sched.loras = LoraSlots(cfg.lora_adapters, cfg.max_loras)
+    if cfg.speculative_algorithm == "ngram":
+        sched.spec = Speculation.ngram(cfg.speculative_num_draft_tokens,
+                                       cfg.speculative_ngram_min, cfg.speculative_ngram_max)
     return sched
 
 

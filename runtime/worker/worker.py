@@ -30,24 +30,23 @@ import numpy as np
 import torch
 import zmq
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.grammar import GrammarCompiler
-from runtime.ipc import PullQueue, PushQueue
-from runtime.messages import (
+from runtime.model_config import ModelSpec, spec_for
+from runtime.procutil import error_text, freeze_startup_heap, setup_logging, startup_failure
+from runtime.wire.ipc import PullQueue, PushQueue
+from runtime.wire.lifecycle import Ready, Shutdown
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.worker_channel import (
     BatchPlan,
     GrammarCacheUpdate,
     GrammarCompiled,
-    Ready,
     RowInit,
-    SamplingParams,
-    Shutdown,
     StepResult,
     WorkerFailed,
     WorkerInput,
     WorkerReady,
 )
-from runtime.model_config import ModelSpec, spec_for
-from runtime.procutil import error_text, freeze_startup_heap, setup_logging, startup_failure
 from runtime.worker.batch_builder import BatchBuilder, SampleInputs
 from runtime.worker.cpu_threads import ThreadTuner
 from runtime.worker.forward_batch import ForwardBatch
@@ -194,7 +193,7 @@ class Worker:
             out.next_ids, out.logprobs = sampler.sample(
                 logits[:n], inputs.rows, inputs.positions, allowed, rows_dev=inputs.rows_dev,
                 all_logprobs=False)
-            self.builder.record(inputs.rows_dev, out.next_ids)
+            self.builder.record(*inputs.last_samples(out.next_ids))
             self.grammar.advance(inputs.rows, out.next_ids)
         self._top_logprobs(out, logits, plan, inputs)
         on_cuda = self.device.type == "cuda"

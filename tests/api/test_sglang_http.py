@@ -9,8 +9,8 @@ import threading
 import httpx
 import pytest
 
-from runtime.config import ServerConfig
-from runtime.messages import AbortReq, FlushCache, GenerateReq
+from runtime.config.server import ServerConfig
+from runtime.wire.scheduler_input import AbortReq, FlushCache, GenerateReq
 from tests.api.conftest import free_port
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.front_helpers import fronts

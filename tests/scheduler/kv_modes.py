@@ -6,12 +6,12 @@ import tempfile
 
 import numpy as np
 
-from runtime.config import ServerConfig
-from runtime.messages import WorkerReady
+from runtime.config.server import ServerConfig
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.loop import build_scheduler
 from runtime.scheduler.req import Req
 from runtime.scheduler.scheduler import Scheduler
+from runtime.wire.worker_channel import WorkerReady
 from tests.scheduler.fake_worker import FakeWorker
 
 

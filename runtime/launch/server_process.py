@@ -1,7 +1,7 @@
 """`ServerProcess`: one server process (the api, the scheduler, a worker rank) started as
 a fresh interpreter.
 
-The child runs `python -m runtime.server_process NAME` and never imports the parent's
+The child runs `python -m runtime.launch.server_process NAME` and never imports the parent's
 `__main__`, so a plain script may build an `Engine` without an `if __name__ ==
 "__main__":` guard. Its stdin is a pipe from the parent: the first line names the entry
 function and carries the `ServerConfig` (JSON). End of file after that means the parent
@@ -23,13 +23,14 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.procutil import remove_ipc_files
 
 Entry = Callable[[ServerConfig], None]  # a process's `run_*` function, or a partial of one
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder of `runtime`
+_ROOT = str(Path(os.path.abspath(__file__)).parents[2])  # the folder of `runtime`
 
 
 class ServerProcess:
@@ -48,7 +49,7 @@ class ServerProcess:
         # the child imports the same `runtime` as this process, wherever it came from
         path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
         self._popen = subprocess.Popen(
-            [sys.executable, "-m", "runtime.server_process", self.name],
+            [sys.executable, "-m", "runtime.launch.server_process", self.name],
             stdin=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": path},
         )

@@ -28,8 +28,11 @@ import time
 import urllib.request
 from multiprocessing.connection import wait
 
-from runtime.config import ConfigError, ServerConfig
-from runtime.server_process import ServerProcess
+from runtime.config.checks import ConfigError
+from runtime.config.server import ServerConfig
+from runtime.launch.server import run_server
+from runtime.launch.server_process import ServerProcess
+from runtime.procutil import setup_logging
 
 log = logging.getLogger("sluice.launch")
 STOP_TIMEOUT_S = 15.0  # beyond the drain: a replica stops its own processes meanwhile
@@ -72,9 +75,6 @@ def device_groups(cfg: ServerConfig) -> list[str | None]:
 
 def run_replica(cfg: ServerConfig, index: int, devices: str | None) -> None:
     """A replica's process: one whole server. SIGTERM stops it; Ctrl-C is the launcher's."""
-    from runtime.launch import run_server
-    from runtime.procutil import setup_logging
-
     if devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices  # before anything touches CUDA
     setup_logging(f"replica{index}", cfg.log_level)
