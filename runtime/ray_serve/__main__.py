@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 
-from runtime.config import ConfigError
+from runtime.config.checks import ConfigError
 from runtime.ray_serve.cli import PROG, parse
 
 log = logging.getLogger("sluice.ray_serve")

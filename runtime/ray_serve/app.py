@@ -6,7 +6,8 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from runtime.config import ConfigError, ServerConfig
+from runtime.config.checks import ConfigError
+from runtime.config.server import ServerConfig
 from runtime.ray_serve.ingress import SluiceIngress
 from runtime.ray_serve.options import RayServeOptions
 from runtime.ray_serve.policy import autoscaling_config

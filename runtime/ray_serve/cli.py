@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from runtime.config import ServerConfig
-from runtime.launch import build_parser, config_from_args
+from runtime.config.server import ServerConfig
+from runtime.launch.cli import build_parser, config_from_args
 from runtime.ray_serve.options import RayServeOptions, add_arguments, options_from_args
 from runtime.ray_serve.server_args import check_server_config
 

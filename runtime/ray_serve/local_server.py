@@ -44,7 +44,7 @@ def _term_with_parent() -> None:
 class LocalServer:
     def __init__(self, argv: list[str], api_key: str = "") -> None:
         self.port, self.rpc_port = free_port(), free_port()
-        cmd = [sys.executable, "-m", "runtime.launch", "serve", *argv, "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "runtime.launch.cli", "serve", *argv, "--host", "127.0.0.1",
                "--port", str(self.port), "--rpc-host", "127.0.0.1",
                "--rpc-port", str(self.rpc_port)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}

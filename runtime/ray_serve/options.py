@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
-from runtime.config import ConfigError
+from runtime.config.checks import ConfigError
 
 
 def _knob(default, help_: str):

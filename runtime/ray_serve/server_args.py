@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from runtime.config import ConfigError, ServerConfig
+from runtime.config.checks import ConfigError
+from runtime.config.server import ServerConfig
 
 # the server flags a replica decides itself, or that Serve's replicas replace
 _REPLICA_OWNED = {"host", "port", "rpc_host", "rpc_port", "api_key", "ipc_dir", "run_id",

@@ -7,8 +7,9 @@ import dataclasses
 
 import pytest
 
-from runtime.config import ConfigError, ServerConfig
-from runtime.launch import build_parser, config_from_args
+from runtime.config.checks import ConfigError
+from runtime.config.server import ServerConfig
+from runtime.launch.cli import build_parser, config_from_args
 from runtime.ray_serve.cli import PROG, parse
 from runtime.ray_serve.options import RayServeOptions
 from runtime.ray_serve.server_args import server_argv
