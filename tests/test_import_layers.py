@@ -2,7 +2,7 @@
 inside a function or under `if TYPE_CHECKING:`.
 
     wire, config  <-  the ground floor  <-  scheduler / worker / api  <-  launch
-                  <-  engine / client / frontend
+                  <-  engine / client / ray_serve / frontend
 
 A module imports from its own layer or below, the three process packages never from each
 other, and no modules import each other in a circle.
@@ -31,6 +31,7 @@ LAYERS = {
     "runtime.launch": 3,
     "runtime.engine": 4,
     "runtime.client": 4,
+    "runtime.ray_serve": 4,
     "runtime": 4,  # the package's face: `from runtime import Engine, SamplingParams`
     "frontend": 4,
 }

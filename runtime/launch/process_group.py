@@ -115,7 +115,7 @@ class ProcessGroup:
 
 
 def _terminate(procs: list[ServerProcess], timeout: float) -> None:
-    """SIGTERM each process still alive; SIGKILL those still alive after `timeout` s."""
+    """Tell each process still alive to stop; SIGKILL those still alive after `timeout` s."""
     for proc in procs:
         proc.terminate()
     deadline = time.monotonic() + timeout

@@ -3,7 +3,7 @@
 It polls `TokenizerManager.scheduler_stats()` every `stats_interval` seconds (and on each
 `/metrics` or `/health` request), feeding the Prometheus metrics and the health tracker;
 every `log_interval` seconds with activity it logs one throughput / KV line, and it logs
-one structured line per finished request (as vLLM and SGLang do).
+one structured line per finished request.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 
+from runtime.api.monitoring.gpu_metrics import GpuCollector
 from runtime.api.monitoring.health import HealthReport, HealthTracker
 from runtime.api.monitoring.metrics import Metrics
 from runtime.api.rid import loggable
@@ -32,7 +33,8 @@ class Monitor:
     def __init__(self, tm: TokenizerManager, cfg: ServerConfig) -> None:
         self.tm = tm
         self.cfg = cfg
-        self.metrics = Metrics(tm.timings)
+        gpus = 0 if cfg.device == "cpu" else len(cfg.local_ranks)
+        self.metrics = Metrics(tm.timings, GpuCollector(gpus))
         self.health = HealthTracker(cfg)
         tm.timings.listeners += [self.metrics.observe_request, log_request]
         self._task: asyncio.Task | None = None
