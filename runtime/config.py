@@ -188,11 +188,14 @@ class ServerConfig:
     max_lora_rank: int = 64
     """The largest LoRA rank an adapter may have."""
     speculative_algorithm: str = "none"
-    """Speculative decoding: `none`, or `ngram` (prompt lookup: draft the tokens that
+    """Speculative decoding: `none`, `ngram` (prompt lookup: draft the tokens that
     followed the latest earlier occurrence of the sequence's last few tokens; no second
-    model). The target verifies every draft exactly: greedy outputs are the same tokens,
-    sampled outputs keep its distribution. `draft`, `eagle` and `mtp` are not implemented
-    yet."""
+    model) or `draft` (a smaller model with the same vocabulary, `speculative_draft_model`,
+    drafts greedily in the worker). The target verifies every draft exactly: greedy
+    outputs are the same tokens, sampled outputs keep its distribution. `eagle` and `mtp`
+    are not implemented yet."""
+    speculative_draft_model: str = ""
+    """draft: the draft model, named as `model` is; its vocabulary must be the target's."""
     speculative_num_draft_tokens: int = 4
     """Speculative decoding: draft tokens a request's verify step checks (k; the step
     yields 1 to k + 1 tokens)."""
@@ -200,6 +203,13 @@ class ServerConfig:
     """ngram: the shortest suffix of the sequence looked up in its history."""
     speculative_ngram_max: int = 4
     """ngram: the longest suffix of the sequence looked up in its history (tried first)."""
+    speculative_off_window: int = 8
+    """A request stops speculating (and decodes plainly, overlapped again) once its last
+    this many drafting steps kept fewer than `speculative_off_accept` drafts on average;
+    0: never."""
+    speculative_off_accept: float = 0.5
+    """See `speculative_off_window`: the mean accepted drafts per step below which a
+    request stops speculating."""
     cuda_graph: bool = True
     """Capture decode CUDA graphs at start-up (GPU, triton attention only)."""
     log_level: str = "info"

@@ -11,8 +11,8 @@ if TYPE_CHECKING:
     from runtime.config import ServerConfig
 
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
-SPECULATIVE_ALGORITHMS = ("none", "ngram")
-SPECULATIVE_PLANNED = ("draft", "eagle", "mtp")  # named by the flag's help, not built yet
+SPECULATIVE_ALGORITHMS = ("none", "ngram", "draft")
+SPECULATIVE_PLANNED = ("eagle", "mtp")  # named by the flag's help, not built yet
 
 
 class ConfigError(ValueError):
@@ -98,3 +98,12 @@ def check_speculative(cfg: ServerConfig) -> None:
     if algo != "none" and cfg.kv == "paged" and cfg.block_size == "dynamic":
         raise ConfigError("speculative decoding needs kv token, contiguous or paged with a "
                           "fixed block size")
+    if cfg.speculative_off_window < 0 or not cfg.speculative_off_accept >= 0:
+        raise ConfigError(f"speculative_off_window and speculative_off_accept must be >= 0, "
+                          f"got {cfg.speculative_off_window} and {cfg.speculative_off_accept}")
+    if (algo == "draft") != bool(cfg.speculative_draft_model):
+        raise ConfigError("speculative_draft_model is set exactly when speculative_algorithm "
+                          f"is draft (got {algo!r} and {cfg.speculative_draft_model!r})")
+    if algo == "draft" and (cfg.tp > 1 or cfg.host_kv_gib):
+        raise ConfigError("speculative_algorithm draft does not support tp > 1 or "
+                          "host_kv_gib yet (the host tier keeps only the target's KV)")
