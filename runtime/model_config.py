@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runtime.model_errors import ModelNotFound, TokenizerError
+
 if TYPE_CHECKING:
-    from runtime.config import ServerConfig
+    from runtime.config.server import ServerConfig
 
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -110,18 +112,6 @@ DUMMY_PRESETS: dict[str, dict] = {
                        num_attention_heads=4, num_key_value_heads=1, vocab_size=8192,
                        max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0),
 }
-
-
-class ModelNotFound(FileNotFoundError):
-    """The `--model` argument names nothing we can load."""
-
-
-class TokenizerError(ValueError):
-    """The tokenizer is missing, does not load, or has ids the model has no embedding for."""
-
-
-# what the user named (a model, its files, its tokenizer) cannot be served: one line says why
-MODEL_ERRORS = (ModelNotFound, TokenizerError)
 
 
 @dataclass(frozen=True)

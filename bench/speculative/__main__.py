@@ -26,7 +26,7 @@ from bench.outputs import write_outputs
 from bench.speculative import draft_rows
 from bench.speculative.generate import generate
 from bench.speculative.workload import edit_prompts
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.worker.worker import Worker
 

@@ -22,7 +22,7 @@ import platform
 import torch
 
 from bench.speculative.generate import generate
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.worker.worker import Worker
 

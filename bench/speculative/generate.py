@@ -6,7 +6,7 @@ import time
 from collections import deque
 
 from bench.speculative.oracle import oracle_speculation
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.scheduler.loop import build_scheduler
 from runtime.wire.sampling import SamplingParams
 from runtime.wire.scheduler_input import GenerateReq

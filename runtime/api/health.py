@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.wire.api_input import SchedulerStats
 
 

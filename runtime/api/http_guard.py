@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.api.auth import WILDCARD_HOSTS, is_loopback, key_matches
 from runtime.api.openai_protocol import ApiError
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 OPEN_PATHS = frozenset({"/health"})  # served without the API key

@@ -56,7 +56,7 @@ from runtime.api.request_body import read_body
 from runtime.api.sglang_serving import AbortRequest, SglangServing, TokenizeRequest
 from runtime.api.streams import EventStream
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 
 log = logging.getLogger(__name__)
 

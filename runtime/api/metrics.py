@@ -3,15 +3,14 @@
 Two sources: finished requests (`RequestRecord`s from the TokenizerManager's timings)
 feed the counters and latency histograms as they end; the scheduler's latest
 `SchedulerStats` snapshot and the running token totals are read at scrape time by a
-collector. GPU memory comes from NVML (device-wide, per GPU) where there is a GPU. The
-scheduler's `Limits` give one info-style gauge: the weight quantization and KV dtype.
+collector. GPU utilization and memory come from NVML at scrape time (`gpu_metrics.py`).
+The scheduler's `Limits` give one info-style gauge: the weight quantization and KV dtype.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-import logging
 from collections.abc import Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
@@ -25,11 +24,10 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from runtime.api.gpu_metrics import GpuCollector
 from runtime.api.timing import RequestRecord, RequestTimings
 from runtime.wire.api_input import Limits, SchedulerStats
 from runtime.wire.request_output import FinishReason
-
-log = logging.getLogger(__name__)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -43,9 +41,10 @@ OUTCOMES = {FinishReason.STOP: "success", FinishReason.LENGTH: "success",
 
 
 class Metrics:
-    """The registry behind `/metrics`; `observe_request` is a timings listener."""
+    """The registry behind `/metrics`; `observe_request` is a timings listener; `gpus`
+    reads the server's GPUs at scrape time."""
 
-    def __init__(self, timings: RequestTimings) -> None:
+    def __init__(self, timings: RequestTimings, gpus: GpuCollector) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("sluice_requests", "Requests ended, by outcome "
@@ -69,6 +68,7 @@ class Metrics:
         self.limits: Limits | None = None  # the scheduler's, once they arrived
         self._collector = _StatsCollector(self, timings)
         r.register(self._collector)
+        r.register(gpus)
 
     def observe_request(self, rec: RequestRecord) -> None:
         """Count one finished request and observe its latencies."""
@@ -118,7 +118,6 @@ class _StatsCollector(Collector):
     def __init__(self, metrics: Metrics, timings: RequestTimings) -> None:
         self.metrics = metrics
         self.timings = timings
-        self.gpus = _Nvml()
 
     def collect(self) -> Iterator[Metric]:
         t = self.timings
@@ -138,13 +137,7 @@ class _StatsCollector(Collector):
                                   labels=["quantization", "kv_dtype"])
             g.add_metric([lim.quantization, lim.kv_dtype], 1.0)
             yield g
-        used = self.gpus.memory_used()
-        if used:
-            g = GaugeMetricFamily("sluice_gpu_memory_used_bytes", "GPU memory in use on the "
-                                  "device (all processes), from NVML", labels=["gpu"])
-            for i, n in enumerate(used):
-                g.add_metric([str(i)], n)
-            yield g
+
 
 
 def _stats_metrics(s: SchedulerStats) -> Iterator[Metric]:
@@ -205,21 +198,3 @@ def _host_tier_metrics(s: SchedulerStats) -> Iterator[Metric]:
     yield CounterMetricFamily("sluice_swaps", "Retracted requests whose KV went to the host "
                               "tier (--preempt swap)", value=s.num_swaps)
 
-
-class _Nvml:
-    """Device memory through NVML; no GPUs (or no NVML library) reports nothing."""
-
-    def __init__(self) -> None:
-        self.handles: list = []
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
-                            for i in range(pynvml.nvmlDeviceGetCount())]
-            self._pynvml = pynvml
-        except Exception as e:  # ImportError, or NVMLError: no driver on a CPU machine
-            log.debug("no GPU memory metrics: %s", e)
-
-    def memory_used(self) -> list[int]:
-        return [self._pynvml.nvmlDeviceGetMemoryInfo(h).used for h in self.handles]

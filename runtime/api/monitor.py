@@ -13,12 +13,13 @@ import contextlib
 import logging
 import time
 
+from runtime.api.gpu_metrics import GpuCollector
 from runtime.api.health import HealthReport, HealthTracker
 from runtime.api.metrics import Metrics
 from runtime.api.rid import loggable
 from runtime.api.timing import RequestRecord
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.wire.api_input import SchedulerStats
 from runtime.wire.errors import ServerError
 
@@ -32,7 +33,8 @@ class Monitor:
     def __init__(self, tm: TokenizerManager, cfg: ServerConfig) -> None:
         self.tm = tm
         self.cfg = cfg
-        self.metrics = Metrics(tm.timings)
+        gpus = 0 if cfg.device == "cpu" else len(cfg.local_ranks)
+        self.metrics = Metrics(tm.timings, GpuCollector(gpus))
         self.health = HealthTracker(cfg)
         tm.timings.listeners += [self.metrics.observe_request, log_request]
         self._task: asyncio.Task | None = None

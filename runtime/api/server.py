@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import sys
 from typing import Protocol
 
@@ -23,9 +22,10 @@ from runtime.api.monitor import Monitor
 from runtime.api.rpc import RpcServer
 from runtime.api.sampling_defaults import InvalidGenerationConfig
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.config import ServerConfig
-from runtime.model_config import MODEL_ERRORS, spec_for
-from runtime.procutil import freeze_startup_heap, startup_failure
+from runtime.config.server import ServerConfig
+from runtime.model_config import spec_for
+from runtime.model_errors import MODEL_ERRORS
+from runtime.procutil import STOP_SIGNAL, freeze_startup_heap, startup_failure
 from runtime.wire.lifecycle import Ready
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,8 @@ def run_api(cfg: ServerConfig) -> None:
     """Entry point of the api process.
 
     Waits for the scheduler's `Limits`, sends `Ready(name="api")` to the supervisor once
-    the RPC socket is bound, then serves until SIGTERM or until the engine dies (a
+    the RPC socket is bound, then serves until its supervisor stops it (`STOP_SIGNAL`:
+    SIGTERM and SIGINT go to the supervisor) or until the engine dies (a
     `ProcessDied` arrives). A startup failure is reported as `Ready(name="api", error=...)`
     and exits with status 1.
     """
@@ -83,7 +84,7 @@ async def _serve(cfg: ServerConfig) -> int:
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)  # SIGINT: the supervisor decides
+    loop.add_signal_handler(STOP_SIGNAL, stop.set)
     stopped = asyncio.create_task(stop.wait())
     died = asyncio.create_task(tm.wait_dead())
     await asyncio.wait({stopped, died}, return_when=asyncio.FIRST_COMPLETED)

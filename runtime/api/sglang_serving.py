@@ -36,7 +36,7 @@ from runtime.api.sglang_reply import SglOutput
 from runtime.api.sglang_request import SglRequest
 from runtime.api.streams import EventStream, Guard, MergedStreams, collect, start_streams
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.wire.api_input import SchedulerStats
 from runtime.wire.sampling import SamplingParams
 

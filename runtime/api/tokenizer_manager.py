@@ -34,7 +34,7 @@ from runtime.api.req_state import ReqState
 from runtime.api.rid import check_rid
 from runtime.api.sampling_defaults import SamplingDefaults
 from runtime.api.timing import RequestTimings
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.model_config import ModelSpec
 from runtime.wire.api_input import ApiInput, BatchOut, CacheFlushed, Limits, SchedulerStats
 from runtime.wire.errors import EngineDeadError, InvalidRequest

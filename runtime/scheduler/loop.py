@@ -14,9 +14,10 @@ import sys
 
 import zmq
 
-from runtime.config import ServerConfig
-from runtime.kv_mode import KVMode
-from runtime.model_config import MODEL_ERRORS, spec_for
+from runtime.config.kv_mode import KVMode
+from runtime.config.server import ServerConfig
+from runtime.model_config import spec_for
+from runtime.model_errors import MODEL_ERRORS
 from runtime.procutil import freeze_startup_heap, setup_logging, startup_failure
 from runtime.scheduler.grammar_gate import GrammarGate
 from runtime.scheduler.host_tier import HostTier

@@ -203,7 +203,9 @@ class Scheduler(Outbox):
             extend_pages.append(self.kv.try_alloc(req, 1))
             batch.add(req, 1)
         budget = self.chunk_size - len(decode) - len(last_prompt)
-        for req, n in self.adder.fill(self, budget):
+        for req, n in self.adder.fill(budget, running=self.running, waiting=self.waiting,
+                                      max_running=self.max_running, kv=self.kv,
+                                      loras=self.loras):
             if req.scheduled_at is None:
                 req.scheduled_at = time.monotonic()
             pages = self.kv.try_alloc(req, n)

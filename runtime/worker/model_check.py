@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
-from runtime.config import ServerConfig
-from runtime.model_config import MODEL_ERRORS, ModelSpec, resolve_model, spec_for
+from runtime.config.server import ServerConfig
+from runtime.model_config import ModelSpec, resolve_model, spec_for
+from runtime.model_errors import MODEL_ERRORS
 from runtime.worker.loader import WeightLoadError, build_model
 from runtime.worker.tp import TPGroup
 

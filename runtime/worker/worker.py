@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import zmq
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.grammar import GrammarCompiler
 from runtime.model_config import ModelSpec, resolve_model, spec_for
 from runtime.procutil import error_text, freeze_startup_heap, setup_logging, startup_failure

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.model_config import ModelSpec, resolve_model
 
 SCRIPT_TEXT = (" Hello 😀 world, 世界! Ünïcödé — naïve café. 🎉🚀 Answer: 42. "

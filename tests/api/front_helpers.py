@@ -12,7 +12,7 @@ from runtime.api.loop_thread import LoopThread
 from runtime.api.monitor import Monitor
 from runtime.api.rpc import RpcServer
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 
 
 @dataclass

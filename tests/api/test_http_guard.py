@@ -15,7 +15,7 @@ from runtime.api.auth import warn_if_exposed
 from runtime.api.http_guard import allowed_hosts
 from runtime.api.rid import MAX_RID_LEN, loggable
 from runtime.client import Client
-from runtime.launch import build_parser, config_from_args
+from runtime.launch.cli import build_parser, config_from_args
 from runtime.wire.errors import Unauthorized
 from runtime.wire.scheduler_input import GenerateReq
 from tests.api.fake_scheduler import FakeScheduler

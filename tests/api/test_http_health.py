@@ -14,7 +14,7 @@ from runtime.api.http_server import HttpServer
 from runtime.api.loop_thread import LoopThread
 from runtime.api.monitor import Monitor
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.wire.api_input import SchedulerStats
 from runtime.wire.lifecycle import ProcessDied
 from tests.api.fake_scheduler import FakeScheduler

@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
-import signal
 
 import msgspec
 import zmq
 
 from runtime.api.server import run_api
 from runtime.client import Client
+from runtime.procutil import STOP_SIGNAL
 from runtime.wire.lifecycle import ProcessDied, Ready
 from tests.api.fake_scheduler import FakeScheduler
 
@@ -35,14 +35,14 @@ def api_process(cfg):
         ctx.term()
 
 
-def test_serves_until_sigterm(cfg, script_ids):
+def test_serves_until_its_supervisor_stops_it(cfg, script_ids):
     with FakeScheduler(cfg, lambda r: script_ids), api_process(cfg) as (proc, ready):
         assert ready.name == "api" and ready.error is None
         assert ready.info["rpc"] == cfg.rpc_addr
         with Client(cfg.rpc_addr, timeout=10) as client:
             out = client.generate("Hello", max_tokens=5)
             assert out.finish_reason == "length" and len(out.token_ids) == 5
-        os.kill(proc.pid, signal.SIGTERM)
+        os.kill(proc.pid, STOP_SIGNAL)
         proc.join(10)
         assert proc.exitcode == 0
 

@@ -9,7 +9,7 @@ import threading
 import httpx
 import pytest
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.wire.scheduler_input import AbortReq, FlushCache, GenerateReq
 from tests.api.conftest import free_port
 from tests.api.fake_scheduler import FakeScheduler

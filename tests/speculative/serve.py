@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.scheduler.loop import build_scheduler
 from runtime.scheduler.scheduler import Scheduler

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.config import ServerConfig
-from runtime.config_checks import ConfigError
+from runtime.config.checks import ConfigError
+from runtime.config.server import ServerConfig
 
 
 @pytest.mark.parametrize("algo", ["eagle", "mtp"])

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bench.speculative.oracle import OracleDrafter, oracle_speculation
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.scheduler.speculative.speculation import Speculation
 from runtime.wire.sampling import SamplingParams
 from runtime.wire.scheduler_input import GenerateReq

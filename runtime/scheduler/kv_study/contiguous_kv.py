@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.config import RESERVE_MODES
+from runtime.config.scheduling import RESERVE_MODES
 from runtime.scheduler.kv_manager import NO_PAGES, KVManager
 from runtime.scheduler.kv_study.contiguous_pool import ContiguousPool
 from runtime.scheduler.req import Req

@@ -35,7 +35,7 @@ from runtime.scheduler.speculative.ngram import NgramDrafter
 from runtime.wire.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from runtime.config import ServerConfig
+    from runtime.config.server import ServerConfig
 
 
 class Drafter(Protocol):

@@ -10,17 +10,15 @@ import argparse
 import dataclasses
 import logging
 import os
-import signal
 import sys
 import tempfile
-import threading
 
-from runtime.config import ConfigError, ServerConfig
-from runtime.dp_launcher import run_dp
-from runtime.process_group import ProcessGroup, StartupError
+from runtime.config.checks import ConfigError
+from runtime.config.server import ServerConfig
+from runtime.launch.data_parallel import run_dp
+from runtime.launch.server import run_server
 
 _INTERNAL = {"ipc_dir", "run_id"}
-log = logging.getLogger("sluice.launch")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,56 +59,6 @@ def config_from_args(args: argparse.Namespace, **internal) -> ServerConfig:
     return ServerConfig(**options, **internal)
 
 
-
-def run_server(cfg: ServerConfig, signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
-               ) -> int:
-    """Run the server until one of `signals` (exit 0) or until a process dies (exit 1).
-
-    On a signal the api stops first: new requests are refused, those in flight get
-    `cfg.shutdown_grace` seconds to finish, the rest get an error each. A node other than
-    node 0 (`--node-rank`) runs only its TP worker ranks.
-    """
-    from runtime.api.server import run_api
-    from runtime.scheduler.loop import run_scheduler
-    from runtime.worker.model_check import LOAD_ERRORS, prepare_model
-    from runtime.worker.worker import worker_targets
-
-    try:
-        prepare_model(cfg)  # fetches a Hub id, converts a GGUF, before the processes need it
-    except LOAD_ERRORS as exc:
-        log.error("%s", exc)
-        return 2
-    targets = worker_targets(cfg)
-    if cfg.node_rank == 0:
-        targets |= {"scheduler": run_scheduler, "api": run_api}
-    group = ProcessGroup(cfg, targets)
-    stop = threading.Event()
-    for sig in signals:
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        group.start()
-    except StartupError as exc:
-        log.error("%s", exc)
-        return 1
-    log.info("processes: %s", " ".join(f"{n}={p.pid}" for n, p in group.procs.items()))
-    if cfg.node_rank == 0:
-        log.info("serving %s: http://%s:%d, rpc %s", cfg.model, cfg.host, cfg.port, cfg.rpc_addr)
-    else:
-        log.info("node %d of %d: TP ranks %d..%d joined %s", cfg.node_rank, cfg.nnodes,
-                 cfg.local_ranks.start, cfg.local_ranks.stop - 1, cfg.dist_init_addr)
-    died = None
-    while not stop.is_set() and died is None:
-        died = group.wait_any(timeout=0.5)
-    if died is not None:
-        code = group.procs[died].exitcode
-        log.error("%s process exited (code %s); shutting down", died, code)
-        group.stop_after_notice(died)
-        return 1
-    log.info("shutting down (requests in flight get %.1f s)", cfg.shutdown_grace)
-    group.stop()
-    return 0
-
-
 def main(argv: list[str] | None = None) -> None:
     """The `sluice` command."""
     logging.basicConfig(
@@ -118,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = build_parser().parse_args(argv)
     # the server's IPC sockets live in a folder of its own, gone however this ends (when
-    # this process is killed, its children remove it: see runtime.server_process)
+    # this process is killed, its children remove it: see runtime.launch.server_process)
     with tempfile.TemporaryDirectory(prefix="sluice-", ignore_cleanup_errors=True) as ipc_dir:
         try:
             cfg = config_from_args(args, ipc_dir=ipc_dir)

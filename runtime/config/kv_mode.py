@@ -8,10 +8,8 @@ manager and picks its retraction order from it, the worker sizes its page table 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from runtime.config import ServerConfig
+from runtime.config.scheduling import SchedulingOptions
 
 SERVING_KINDS = ("token", "paged")
 STUDY_KINDS = ("contiguous", "dynamic")  # measured against the serving kinds, not tuned
@@ -43,7 +41,7 @@ class KVMode:
         return self.kind in SERVING_KINDS
 
     @classmethod
-    def from_config(cls, cfg: ServerConfig) -> KVMode:
+    def from_options(cls, cfg: SchedulingOptions) -> KVMode:
         """The mode of `--kv`, `--block-size`, `--reserve` and `--overlap`."""
         kind = cfg.kv
         if kind == "paged" and cfg.block_size == "dynamic":

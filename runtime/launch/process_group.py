@@ -9,9 +9,9 @@ from multiprocessing.connection import wait
 
 import zmq
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
+from runtime.launch.server_process import Entry, ServerProcess
 from runtime.procutil import remove_ipc_files
-from runtime.server_process import Entry, ServerProcess
 from runtime.wire.ipc import PullQueue, PushQueue
 from runtime.wire.lifecycle import ProcessDied, Ready
 
@@ -115,7 +115,7 @@ class ProcessGroup:
 
 
 def _terminate(procs: list[ServerProcess], timeout: float) -> None:
-    """SIGTERM each process still alive; SIGKILL those still alive after `timeout` s."""
+    """Tell each process still alive to stop; SIGKILL those still alive after `timeout` s."""
     for proc in procs:
         proc.terminate()
     deadline = time.monotonic() + timeout

@@ -1,13 +1,14 @@
 """`ServerProcess`: one server process (the api, the scheduler, a worker rank) started as
 a fresh interpreter.
 
-The child runs `python -m runtime.server_process NAME` and never imports the parent's
+The child runs `python -m runtime.launch.server_process NAME` and never imports the parent's
 `__main__`, so a plain script may build an `Engine` without an `if __name__ ==
 "__main__":` guard. Its stdin is a pipe from the parent: the first line names the entry
 function and carries the `ServerConfig` (JSON). End of file after that means the parent
 is gone (however it died): the child removes the server's IPC files and exits at once,
-so no orphan keeps a port and nothing is left in /tmp. A child ignores SIGINT (Ctrl-C
-reaches the terminal's whole process group): its parent decides how it stops.
+so no orphan keeps a port and nothing is left in /tmp. A child ignores SIGINT and SIGTERM
+(Ctrl-C, systemd's stop and `kill -- -PGID` reach the whole process group at once): its
+parent decides how it stops, and tells it with `STOP_SIGNAL` (`terminate`).
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from runtime.config import ServerConfig
-from runtime.procutil import remove_ipc_files
+from runtime.config.server import ServerConfig
+from runtime.procutil import STOP_SIGNAL, remove_ipc_files
 
 Entry = Callable[[ServerConfig], None]  # a process's `run_*` function, or a partial of one
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder of `runtime`
+_ROOT = str(Path(os.path.abspath(__file__)).parents[2])  # the folder of `runtime`
 
 
 class ServerProcess:
@@ -48,7 +50,7 @@ class ServerProcess:
         # the child imports the same `runtime` as this process, wherever it came from
         path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
         self._popen = subprocess.Popen(
-            [sys.executable, "-m", "runtime.server_process", self.name],
+            [sys.executable, "-m", "runtime.launch.server_process", self.name],
             stdin=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": path},
         )
@@ -70,8 +72,9 @@ class ServerProcess:
         return self._popen is not None and self._popen.poll() is None
 
     def terminate(self) -> None:
+        """Ask it to stop (`STOP_SIGNAL`): the api drains, the others exit."""
         if self.is_alive():
-            self._popen.terminate()
+            self._popen.send_signal(STOP_SIGNAL)
 
     def kill(self) -> None:
         if self.is_alive():
@@ -113,7 +116,9 @@ def _exit_with_parent(cfg: ServerConfig) -> None:
 
 def run_child() -> None:
     """The child's side: read the start line, watch the parent, run the entry."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.signal(STOP_SIGNAL, signal.SIG_DFL)
     line = sys.stdin.buffer.readline()
     if not line:  # the parent died before it could say what to run
         sys.exit(1)

@@ -28,8 +28,11 @@ import time
 import urllib.request
 from multiprocessing.connection import wait
 
-from runtime.config import ConfigError, ServerConfig
-from runtime.server_process import ServerProcess
+from runtime.config.checks import ConfigError
+from runtime.config.server import ServerConfig
+from runtime.launch.server import run_server
+from runtime.launch.server_process import ServerProcess
+from runtime.procutil import STOP_SIGNAL, setup_logging
 
 log = logging.getLogger("sluice.launch")
 STOP_TIMEOUT_S = 15.0  # beyond the drain: a replica stops its own processes meanwhile
@@ -71,14 +74,12 @@ def device_groups(cfg: ServerConfig) -> list[str | None]:
 
 
 def run_replica(cfg: ServerConfig, index: int, devices: str | None) -> None:
-    """A replica's process: one whole server. SIGTERM stops it; Ctrl-C is the launcher's."""
-    from runtime.launch import run_server
-    from runtime.procutil import setup_logging
-
+    """A replica's process: one whole server. The launcher stops it with `STOP_SIGNAL`;
+    SIGTERM and Ctrl-C are the launcher's."""
     if devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices  # before anything touches CUDA
     setup_logging(f"replica{index}", cfg.log_level)
-    sys.exit(run_server(cfg, signals=(signal.SIGTERM,)))
+    sys.exit(run_server(cfg, signals=(STOP_SIGNAL,)))
 
 
 def router_command(cfg: ServerConfig, urls: list[str]) -> list[str]:
@@ -175,7 +176,10 @@ class DataParallel:
         router = os.pidfd_open(self.router.pid)
         try:
             while not stop.is_set():
-                for fd in wait([*live, router], timeout=0.5):
+                ready = wait([*live, router], timeout=0.5)
+                if stop.is_set():  # under systemd the router got the SIGTERM too: it exits
+                    break
+                for fd in ready:
                     if fd == router:
                         log.error("the router exited (code %s); shutting down",
                                   self.router.poll())
