@@ -1,6 +1,7 @@
 """Speculative decoding: acceptance length and output tokens/s, with and without it.
 
-    python -m bench.speculative [--model smollm2] [--batches 1,4,16,64] [--max-tokens 96]
+    python -m bench.speculative [--algorithm ngram|draft] [--model smollm2]
+                                [--batches 1,4,16,64] [--max-tokens 96]
                                 [--draft-tokens 4] [--out PREFIX]
 
 The edit workload (`workload.py`) on real SmolLM2-135M weights, greedy, in one process
@@ -9,6 +10,7 @@ requests plainly, then with the n-gram drafter (`--speculative-algorithm ngram`)
 with the oracle drafter, which replays the plain run's outputs (every draft accepted,
 nothing spent proposing: the verify step's own efficiency). Each speculative run is
 checked to give the plain run's tokens. Results go to PREFIX.json / PREFIX.md.
+`--algorithm draft` runs the draft-model rows instead (`draft_rows.py`).
 """
 
 from __future__ import annotations
@@ -16,50 +18,19 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import time
-from collections import deque
 
 import torch
 from transformers import AutoTokenizer
 
 from bench.outputs import write_outputs
-from bench.speculative.oracle import oracle_speculation
+from bench.speculative import draft_rows
+from bench.speculative.generate import generate
 from bench.speculative.workload import edit_prompts
 from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
-from runtime.scheduler.loop import build_scheduler
-from runtime.wire.sampling import SamplingParams
-from runtime.wire.scheduler_input import GenerateReq
 from runtime.worker.worker import Worker
 
 OUT = "bench/results/speculative/{date}-ngram-smollm2-cpu"
-
-
-def generate(worker: Worker, cfg: ServerConfig, prompts: list[list[int]], max_tokens: int,
-             oracle: list[list[int]] | None = None) -> dict:
-    """Serve `prompts` to their end; outputs, wall seconds and the drafters' counters."""
-    sched = build_scheduler(cfg, worker.ready_message(), worker.runner.max_context)
-    if oracle is not None:
-        sched.spec = oracle_speculation({f"r{i}": o for i, o in enumerate(oracle)},
-                                        cfg.speculative_num_draft_tokens)
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    outs: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
-    start = time.perf_counter()
-    for i, p in enumerate(prompts):
-        sched.add(GenerateReq(f"r{i}", p, params))
-    in_flight: deque = deque()
-    while sched.has_work or in_flight:
-        while sched.can_plan() and (plan := sched.plan()) is not None:
-            in_flight.append(worker.launch(plan))
-        sched.on_result(in_flight.popleft().result())
-        for out in sched.take_outputs():
-            outs[out.rid] += out.token_ids
-    wall = time.perf_counter() - start
-    spec = sched.spec
-    return {"outputs": [outs[f"r{i}"] for i in range(len(prompts))], "wall_s": wall,
-            "steps": sched.num_steps,
-            "accept_length": spec.mean_accept_length if spec else None,
-            "drafted": spec.drafted if spec else 0, "accepted": spec.accepted if spec else 0}
 
 
 def run(args) -> dict:
@@ -135,16 +106,21 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--draft-tokens", type=int, default=4)
+    ap.add_argument("--algorithm", choices=("ngram", "draft"), default="ngram")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     now = datetime.datetime.now(datetime.timezone.utc)
-    res = run(args)
-    command = ("python -m bench.speculative --batches " + ",".join(map(str, args.batches))
+    rows = draft_rows if args.algorithm == "draft" else None
+    res = rows.run(args) if rows else run(args)
+    command = (f"python -m bench.speculative --algorithm {args.algorithm} --batches "
+               + ",".join(map(str, args.batches))
                + f" --max-tokens {args.max_tokens} --draft-tokens {args.draft_tokens}")
     res.update(command=command, date=now.isoformat(timespec="seconds"), device="cpu")
-    text = report(res, command, now.strftime("%Y-%m-%d %H:%M:%S +0000"))
-    write_outputs(args.out or OUT.format(date=now.strftime("%Y-%m-%d")), res, text)
+    when = now.strftime("%Y-%m-%d %H:%M:%S +0000")
+    text = rows.report(res, command, when) if rows else report(res, command, when)
+    out = (rows.OUT if rows else OUT).format(date=now.strftime("%Y-%m-%d"))
+    write_outputs(args.out or out, res, text)
     print(text)
 
 

@@ -58,6 +58,9 @@ class ServerConfig(MonitoringOptions, ScaleOutOptions, SpeculativeOptions, Sched
                 and self.block_size == "dynamic"):
             raise ConfigError("speculative decoding needs kv token, contiguous or paged with a "
                               "fixed block size")
+        if self.speculative_algorithm == "draft" and (self.tp > 1 or self.host_kv_gib):
+            raise ConfigError("speculative_algorithm draft does not support tp > 1 or "
+                              "host_kv_gib yet (the host tier keeps only the target's KV)")
         if self.dp > 1 and self.port + 1 + 2 * self.dp >= 65536:
             raise ConfigError(f"dp {self.dp} needs ports {self.port}.."
                               f"{self.port + 1 + 2 * self.dp}")

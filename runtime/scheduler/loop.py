@@ -83,9 +83,7 @@ def build_scheduler(cfg: ServerConfig, ready: WorkerReady, max_context: int) -> 
     sched.grammars = GrammarGate(cfg.grammar_cache_size, cfg.tp)
     if cfg.lora_paths:
         sched.loras = LoraSlots(cfg.lora_adapters, cfg.max_loras)
-    if cfg.speculative_algorithm == "ngram":
-        sched.spec = Speculation.ngram(cfg.speculative_num_draft_tokens,
-                                       cfg.speculative_ngram_min, cfg.speculative_ngram_max)
+    sched.spec = Speculation.from_config(cfg)
     return sched
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
@@ -69,6 +70,7 @@ class Req:
         # and the drafts of its verify step in flight (None: none in flight)
         self.drafter = None
         self.drafts: list[int] | None = None
+        self.recent_accepts: deque[int] = deque()  # drafts kept by its last drafting steps
         self._reset_kv()
 
     def _reset_kv(self) -> None:

@@ -299,12 +299,14 @@ class Scheduler(Outbox):
         lps = iter(res.logprobs or itertools.repeat(0.0))  # empty: no request asked for them
         tops = split_top(batch.sampled, itertools.repeat(1), res.top_ids, res.top_logprobs,
                          res.top_stride)
+        drafted = iter(res.draft_ids)  # a draft model's drafts, in verify order
         for req, top in zip(batch.sampled, tops):
             if req.drafts is not None:  # a verify step: one sample per position
                 n = len(req.drafts) + 1
                 finished = req.finished
                 self.spec.settle(req, [*itertools.islice(ids, n)],
-                                 [*itertools.islice(lps, n)], self.kv)
+                                 [*itertools.islice(lps, n)], self.kv,
+                                 [*itertools.islice(drafted, n - 1)])
                 if finished:
                     continue
             elif req.finished:  # sampled by a batch planned before it finished: discarded

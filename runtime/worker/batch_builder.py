@@ -112,15 +112,10 @@ class BatchBuilder:
         if len(w_rows):
             self.req_to_page[d["w_rows"], d["w_cols"]] = d["w_pages"]
         pos_d, tok_rows_d = d["positions"], d["tok_rows"]
-        if ps == 1:
-            out_slots = self.req_to_page[tok_rows_d, pos_d]  # [T]
-        else:
-            out_slots = self.req_to_page[tok_rows_d, pos_d // ps] * ps + pos_d % ps  # [T]
+        out_slots = self.slots(tok_rows_d, pos_d)  # [T]
         ids = d["ids"]  # [T], negative = future token of row -(id+1)
         input_ids = torch.where(ids < 0, self.last_ids[(-ids - 1).clamp(min=0)], ids)  # [T]
-        # every page of every sequence, prefix included: [P]
-        kv_indices = self._gather(self.req_to_page, d["rows"], d["pages"], d["kv_starts"],
-                                  n_pages)
+        kv_indices = self.kv_indices(d["rows"], d["pages"], d["kv_starts"], n_pages)  # [P]
         fb = ForwardBatch(
             input_ids=input_ids, positions=pos_d, out_slots=out_slots,
             qo_indptr=d["qo_indptr"], kv_indptr=d["kv_indptr"], kv_indices=kv_indices,
@@ -135,6 +130,19 @@ class BatchBuilder:
                               logprob_sizes=tuple(len(t) for t in targets),
                               last_idx=d.get("last_idx"))
         return fb, inputs
+
+    def slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The pool slot of each (row [T], position [T]) from the table: [T] int64."""
+        ps = self.page_size
+        if ps == 1:
+            return self.req_to_page[rows, positions]  # [T]
+        return self.req_to_page[rows, positions // ps] * ps + positions % ps  # [T]
+
+    def kv_indices(self, rows: torch.Tensor, pages: torch.Tensor, starts: torch.Tensor,
+                   n_pages: int) -> torch.Tensor:
+        """Every page of every sequence, prefix included: the first `pages[i]` table
+        entries of each row `rows[i]`, at `starts[i]` of the [n_pages] result."""
+        return self._gather(self.req_to_page, rows, pages, starts, n_pages)
 
     @staticmethod
     def _table_writes(plan: BatchPlan, rows: np.ndarray, n_new: np.ndarray,

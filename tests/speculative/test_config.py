@@ -8,7 +8,7 @@ from runtime.config.checks import ConfigError
 from runtime.config.server import ServerConfig
 
 
-@pytest.mark.parametrize("algo", ["draft", "eagle", "mtp"])
+@pytest.mark.parametrize("algo", ["eagle", "mtp"])
 def test_planned_algorithms_are_refused_as_not_implemented(algo):
     with pytest.raises(ConfigError, match="not implemented yet"):
         ServerConfig(speculative_algorithm=algo)

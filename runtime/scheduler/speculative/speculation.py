@@ -14,18 +14,28 @@ the positions after the kept ones go back to the pool when the result arrives.
 
 A verify step is planned only once the request's previous step has returned, so the next
 step of a speculating request never overlaps its previous one (the result decides where
-its sequence continues); requests without a drafter keep the overlapped decode path.
+its sequence continues); requests without a drafter keep the overlapped decode path. A
+request whose drafts keep failing loses its drafter (`off_window`, `off_accept`) and
+goes back to that path for good.
+
+With a draft model the worker writes the drafts in the verify step itself
+(`ModelDrafts`): the scheduler plans k placeholder positions and learns the drafts with
+the step's result.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.req import Req
 from runtime.scheduler.speculative.ngram import NgramDrafter
 from runtime.wire.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from runtime.config.server import ServerConfig
 
 
 class Drafter(Protocol):
@@ -53,30 +63,72 @@ def accepted_prefix(drafts: Sequence[int], samples: Sequence[int]) -> int:
     return m
 
 
-class Speculation:
-    """Drafters for the requests that can speculate, and how many tokens they draft."""
+class ModelDrafts:
+    """The drafter of a draft model in the worker: k placeholder positions, whose tokens
+    the worker writes in the verify step and returns with its result."""
 
-    def __init__(self, num_draft_tokens: int,
-                 new_drafter: Callable[[Req], Drafter | None]) -> None:
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        return [0] * k
+
+
+class Speculation:
+    """Drafters for the requests that can speculate, and how many tokens they draft.
+
+    A request stops speculating once its last `off_window` drafting steps (verify steps,
+    and steps its drafter had nothing for) kept fewer than `off_accept` drafts on
+    average; `off_window` 0: never."""
+
+    def __init__(self, num_draft_tokens: int, new_drafter: Callable[[Req], Drafter | None],
+                 off_window: int = 0, off_accept: float = 0.0) -> None:
         self.num_draft_tokens = num_draft_tokens
         self.new_drafter = new_drafter
+        self.off_window, self.off_accept = off_window, off_accept
         self.drafted = 0  # draft tokens verified so far
         self.accepted = 0  # of which the target kept
         self.verify_steps = 0
+        self.turned_off = 0  # requests that stopped speculating
 
     @classmethod
-    def ngram(cls, num_draft_tokens: int, min_n: int, max_n: int) -> Speculation:
-        return cls(num_draft_tokens, lambda req: NgramDrafter(min_n, max_n))
+    def from_config(cls, cfg: ServerConfig) -> Speculation | None:
+        """The speculation `cfg.speculative_algorithm` asks for (None: none)."""
+        algo = cfg.speculative_algorithm
+        if algo == "ngram":
+            lo, hi = cfg.speculative_ngram_min, cfg.speculative_ngram_max
+            new_drafter = lambda req: NgramDrafter(lo, hi)  # noqa: E731
+        elif algo == "draft":
+            drafts = ModelDrafts()
+            new_drafter = lambda req: drafts  # noqa: E731
+        else:
+            return None
+        return cls(cfg.speculative_num_draft_tokens, new_drafter,
+                   cfg.speculative_off_window, cfg.speculative_off_accept)
 
     def attach(self, req: Req) -> None:
         """Give a new request its drafter, if its sampling allows speculation."""
         req.drafter = self.new_drafter(req) if speculable(req.params) else None
+        req.recent_accepts = deque(maxlen=self.off_window)
 
     def drafts(self, req: Req) -> list[int]:
         """Draft tokens for a request with nothing in flight: at most k, and at most one
         fewer than the outputs it may still produce (a verify step yields one more)."""
         k = min(self.num_draft_tokens, req.remaining_tokens - 1)
-        return req.drafter.propose(req.token_ids, k) if k > 0 else []
+        if k <= 0:
+            return []
+        drafts = req.drafter.propose(req.token_ids, k)
+        if not drafts:
+            self._observe(req, 0)
+        return drafts
+
+    def _observe(self, req: Req, accepted: int) -> None:
+        """Count a drafting step of `req` that kept `accepted` drafts; turn its
+        speculation off when its recent steps kept too few."""
+        if not self.off_window:
+            return
+        recent = req.recent_accepts
+        recent.append(accepted)
+        if len(recent) == self.off_window and sum(recent) < self.off_accept * self.off_window:
+            req.drafter = None
+            self.turned_off += 1
 
     def record(self, drafted: int, accepted: int) -> None:
         self.drafted += drafted
@@ -101,11 +153,12 @@ class Speculation:
         return verify
 
     def settle(self, req: Req, samples: list[int], logprobs: list[float],
-               kv: KVManager) -> None:
+               kv: KVManager, drafts: list[int] | None = None) -> None:
         """Apply a verify step's result to `req`: keep the target's samples up to the first
-        that differs from its draft (fewer when one ends the request), and give back the
-        slots past the kept tokens' inputs."""
-        drafts, req.drafts = req.drafts, None
+        that differs from its draft (`drafts`: the draft model's, else those planned;
+        fewer when one ends the request), and give back the slots past the kept tokens'
+        inputs."""
+        drafts, req.drafts = drafts or req.drafts, None
         start = req.kv_len - len(drafts) - 1  # the step's first position: the last token's
         if req.finished:  # ended while the step ran: its sequence stops where it was
             req.pending -= 1
@@ -115,3 +168,4 @@ class Speculation:
         kept = req.append_outputs(samples[:m + 1], logprobs[:m + 1])
         kv.truncate(req, start + kept)
         self.record(len(drafts), m)
+        self._observe(req, m)
