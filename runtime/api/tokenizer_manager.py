@@ -1,8 +1,8 @@
 """`TokenizerManager`: tokenize, send to the scheduler, stream detokenized output back.
 
 It lives on one asyncio loop: uvloop in the api process, or a background loop thread in
-the offline `Engine` (see `runtime.api.loop_thread`). One receive task reads the
-scheduler's `BatchOut`s and feeds each request's `ReqState`; `generate` streams from
+the offline `Engine` (see `runtime.api.loop_thread`). Its `SchedulerLink` reads the
+scheduler's `BatchOut`s, each fed to the requests' `ReqState`s; `generate` streams from
 that state. Stop strings end a request here (the scheduler only knows stop token ids),
 so this side tells the scheduler to finish it (`FinishReq`); a consumer that goes away
 aborts it (`AbortReq`).
@@ -19,11 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Collection
 
-import msgspec
-import zmq.asyncio
-
 from runtime.api.admission import check_admission
-from runtime.api.aio_queue import AsyncPullQueue, AsyncPushQueue
 from runtime.api.chat_template import chat_prompt_text, conversation_chars, role_markers
 from runtime.api.detokenize import IncrementalDetokenizer
 from runtime.api.dispatch import apply_batch
@@ -33,16 +29,16 @@ from runtime.api.prompt_tokenizer import PromptTokenizer
 from runtime.api.req_state import ReqState
 from runtime.api.rid import check_rid
 from runtime.api.sampling_defaults import SamplingDefaults
+from runtime.api.scheduler_link import SchedulerLink
 from runtime.api.timing import RequestTimings
 from runtime.config.server import ServerConfig
 from runtime.model_config import ModelSpec
-from runtime.wire.api_input import ApiInput, BatchOut, CacheFlushed, Limits, SchedulerStats
+from runtime.wire.api_input import BatchOut, CacheFlushed, Limits, SchedulerStats
 from runtime.wire.errors import EngineDeadError, InvalidRequest
-from runtime.wire.lifecycle import ProcessDied, Shutdown
 from runtime.wire.model_info import ModelInfo
 from runtime.wire.request_output import FinishReason, RequestOutput
 from runtime.wire.sampling import SamplingParams
-from runtime.wire.scheduler_input import AbortReq, FlushCache, GenerateReq, GetStats, SchedulerInput
+from runtime.wire.scheduler_input import AbortReq, FlushCache, GenerateReq, GetStats
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.02  # how often `drain` looks whether the requests in flight have ended
@@ -69,39 +65,26 @@ class TokenizerManager:
         self._reqs: dict[str, ReqState] = {}  # by the key the scheduler knows it by
         self._by_rid: dict[str, ReqState] = {}  # by the caller's rid
         self._keys = itertools.count()
-        self._dead: EngineDeadError | None = None
-        self._dead_event = asyncio.Event()
         self._refusing: EngineDeadError | None = None  # draining: no new requests
-        self._ctx: zmq.asyncio.Context | None = None
-        self._sched: AsyncPushQueue[SchedulerInput] | None = None
-        self._api_in: AsyncPullQueue[ApiInput] | None = None
-        self._recv_task: asyncio.Task | None = None
-        self._waiters: dict[int, asyncio.Future] = {}  # scheduler replies, by token
-        self._token = 0
         self.timings = RequestTimings()  # per-request timings; listeners get each record
-        self._model_info: ModelInfo | None = None
-        self.limits: Limits | None = None  # the scheduler's, after every cap (see Limits)
-        self._limits_event = asyncio.Event()
+        self._model_info: tuple[Limits, ModelInfo] | None = None  # and the limits it holds
+        # `_dispatch` is looked up at each batch (a benchmark may wrap it)
+        self._link = SchedulerLink(cfg, lambda batch: self._dispatch(batch), self._fail_all)
 
     async def start(self) -> None:
-        """Connect to the scheduler (`sched_in`), bind `api_in`, start the receive loop."""
-        self._ctx = zmq.asyncio.Context()
-        self._sched = AsyncPushQueue(self._ctx, self.cfg.ipc("sched_in"))
-        self._api_in = AsyncPullQueue(self._ctx, self.cfg.ipc("api_in"), ApiInput)
-        self._recv_task = asyncio.create_task(self._recv_loop(), name="tm-recv")
+        """Connect to the scheduler and start receiving from it."""
+        await self._link.start()
+
+    @property
+    def limits(self) -> Limits | None:
+        """The scheduler's limits, after every cap (see `Limits`); None until they came."""
+        return self._link.limits
 
     async def wait_limits(self, timeout: float | None = None) -> Limits:
         """Wait for the scheduler's `Limits` (sent once at its start-up); raise
         `EngineDeadError` if the engine dies first, `TimeoutError` after `timeout` s."""
         if self.limits is None:
-            dead = asyncio.ensure_future(self._dead_event.wait())
-            got = asyncio.ensure_future(self._limits_event.wait())
-            try:
-                await asyncio.wait({dead, got}, timeout=timeout,
-                                   return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                dead.cancel()
-                got.cancel()
+            await self._link.wait_limits(timeout)
             self._check_alive()
             if self.limits is None:
                 raise TimeoutError(f"the scheduler sent no limits within {timeout} s")
@@ -124,13 +107,11 @@ class TokenizerManager:
     @property
     def dead(self) -> EngineDeadError | None:
         """The error every request now fails with, once the engine died or was closed."""
-        return self._dead
+        return self._link.dead
 
     async def wait_dead(self) -> EngineDeadError:
         """Wait until the engine dies (or `close` is called); return why."""
-        await self._dead_event.wait()
-        assert self._dead is not None
-        return self._dead
+        return await self._link.wait_dead()
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
                        rid: str | None = None, *, stream: bool = True,
@@ -198,7 +179,7 @@ class TokenizerManager:
         self._by_rid[rid] = state
         self.timings.start(key, arrival, rid)
         try:
-            self._sched.put(GenerateReq(key, input_ids, params, self._stop_ids(params)))
+            self._link.put(GenerateReq(key, input_ids, params, self._stop_ids(params)))
         except BaseException:
             self.release(state)
             raise
@@ -218,8 +199,8 @@ class TokenizerManager:
             del self._reqs[state.key]
         if self._by_rid.get(state.rid) is state:
             del self._by_rid[state.rid]
-        if not state.scheduler_done and self._dead is None:
-            self._sched.put(AbortReq(state.key))
+        if not state.scheduler_done and self.dead is None:
+            self._link.put(AbortReq(state.key))
         outcome = FinishReason.ERROR if state.error is not None \
             else state.finish_reason or FinishReason.ABORT
         self.timings.finish(state.key, outcome, state.completion_tokens)
@@ -248,43 +229,32 @@ class TokenizerManager:
     def model_info(self) -> ModelInfo:
         """The served model's name, context length, chat role markers, weight quantization
         and KV storage dtype."""
-        if self._model_info is None:
-            limits = self._known_limits()
-            self._model_info = ModelInfo(model=self.cfg.model, max_model_len=self.context_len,
-                                         chat_roles=role_markers(self.tokenizer),
-                                         quantization=limits.quantization,
-                                         kv_dtype=limits.kv_dtype,
-                                         default_sampling_params=self.sampling_defaults.values)
-        return self._model_info
+        limits = self._known_limits()
+        if self._model_info is None or self._model_info[0] is not limits:
+            info = ModelInfo(model=self.cfg.model, max_model_len=limits.max_context,
+                             chat_roles=role_markers(self.tokenizer),
+                             quantization=limits.quantization, kv_dtype=limits.kv_dtype,
+                             default_sampling_params=self.sampling_defaults.values)
+            self._model_info = (limits, info)
+        return self._model_info[1]
 
     async def scheduler_stats(self) -> SchedulerStats:
         """Ask the scheduler for a snapshot of its queues and KV pool."""
-        return await self._ask(GetStats)
+        self._check_alive()
+        return await self._link.ask(GetStats)
 
     async def flush_cache(self) -> CacheFlushed:
         """Have the scheduler drop every cached prefix (refused while requests run)."""
-        return await self._ask(FlushCache)
-
-    async def _ask(self, request: type[GetStats | FlushCache]) -> SchedulerStats | CacheFlushed:
-        """Send the scheduler `request(token)`; return its reply carrying that token."""
         self._check_alive()
-        self._token += 1
-        token = self._token
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters[token] = fut
-        try:
-            self._sched.put(request(token))
-            return await fut
-        finally:
-            self._waiters.pop(token, None)
+        return await self._link.ask(FlushCache)
 
     def abort(self, rid: str) -> None:
         """Stop a request: the scheduler frees it; its output ends with finish reason ABORT."""
         state = self._by_rid.get(rid)
         if state is None:
             return
-        if not state.scheduler_done and self._dead is None:
-            self._sched.put(AbortReq(state.key))
+        if not state.scheduler_done and self.dead is None:
+            self._link.put(AbortReq(state.key))
             state.scheduler_done = True
         state.abort()
 
@@ -301,35 +271,27 @@ class TokenizerManager:
         deadline = time.monotonic() + grace
         while self._reqs and time.monotonic() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)
-        self._die(str(self._refusing), quiet=True)
+        self._link.die(str(self._refusing), quiet=True)
 
     async def close(self, *, shutdown_scheduler: bool = False) -> None:
-        """Fail in-flight requests, stop the receive loop, close the sockets.
+        """Fail in-flight requests, stop receiving, close the sockets.
 
         `shutdown_scheduler=True` first sends `Shutdown` (for an offline engine that owns
         the scheduler; under the launcher the supervisor stops the processes).
         """
-        if self._recv_task is None:
+        if not self._link.started:
             return
-        if shutdown_scheduler and self._dead is None:
-            self._sched.put(Shutdown())
-        self._die("the tokenizer manager was closed", quiet=True)
-        self._recv_task.cancel()
-        await asyncio.gather(self._recv_task, return_exceptions=True)
-        self._recv_task = None
+        await self._link.close(shutdown_scheduler=shutdown_scheduler)
         if self._prompts is not None:
             self._prompts.close()
-        self._sched.close(linger_ms=1000 if shutdown_scheduler else 0)
-        self._api_in.close()
-        self._ctx.term()
 
     # ------------------------------------------------------------ internals
     def _check_alive(self) -> None:
-        if self._dead is not None:
-            raise self._dead
+        if self.dead is not None:
+            raise self.dead
         if self._refusing is not None:
             raise self._refusing
-        if self._recv_task is None:
+        if not self._link.started:
             raise RuntimeError("TokenizerManager.start() was not awaited")
 
     def _known_limits(self) -> Limits:
@@ -344,44 +306,10 @@ class TokenizerManager:
             ids += [e for e in self.spec.eos_token_ids if e not in ids]
         return ids
 
-    async def _recv_loop(self) -> None:
-        while True:
-            try:
-                msg = await self._api_in.get()
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                log.error("dropping a malformed message on api_in: %s", e)
-                continue
-            except Exception as e:  # the socket itself failed: nothing more will arrive
-                self._die(f"the api receive loop failed: {e!r}")
-                return
-            if isinstance(msg, ProcessDied):
-                code = "" if msg.exitcode is None else f" (exit code {msg.exitcode})"
-                self._die(f"the {msg.name} process died{code}")
-                return
-            if isinstance(msg, BatchOut):
-                self._dispatch(msg)
-            elif isinstance(msg, Limits):
-                self.limits = msg
-                self._model_info = None
-                self._limits_event.set()
-            elif isinstance(msg, (SchedulerStats, CacheFlushed)):
-                fut = self._waiters.get(msg.token)
-                if fut is not None and not fut.done():
-                    fut.set_result(msg)
-
     def _dispatch(self, batch: BatchOut) -> None:
         for msg in apply_batch(batch, self._reqs, self.timings):
-            self._sched.put(msg)
+            self._link.put(msg)
 
-    def _die(self, reason: str, *, quiet: bool = False) -> None:
-        if self._dead is not None:
-            return
-        if not quiet:
-            log.error("engine dead: %s; failing %d in-flight requests", reason, len(self._reqs))
-        self._dead = EngineDeadError(reason)
-        self._dead_event.set()
+    def _fail_all(self, error: EngineDeadError) -> None:
         for state in self._reqs.values():
-            state.fail(self._dead)
-        for fut in self._waiters.values():
-            if not fut.done():
-                fut.set_exception(self._dead)
+            state.fail(error)
