@@ -17,7 +17,7 @@ from typing import Any
 from frontend.backends.base import Backend
 from frontend.ir import Concat, Expr, Gen, Role, Select, Text
 from frontend.select import run_select
-from runtime.messages import RoleMarkers
+from runtime.wire.model_info import RoleMarkers
 
 _END = object()  # closes the expression queue and the text stream
 

@@ -19,7 +19,8 @@ from frontend.backends.base import Backend, OnText
 from frontend.interpreter import StreamExecutor
 from frontend.ir import Expr
 from frontend.state import ProgramState
-from runtime.messages import ModelInfo, RequestOutput
+from runtime.wire.model_info import ModelInfo
+from runtime.wire.request_output import RequestOutput
 
 
 class _StopTrace(Exception):

@@ -3,7 +3,9 @@
 Names are imported lazily so that each server process loads only what it needs.
 """
 
-from runtime.messages import FinishReason, InvalidRequest, RequestOutput, SamplingParams
+from runtime.wire.errors import InvalidRequest
+from runtime.wire.request_output import FinishReason, RequestOutput
+from runtime.wire.sampling import SamplingParams
 
 __all__ = ["Engine", "FinishReason", "RequestOutput", "SamplingParams", "InvalidRequest"]
 

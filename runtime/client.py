@@ -30,17 +30,17 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from runtime.api.errors import (
+from runtime.wire.errors import (
+    InvalidRequest,
     MessageTooLarge,
     Overloaded,
     ServerError,
     ServerTimeout,
     Unauthorized,
 )
-from runtime.messages import (
-    InvalidRequest,
-    ModelInfo,
-    RequestOutput,
+from runtime.wire.model_info import ModelInfo
+from runtime.wire.request_output import RequestOutput
+from runtime.wire.rpc import (
     RpcAbort,
     RpcBatch,
     RpcError,
@@ -48,8 +48,8 @@ from runtime.messages import (
     RpcGetModelInfo,
     RpcModelInfo,
     RpcOutput,
-    SamplingParams,
 )
+from runtime.wire.sampling import SamplingParams
 
 DEFAULT_ADDR = "tcp://127.0.0.1:30001"
 API_KEY_ENV = "SLUICE_API_KEY"

@@ -14,14 +14,12 @@ from collections.abc import Iterator, Sequence
 from runtime.api.loop_thread import LoopThread
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ConfigError, ServerConfig
-from runtime.messages import (
-    InvalidRequest,
-    ModelInfo,
-    RequestOutput,
-    SamplingParams,
-    SchedulerStats,
-)
 from runtime.process_group import ProcessGroup
+from runtime.wire.api_input import SchedulerStats
+from runtime.wire.errors import InvalidRequest
+from runtime.wire.model_info import ModelInfo
+from runtime.wire.request_output import RequestOutput
+from runtime.wire.sampling import SamplingParams
 
 Prompt = str | list[int]
 

@@ -36,7 +36,8 @@ import os
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from runtime.messages import InvalidRequest, SamplingParams
+from runtime.wire.errors import InvalidRequest
+from runtime.wire.sampling import SamplingParams
 
 _LOG_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")  # "[12:00:00] /path/file.cc:94: "
 REGEX, JSON = "regex:", "json:"  # the kinds of grammar key

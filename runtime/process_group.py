@@ -10,10 +10,10 @@ from multiprocessing.connection import wait
 import zmq
 
 from runtime.config import ServerConfig
-from runtime.ipc import PullQueue, PushQueue
-from runtime.messages import ProcessDied, Ready
 from runtime.procutil import remove_ipc_files
 from runtime.server_process import Entry, ServerProcess
+from runtime.wire.ipc import PullQueue, PushQueue
+from runtime.wire.lifecycle import ProcessDied, Ready
 
 STOP_TIMEOUT_S = 5.0  # a process told to stop gets this long (beyond the api's drain)
 

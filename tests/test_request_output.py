@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.messages import RequestOutput
+from runtime.wire.request_output import RequestOutput
 
 
 def test_join_keeps_each_tokens_alternatives():

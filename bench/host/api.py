@@ -33,17 +33,10 @@ import msgspec
 import zmq
 
 from bench.host.api_profile import ADMISSION, split_profile
-from runtime.messages import (
-    AbortReq,
-    BatchOut,
-    GenerateReq,
-    Limits,
-    ReqOut,
-    RpcGenerate,
-    RpcOutput,
-    SamplingParams,
-    SchedulerInput,
-)
+from runtime.wire.api_input import BatchOut, Limits, ReqOut
+from runtime.wire.rpc import RpcGenerate, RpcOutput
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import AbortReq, GenerateReq, SchedulerInput
 
 TEXT = (" Hello 😀 world, 世界! Ünïcödé — naïve café. 🎉🚀 Answer: 42. こんにちは, and the "
         "story goes on: a fox, a dog, a long road home, numbers 3.14159 and 2.71828. ") * 8

@@ -19,7 +19,7 @@ CATEGORIES = [("tokenizer_manager:open", ADMISSION), ("tokenizer_manager:_prepar
               ("detokenize:__init__", ADMISSION), ("req_state:__init__", ADMISSION),
               ("runtime/api/detok", "detokenize"),
               ("runtime/api/req_state", "chunk building"),
-              ("runtime/messages:join", "chunk building"),
+              ("runtime/wire/request_output:join", "chunk building"),
               ("runtime/api/tokenizer_manager", "chunk building"),
               ("runtime/api/streams", "chunk building"), ("runtime/api/timing", "chunk building"),
               ("runtime/api/dispatch", "chunk building"), ("runtime/api/metrics", "chunk building"),

@@ -69,7 +69,7 @@ def _hf(model: str, batches: list[int], new_tokens: int, repeats: int, threads: 
 def _sluice(model: str, batches: list[int], new_tokens: int, repeats: int,
             threads: int) -> dict:
     from runtime.engine import Engine
-    from runtime.messages import SamplingParams
+    from runtime.wire.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     out = {}

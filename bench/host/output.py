@@ -77,8 +77,13 @@ def measure(case: str, requests: int, tokens: int, profile: bool = False) -> dic
     from runtime.api.loop_thread import LoopThread
     from runtime.api.tokenizer_manager import TokenizerManager
     from runtime.config import ServerConfig
-    from runtime.messages import RequestOutput, SamplingParams
     from runtime.model_config import resolve_model
+
+    try:
+        from runtime.wire.request_output import RequestOutput
+        from runtime.wire.sampling import SamplingParams
+    except ModuleNotFoundError:  # a baseline from before runtime/wire
+        from runtime.messages import RequestOutput, SamplingParams
 
     model, _, mode = case.partition("+")
     ids = output_ids(model, tokens)

@@ -28,14 +28,19 @@ def stand_in(sched_in: str, api_in: str, n: int, ids: list[int], conn) -> None:
     import msgspec
     import zmq
 
-    from runtime.messages import (
-        BatchOut,
-        FinishReason,
-        GenerateReq,
-        Limits,
-        ReqOut,
-        SchedulerInput,
-    )
+    try:
+        from runtime.wire.api_input import BatchOut, Limits, ReqOut
+        from runtime.wire.request_output import FinishReason
+        from runtime.wire.scheduler_input import GenerateReq, SchedulerInput
+    except ModuleNotFoundError:  # a baseline from before runtime/wire
+        from runtime.messages import (
+            BatchOut,
+            FinishReason,
+            GenerateReq,
+            Limits,
+            ReqOut,
+            SchedulerInput,
+        )
 
     ctx = zmq.Context()
     inbox, outbox = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)

@@ -24,10 +24,12 @@ from collections import deque
 
 import msgspec
 
-from runtime.messages import GenerateReq, SamplingParams, StepResult
 from runtime.scheduler.paged_kv import PagedKV
 from runtime.scheduler.scheduler import Scheduler
 from runtime.scheduler.token_kv import TokenKV
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import GenerateReq
+from runtime.wire.worker_channel import StepResult
 
 CHUNK = 65536  # prefill tokens per step while settling
 

@@ -41,7 +41,7 @@ PROFILE_TOP = 12
 def make_plan(**fields):
     """A BatchPlan from the fields this bench sets; fields the BatchPlan no longer has are
     dropped, the others keep their defaults (the one place to adapt if BatchPlan changes)."""
-    from runtime.messages import BatchPlan
+    from runtime.wire.worker_channel import BatchPlan
 
     known = set(BatchPlan.__struct_fields__)
     return BatchPlan(**{k: v for k, v in fields.items() if k in known})
@@ -59,7 +59,8 @@ class SyntheticLoad:
 
     def prefill_plans(self, chunk_tokens: int) -> list:
         """Whole prompts, as many requests per plan as fit in `chunk_tokens`; each samples."""
-        from runtime.messages import RowInit, SamplingParams
+        from runtime.wire.sampling import SamplingParams
+        from runtime.wire.worker_channel import RowInit
 
         params = SamplingParams(max_tokens=1 << 20, temperature=0.0, ignore_eos=True)
         per_plan = max(1, chunk_tokens // self.input_len)

@@ -25,8 +25,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from runtime.config import ServerConfig  # noqa: E402
-from runtime.messages import BatchPlan, GenerateReq, SamplingParams, StepResult, WorkerReady  # noqa: E402
 from runtime.scheduler.loop import build_scheduler  # noqa: E402
+from runtime.wire.sampling import SamplingParams  # noqa: E402
+from runtime.wire.scheduler_input import GenerateReq  # noqa: E402
+from runtime.wire.worker_channel import BatchPlan, StepResult, WorkerReady  # noqa: E402
 
 MAX_CONTEXT = 8192
 MIX = ((0.3, 32, 511), (0.6, 512, 2047), (0.1, 2048, MAX_CONTEXT - 1))  # share, min, max

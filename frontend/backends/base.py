@@ -9,7 +9,8 @@ from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
-from runtime.messages import ModelInfo, RequestOutput
+from runtime.wire.model_info import ModelInfo
+from runtime.wire.request_output import RequestOutput
 
 OnText = Callable[[str], None]
 C = TypeVar("C")  # a client with a close() method

@@ -7,7 +7,8 @@ from typing import Any
 from frontend.backends.base import Backend, OnText
 from frontend.backends.http import HttpBackend
 from frontend.backends.rpc import RpcBackend
-from runtime.messages import ModelInfo, RequestOutput
+from runtime.wire.model_info import ModelInfo
+from runtime.wire.request_output import RequestOutput
 
 
 class RuntimeEndpoint(Backend):

@@ -6,7 +6,9 @@ from typing import Any
 
 from frontend.backends.base import Backend, OnText, follow
 from runtime.engine import Engine
-from runtime.messages import ModelInfo, RequestOutput, SamplingParams
+from runtime.wire.model_info import ModelInfo
+from runtime.wire.request_output import RequestOutput
+from runtime.wire.sampling import SamplingParams
 
 
 class EngineBackend(Backend):

@@ -10,9 +10,10 @@ import httpx
 import msgspec
 
 from frontend.backends.base import Backend, OnText, PerThread, follow
-from runtime.api.errors import Unauthorized
 from runtime.client import api_key_or_env
-from runtime.messages import FinishReason, InvalidRequest, ModelInfo, RequestOutput
+from runtime.wire.errors import InvalidRequest, Unauthorized
+from runtime.wire.model_info import ModelInfo
+from runtime.wire.request_output import FinishReason, RequestOutput
 
 
 class ServerError(RuntimeError):

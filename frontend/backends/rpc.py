@@ -6,7 +6,8 @@ from typing import Any
 
 from frontend.backends.base import Backend, OnText, PerThread, follow
 from runtime.client import Client
-from runtime.messages import ModelInfo, RequestOutput
+from runtime.wire.model_info import ModelInfo
+from runtime.wire.request_output import RequestOutput
 
 
 class RpcBackend(Backend):

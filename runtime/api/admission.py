@@ -9,9 +9,9 @@ that invites a retry. A 429 (`Overloaded`) means the server is full right now.
 
 from __future__ import annotations
 
-from runtime.api.errors import Overloaded
 from runtime.config import ServerConfig
-from runtime.messages import InvalidRequest, Limits
+from runtime.wire.api_input import Limits
+from runtime.wire.errors import InvalidRequest, Overloaded
 
 REQUEST_SHARE = 4  # one request may hold at most 1/REQUEST_SHARE of the capacity
 

@@ -1,4 +1,4 @@
-"""Asyncio counterparts of `runtime.ipc`'s typed PUSH/PULL queues (zmq.asyncio)."""
+"""Asyncio counterparts of `runtime.wire.ipc`'s typed PUSH/PULL queues (zmq.asyncio)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from runtime.api.openai_protocol import ApiError, ChatMessage
 from runtime.api.tools.messages import tool_fields, tools_chars
-from runtime.messages import RoleMarkers
+from runtime.wire.model_info import RoleMarkers
 
 log = logging.getLogger(__name__)
 

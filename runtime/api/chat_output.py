@@ -9,7 +9,7 @@ from runtime.api.openai_protocol import AssistantMessage, ChatDelta
 from runtime.api.reasoning.think import ThinkParser
 from runtime.api.tools.parser import CallDelta, ToolParser
 from runtime.api.tools.protocol import DeltaFunction, DeltaToolCall, FunctionCall, ToolCallItem
-from runtime.messages import FinishReason, RequestOutput
+from runtime.wire.request_output import FinishReason, RequestOutput
 
 TOOL_CALLS = "tool_calls"  # the finish reason of an answer that made calls
 

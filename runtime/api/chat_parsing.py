@@ -27,7 +27,7 @@ from runtime.api.tools.registry import pick_parser, renders_tools
 from runtime.api.tools.request import ToolRequest, tool_request
 from runtime.api.tools.schema import call_schema, constrained, constrained_parser
 from runtime.config import ServerConfig
-from runtime.messages import SamplingParams
+from runtime.wire.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

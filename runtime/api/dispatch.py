@@ -11,10 +11,12 @@ from __future__ import annotations
 import logging
 import time
 
-from runtime.api.errors import RequestFailed
 from runtime.api.req_state import ReqState
 from runtime.api.timing import RequestTimings
-from runtime.messages import AbortReq, BatchOut, FinishReason, FinishReq
+from runtime.wire.api_input import BatchOut
+from runtime.wire.errors import RequestFailed
+from runtime.wire.request_output import FinishReason
+from runtime.wire.scheduler_input import AbortReq, FinishReq
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.config import ServerConfig
-from runtime.messages import SchedulerStats
+from runtime.wire.api_input import SchedulerStats
 
 
 @dataclass(frozen=True)

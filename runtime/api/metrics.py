@@ -26,7 +26,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from runtime.api.timing import RequestRecord, RequestTimings
-from runtime.messages import FinishReason, Limits, SchedulerStats
+from runtime.wire.api_input import Limits, SchedulerStats
+from runtime.wire.request_output import FinishReason
 
 log = logging.getLogger(__name__)
 

@@ -13,14 +13,14 @@ import contextlib
 import logging
 import time
 
-from runtime.api.errors import ServerError
 from runtime.api.health import HealthReport, HealthTracker
 from runtime.api.metrics import Metrics
 from runtime.api.rid import loggable
 from runtime.api.timing import RequestRecord
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ServerConfig
-from runtime.messages import SchedulerStats
+from runtime.wire.api_input import SchedulerStats
+from runtime.wire.errors import ServerError
 
 log = logging.getLogger("sluice.stats")
 request_log = logging.getLogger("sluice.requests")

@@ -41,7 +41,8 @@ from runtime.api.sglang_request import is_sglang_form, parse_sglang
 from runtime.api.sglang_serving import SglangServing
 from runtime.api.streams import EventStream, Guard, MergedStreams, collect, start_streams
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.messages import RequestOutput, SamplingParams
+from runtime.wire.request_output import RequestOutput
+from runtime.wire.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 _PARAM_NAMES = frozenset(SamplingParams.__struct_fields__)

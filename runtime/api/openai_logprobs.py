@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from runtime.api.openai_protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
-from runtime.messages import RequestOutput
+from runtime.wire.request_output import RequestOutput
 
 # (token id, its logprob or None, its alternatives (id, logprob) or None)
 Scored = tuple[int, float | None, list[tuple[int, float]] | None]

@@ -15,10 +15,10 @@ from typing import Any
 
 import msgspec
 
-from runtime.api.errors import EngineDeadError, Overloaded, ServerError
 from runtime.api.response_format import response_json_schema
 from runtime.api.tools.protocol import DeltaToolCall, ToolCallItem
-from runtime.messages import MAX_TOP_LOGPROBS, InvalidRequest, SamplingParams
+from runtime.wire.errors import EngineDeadError, InvalidRequest, Overloaded, ServerError
+from runtime.wire.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 MAX_N = 16  # choices per request (each runs as its own request)
 

@@ -55,7 +55,8 @@ from runtime.api.openai_protocol import (
 )
 from runtime.api.streams import EventStream, Guard, MergedStreams, collect, start_streams
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.messages import RequestOutput, SamplingParams
+from runtime.wire.request_output import RequestOutput
+from runtime.wire.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions

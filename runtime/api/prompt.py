@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from runtime.api.errors import ContextLengthExceeded
 from runtime.api.prompt_tokenizer import PromptTokenizer
 from runtime.grammar import check_grammar
-from runtime.messages import InvalidRequest, Limits, SamplingParams
+from runtime.wire.api_input import Limits
+from runtime.wire.errors import ContextLengthExceeded, InvalidRequest
+from runtime.wire.sampling import SamplingParams
 
 
 async def prepare_prompt(prompt: Any, params: SamplingParams,

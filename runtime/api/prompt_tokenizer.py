@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from runtime.api.errors import ContextLengthExceeded
+from runtime.wire.errors import ContextLengthExceeded
 
 INLINE_CHARS = 512  # up to here tokenizing (~1 us/char) costs less than a thread hop
 THREADS = 2

@@ -6,8 +6,9 @@ import asyncio
 from collections.abc import Callable
 
 from runtime.api.detokenize import IncrementalDetokenizer
-from runtime.api.errors import RequestFailed
-from runtime.messages import FinishReason, ReqOut, RequestOutput
+from runtime.wire.api_input import ReqOut
+from runtime.wire.errors import RequestFailed
+from runtime.wire.request_output import FinishReason, RequestOutput
 
 
 class ReqState:

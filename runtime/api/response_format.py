@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runtime.messages import InvalidRequest
+from runtime.wire.errors import InvalidRequest
 
 ANY_OBJECT = '{"type": "object"}'
 

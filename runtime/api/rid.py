@@ -8,7 +8,7 @@ whole: `loggable` escapes and shortens it.
 
 from __future__ import annotations
 
-from runtime.messages import InvalidRequest
+from runtime.wire.errors import InvalidRequest
 
 MAX_RID_LEN = 256  # characters
 LOG_RID_LEN = 64  # characters of a rid a log line shows

@@ -27,13 +27,12 @@ import zmq
 import zmq.asyncio
 
 from runtime.api.auth import key_matches, warn_if_exposed
-from runtime.api.errors import ServerError
 from runtime.api.rid import check_rid, loggable
 from runtime.api.rpc_outbox import ClientGone, RpcOutbox, RpcStream, rpc_error
 from runtime.api.rpc_peers import RpcPeers
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.messages import (
-    InvalidRequest,
+from runtime.wire.errors import InvalidRequest, ServerError
+from runtime.wire.rpc import (
     RpcAbort,
     RpcBatch,
     RpcError,

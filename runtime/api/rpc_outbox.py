@@ -16,9 +16,10 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from runtime.api.errors import Overloaded, ServerError
 from runtime.api.req_state import ReqState
-from runtime.messages import InvalidRequest, RequestOutput, RpcBatch, RpcError, RpcOutput
+from runtime.wire.errors import InvalidRequest, Overloaded, ServerError
+from runtime.wire.request_output import RequestOutput
+from runtime.wire.rpc import RpcBatch, RpcError, RpcOutput
 
 log = logging.getLogger(__name__)
 

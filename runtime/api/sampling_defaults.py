@@ -14,7 +14,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime.messages import InvalidRequest, SamplingParams
+from runtime.wire.errors import InvalidRequest
+from runtime.wire.sampling import SamplingParams
 
 # generation_config.json key -> the SamplingParams field it defaults
 GENERATION_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from runtime.api.openai_protocol import ApiError
-from runtime.messages import SamplingParams
+from runtime.wire.sampling import SamplingParams
 
 _MAX_ID_DIGITS = 20  # more digits is no 64-bit id: left as a string, and rejected
 

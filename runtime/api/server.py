@@ -24,9 +24,9 @@ from runtime.api.rpc import RpcServer
 from runtime.api.sampling_defaults import InvalidGenerationConfig
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ServerConfig
-from runtime.messages import Ready
 from runtime.model_config import MODEL_ERRORS, spec_for
 from runtime.procutil import freeze_startup_heap, startup_failure
+from runtime.wire.lifecycle import Ready
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.api.sglang_request import SglItem
-from runtime.messages import FinishReason, RequestOutput
+from runtime.wire.request_output import FinishReason, RequestOutput
 
 TokenText = Callable[[int], str]  # one token id's text
 

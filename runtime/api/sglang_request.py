@@ -35,7 +35,7 @@ from typing import Any
 
 from runtime.api.openai_protocol import ApiError
 from runtime.api.sampling_json import params_from_json
-from runtime.messages import MAX_TOP_LOGPROBS, SamplingParams
+from runtime.wire.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 # the top-level fields of Sluice's own form (native_api.GenerateRequest)
 SLUICE_FIELDS = frozenset({"text", "input_ids", "sampling_params", "stream", "priority",

@@ -37,7 +37,8 @@ from runtime.api.sglang_request import SglRequest
 from runtime.api.streams import EventStream, Guard, MergedStreams, collect, start_streams
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ServerConfig
-from runtime.messages import SamplingParams, SchedulerStats
+from runtime.wire.api_input import SchedulerStats
+from runtime.wire.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang's health-check timeout

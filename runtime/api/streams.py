@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from runtime.messages import RequestOutput
+from runtime.wire.request_output import RequestOutput
 
 T = TypeVar("T")
 Guard = Callable[[Awaitable[T]], Awaitable[T]]  # awaits, or raises if the client leaves

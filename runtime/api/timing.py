@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from runtime.messages import FinishReason, ReqOut
+from runtime.wire.api_input import ReqOut
+from runtime.wire.request_output import FinishReason
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,6 @@ from runtime.api.aio_queue import AsyncPullQueue, AsyncPushQueue
 from runtime.api.chat import chat_prompt_text, conversation_chars, role_markers
 from runtime.api.detokenize import IncrementalDetokenizer
 from runtime.api.dispatch import apply_batch
-from runtime.api.errors import EngineDeadError
 from runtime.api.openai_protocol import ChatMessage
 from runtime.api.prompt import check_lora, prepare_prompt
 from runtime.api.prompt_tokenizer import PromptTokenizer
@@ -36,26 +35,14 @@ from runtime.api.rid import check_rid
 from runtime.api.sampling_defaults import SamplingDefaults
 from runtime.api.timing import RequestTimings
 from runtime.config import ServerConfig
-from runtime.messages import (
-    AbortReq,
-    ApiInput,
-    BatchOut,
-    CacheFlushed,
-    FinishReason,
-    FlushCache,
-    GenerateReq,
-    GetStats,
-    InvalidRequest,
-    Limits,
-    ModelInfo,
-    ProcessDied,
-    RequestOutput,
-    SamplingParams,
-    SchedulerInput,
-    SchedulerStats,
-    Shutdown,
-)
 from runtime.model_config import ModelSpec
+from runtime.wire.api_input import ApiInput, BatchOut, CacheFlushed, Limits, SchedulerStats
+from runtime.wire.errors import EngineDeadError, InvalidRequest
+from runtime.wire.lifecycle import ProcessDied, Shutdown
+from runtime.wire.model_info import ModelInfo
+from runtime.wire.request_output import FinishReason, RequestOutput
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import AbortReq, FlushCache, GenerateReq, GetStats, SchedulerInput
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.02  # how often `drain` looks whether the requests in flight have ended

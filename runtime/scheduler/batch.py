@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from runtime.messages import BatchPlan, RowInit
 from runtime.scheduler.req import Req
+from runtime.wire.worker_channel import BatchPlan, RowInit
 
 
 @dataclass

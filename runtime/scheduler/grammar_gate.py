@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from runtime.messages import GrammarCacheUpdate, GrammarCompiled
 from runtime.scheduler.req import Req
+from runtime.wire.worker_channel import GrammarCacheUpdate, GrammarCompiled
 
 
 @dataclass

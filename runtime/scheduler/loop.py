@@ -15,26 +15,7 @@ import sys
 import zmq
 
 from runtime.config import ServerConfig
-from runtime.ipc import FanOutQueue, PullQueue, PushQueue
 from runtime.kv_mode import KVMode
-from runtime.messages import (
-    AbortReq,
-    CacheFlushed,
-    FinishReq,
-    FlushCache,
-    GenerateReq,
-    GetStats,
-    GrammarCompiled,
-    Limits,
-    Ready,
-    SchedulerInput,
-    SchedulerStats,
-    Shutdown,
-    StepResult,
-    WorkerFailed,
-    WorkerOutput,
-    WorkerReady,
-)
 from runtime.model_config import MODEL_ERRORS, spec_for
 from runtime.procutil import freeze_startup_heap, setup_logging, startup_failure
 from runtime.scheduler.grammar_gate import GrammarGate
@@ -46,6 +27,24 @@ from runtime.scheduler.paged_kv import PagedKV
 from runtime.scheduler.policy import PrefillAdder, preempt_order
 from runtime.scheduler.scheduler import Scheduler
 from runtime.scheduler.token_kv import TokenKV
+from runtime.wire.api_input import CacheFlushed, Limits, SchedulerStats
+from runtime.wire.ipc import FanOutQueue, PullQueue, PushQueue
+from runtime.wire.lifecycle import Ready, Shutdown
+from runtime.wire.scheduler_input import (
+    AbortReq,
+    FinishReq,
+    FlushCache,
+    GenerateReq,
+    GetStats,
+    SchedulerInput,
+)
+from runtime.wire.worker_channel import (
+    GrammarCompiled,
+    StepResult,
+    WorkerFailed,
+    WorkerOutput,
+    WorkerReady,
+)
 
 CHECK_INVARIANTS = os.environ.get("SLUICE_CHECK_INVARIANTS", "0") == "1"
 

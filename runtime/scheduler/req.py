@@ -8,7 +8,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.messages import FinishReason, GenerateReq, SamplingParams
+from runtime.wire.request_output import FinishReason
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import GenerateReq
 
 _NO_SLOTS = np.zeros(0, dtype=np.int32)
 

@@ -15,22 +15,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from runtime.messages import (
-    BatchOut,
-    BatchPlan,
-    FinishReason,
-    GenerateReq,
-    GrammarCacheUpdate,
-    GrammarCompiled,
-    ReqOut,
-    StepResult,
-)
 from runtime.scheduler.batch import Batch, split_top
 from runtime.scheduler.grammar_gate import GrammarGate
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.lora_slots import LoraSlots
 from runtime.scheduler.policy import PrefillAdder, retract_order
 from runtime.scheduler.req import Req, ReqStatus
+from runtime.wire.api_input import BatchOut, ReqOut
+from runtime.wire.request_output import FinishReason
+from runtime.wire.scheduler_input import GenerateReq
+from runtime.wire.worker_channel import BatchPlan, GrammarCacheUpdate, GrammarCompiled, StepResult
 
 
 class Scheduler:

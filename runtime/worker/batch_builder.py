@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from kernels.kv.page_gather import gather_pages, gather_pages_ref
-from runtime.messages import BatchPlan
+from runtime.wire.worker_channel import BatchPlan
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.lora.batch import LoraBatch, lora_segments
 from runtime.worker.staging import Staging

@@ -20,7 +20,7 @@ import statistics
 
 import torch
 
-from runtime.messages import BatchPlan
+from runtime.wire.worker_channel import BatchPlan
 
 log = logging.getLogger(__name__)
 

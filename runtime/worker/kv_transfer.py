@@ -47,7 +47,7 @@ import weakref
 import torch
 
 from kernels.kv.copy_slots import SlotTensors, copy_slots, copy_slots_ref
-from runtime.messages import BatchPlan
+from runtime.wire.worker_channel import BatchPlan
 from runtime.worker.kv_pool import GiB, KVPool
 
 _HOST_REGISTER_MAPPED = 2  # cudaHostRegisterMapped

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runtime.messages import SamplingParams
+from runtime.wire.sampling import SamplingParams
 from runtime.worker.token_bias import TokenBias
 
 MASK32 = 0xFFFFFFFF

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from runtime.messages import SamplingParams
+from runtime.wire.sampling import SamplingParams
 
 Upload = Callable[[torch.Tensor], torch.Tensor]  # a host tensor on the device, no host sync
 

@@ -32,22 +32,21 @@ import zmq
 
 from runtime.config import ServerConfig
 from runtime.grammar import GrammarCompiler
-from runtime.ipc import PullQueue, PushQueue
-from runtime.messages import (
+from runtime.model_config import ModelSpec, spec_for
+from runtime.procutil import error_text, freeze_startup_heap, setup_logging, startup_failure
+from runtime.wire.ipc import PullQueue, PushQueue
+from runtime.wire.lifecycle import Ready, Shutdown
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.worker_channel import (
     BatchPlan,
     GrammarCacheUpdate,
     GrammarCompiled,
-    Ready,
     RowInit,
-    SamplingParams,
-    Shutdown,
     StepResult,
     WorkerFailed,
     WorkerInput,
     WorkerReady,
 )
-from runtime.model_config import ModelSpec, spec_for
-from runtime.procutil import error_text, freeze_startup_heap, setup_logging, startup_failure
 from runtime.worker.batch_builder import BatchBuilder, SampleInputs
 from runtime.worker.cpu_threads import ThreadTuner
 from runtime.worker.forward_batch import ForwardBatch

@@ -9,22 +9,18 @@ from collections.abc import Callable
 import zmq
 
 from runtime.config import ServerConfig
-from runtime.ipc import PullQueue, PushQueue
-from runtime.messages import (
+from runtime.model_config import resolve_model
+from runtime.wire.api_input import ApiInput, BatchOut, CacheFlushed, Limits, ReqOut
+from runtime.wire.ipc import PullQueue, PushQueue
+from runtime.wire.lifecycle import Shutdown
+from runtime.wire.request_output import FinishReason
+from runtime.wire.scheduler_input import (
     AbortReq,
-    ApiInput,
-    BatchOut,
-    CacheFlushed,
-    FinishReason,
     FinishReq,
     FlushCache,
     GenerateReq,
-    Limits,
-    ReqOut,
     SchedulerInput,
-    Shutdown,
 )
-from runtime.model_config import resolve_model
 
 
 class FakeScheduler:

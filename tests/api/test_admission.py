@@ -10,9 +10,10 @@ import json
 import httpx
 import pytest
 
-from runtime.api.errors import Overloaded
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.messages import GenerateReq, InvalidRequest, SamplingParams
+from runtime.wire.errors import InvalidRequest, Overloaded
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import GenerateReq
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.front_helpers import fronts
 from tests.api.http_helpers import sse_json

@@ -16,14 +16,10 @@ from runtime.api.http_server import build_app
 from runtime.api.loop_thread import LoopThread
 from runtime.api.monitor import Monitor
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.messages import (
-    GenerateReq,
-    RequestOutput,
-    RpcError,
-    RpcGenerate,
-    RpcOutput,
-    SamplingParams,
-)
+from runtime.wire.request_output import RequestOutput
+from runtime.wire.rpc import RpcError, RpcGenerate, RpcOutput
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import GenerateReq
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.test_http_health import http_front
 from tests.api.test_rpc import raw_dealer, serving

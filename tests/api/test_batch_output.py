@@ -12,22 +12,16 @@ import pytest
 
 from runtime.api.detokenize import IncrementalDetokenizer
 from runtime.api.dispatch import apply_batch
-from runtime.api.errors import RequestFailed
 from runtime.api.req_state import ReqState
 from runtime.api.rpc import RpcServer
 from runtime.api.timing import RequestTimings
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.client import AsyncClient
-from runtime.messages import (
-    AbortReq,
-    BatchOut,
-    FinishReason,
-    FinishReq,
-    InvalidRequest,
-    ReqOut,
-    RequestOutput,
-    SamplingParams,
-)
+from runtime.wire.api_input import BatchOut, ReqOut
+from runtime.wire.errors import InvalidRequest, RequestFailed
+from runtime.wire.request_output import FinishReason, RequestOutput
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import AbortReq, FinishReq
 from tests.api.conftest import SCRIPT_TEXT
 from tests.api.fake_scheduler import FakeScheduler
 

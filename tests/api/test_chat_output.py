@@ -10,7 +10,7 @@ import json
 from runtime.api.chat_output import ChatOutput
 from runtime.api.reasoning.think import Qwen3Parser
 from runtime.api.tools.hermes import HermesParser
-from runtime.messages import FinishReason, RequestOutput
+from runtime.wire.request_output import FinishReason, RequestOutput
 
 END_ID, END_TEXT = 7, "<|im_end|>"
 CALL = '<tool_call>\n{{"name": "{}", "arguments": {{"n": {}}}}}\n</tool_call>'

@@ -12,12 +12,14 @@ import httpx
 import msgspec
 import pytest
 
-from runtime.api.errors import ContextLengthExceeded
 from runtime.api.sampling_defaults import InvalidGenerationConfig, SamplingDefaults
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.client import Client
 from runtime.config import ServerConfig
-from runtime.messages import GenerateReq, Limits, SamplingParams
+from runtime.wire.api_input import Limits
+from runtime.wire.errors import ContextLengthExceeded
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import GenerateReq
 from tests.api.conftest import free_port
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.front_helpers import fronts

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from runtime.api.metrics import _stats_metrics
 from runtime.api.monitor import _host_tier
-from runtime.messages import SchedulerStats
+from runtime.wire.api_input import SchedulerStats
 
 
 def stats(**kw) -> SchedulerStats:

@@ -12,12 +12,12 @@ import httpx
 import pytest
 
 from runtime.api.auth import warn_if_exposed
-from runtime.api.errors import Unauthorized
 from runtime.api.http_guard import allowed_hosts
 from runtime.api.rid import MAX_RID_LEN, loggable
 from runtime.client import Client
 from runtime.launch import build_parser, config_from_args
-from runtime.messages import GenerateReq
+from runtime.wire.errors import Unauthorized
+from runtime.wire.scheduler_input import GenerateReq
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.front_helpers import fronts
 from tests.api.http_helpers import wait_until

@@ -15,7 +15,8 @@ from runtime.api.loop_thread import LoopThread
 from runtime.api.monitor import Monitor
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config import ServerConfig
-from runtime.messages import ProcessDied, SchedulerStats
+from runtime.wire.api_input import SchedulerStats
+from runtime.wire.lifecycle import ProcessDied
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.http_helpers import wait_until
 

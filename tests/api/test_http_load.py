@@ -12,8 +12,8 @@ import asyncio
 import httpx
 import pytest
 
-from runtime.api.errors import Overloaded
 from runtime.client import Client
+from runtime.wire.errors import Overloaded
 from tests.api.http_helpers import live_server, sse_json, wait_until
 
 MODEL = "smollm2"

@@ -11,7 +11,7 @@ import threading
 import httpx
 import pytest
 
-from runtime.messages import AbortReq, GenerateReq
+from runtime.wire.scheduler_input import AbortReq, GenerateReq
 from tests.api.conftest import SCRIPT_TEXT
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.http_helpers import sse_json

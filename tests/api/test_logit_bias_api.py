@@ -14,7 +14,8 @@ import pytest
 import frontend as sl
 from runtime.client import Client
 from runtime.config import ServerConfig
-from runtime.messages import GenerateReq, InvalidRequest
+from runtime.wire.errors import InvalidRequest
+from runtime.wire.scheduler_input import GenerateReq
 from tests.api.conftest import free_port
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.front_helpers import fronts

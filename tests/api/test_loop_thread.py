@@ -9,7 +9,8 @@ import pytest
 
 from runtime.api.loop_thread import LoopThread
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.messages import AbortReq, SamplingParams
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import AbortReq
 from tests.api.fake_scheduler import FakeScheduler
 
 

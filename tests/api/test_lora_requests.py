@@ -8,7 +8,8 @@ import httpx
 import pytest
 
 from runtime.client import Client
-from runtime.messages import GenerateReq, InvalidRequest
+from runtime.wire.errors import InvalidRequest
+from runtime.wire.scheduler_input import GenerateReq
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.test_http_health import http_front
 from tests.api.test_rpc import serving

@@ -9,7 +9,10 @@ import threading
 import pytest
 
 from runtime.api.prompt_tokenizer import INLINE_CHARS, PromptTokenizer
-from runtime.messages import GenerateReq, InvalidRequest, Limits, SamplingParams
+from runtime.wire.api_input import Limits
+from runtime.wire.errors import InvalidRequest
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import GenerateReq
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.test_tokenizer_manager import collect, run
 

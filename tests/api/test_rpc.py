@@ -11,24 +11,16 @@ import msgspec
 import pytest
 import zmq
 
-from runtime.api.errors import Overloaded, ServerError, ServerTimeout
 from runtime.api.loop_thread import LoopThread
 from runtime.api.rpc import RpcServer
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.client import AsyncClient, Client
-from runtime.messages import (
-    AbortReq,
-    FinishReason,
-    FinishReq,
-    GenerateReq,
-    InvalidRequest,
-    ProcessDied,
-    RequestOutput,
-    RpcError,
-    RpcGenerate,
-    RpcOutput,
-    SamplingParams,
-)
+from runtime.wire.errors import InvalidRequest, Overloaded, ServerError, ServerTimeout
+from runtime.wire.lifecycle import ProcessDied
+from runtime.wire.request_output import FinishReason, RequestOutput
+from runtime.wire.rpc import RpcError, RpcGenerate, RpcOutput
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import AbortReq, FinishReq, GenerateReq
 from tests.api.fake_scheduler import FakeScheduler
 
 

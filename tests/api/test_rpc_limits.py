@@ -12,16 +12,12 @@ import msgspec
 import pytest
 import zmq
 
-from runtime.api.errors import MessageTooLarge
 from runtime.client import AsyncClient, Client
-from runtime.messages import (
-    AbortReq,
-    GenerateReq,
-    RequestOutput,
-    RpcGenerate,
-    RpcOutput,
-    SamplingParams,
-)
+from runtime.wire.errors import MessageTooLarge
+from runtime.wire.request_output import RequestOutput
+from runtime.wire.rpc import RpcGenerate, RpcOutput
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import AbortReq, GenerateReq
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.test_rpc import raw_dealer, serving
 

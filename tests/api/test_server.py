@@ -12,7 +12,7 @@ import zmq
 
 from runtime.api.server import run_api
 from runtime.client import Client
-from runtime.messages import ProcessDied, Ready
+from runtime.wire.lifecycle import ProcessDied, Ready
 from tests.api.fake_scheduler import FakeScheduler
 
 

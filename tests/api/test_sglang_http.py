@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from runtime.config import ServerConfig
-from runtime.messages import AbortReq, FlushCache, GenerateReq
+from runtime.wire.scheduler_input import AbortReq, FlushCache, GenerateReq
 from tests.api.conftest import free_port
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.front_helpers import fronts

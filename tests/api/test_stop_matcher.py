@@ -10,7 +10,8 @@ import pytest
 
 from runtime.api.detokenize import IncrementalDetokenizer
 from runtime.api.stop_matcher import StopMatcher
-from runtime.messages import MAX_STOP_CHARS, MAX_STOP_STRINGS, InvalidRequest, SamplingParams
+from runtime.wire.errors import InvalidRequest
+from runtime.wire.sampling import MAX_STOP_CHARS, MAX_STOP_STRINGS, SamplingParams
 
 
 def scan_every_stop(before: str, text: str, stops: list[str]) -> tuple[int, str] | None:

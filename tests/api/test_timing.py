@@ -4,7 +4,8 @@ ReqOut would be."""
 from __future__ import annotations
 
 from runtime.api.timing import RequestTimings
-from runtime.messages import FinishReason, ReqOut
+from runtime.wire.api_input import ReqOut
+from runtime.wire.request_output import FinishReason
 
 
 def test_column_tokens_are_timed_like_one_token_reqouts():

@@ -9,19 +9,13 @@ import msgspec
 import pytest
 import zmq
 
-from runtime.api.errors import EngineDeadError, Overloaded, RequestFailed
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.messages import (
-    AbortReq,
-    FinishReq,
-    GenerateReq,
-    InvalidRequest,
-    Limits,
-    ProcessDied,
-    SamplingParams,
-    Shutdown,
-)
 from runtime.model_config import resolve_model
+from runtime.wire.api_input import Limits
+from runtime.wire.errors import EngineDeadError, InvalidRequest, Overloaded, RequestFailed
+from runtime.wire.lifecycle import ProcessDied, Shutdown
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import AbortReq, FinishReq, GenerateReq
 from tests.api.fake_scheduler import FakeScheduler
 
 

@@ -10,9 +10,10 @@ import random
 import msgspec
 import zmq
 
-from runtime.api.errors import MessageTooLarge
 from runtime.client import Client
-from runtime.messages import RequestOutput, RpcError, RpcOutput
+from runtime.wire.errors import MessageTooLarge
+from runtime.wire.request_output import RequestOutput
+from runtime.wire.rpc import RpcError, RpcOutput
 from tests.attack.harness import Tally, Target
 
 REPLY_TIMEOUT_MS = 60_000

@@ -108,7 +108,7 @@ def test_output_part_against_a_baseline(tmp_path):
 @pytest.mark.skipif(not (ROOT / ".git").exists(), reason="not a git checkout")
 def test_a_baseline_revision_is_exported_from_git(tmp_path):
     assert baseline_dir("HEAD~1", tmp_path) == tmp_path
-    committed = subprocess.run(["git", "show", "HEAD~1:runtime/messages.py"], cwd=ROOT,
+    committed = subprocess.run(["git", "show", "HEAD~1:runtime/__init__.py"], cwd=ROOT,
                                capture_output=True, text=True, check=True).stdout
-    assert (tmp_path / "runtime" / "messages.py").read_text() == committed
+    assert (tmp_path / "runtime" / "__init__.py").read_text() == committed
     assert not (tmp_path / "bench").exists()  # the bench code stays this tree's

@@ -13,9 +13,9 @@ import torch
 import frontend as sl
 from runtime import Engine, InvalidRequest, SamplingParams
 from runtime.config import ServerConfig
-from runtime.messages import GenerateReq
 from runtime.model_config import resolve_model
 from runtime.scheduler.loop import build_scheduler
+from runtime.wire.scheduler_input import GenerateReq
 from runtime.worker.worker import Worker
 from tests.e2e.hf_reference import HFReference, assert_matches
 from tests.worker.in_process import run_to_end

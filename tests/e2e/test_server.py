@@ -9,9 +9,8 @@ import time
 
 import pytest
 
-from runtime.api.errors import ServerError
 from runtime.client import Client
-from runtime.messages import InvalidRequest
+from runtime.wire.errors import InvalidRequest, ServerError
 from tests.e2e.server import ServerProcess, process_alive, wait_for
 
 

@@ -12,8 +12,8 @@ import threading
 import httpx
 import pytest
 
-from runtime.api.errors import ServerError, ServerTimeout
 from runtime.client import Client
+from runtime.wire.errors import ServerError, ServerTimeout
 from tests.e2e.server import ServerProcess, process_alive, wait_for
 
 LONG = dict(max_tokens=2000, ignore_eos=True, temperature=0.0)  # never ends within a test

@@ -7,7 +7,7 @@ import frontend as sl
 from frontend.backends.base import Backend
 from frontend.select import choice_logprobs
 from frontend.tracing import trace_prefix
-from runtime.messages import ModelInfo, RoleMarkers
+from runtime.wire.model_info import ModelInfo, RoleMarkers
 
 
 class ChatOnly(Backend):

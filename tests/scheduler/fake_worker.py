@@ -12,7 +12,9 @@ from collections import deque
 
 import numpy as np
 
-from runtime.messages import BatchPlan, GenerateReq, SamplingParams, StepResult
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import GenerateReq
+from runtime.wire.worker_channel import BatchPlan, StepResult
 
 VOCAB = 97
 EOS = 0

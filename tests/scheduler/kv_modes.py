@@ -7,11 +7,11 @@ import tempfile
 import numpy as np
 
 from runtime.config import ServerConfig
-from runtime.messages import WorkerReady
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.loop import build_scheduler
 from runtime.scheduler.req import Req
 from runtime.scheduler.scheduler import Scheduler
+from runtime.wire.worker_channel import WorkerReady
 from tests.scheduler.fake_worker import FakeWorker
 
 

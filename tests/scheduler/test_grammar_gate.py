@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from runtime.messages import GrammarCompiled
 from runtime.scheduler.grammar_gate import GrammarGate
+from runtime.wire.worker_channel import GrammarCompiled
 from tests.scheduler.fake_worker import EOS, make_req, reference
 from tests.scheduler.test_scheduler import build, collect
 

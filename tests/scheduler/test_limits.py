@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import ServerConfig
-from runtime.messages import WorkerReady
 from runtime.scheduler.loop import build_scheduler, limits
+from runtime.wire.worker_channel import WorkerReady
 
 
 def ready(kv_slots: int = 4096, max_context: int = 8192) -> WorkerReady:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.messages import GenerateReq, SamplingParams
 from runtime.scheduler.block_pool import chain_block_hashes, space_seed
 from runtime.scheduler.lora_slots import LoraSlots
 from runtime.scheduler.radix_cache import RadixCache
 from runtime.scheduler.req import Req
 from runtime.scheduler.token_allocator import TokenAllocator
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import GenerateReq
 from tests.scheduler.fake_worker import drive, make_req, reference
 from tests.scheduler.kv_modes import build_mode
 

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from runtime.messages import FinishReason
 from runtime.scheduler.scheduler import Scheduler
 from runtime.scheduler.token_kv import TokenKV
+from runtime.wire.request_output import FinishReason
 from tests.scheduler.fake_worker import EOS, FakeWorker, drive, make_req, reference
 
 MAX_CONTEXT = 512

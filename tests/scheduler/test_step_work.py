@@ -14,7 +14,7 @@ from collections import deque
 
 import pytest
 
-from runtime.messages import BatchPlan, StepResult
+from runtime.wire.worker_channel import BatchPlan, StepResult
 from tests.scheduler.fake_worker import make_req
 from tests.scheduler.kv_modes import build_mode
 

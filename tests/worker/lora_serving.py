@@ -6,9 +6,10 @@ from __future__ import annotations
 import torch
 
 from runtime.config import ServerConfig
-from runtime.messages import GenerateReq, SamplingParams
 from runtime.model_config import spec_for
 from runtime.scheduler.loop import build_scheduler
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import GenerateReq
 from runtime.worker.worker import Worker
 from tests.worker.checkpoints import BASE, tiny_checkpoint
 from tests.worker.in_process import run_to_end

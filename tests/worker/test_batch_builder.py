@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernels.kv.paging import page_slots
-from runtime.messages import BatchPlan
+from runtime.wire.worker_channel import BatchPlan
 from runtime.worker.batch_builder import BatchBuilder
 
 BS = 4  # block size

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from runtime.config import ConfigError, ServerConfig
-from runtime.messages import BatchPlan
+from runtime.wire.worker_channel import BatchPlan
 from runtime.worker import cpu_threads
 from runtime.worker.cpu_threads import ThreadTuner, candidates
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from runtime.grammar import GrammarCompiler
-from runtime.messages import SamplingParams
 from runtime.model_config import resolve_model
+from runtime.wire.sampling import SamplingParams
 from runtime.worker.grammar_rows import GrammarRows
 from runtime.worker.sampler import Sampler
 

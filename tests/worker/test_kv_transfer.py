@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernels.kv.copy_slots import copy_slots
-from runtime.messages import BatchPlan
+from runtime.wire.worker_channel import BatchPlan
 from runtime.worker.kv_pool import KVPool
 from runtime.worker.kv_transfer import KVTransfer
 

@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from runtime.config import ServerConfig
-from runtime.messages import GenerateReq, SamplingParams
 from runtime.model_config import resolve_model
 from runtime.scheduler.loop import build_scheduler
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import GenerateReq
 from runtime.worker.worker import Worker
 from tests.worker.in_process import run_to_end
 

@@ -18,9 +18,11 @@ import torch
 from transformers import AutoTokenizer
 
 from runtime.config import ServerConfig
-from runtime.messages import GenerateReq, GrammarCompiled, SamplingParams
 from runtime.model_config import resolve_model
 from runtime.scheduler.loop import build_scheduler
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import GenerateReq
+from runtime.wire.worker_channel import GrammarCompiled
 from runtime.worker.worker import Worker
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.messages import SamplingParams
+from runtime.wire.sampling import SamplingParams
 from runtime.worker.sampler import Sampler
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from runtime.messages import SamplingParams
 from runtime.model_config import ModelSpec, resolve_model
+from runtime.wire.sampling import SamplingParams
 from runtime.worker.model_runner import ModelRunner
 from tests.worker.batching import Chunk, Driver
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.messages import SamplingParams
+from runtime.wire.sampling import SamplingParams
 from runtime.worker.sampler import Sampler
 from tests.worker.test_sampler import random_logits
 

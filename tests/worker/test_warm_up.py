@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import ServerConfig
-from runtime.messages import BatchPlan, RowInit, SamplingParams
 from runtime.model_config import resolve_model
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.worker_channel import BatchPlan, RowInit
 from runtime.worker.worker import Worker
 
 

@@ -19,7 +19,8 @@ from runtime.api.tools.named import NamedCallParser
 from runtime.api.tools.parser import ToolParser
 from runtime.api.tools.request import ToolRequest
 from runtime.grammar import check_grammar
-from runtime.messages import InvalidRequest, SamplingParams
+from runtime.wire.errors import InvalidRequest
+from runtime.wire.sampling import SamplingParams
 
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 

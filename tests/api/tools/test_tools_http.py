@@ -17,7 +17,7 @@ import pytest
 
 from runtime.api.tools.request import tool_request
 from runtime.api.tools.schema import call_schema
-from runtime.messages import GenerateReq
+from runtime.wire.scheduler_input import GenerateReq
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.test_http_health import http_front
 from tests.api.tools.tool_model import tool_model_dir

@@ -1,13 +1,14 @@
 """Errors the serving front raises, shared by the api process and its clients.
 
-`InvalidRequest` (the caller's fault) lives in `runtime.messages`; everything here but
-`Unauthorized` and `ContextLengthExceeded` is the server's fault, so a client can retry
-elsewhere or report it.
+`InvalidRequest` and its subclasses and `Unauthorized` are the caller's fault; every
+`ServerError` is the server's, so a client can retry elsewhere or report it.
 """
 
 from __future__ import annotations
 
-from runtime.messages import InvalidRequest
+
+class InvalidRequest(ValueError):
+    """A request was rejected before it reached the scheduler (bad prompt or parameters)."""
 
 
 class ServerError(RuntimeError):
