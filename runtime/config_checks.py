@@ -41,6 +41,9 @@ def check_scale_out(cfg: ServerConfig) -> None:
     if cfg.router_policy not in ROUTER_POLICIES:
         raise ConfigError(f"router_policy must be one of {ROUTER_POLICIES}, "
                           f"got {cfg.router_policy!r}")
+    if cfg.dp > 1 and cfg.port == 0:
+        raise ConfigError(f"dp {cfg.dp} needs a port (the replicas take the ports after it), "
+                          f"not 0")
     if cfg.dp > 1 and cfg.port + 1 + 2 * cfg.dp >= 65536:
         raise ConfigError(f"dp {cfg.dp} needs ports {cfg.port}.."
                           f"{cfg.port + 1 + 2 * cfg.dp}")
