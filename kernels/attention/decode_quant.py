@@ -28,6 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention.decode_parts import load_group_q, split_range, store_split
+from kernels.attention.online_softmax import softmax_fold
+from kernels.kv.paging import tile_slots
 from kernels.pdl import pdl_args, pdl_wait
 
 INT8_OFFSET = tl.constexpr(1152.0)  # fp16 bits 0x6480; 0x6480 + x for int8 x reads as 1152 + x
@@ -71,10 +74,7 @@ def _load_tile(
     """Raw K/V codes `[BLOCK_N, BLOCK_D // PACK]` (PACK codes an element: int32 words when 4,
     bytes when 1), their scales `[BLOCK_N]` (1 unSCALED) and key mask for keys n0.. (masked
     from `end`)."""
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < end
-    page = tl.load(kv_indices_ptr + page_base + offs_n // PAGE_SIZE, mask=mask_n, other=0)
-    slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE  # [BLOCK_N]
+    _, mask_n, slot = tile_slots(kv_indices_ptr + page_base, n0, end, PAGE_SIZE, BLOCK_N, True)
     offs_c = tl.arange(0, BLOCK_D // PACK)
     mask = mask_n[:, None] & (offs_c < HEAD_DIM // PACK)[None, :]
     offs = slot[:, None] * stride_kvs + kvh * stride_kvh + offs_c[None, :]
@@ -127,26 +127,11 @@ def _decode_attention_quant_kernel(
     PDL: tl.constexpr,
 ):
     pdl_wait(PDL)
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
-
-    seq_len = tl.load(seq_lens_ptr + b)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N  # whole tiles per split
-    start = split * split_len
-    end = tl.minimum(start + split_len, seq_len)
-    page_base = tl.load(kv_indptr_ptr + b)
-
-    offs_g = tl.arange(0, BLOCK_H)
-    offs_h = kvh * GROUP + offs_g  # query heads of this group, padded to BLOCK_H >= 16 rows
-    mask_h = offs_g < GROUP
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
-    q = tl.load(
-        q_ptr + b * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :],
-        mask=mask_h[:, None] & mask_d[None, :],
-        other=0.0,
-    )  # [BLOCK_H, BLOCK_D]
+    b, kvh, split, start, end, page_base = split_range(seq_lens_ptr, kv_indptr_ptr, num_splits,
+                                                       BLOCK_N)
+    # the group's query heads padded to BLOCK_H >= 16 rows
+    q, offs_h, mask_h, offs_d, mask_d = load_group_q(q_ptr, b, kvh, stride_qb, stride_qh, GROUP,
+                                                     HEAD_DIM, BLOCK_H, BLOCK_D)
     q = (q.to(tl.float32) * qk_scale).to(DOT_DTYPE)
     q_sum = tl.sum(q.to(tl.float32), 1)  # [BLOCK_H], what an int8 tile's offset adds per key
 
@@ -189,10 +174,7 @@ def _decode_attention_quant_kernel(
             qk -= INT8_OFFSET * q_sum[:, None]
         qk = qk * (k_s * CODE_SCALE)[None, :]
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m, tl.max(qk, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(qk - m_new[:, None])  # [BLOCK_H, BLOCK_N]
-        l_sum = l_sum * alpha + tl.sum(p, 1)
+        m, l_sum, alpha, p = softmax_fold(qk, m, l_sum)  # p [BLOCK_H, BLOCK_N]
         # sum_n p_n (s_n v_n) = s_max sum_n (p_n s_n / s_max) v_n, weights in [0, 1]
         v_max = tl.maximum(tl.max(v_s, 0), 1e-30)
         p = (p * (v_s / v_max)[None, :]).to(DOT_DTYPE)
@@ -201,19 +183,9 @@ def _decode_attention_quant_kernel(
             pv -= INT8_OFFSET * tl.sum(p.to(tl.float32), 1)[:, None]
         pv = pv * (v_max * CODE_SCALE)
         acc = acc * alpha[:, None] + pv
-        m = m_new
 
-    # An empty split (short sequence) stores o = 0, lse = -inf: it gets zero weight in the merge.
-    has_keys = l_sum > 0
-    l_safe = tl.where(has_keys, l_sum, 1.0)
-    o = acc / l_safe[:, None]
-    lse = tl.where(has_keys, m + tl.log2(l_safe), float("-inf"))
-    row = b * Q_HEADS + offs_h  # [BLOCK_H] rows of mid_lse, num_splits entries each
-    mid = (row[:, None] * num_splits + split) * HEAD_DIM + offs_d[None, :]
-    # one split: mid_o is the output itself (q's dtype), and no merge follows
-    o = o.to(mid_o_ptr.dtype.element_ty)
-    tl.store(mid_o_ptr + mid, o, mask=mask_h[:, None] & mask_d[None, :])
-    tl.store(mid_lse_ptr + row * num_splits + split, lse, mask=mask_h)
+    store_split(acc, m, l_sum, mid_o_ptr, mid_lse_ptr, b * Q_HEADS + offs_h, split, num_splits,
+                offs_d, mask_h, mask_d, HEAD_DIM, True)
 
 
 def decode_attention_quant_stage1(

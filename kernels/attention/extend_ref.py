@@ -4,7 +4,7 @@ sequence, in float32, over its cached prefix gathered through the page table and
 import torch
 import torch.nn.functional as F
 
-from kernels.kv.paging import expand_pages
+from kernels.kv.paging import extend_runs
 from kernels.kv.store import dequantize_ref, quantize_ref
 
 
@@ -33,13 +33,8 @@ def extend_attention_ref(
     group = Hq // k_new.shape[1]
     acc = torch.promote_types(q.dtype, torch.float32)
     out = torch.zeros(T, Hq, D, dtype=acc, device=q.device)
-    q_starts, page_starts = qo_indptr.tolist(), kv_indptr.tolist()
-    for b, prefix in enumerate(prefix_lens.tolist()):
-        lo, hi = q_starts[b], q_starts[b + 1]
-        n = hi - lo
-        if n == 0:
-            continue
-        slots = expand_pages(kv_indices[page_starts[b] :], prefix, page_size)  # [P]
+    for lo, hi, slots in extend_runs(qo_indptr, prefix_lens, kv_indptr, kv_indices, page_size):
+        n, prefix = hi - lo, len(slots)  # slots [P] of the cached prefix
         k_pre = dequantize_ref(k_buf[slots], None if k_scale is None else k_scale[slots]).to(acc)
         v_pre = dequantize_ref(v_buf[slots], None if v_scale is None else v_scale[slots]).to(acc)
         # K/V repeated per query head (not enable_gqa) so fused SDPA kernels stay eligible
