@@ -17,15 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.kv.store import (
-    QUANT_MAX,
-    _quantize_store,
-    scale_strides,
-    store_kv_ref,
-    unscaled_pool,
-)
+from kernels.kv.store import pool_store_args, store_kv_ref, store_pool_row
 from kernels.norm_rope.rmsnorm import rmsnorm_ref
-from kernels.norm_rope.rope import apply_rope_ref
+from kernels.norm_rope.rope import apply_rope_ref, cos_sin_row
 from kernels.pdl import pdl_args, pdl_wait
 
 
@@ -115,10 +109,7 @@ def _rope_store_kv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     freq = tl.where(offs_d < half, offs_d, offs_d - half)  # [BLOCK_D]: the table column
-    cos = tl.load(cache_ptr + pos * stride_c + freq, mask=mask_d, other=0.0).to(tl.float32)
-    sin = tl.load(cache_ptr + pos * stride_c + half + freq, mask=mask_d, other=0.0)
-    cos = cos[None, :]  # [1, BLOCK_D]
-    sin = sin.to(tl.float32)[None, :]
+    cos, sin = cos_sin_row(cache_ptr, pos, stride_c, freq, mask_d, half)  # [1, BLOCK_D] each
     pdl_wait(PDL)
 
     q = _norm_rotate(q_ptr + t * stride_qt, stride_qh, q_norm_ptr, eps, cos, sin,
@@ -139,10 +130,8 @@ def _rope_store_kv_kernel(
         new = (t * KV_HEADS + offs_h[:, None]) * HEAD_DIM + offs_d[None, :]
         tl.store(k_out_ptr + new, k.to(k_out_ptr.dtype.element_ty), mask=mask)
         tl.store(v_out_ptr + new, v.to(v_out_ptr.dtype.element_ty), mask=mask)
-    dst = slot * stride_bs + offs_h[:, None] * stride_bh + offs_d[None, :]
-    scale_offs = slot * stride_ss + offs_h * stride_sh  # [BLOCK_HK]
-    _quantize_store(k, k_buf_ptr + dst, k_scale_ptr + scale_offs, mask, mask_h, QUANT, IS_INT, QMAX)
-    _quantize_store(v, v_buf_ptr + dst, v_scale_ptr + scale_offs, mask, mask_h, QUANT, IS_INT, QMAX)
+    store_pool_row(k, v, k_buf_ptr, v_buf_ptr, k_scale_ptr, v_scale_ptr, slot, offs_h, offs_d,
+                   mask, mask_h, stride_bs, stride_bh, stride_ss, stride_sh, QUANT, IS_INT, QMAX)
 
 
 def rope_store_kv(
@@ -180,13 +169,8 @@ def rope_store_kv(
     assert D % 2 == 0, f"head_dim {D} must be even"
     assert q.dtype == k.dtype == v.dtype, f"q {q.dtype}, k {k.dtype}, v {v.dtype} differ"
     assert k.stride() == v.stride(), "k and v must share strides"
-    for name, x in (("q", q), ("k", k), ("k_buf", k_buf), ("cos_sin_cache", cos_sin_cache)):
+    for name, x in (("q", q), ("k", k), ("cos_sin_cache", cos_sin_cache)):
         assert x.stride(-1) == 1, f"{name} must be contiguous along its last dim"
-    assert k_buf.dim() == 3 and k_buf.shape[1:] == (Hkv, D), (
-        f"k_buf {tuple(k_buf.shape)} must be [num_slots, {Hkv}, {D}]"
-    )
-    assert v_buf.shape == k_buf.shape and v_buf.dtype == k_buf.dtype, "v_buf must match k_buf"
-    assert k_buf.stride() == v_buf.stride(), "k_buf and v_buf must share strides"
     for name, idx in (("slots", slots), ("positions", positions)):
         assert idx.shape == (T,) and idx.dtype in (torch.int32, torch.int64), (
             f"{name} must be int32/int64 [{T}], got {idx.dtype} {tuple(idx.shape)}"
@@ -199,8 +183,7 @@ def rope_store_kv(
     if norm:
         assert q_norm.shape == (D,) and k_norm.shape == (D,), f"q/k norm weights must be [{D}]"
         assert q_norm.is_contiguous() and k_norm.is_contiguous(), "norm weights: contiguous"
-    quant = k_buf.dtype in QUANT_MAX and not unscaled_pool(k_buf, k_scale, v_scale)
-    s_strides = scale_strides(k_buf, k_scale, v_scale) if quant else (0, 0)
+    pool = pool_store_args(k_buf, v_buf, k_scale, v_scale, Hkv, D)
     q_out = torch.empty(T, Hq, D, dtype=q.dtype, device=q.device)
     k_out = torch.empty(T, Hkv, D, dtype=k.dtype, device=k.device) if kv_out else None
     v_out = torch.empty_like(k_out) if kv_out else None
@@ -208,16 +191,14 @@ def rope_store_kv(
         block_hq, block_d = triton.next_power_of_2(Hq), triton.next_power_of_2(D)
         _rope_store_kv_kernel[(T,)](
             q, k, v, q_out, k_out if kv_out else q_out, v_out if kv_out else q_out,
-            k_buf, v_buf, k_scale if quant else k_buf, v_scale if quant else k_buf,
-            q_norm if norm else q, k_norm if norm else q, eps,
-            positions.contiguous(), slots.contiguous(), cos_sin_cache,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_buf.stride(0),
-            k_buf.stride(1), *s_strides, cos_sin_cache.stride(0),
+            q_norm_ptr=q_norm if norm else q, k_norm_ptr=k_norm if norm else q, eps=eps,
+            positions_ptr=positions.contiguous(), slots_ptr=slots.contiguous(),
+            cache_ptr=cos_sin_cache, stride_qt=q.stride(0), stride_qh=q.stride(1),
+            stride_kt=k.stride(0), stride_kh=k.stride(1), stride_c=cos_sin_cache.stride(0),
             Q_HEADS=Hq, KV_HEADS=Hkv, HEAD_DIM=D, NORM=norm, KV_OUT=kv_out,
             BLOCK_HQ=block_hq, BLOCK_HK=triton.next_power_of_2(Hkv), BLOCK_D=block_d,
-            QUANT=quant, IS_INT=k_buf.dtype == torch.int8, QMAX=QUANT_MAX.get(k_buf.dtype, 0.0),
             num_warps=8 if block_hq * block_d >= 4096 else 4,  # q tile and its partner in fp32
-            **pdl_args(q.device),
+            **pool, **pdl_args(q.device),
         )  # fmt: skip
     return q_out, k_out, v_out
 
