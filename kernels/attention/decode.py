@@ -51,30 +51,17 @@ def _first_tile_to_l2(k_ptr, v_ptr, kv_indices_ptr, page_base, start, end, kvh, 
 
 @triton.jit
 def _decode_attention_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    kv_indptr_ptr,
-    kv_indices_ptr,
-    seq_lens_ptr,
+    q_ptr, k_ptr, v_ptr, kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr,
     mid_o_ptr,  # [B, Hq, num_splits, HEAD_DIM] contiguous float32 (or o itself: one split)
     mid_lse_ptr,  # [B, Hq, num_splits] contiguous float32
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
-    num_splits,
-    stride_qb,
-    stride_qh,
+    num_splits, stride_qb, stride_qh,
     stride_kvs,  # k_buf and v_buf share strides
     stride_kvh,
-    Q_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    USE_DOT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PDL: tl.constexpr,
-):
+):  # fmt: skip
     # the step's lengths and page table are staged before its first kernel: read before the
     # PDL wait (`kernels.pdl`), as is the split's first tile of K/V into L2
     b, kvh, split, start, end, page_base = split_range(seq_lens_ptr, kv_indptr_ptr, num_splits,
@@ -113,21 +100,12 @@ def _decode_attention_kernel(
 
 
 def decode_attention(
-    q: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    page_size: int,
-    sm_scale: float,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    num_splits: int | None = None,
-    out: torch.Tensor | None = None,
+    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor, seq_lens: torch.Tensor, page_size: int, sm_scale: float, *,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    num_splits: int | None = None, out: torch.Tensor | None = None,
     config: DecodeConfig | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """Attention of one query token per sequence over its paged KV; returns o `[B, Hq, D]`.
 
     q `[B, Hq, D]` (any strides but the last); k_buf/v_buf `[num_slots, Hkv, D]` (same
@@ -219,19 +197,11 @@ def merge_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
 
 
 def decode_attention_ref(
-    q: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    page_size: int,
-    sm_scale: float,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
+    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor, seq_lens: torch.Tensor, page_size: int, sm_scale: float, *,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
     max_seq_len: int | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """Torch reference of `decode_attention`, in float32 (or q's wider dtype): one padded
     SDPA call over every sequence's slots (padding reads slot 0 and is masked; an empty
     sequence gives zeros).

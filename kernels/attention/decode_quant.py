@@ -93,39 +93,17 @@ def _load_tile(
 @triton.jit
 def _decode_attention_quant_kernel(
     q_ptr,
-    k_ptr,  # [num_slots, Hkv, HEAD_DIM] float8e4nv or int8; v the same
-    v_ptr,
-    k_scale_ptr,  # [num_slots, Hkv] float32 (read only when SCALED)
-    v_scale_ptr,
-    kv_indptr_ptr,
-    kv_indices_ptr,
-    seq_lens_ptr,
-    mid_o_ptr,  # [B, Hq, num_splits, HEAD_DIM] contiguous float32 (or o itself: one split)
-    mid_lse_ptr,  # [B, Hq, num_splits] contiguous float32
-    qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
-    num_splits,
-    stride_qb,
-    stride_qh,
-    stride_kvs,  # k_buf and v_buf share strides
-    stride_kvh,
-    stride_ss,  # k_scale and v_scale share strides
-    stride_sh,
-    Q_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    INT_OFFSET: tl.constexpr,
-    IS_INT: tl.constexpr,
-    WORDS: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    CODE_SCALE: tl.constexpr,
-    SCALED: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
-):
+    k_ptr, v_ptr,  # [num_slots, Hkv, HEAD_DIM] float8e4nv or int8 (int32 words when WORDS)
+    k_scale_ptr, v_scale_ptr,  # [num_slots, Hkv] float32 (read only when SCALED)
+    # the page table, outputs, scale and strides as in `_decode_attention_kernel`
+    kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, num_splits,
+    stride_qb, stride_qh, stride_kvs, stride_kvh,
+    stride_ss, stride_sh,  # k_scale and v_scale share strides
+    Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, INT_OFFSET: tl.constexpr, IS_INT: tl.constexpr, WORDS: tl.constexpr,
+    PREFETCH: tl.constexpr, CODE_SCALE: tl.constexpr, SCALED: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
     pdl_wait(PDL)
     b, kvh, split, start, end, page_base = split_range(seq_lens_ptr, kv_indptr_ptr, num_splits,
                                                        BLOCK_N)

@@ -155,26 +155,14 @@ def launch_grid(
 
 
 def extend_attention(
-    q: torch.Tensor,
-    k_new: torch.Tensor,
-    v_new: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    page_size: int,
-    sm_scale: float,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    max_new_len: int | None = None,
-    max_prefix_len: int | None = None,
-    config: ExtendConfig | None = None,
-    fp8_scores: bool | None = None,
+    q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_buf: torch.Tensor,
+    v_buf: torch.Tensor, qo_indptr: torch.Tensor, prefix_lens: torch.Tensor,
+    kv_indptr: torch.Tensor, kv_indices: torch.Tensor, page_size: int, sm_scale: float, *,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    max_new_len: int | None = None, max_prefix_len: int | None = None,
+    config: ExtendConfig | None = None, fp8_scores: bool | None = None,
     pack_heads: bool | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """Attention of a varlen batch's new tokens over prefix + themselves; o `[T, Hq, D]`.
 
     q `[T, Hq, D]` and k_new/v_new `[T, Hkv, D]` may be strided views (k_new and v_new with

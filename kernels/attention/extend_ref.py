@@ -9,22 +9,12 @@ from kernels.kv.store import dequantize_ref, quantize_ref
 
 
 def extend_attention_ref(
-    q: torch.Tensor,
-    k_new: torch.Tensor,
-    v_new: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    page_size: int,
-    sm_scale: float,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
+    q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_buf: torch.Tensor,
+    v_buf: torch.Tensor, qo_indptr: torch.Tensor, prefix_lens: torch.Tensor,
+    kv_indptr: torch.Tensor, kv_indices: torch.Tensor, page_size: int, sm_scale: float, *,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
     fp8_scores: bool = False,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """Torch reference of `extend_attention`, in float32 (or q's wider dtype): one SDPA call
     per sequence over its cached prefix (gathered through the page table) and its new
     tokens (fp8_scores: q's rows quantized to e4m3 against the prefix, as the kernel does).

@@ -50,30 +50,17 @@ class MlaDecodeConfig(LaunchConfig):
 
 @triton.jit(do_not_specialize=["num_splits", "heads"])  # one compile for any split count
 def _mla_decode_kernel(
-    q_ptr,
-    kv_ptr,
+    q_ptr, kv_ptr,
     kv_scale_ptr,  # [num_slots] float32, read only when QUANT
-    kv_indptr_ptr,
-    kv_indices_ptr,
-    seq_lens_ptr,
+    kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr,
     o_ptr,  # [B, heads, num_splits, DL] float32 partials, or [B, heads, DL] when DIRECT
     lse_ptr,  # [B, heads, num_splits] float32, unused when DIRECT
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
-    num_splits,
-    stride_qb,
-    stride_qh,
-    stride_kvs,
-    heads,
-    DL: tl.constexpr,
-    DR: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    QUANT: tl.constexpr,
-    DIRECT: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_DL: tl.constexpr,
+    num_splits, stride_qb, stride_qh, stride_kvs, heads,
+    DL: tl.constexpr, DR: tl.constexpr, PAGE_SIZE: tl.constexpr, QUANT: tl.constexpr,
+    DIRECT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DL: tl.constexpr,
     BLOCK_DR: tl.constexpr,
-):
+):  # fmt: skip
     b, hg, split, start, end, page_base = split_range(seq_lens_ptr, kv_indptr_ptr, num_splits,
                                                       BLOCK_N)
     offs_h = hg * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -138,20 +125,11 @@ def mla_decode_num_splits(batch: int, heads: int, max_seq_len: int, block_h: int
 
 
 def mla_decode(
-    q: torch.Tensor,
-    kv_pool: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    page_size: int,
-    sm_scale: float,
-    *,
-    kv_lora_rank: int = 512,
-    kv_scale: torch.Tensor | None = None,
-    num_splits: int | None = None,
-    out: torch.Tensor | None = None,
-    config: MlaDecodeConfig | None = None,
-) -> torch.Tensor:
+    q: torch.Tensor, kv_pool: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+    seq_lens: torch.Tensor, page_size: int, sm_scale: float, *, kv_lora_rank: int = 512,
+    kv_scale: torch.Tensor | None = None, num_splits: int | None = None,
+    out: torch.Tensor | None = None, config: MlaDecodeConfig | None = None,
+) -> torch.Tensor:  # fmt: skip
     """MLA attention of one absorbed query token per sequence over its latent rows; returns
     o `[B, H, Dl]` in q's dtype (before W_UV).
 
@@ -199,18 +177,10 @@ def mla_decode(
 
 
 def mla_decode_ref(
-    q: torch.Tensor,
-    kv_pool: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    page_size: int,
-    sm_scale: float,
-    *,
-    kv_lora_rank: int = 512,
-    kv_scale: torch.Tensor | None = None,
-    max_seq_len: int | None = None,
-) -> torch.Tensor:
+    q: torch.Tensor, kv_pool: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+    seq_lens: torch.Tensor, page_size: int, sm_scale: float, *, kv_lora_rank: int = 512,
+    kv_scale: torch.Tensor | None = None, max_seq_len: int | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Torch reference of `mla_decode`, in float32 (or q's wider dtype); returns `[B, H, Dl]`.
 
     q `[B, H, Dl + Dr]`, kv_pool `[num_slots, 1, Dl + Dr]`, the CSR page table and seq_lens as

@@ -29,30 +29,15 @@ from kernels.kv.store import QUANT_MAX, dequantize_ref
 
 @triton.jit(do_not_specialize=["heads"])
 def _mla_extend_kernel(
-    q_ptr,
-    kv_new_ptr,
-    kv_ptr,
+    q_ptr, kv_new_ptr, kv_ptr,
     kv_scale_ptr,  # [num_slots] float32, read only when QUANT
     o_ptr,  # [T, heads, DL] contiguous
-    qo_indptr_ptr,
-    prefix_lens_ptr,
-    kv_indptr_ptr,
-    kv_indices_ptr,
+    qo_indptr_ptr, prefix_lens_ptr, kv_indptr_ptr, kv_indices_ptr,
     qk_scale,  # sm_scale * log2(e)
-    stride_qt,
-    stride_qh,
-    stride_newt,
-    stride_kvs,
-    heads,
-    DL: tl.constexpr,
-    DR: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    QUANT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_DL: tl.constexpr,
-    BLOCK_DR: tl.constexpr,
-):
+    stride_qt, stride_qh, stride_newt, stride_kvs, heads,
+    DL: tl.constexpr, DR: tl.constexpr, PAGE_SIZE: tl.constexpr, QUANT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DL: tl.constexpr, BLOCK_DR: tl.constexpr,
+):  # fmt: skip
     mb = tl.program_id(0)  # row blocks first: grid dim 0 has no 65535 limit
     b = tl.program_id(1)
 
@@ -98,20 +83,11 @@ def _mla_extend_kernel(
 
 
 def mla_extend(
-    q: torch.Tensor,
-    kv_new: torch.Tensor,
-    kv_pool: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    page_size: int,
-    sm_scale: float,
-    *,
-    kv_lora_rank: int = 512,
-    kv_scale: torch.Tensor | None = None,
+    q: torch.Tensor, kv_new: torch.Tensor, kv_pool: torch.Tensor, qo_indptr: torch.Tensor,
+    prefix_lens: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, page_size: int,
+    sm_scale: float, *, kv_lora_rank: int = 512, kv_scale: torch.Tensor | None = None,
     max_new_len: int | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """MLA attention of a varlen batch's new tokens over prefix + themselves, absorbed form;
     returns o `[T, H, Dl]` in q's dtype (before W_UV).
 
@@ -154,19 +130,10 @@ def mla_extend(
 
 
 def mla_extend_ref(
-    q: torch.Tensor,
-    kv_new: torch.Tensor,
-    kv_pool: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    page_size: int,
-    sm_scale: float,
-    *,
-    kv_lora_rank: int = 512,
-    kv_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
+    q: torch.Tensor, kv_new: torch.Tensor, kv_pool: torch.Tensor, qo_indptr: torch.Tensor,
+    prefix_lens: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, page_size: int,
+    sm_scale: float, *, kv_lora_rank: int = 512, kv_scale: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Torch reference of `mla_extend`, in float32 (or q's wider dtype); returns `[T, H, Dl]`.
 
     One SDPA call per sequence with its n new tokens' H heads in the query length (n * H rows)

@@ -25,18 +25,10 @@ from kernels.pdl import pdl_args, pdl_wait
 
 @triton.jit
 def _norm_rotate(
-    row_ptr,
-    stride_h,
-    norm_w_ptr,
-    eps,
-    cos,
-    sin,
-    HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    NORM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    row_ptr, stride_h, norm_w_ptr, eps, cos, sin,
+    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NORM: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
-):
+):  # fmt: skip
     """One token's heads `[BLOCK_H, BLOCK_D]` normed (if NORM) and rotated, fp32 values rounded
     to the input dtype. cos/sin `[1, BLOCK_D]` are the position's table row repeated per half."""
     half = HEAD_DIM // 2
@@ -62,44 +54,26 @@ def _norm_rotate(
 
 @triton.jit
 def _rope_store_kv_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
+    q_ptr, k_ptr, v_ptr,
     q_out_ptr,  # [T, Q_HEADS, HEAD_DIM] contiguous
     k_out_ptr,  # [T, KV_HEADS, HEAD_DIM] contiguous, written only when KV_OUT
-    v_out_ptr,
-    k_buf_ptr,
-    v_buf_ptr,
+    v_out_ptr, k_buf_ptr, v_buf_ptr,
     k_scale_ptr,  # [num_slots, KV_HEADS], written only when QUANT
     v_scale_ptr,
     q_norm_ptr,  # [HEAD_DIM], read only when NORM
-    k_norm_ptr,
-    eps,
-    positions_ptr,
-    slots_ptr,
+    k_norm_ptr, eps, positions_ptr, slots_ptr,
     cache_ptr,  # [max_pos, HEAD_DIM]: cos | sin
-    stride_qt,
-    stride_qh,
+    stride_qt, stride_qh,
     stride_kt,  # k and v share strides
     stride_kh,
     stride_bs,  # k_buf and v_buf share strides
     stride_bh,
     stride_ss,  # k_scale and v_scale share strides
-    stride_sh,
-    stride_c,
-    Q_HEADS: tl.constexpr,
-    KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    NORM: tl.constexpr,
-    KV_OUT: tl.constexpr,
-    BLOCK_HQ: tl.constexpr,
-    BLOCK_HK: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    QUANT: tl.constexpr,
-    IS_INT: tl.constexpr,
-    QMAX: tl.constexpr,
-    PDL: tl.constexpr,
-):
+    stride_sh, stride_c,
+    Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NORM: tl.constexpr,
+    KV_OUT: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
+    QUANT: tl.constexpr, IS_INT: tl.constexpr, QMAX: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
     t = tl.program_id(0)
     # before the PDL wait: the step's positions and slots (staged before its first kernel) and
     # the table's row; q, k, v after it
@@ -135,22 +109,12 @@ def _rope_store_kv_kernel(
 
 
 def rope_store_kv(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    q_norm: torch.Tensor | None = None,
-    k_norm: torch.Tensor | None = None,
-    eps: float = 1e-6,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+    slots: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, *,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None, eps: float = 1e-6,
     kv_out: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
     """Rotate q `[T, Hq, D]` and k `[T, Hkv, D]` at `positions [T]`, store rotated k and v
     `[T, Hkv, D]` into `k_buf`/`v_buf` `[num_slots, Hkv, D]` at `slots [T]`; returns
     (rotated q, contiguous; rotated k and v, contiguous, when `kv_out`, else None twice).
@@ -204,22 +168,12 @@ def rope_store_kv(
 
 
 def rope_store_kv_ref(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    q_norm: torch.Tensor | None = None,
-    k_norm: torch.Tensor | None = None,
-    eps: float = 1e-6,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+    slots: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, *,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None, eps: float = 1e-6,
     kv_out: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
     """Torch reference of `rope_store_kv` (same contract): the unfused references in turn."""
     if q_norm is not None:
         q, k = rmsnorm_ref(q, q_norm, eps), rmsnorm_ref(k, k_norm, eps)  # [T, H, D] each

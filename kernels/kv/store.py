@@ -58,27 +58,18 @@ def store_pool_row(
 
 @triton.jit
 def _store_kv_kernel(
-    k_ptr,
-    v_ptr,
-    k_buf_ptr,
-    v_buf_ptr,
+    k_ptr, v_ptr, k_buf_ptr, v_buf_ptr,
     k_scale_ptr,  # [num_slots, KV_HEADS], written only when QUANT
-    v_scale_ptr,
-    slots_ptr,
+    v_scale_ptr, slots_ptr,
     stride_t,  # k and v share strides
     stride_h,
     stride_bs,  # k_buf and v_buf share strides
     stride_bh,
     stride_ss,  # k_scale and v_scale share strides
     stride_sh,
-    KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    QUANT: tl.constexpr,
-    IS_INT: tl.constexpr,
-    QMAX: tl.constexpr,
-):
+    KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    QUANT: tl.constexpr, IS_INT: tl.constexpr, QMAX: tl.constexpr,
+):  # fmt: skip
     t = tl.program_id(0)
     slot = tl.load(slots_ptr + t).to(tl.int64)
     offs_h = tl.arange(0, BLOCK_H)
@@ -93,15 +84,9 @@ def _store_kv_kernel(
 
 
 def store_kv(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    slots: torch.Tensor,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> None:
+    k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
+    *, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+) -> None:  # fmt: skip
     """Write `k`, `v` `[T, kv_heads, head_dim]` into `k_buf`, `v_buf` `[num_slots, kv_heads,
     head_dim]` at rows `slots [T]` (int32/int64), in place.
 
@@ -213,15 +198,9 @@ def dequantize_ref(q: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
 
 
 def store_kv_ref(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    slots: torch.Tensor,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> None:
+    k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
+    *, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+) -> None:  # fmt: skip
     """Torch reference of `store_kv` (same in-place contract)."""
     slots = slots.long()
     for x, buf, scale in ((k, k_buf, k_scale), (v, v_buf, v_scale)):

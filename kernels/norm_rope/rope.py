@@ -25,15 +25,9 @@ def cos_sin_row(cache_ptr, pos, stride_c, freq, mask, HALF: tl.constexpr):
 
 @triton.jit
 def _rotate(
-    row_ptr,
-    stride_h,
-    cos,
-    sin,
-    HEADS: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-):
+    row_ptr, stride_h, cos, sin,
+    HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
     """Rotate one token's heads in place: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]."""
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_HALF)
@@ -47,22 +41,10 @@ def _rotate(
 
 @triton.jit
 def _apply_rope_kernel(
-    q_ptr,
-    k_ptr,
-    positions_ptr,
-    cache_ptr,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_c,
-    Q_HEADS: tl.constexpr,
-    K_HEADS: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK_HQ: tl.constexpr,
-    BLOCK_HK: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-):
+    q_ptr, k_ptr, positions_ptr, cache_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_c,
+    Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
     t = tl.program_id(0)
     pos = tl.load(positions_ptr + t).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_HALF)
