@@ -77,7 +77,7 @@ def _decode_attention_kernel(
     l_sum = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     for n0 in range(start, end, BLOCK_N):
-        offs_n, mask_n, slot = tile_slots(kv_indices_ptr + page_base, n0, end, PAGE_SIZE,
+        offs_n, mask_n, slot = tile_slots(kv_indices_ptr, page_base, n0, end, PAGE_SIZE,
                                           BLOCK_N, True)
         mask_nd = mask_n[:, None] & mask_d[None, :]
         kv_offs = slot[:, None] * stride_kvs + kvh * stride_kvh + offs_d[None, :]
@@ -95,7 +95,7 @@ def _decode_attention_kernel(
             pv = tl.sum(tl.sum(p, 0)[:, None] * v.to(tl.float32), 0)[None, :]  # [1, BLOCK_D]
         acc = acc * alpha[:, None] + pv
 
-    store_split(acc, m, l_sum, mid_o_ptr, mid_lse_ptr, b * Q_HEADS + offs_h, split, num_splits,
+    store_split(acc, m, l_sum, mid_o_ptr, mid_lse_ptr, b, Q_HEADS, offs_h, split, num_splits,
                 offs_d, mask_h, mask_d, HEAD_DIM, True)
 
 

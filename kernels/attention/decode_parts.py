@@ -42,18 +42,20 @@ def load_group_q(q_ptr, b, kvh, stride_qb, stride_qh, GROUP: tl.constexpr,
 
 
 @triton.jit
-def store_split(acc, m, l_sum, o_ptr, lse_ptr, row, split, num_splits, offs_d, mask_h, mask_d,
-                HEAD_DIM: tl.constexpr, LSE: tl.constexpr):
-    """Write a split's output acc / l_sum `[R, BLOCK_D]` for query rows `row` `[R]` (sequence
-    * heads + head) at o_ptr `[rows, num_splits, HEAD_DIM]` in its dtype, and (LSE) its base-2
-    log-sum-exp at lse_ptr `[rows, num_splits]`. An empty split (a short sequence) stores o =
-    0, lse = -inf: it gets zero weight in the merge. With one split and no merge to follow,
-    o_ptr may be the output itself."""
+def store_split(acc, m, l_sum, o_ptr, lse_ptr, b, heads, offs_h, split, num_splits, offs_d,
+                mask_h, mask_d, HEAD_DIM: tl.constexpr, LSE: tl.constexpr):
+    """Write a split's output acc / l_sum `[R, BLOCK_D]` for sequence b's query heads offs_h
+    `[R]` (of `heads`) at o_ptr `[B, heads, num_splits, HEAD_DIM]` in its dtype, and (LSE) its
+    base-2 log-sum-exp at lse_ptr `[B, heads, num_splits]`. An empty split (a short sequence)
+    stores o = 0, lse = -inf: it gets zero weight in the merge. With one split and no merge to
+    follow, o_ptr may be the output itself."""
     has_keys = l_sum > 0
     l_safe = tl.where(has_keys, l_sum, 1.0)
     o = acc / l_safe[:, None]
     lse = tl.where(has_keys, m + tl.log2(l_safe), float("-inf"))
+    row = b * heads + offs_h  # [R] rows of lse_ptr, num_splits entries each
     mid = (row[:, None] * num_splits + split) * HEAD_DIM + offs_d[None, :]
-    tl.store(o_ptr + mid, o.to(o_ptr.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
+    o = o.to(o_ptr.dtype.element_ty)
+    tl.store(o_ptr + mid, o, mask=mask_h[:, None] & mask_d[None, :])
     if LSE:
         tl.store(lse_ptr + row * num_splits + split, lse, mask=mask_h)

@@ -74,7 +74,7 @@ def _load_tile(
     """Raw K/V codes `[BLOCK_N, BLOCK_D // PACK]` (PACK codes an element: int32 words when 4,
     bytes when 1), their scales `[BLOCK_N]` (1 unSCALED) and key mask for keys n0.. (masked
     from `end`)."""
-    _, mask_n, slot = tile_slots(kv_indices_ptr + page_base, n0, end, PAGE_SIZE, BLOCK_N, True)
+    _, mask_n, slot = tile_slots(kv_indices_ptr, page_base, n0, end, PAGE_SIZE, BLOCK_N, True)
     offs_c = tl.arange(0, BLOCK_D // PACK)
     mask = mask_n[:, None] & (offs_c < HEAD_DIM // PACK)[None, :]
     offs = slot[:, None] * stride_kvs + kvh * stride_kvh + offs_c[None, :]
@@ -162,7 +162,7 @@ def _decode_attention_quant_kernel(
         pv = pv * (v_max * CODE_SCALE)
         acc = acc * alpha[:, None] + pv
 
-    store_split(acc, m, l_sum, mid_o_ptr, mid_lse_ptr, b * Q_HEADS + offs_h, split, num_splits,
+    store_split(acc, m, l_sum, mid_o_ptr, mid_lse_ptr, b, Q_HEADS, offs_h, split, num_splits,
                 offs_d, mask_h, mask_d, HEAD_DIM, True)
 
 

@@ -74,7 +74,7 @@ def prefix_tile(
 ):  # fmt: skip
     """Prefix keys n0 : n0 + BLOCK_N, read through the page table, folded into (m, l_sum, acc);
     MASK: the tile reaches past prefix_len (else every load and score is in bounds)."""
-    _, mask_n, slot = tile_slots(pages_ptr, n0, prefix_len, PAGE_SIZE, BLOCK_N, MASK)
+    _, mask_n, slot = tile_slots(pages_ptr, 0, n0, prefix_len, PAGE_SIZE, BLOCK_N, MASK)
     kv_offs = slot[:, None] * stride_kvs + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
     k = _load_rows(k_ptr + kv_offs, mask_n, mask_d, MASK, EVEN_D)  # [BLOCK_N, BLOCK_D]
     v = _load_rows(v_ptr + kv_offs, mask_n, mask_d, MASK, EVEN_D)  # [BLOCK_N, BLOCK_D]

@@ -77,17 +77,17 @@ def _mla_decode_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_DL], tl.float32)
     for n0 in range(start, end, BLOCK_N):
         m, l_sum, acc = paged_latent_tile(
-            q_nope, q_rope, m, l_sum, acc, n0, end, kv_indices_ptr + page_base, kv_ptr,
+            q_nope, q_rope, m, l_sum, acc, n0, end, kv_indices_ptr, page_base, kv_ptr,
             kv_scale_ptr, stride_kvs, offs_l, mask_l, offs_r, mask_r, qk_scale, DL, PAGE_SIZE,
             QUANT, BLOCK_N,
         )  # fmt: skip
 
-    row = b * heads + offs_h  # [BLOCK_H]
     if DIRECT:  # o_ptr is the output: one split, no log-sum-exp, no merge
-        store_split(acc, m, l_sum, o_ptr, lse_ptr, row, 0, 1, offs_l, mask_h, mask_l, DL, False)
+        store_split(acc, m, l_sum, o_ptr, lse_ptr, b, heads, offs_h, 0, 1, offs_l, mask_h, mask_l,
+                    DL, False)
     else:
-        store_split(acc, m, l_sum, o_ptr, lse_ptr, row, split, num_splits, offs_l, mask_h,
-                    mask_l, DL, True)
+        store_split(acc, m, l_sum, o_ptr, lse_ptr, b, heads, offs_h, split, num_splits, offs_l,
+                    mask_h, mask_l, DL, True)
 
 
 def check_latent(q: torch.Tensor, kv_pool: torch.Tensor, kv_scale: torch.Tensor | None,

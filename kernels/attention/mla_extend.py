@@ -61,7 +61,7 @@ def _mla_extend_kernel(
 
     for n0 in range(0, prefix_len, BLOCK_N):  # cached prefix, through the page table
         m, l_sum, acc = paged_latent_tile(
-            q_nope, q_rope, m, l_sum, acc, n0, prefix_len, kv_indices_ptr + page_base, kv_ptr,
+            q_nope, q_rope, m, l_sum, acc, n0, prefix_len, kv_indices_ptr, page_base, kv_ptr,
             kv_scale_ptr, stride_kvs, offs_l, mask_l, offs_r, mask_r, qk_scale, DL, PAGE_SIZE,
             QUANT, BLOCK_N,
         )  # fmt: skip

@@ -45,14 +45,15 @@ def latent_softmax_step(
 
 @triton.jit
 def paged_latent_tile(
-    q_nope, q_rope, m, l_sum, acc, n0, end, pages_ptr, kv_ptr, kv_scale_ptr, stride_kvs,
-    offs_l, mask_l, offs_r, mask_r, qk_scale,
+    q_nope, q_rope, m, l_sum, acc, n0, end, kv_indices_ptr, page_base, kv_ptr, kv_scale_ptr,
+    stride_kvs, offs_l, mask_l, offs_r, mask_r, qk_scale,
     DL: tl.constexpr, PAGE_SIZE: tl.constexpr, QUANT: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Keys n0 .. n0 + BLOCK_N (below `end`) of a sequence whose page ids start at pages_ptr,
-    read from the pool kv_ptr (row scales at kv_scale_ptr when QUANT) and folded into
-    (m, l_sum, acc) by `latent_softmax_step`."""
-    offs_n, mask_n, slot = tile_slots(pages_ptr, n0, end, PAGE_SIZE, BLOCK_N, True)
+    """Keys n0 .. n0 + BLOCK_N (below `end`) of a sequence whose page ids start at entry
+    page_base of kv_indices, read from the pool kv_ptr (row scales at kv_scale_ptr when QUANT)
+    and folded into (m, l_sum, acc) by `latent_softmax_step`."""
+    offs_n, mask_n, slot = tile_slots(kv_indices_ptr, page_base, n0, end, PAGE_SIZE, BLOCK_N,
+                                      True)
     # c_kv [BLOCK_N, BLOCK_DL] is K's nope part and V; k_rope [BLOCK_N, BLOCK_DR]
     c_kv, k_rope = load_latent(kv_ptr + slot[:, None] * stride_kvs, mask_n, offs_l, mask_l,
                                offs_r, mask_r, DL)

@@ -15,17 +15,17 @@ import triton.language as tl
 
 
 @triton.jit
-def tile_slots(pages_ptr, n0, end, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-               MASK: tl.constexpr):
-    """Keys n0 .. n0 + BLOCK_N of a sequence whose page ids start at `pages_ptr`: (keys
-    `[BLOCK_N]`, which are below `end`, their pool slots int64 `[BLOCK_N]`). MASK off: the
-    caller knows every key is below `end`, and the page ids load unmasked."""
+def tile_slots(kv_indices_ptr, page_base, n0, end, PAGE_SIZE: tl.constexpr,
+               BLOCK_N: tl.constexpr, MASK: tl.constexpr):
+    """Keys n0 .. n0 + BLOCK_N of a sequence whose page ids start at entry page_base of
+    kv_indices: (keys `[BLOCK_N]`, which are below `end`, their pool slots int64 `[BLOCK_N]`).
+    MASK off: the caller knows every key is below `end`, and the page ids load unmasked."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mask_n = offs_n < end
     if MASK:
-        page = tl.load(pages_ptr + offs_n // PAGE_SIZE, mask=mask_n, other=0)
+        page = tl.load(kv_indices_ptr + page_base + offs_n // PAGE_SIZE, mask=mask_n, other=0)
     else:
-        page = tl.load(pages_ptr + offs_n // PAGE_SIZE)
+        page = tl.load(kv_indices_ptr + page_base + offs_n // PAGE_SIZE)
     slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE  # [BLOCK_N]
     return offs_n, mask_n, slot
 
