@@ -13,8 +13,9 @@ from collections.abc import Iterator, Sequence
 
 from runtime.api.loop_thread import LoopThread
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.config import ConfigError, ServerConfig
-from runtime.process_group import ProcessGroup
+from runtime.config.checks import ConfigError
+from runtime.config.server import ServerConfig
+from runtime.launch.process_group import ProcessGroup
 from runtime.wire.api_input import SchedulerStats
 from runtime.wire.errors import InvalidRequest
 from runtime.wire.model_info import ModelInfo

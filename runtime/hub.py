@@ -29,7 +29,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from runtime.model_config import ModelNotFound
+from runtime.model_errors import ModelNotFound
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runtime.model_errors import ModelNotFound, TokenizerError
+
 if TYPE_CHECKING:
-    from runtime.config import ServerConfig
+    from runtime.config.server import ServerConfig
 
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -98,19 +100,18 @@ DUMMY_PRESETS: dict[str, dict] = {
     "tiny": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                  num_attention_heads=8, num_key_value_heads=2, vocab_size=1024,
                  max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0),
+    # a draft model for `tiny` (its vocabulary, 1/16 of its width)
+    "tiny-draft": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=1, vocab_size=1024,
+                       max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0),
+    # a target and a draft of 8% its parameters (107M and 8.7M) for speculative decoding
+    "spec-target": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                        num_attention_heads=16, num_key_value_heads=4, vocab_size=8192,
+                        max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0),
+    "spec-draft": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=6,
+                       num_attention_heads=4, num_key_value_heads=1, vocab_size=8192,
+                       max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0),
 }
-
-
-class ModelNotFound(FileNotFoundError):
-    """The `--model` argument names nothing we can load."""
-
-
-class TokenizerError(ValueError):
-    """The tokenizer is missing, does not load, or has ids the model has no embedding for."""
-
-
-# what the user named (a model, its files, its tokenizer) cannot be served: one line says why
-MODEL_ERRORS = (ModelNotFound, TokenizerError)
 
 
 @dataclass(frozen=True)

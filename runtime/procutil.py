@@ -1,4 +1,5 @@
-"""Helpers every server process uses: logging setup, errors to text, IPC files removed."""
+"""Helpers every server process uses: logging setup, errors to text, IPC files removed, and
+the signal its supervisor stops it with."""
 
 from __future__ import annotations
 
@@ -7,7 +8,15 @@ import gc
 import glob
 import logging
 import os
+import signal
 import traceback
+
+# How a supervisor (the launcher, a replica) tells one of its server processes to stop:
+# not SIGTERM, which systemd (KillMode=control-group) and `kill -- -PGID` send to every
+# process at once. The processes ignore SIGTERM and SIGINT and leave stopping to their
+# supervisor, which drains the api first and then stops the rest, as for a SIGTERM sent to
+# it alone. The api drains on this signal; for the others it keeps its default (exit).
+STOP_SIGNAL = signal.SIGUSR1
 
 
 def setup_logging(name: str, level: str) -> logging.Logger:

@@ -7,8 +7,9 @@ import dataclasses
 
 import pytest
 
-from runtime.config import ConfigError, ServerConfig
-from runtime.launch import _INTERNAL, build_parser
+from runtime.config.checks import ConfigError
+from runtime.config.server import ServerConfig
+from runtime.launch.cli import _INTERNAL, build_parser
 
 
 def serve_parser() -> argparse.ArgumentParser:

@@ -12,9 +12,10 @@ import pytest
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
 from runtime import hub
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.hub import NoSafetensors, NotCached, RepoGated, RepoNotFound, files_to_fetch
-from runtime.model_config import ModelNotFound, TokenizerError, resolve_model, spec_for
+from runtime.model_config import resolve_model, spec_for
+from runtime.model_errors import ModelNotFound, TokenizerError
 from tests.hub_cache import tiny_llama_with_tokenizer, use_hub_cache, write_snapshot
 
 REPO = "tiny-org/tiny-llama"

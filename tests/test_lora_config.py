@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.config import ConfigError, ServerConfig
-from runtime.launch import build_parser, config_from_args, main
+from runtime.config.checks import ConfigError
+from runtime.config.server import ServerConfig
+from runtime.launch.cli import build_parser, config_from_args, main
 
 
 def test_flags_map_onto_the_fields():

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from runtime import Engine
-from runtime.config import ConfigError, ServerConfig
-from runtime.dp_launcher import replica_config, router_command, router_metrics_port
+from runtime.config.checks import ConfigError
+from runtime.config.server import ServerConfig
+from runtime.launch.data_parallel import replica_config, router_command, router_metrics_port
 
 
 def test_replicas_get_consecutive_loopback_ports_and_sockets_of_their_own():

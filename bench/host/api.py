@@ -173,11 +173,11 @@ def _free_port() -> int:
 
 async def _scenario(n: int, tokens: int, step_s: float, profile: cProfile.Profile | None,
                     tok, ids: list[int]) -> dict:
-    from runtime.api.http_server import build_app
-    from runtime.api.monitor import Monitor
-    from runtime.api.rpc import RpcServer
+    from runtime.api.http.server import build_app
+    from runtime.api.monitoring.monitor import Monitor
+    from runtime.api.rpc.server import RpcServer
     from runtime.api.tokenizer_manager import TokenizerManager
-    from runtime.config import ServerConfig
+    from runtime.config.server import ServerConfig
     from runtime.model_config import resolve_model
 
     cfg = ServerConfig(model="smollm2", max_running=n, max_queue=n, rpc_port=_free_port(),

@@ -76,7 +76,7 @@ def measure(case: str, requests: int, tokens: int, profile: bool = False) -> dic
 
     from runtime.api.loop_thread import LoopThread
     from runtime.api.tokenizer_manager import TokenizerManager
-    from runtime.config import ServerConfig
+    from runtime.config.server import ServerConfig
     from runtime.model_config import resolve_model
 
     try:

@@ -143,7 +143,7 @@ def _summary(values: list[float]) -> dict:
 
 def _build_worker(model: str, args, load: SyntheticLoad, step_file: str):
     """A Worker on `args.device` with a pool that holds the synthetic load exactly."""
-    from runtime.config import ServerConfig
+    from runtime.config.server import ServerConfig
     from runtime.model_config import resolve_model
     from runtime.worker.worker import Worker
 

@@ -101,6 +101,7 @@ class LoadRun:
     truncated: bool  # the deadline cut it off
     server: dict = field(default_factory=dict)
     gpu_steps: dict = field(default_factory=dict)
+    samples: list[tuple[float, dict[str, float]]] = field(default_factory=list)  # /metrics
 
     def report(self, slo_ms: dict[str, float] | None = None) -> dict:
         return {"truncated": self.truncated, "client": summarize(self.results, self.duration,
@@ -153,7 +154,7 @@ async def run_load(url: str, model: str, specs: list[RequestSpec], *, concurrenc
         await scraper.stop()
         await asyncio.sleep(0.2)  # the worker logs a step once it completed on the device
         return LoadRun(results, duration, bool(pending), scraper.summary(kv_bytes_per_token),
-                       step_idle(step_timing, offset))
+                       step_idle(step_timing, offset), scraper.samples)
 
 
 def print_report(rep: dict, title: str = "Serving benchmark") -> None:

@@ -1,4 +1,4 @@
-"""`SluiceServer`: `python -m runtime.launch serve ...` as a subprocess for benchmarks, and
+"""`SluiceServer`: `python -m runtime.launch.cli serve ...` as a subprocess for benchmarks, and
 what a results file says about the machine it ran on (device name, GPU memory, git revision).
 
 The server's output goes to a log file; `start` waits until the launcher says it is
@@ -36,7 +36,7 @@ class SluiceServer:
 
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.port, self.rpc_port = free_port(), free_port()
-        self.cmd = [sys.executable, "-m", "runtime.launch", "serve", "--host", "127.0.0.1",
+        self.cmd = [sys.executable, "-m", "runtime.launch.cli", "serve", "--host", "127.0.0.1",
                     "--port", str(self.port), "--rpc-port", str(self.rpc_port), *args]
         self.log_path = log_path
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -59,7 +59,7 @@ class SluiceServer:
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
                                          cwd=ROOT, env=self.env, start_new_session=True)
         while time.monotonic() - t0 < timeout:
-            if "] serving " in self.log_path.read_text(errors="replace"):
+            if self.ready():
                 self.start_s = time.monotonic() - t0
                 return
             if not self.alive:
@@ -68,6 +68,10 @@ class SluiceServer:
             time.sleep(0.25)
         self.stop()
         raise ServerFailed(f"server not serving after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def ready(self) -> bool:
+        """Whether the server is serving: the launcher said so in its log."""
+        return "] serving " in self.log_path.read_text(errors="replace")
 
     def log_tail(self, lines: int = 25) -> str:
         try:

@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from runtime.config import ServerConfig  # noqa: E402
+from runtime.config.server import ServerConfig  # noqa: E402
 from runtime.scheduler.loop import build_scheduler  # noqa: E402
 from runtime.wire.sampling import SamplingParams  # noqa: E402
 from runtime.wire.scheduler_input import GenerateReq  # noqa: E402

@@ -9,7 +9,7 @@ that invites a retry. A 429 (`Overloaded`) means the server is full right now.
 
 from __future__ import annotations
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.wire.api_input import Limits
 from runtime.wire.errors import InvalidRequest, Overloaded
 

@@ -24,17 +24,17 @@ import zmq.asyncio
 
 from runtime.api.admission import check_admission
 from runtime.api.aio_queue import AsyncPullQueue, AsyncPushQueue
-from runtime.api.chat import chat_prompt_text, conversation_chars, role_markers
+from runtime.api.chat_template import chat_prompt_text, conversation_chars, role_markers
 from runtime.api.detokenize import IncrementalDetokenizer
 from runtime.api.dispatch import apply_batch
-from runtime.api.openai_protocol import ChatMessage
+from runtime.api.openai.protocol import ChatMessage
 from runtime.api.prompt import check_lora, prepare_prompt
 from runtime.api.prompt_tokenizer import PromptTokenizer
 from runtime.api.req_state import ReqState
 from runtime.api.rid import check_rid
 from runtime.api.sampling_defaults import SamplingDefaults
 from runtime.api.timing import RequestTimings
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.model_config import ModelSpec
 from runtime.wire.api_input import ApiInput, BatchOut, CacheFlushed, Limits, SchedulerStats
 from runtime.wire.errors import EngineDeadError, InvalidRequest

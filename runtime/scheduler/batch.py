@@ -25,9 +25,19 @@ class Batch:
     logprob_reqs: list[Req] = field(default_factory=list)  # per BatchPlan.input_logprobs entry
     prefilled: list[Req] = field(default_factory=list)  # prefill-only requests done this step
 
+    speculative: bool = False  # holds a request with a drafter: nothing may follow it in flight
+    num_drafts: int = 0  # draft tokens verified: the step samples len(sampled) + this
+
     def add(self, req: Req, n: int) -> None:
         self.extend.append(req)
         self.extend_lens.append(n)
+
+    def add_verify(self, req: Req, drafts: list[int]) -> None:
+        """A verify step for a decoding `req` with nothing in flight: its last token and
+        `drafts` as new positions, each sampled (see `Speculation`)."""
+        req.drafts = drafts
+        self.num_drafts += len(drafts)
+        self.add(req, len(drafts) + 1)
 
     @property
     def reqs(self) -> list[Req]:
@@ -53,7 +63,7 @@ class Batch:
             req.pending += 1
         self.sampled.extend(self.decode)
         sample = [True] * len(self.decode)
-        inits, prefix_writes, logprob_targets = [], [], []
+        inits, prefix_writes, logprob_targets, draft_lens = [], [], [], []
         for i, (req, n) in enumerate(zip(self.extend, self.extend_lens), start=len(self.decode)):
             if req.needs_init:
                 inits.append(_row_init(req))
@@ -66,15 +76,18 @@ class Batch:
             prefix_lens.append(start)
             known = min(start + n, req.known_len)
             input_ids.extend(req.tokens(start, known))
-            # a position past the known tokens holds the token the worker last sampled
-            input_ids.extend([-(req.row + 1)] * (start + n - known))
+            drafts = req.drafts or ()
+            # a position past the known tokens holds a draft, or the token the worker last
+            # sampled
+            input_ids.extend(drafts or [-(req.row + 1)] * (start + n - known))
+            draft_lens.append(len(drafts))
             if (targets := req.take_logprob_targets(start, start + n)) is not None:
                 logprob_targets.append((i, *targets))
                 self.logprob_reqs.append(req)
             req.kv_len = start + n
             req.last_batch_id = bid
             complete = req.kv_len == req.total_len
-            does_sample = complete and not req.prefill_only
+            does_sample = bool(drafts) or complete and not req.prefill_only
             sample.append(does_sample)
             if does_sample:
                 req.pending += 1
@@ -89,6 +102,7 @@ class Batch:
             extend_lens=[1] * len(self.decode) + self.extend_lens, input_ids=input_ids,
             new_pages=pages, sample=sample, inits=inits, prefix_writes=prefix_writes,
             input_logprobs=logprob_targets,
+            draft_lens=[0] * len(self.decode) + draft_lens if any(draft_lens) else [],
         )
 
 

@@ -125,6 +125,18 @@ class KVManager(ABC, Generic[Table]):
         if req.row is not None:
             self.rows.free(req.row)
 
+    def truncate(self, req: Req, kv_len: int) -> None:
+        """Give back the space of positions kv_len .. req.kv_len - 1 of an admitted `req`:
+        the rejected drafts of its verify step, once that step's batch completed (no other
+        batch reads them: a speculating request has one step in flight at most)."""
+        assert 0 < kv_len <= req.kv_len, (req, kv_len)
+        if kv_len == req.kv_len:
+            return
+        self._shrink(req, self.tables[req.rid], kv_len)
+        if self.page_size == 1:
+            req.num_slots = kv_len
+        req.kv_len = kv_len
+
     def swap_out(self, req: Req) -> bool:
         """Release a preempted `req` keeping its KV in the host tier, to load back when it
         is admitted again; False (nothing done) when the layout or the host cannot."""
@@ -201,6 +213,10 @@ class KVManager(ABC, Generic[Table]):
         """`alloc_decode` without the `Req.slots` bookkeeping; a layout may batch it."""
         tables = self.tables
         return np.concatenate([self._grow(r, tables[r.rid], 1) for r in reqs] or [NO_PAGES])
+
+    def _shrink(self, req: Req, table: Table, kv_len: int) -> None:
+        """`truncate` without the `Req` bookkeeping (`req.kv_len` is still the old end)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot give back positions")
 
     @abstractmethod
     def _free(self, req: Req, table: Table, cache: bool) -> None:

@@ -14,9 +14,10 @@ import sys
 
 import zmq
 
-from runtime.config import ServerConfig
-from runtime.kv_mode import KVMode
-from runtime.model_config import MODEL_ERRORS, spec_for
+from runtime.config.kv_mode import KVMode
+from runtime.config.server import ServerConfig
+from runtime.model_config import spec_for
+from runtime.model_errors import MODEL_ERRORS
 from runtime.procutil import freeze_startup_heap, setup_logging, startup_failure
 from runtime.scheduler.grammar_gate import GrammarGate
 from runtime.scheduler.host_tier import HostTier
@@ -26,6 +27,7 @@ from runtime.scheduler.lora_slots import LoraSlots
 from runtime.scheduler.paged_kv import PagedKV
 from runtime.scheduler.policy import PrefillAdder, preempt_order
 from runtime.scheduler.scheduler import Scheduler
+from runtime.scheduler.speculative.speculation import Speculation
 from runtime.scheduler.token_kv import TokenKV
 from runtime.wire.api_input import CacheFlushed, Limits, SchedulerStats
 from runtime.wire.ipc import FanOutQueue, PullQueue, PushQueue
@@ -81,6 +83,7 @@ def build_scheduler(cfg: ServerConfig, ready: WorkerReady, max_context: int) -> 
     sched.grammars = GrammarGate(cfg.grammar_cache_size, cfg.tp)
     if cfg.lora_paths:
         sched.loras = LoraSlots(cfg.lora_adapters, cfg.max_loras)
+    sched.spec = Speculation.from_config(cfg)
     return sched
 
 

@@ -142,6 +142,15 @@ class PagedKV(KVManager[BlockTable]):
             table.num_tokens = pos + 1
         return np.array(new, dtype=np.int32)
 
+    def _shrink(self, req: Req, table: BlockTable, kv_len: int) -> None:
+        """Free the blocks past the one holding position kv_len - 1 (never registered:
+        only blocks of known tokens are, and these held drafts)."""
+        keep = -(-kv_len // self.block_size)
+        assert keep >= table.num_registered, (req, keep, table.num_registered)
+        self.pool.free(table.blocks[keep:])
+        del table.blocks[keep:]
+        table.num_tokens = kv_len
+
     def _free(self, req: Req, table: BlockTable, cache: bool) -> None:
         """Free the blocks, tail first into the LRU queue; with `cache`, register the
         remaining full, computed blocks first (without: only those registered already)."""

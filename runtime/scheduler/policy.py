@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 from runtime.scheduler.req import Req, ReqStatus
 
 if TYPE_CHECKING:
-    from runtime.scheduler.scheduler import Scheduler
+    from runtime.scheduler.kv_manager import KVManager
+    from runtime.scheduler.lora_slots import LoraSlots
 
-
-RESERVE_CLIP = 4096  # SGLang clips max_new_tokens the same way when reserving
+RESERVE_CLIP = 4096  # the most future tokens one request reserves KV for
 
 
 def admission_order(req: Req) -> tuple:
@@ -20,12 +20,12 @@ def admission_order(req: Req) -> tuple:
 
 
 def retract_order(req: Req) -> tuple:
-    """Lowest priority first; among equals the least progress, then the longest prompt (SGLang)."""
+    """Lowest priority first; among equals the least progress, then the longest prompt."""
     return (req.params.priority, len(req.output_ids), -len(req.prompt_ids))
 
 
 def preempt_order(req: Req) -> tuple:
-    """Lowest priority first, then the latest arrival: the last admitted under FCFS (vLLM V1)."""
+    """Lowest priority first, then the latest arrival: the last admitted under FCFS."""
     return (req.params.priority, -req.arrival)
 
 
@@ -35,8 +35,7 @@ class PrefillAdder:
     Running requests will still grow; we reserve `new_token_ratio` x the KV their remaining
     max_tokens need (`KVManager.can_admit` turns tokens into the layout's space) so
     admission does not immediately force retraction. The ratio starts conservative, decays
-    every step as requests tend to stop early, and resets on a retraction (SGLang's
-    new_token_ratio).
+    every step as requests tend to stop early, and resets on a retraction.
     """
 
     def __init__(
@@ -56,12 +55,14 @@ class PrefillAdder:
         context") counts as at most RESERVE_CLIP."""
         return [(r, min(r.remaining_tokens, RESERVE_CLIP)) for r in reqs]
 
-    def fill(self, sched: Scheduler, budget: int) -> Iterator[tuple[Req, int]]:
-        """Yield (request, new tokens) pairs; admitted requests move to `running`. A
-        waiting request whose LoRA adapter finds no free slot is passed over."""
+    def fill(self, budget: int, *, running: list[Req], waiting: list[Req], max_running: int,
+             kv: KVManager, loras: LoraSlots) -> Iterator[tuple[Req, int]]:
+        """Yield (request, new tokens) pairs: chunks of the `running` requests still in
+        prefill, then `waiting` requests admitted (moved to `running`) while fewer than
+        `max_running` run. A waiting request whose LoRA adapter finds no free slot is
+        passed over."""
         self.ratio = max(self.min_ratio, self.ratio - self.decay)
-        kv = sched.kv
-        chunked = [r for r in sched.running if r.in_prefill]
+        chunked = [r for r in running if r.in_prefill]
         for req in chunked:
             if budget <= 0:
                 return
@@ -70,27 +71,27 @@ class PrefillAdder:
                 return
             budget -= n
             yield req, n
-        if budget <= 0 or len(sched.running) >= sched.max_running:
+        if budget <= 0 or len(running) >= max_running:
             return  # no admission this step: leave the queue unsorted (it may be long)
-        sched.waiting.sort(key=admission_order)
+        waiting.sort(key=admission_order)
         i = 0  # requests before it wait for a LoRA slot
-        while budget > 0 and i < len(sched.waiting) and len(sched.running) < sched.max_running:
-            req = sched.waiting[i]
-            if not sched.loras.acquire(req):  # every slot pinned by other adapters
+        while budget > 0 and i < len(waiting) and len(running) < max_running:
+            req = waiting[i]
+            if not loras.acquire(req):  # every slot pinned by other adapters
                 i += 1
                 continue
             if not kv.admit(req):
-                sched.loras.release(req)
+                loras.release(req)
                 return
             n = min(budget, req.known_len - req.kv_len)
-            others = [r for r in sched.running if not r.finished]
+            others = [r for r in running if not r.finished]
             if not kv.can_admit(req, n, self._growth(others + [req]) if others else (), self.ratio):
                 kv.release(req, cache=False)
-                sched.loras.release(req)
+                loras.release(req)
                 req.unadmit()
                 return
-            sched.waiting.pop(i)
+            waiting.pop(i)
             req.status = ReqStatus.RUNNING
-            sched.running.append(req)
+            running.append(req)
             budget -= n
             yield req, n

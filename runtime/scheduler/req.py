@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
@@ -65,6 +66,11 @@ class Req:
         self.logprob_next = min(max(start, 1), n) - 1 if start >= 0 else self.logprob_end
         self.input_logprobs: list[float] = []
         self.sent_input = 0  # input logprobs already sent to the api
+        # speculative decoding: the request's drafter (None: it decodes token by token)
+        # and the drafts of its verify step in flight (None: none in flight)
+        self.drafter = None
+        self.drafts: list[int] | None = None
+        self.recent_accepts: deque[int] = deque()  # drafts kept by its last drafting steps
         self._reset_kv()
 
     def _reset_kv(self) -> None:
@@ -168,6 +174,22 @@ class Req:
         self.pending -= 1
         if self.finished:
             return  # sampled by a batch planned before it finished: discarded
+        self._take(token_id, logprob, top_ids, top_logprobs)
+
+    def append_outputs(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> int:
+        """Record the tokens one step produced for this request (a verify step's kept
+        tokens, in order) up to the one that finishes it; returns how many were kept."""
+        self.pending -= 1
+        kept = 0
+        for token_id, logprob in zip(token_ids, logprobs):
+            if self.finished:
+                break
+            self._take(token_id, logprob)
+            kept += 1
+        return kept
+
+    def _take(self, token_id: int, logprob: float, top_ids: Sequence[int] = (),
+              top_logprobs: Sequence[float] = ()) -> None:
         self.output_ids.append(token_id)
         self.token_ids.append(token_id)
         self.logprobs.append(logprob)

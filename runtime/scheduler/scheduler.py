@@ -19,15 +19,16 @@ from runtime.scheduler.batch import Batch, split_top
 from runtime.scheduler.grammar_gate import GrammarGate
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.lora_slots import LoraSlots
+from runtime.scheduler.outbox import Outbox
 from runtime.scheduler.policy import PrefillAdder, retract_order
 from runtime.scheduler.req import Req, ReqStatus
-from runtime.wire.api_input import BatchOut, ReqOut
+from runtime.scheduler.speculative.speculation import Speculation
 from runtime.wire.request_output import FinishReason
 from runtime.wire.scheduler_input import GenerateReq
 from runtime.wire.worker_channel import BatchPlan, GrammarCacheUpdate, GrammarCompiled, StepResult
 
 
-class Scheduler:
+class Scheduler(Outbox):
     """Owns every request's KV metadata; never touches tensors."""
 
     def __init__(self, kv: KVManager, *, chunk_size: int, max_running: int, max_context: int,
@@ -53,17 +54,13 @@ class Scheduler:
         self.reqs: dict[str, Req] = {}
         self.in_flight: deque[Batch] = deque()
         self.deferred: list[Req] = []  # finished, KV still read by a batch in flight
-        # what the api gets next (`take_batch`): ReqOuts, the rids they are for, and the
-        # one-token outputs as columns (see BatchOut)
-        self.outbox: list[ReqOut] = []
-        self._outbox_rids: set[str] = set()
-        self.out_rids: list[str] = []
-        self.out_ids: list[int] = []
+        Outbox.__init__(self)
         self.next_batch_id = 0
         self.completed_batch_id = -1
         self.adder = PrefillAdder()
         self.grammars = GrammarGate()
         self.loras = LoraSlots()  # the LoRA adapters' device slots (none by default)
+        self.spec: Speculation | None = None  # speculative decoding (off by default)
         self.num_retractions = 0
         self.num_swaps = 0
         self.num_steps = 0
@@ -88,6 +85,8 @@ class Scheduler:
             return
         if self.degraded:
             req.params.max_tokens = min(req.params.max_tokens, self.degrade_max_tokens)
+        if self.spec is not None:
+            self.spec.attach(req)
         self.reqs[req.rid] = req
         if self.grammars.admissible(req):
             self.waiting.append(req)  # max_tokens == 0 too: prefill only (cache, input logprobs)
@@ -173,7 +172,10 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def can_plan(self) -> bool:
-        return len(self.in_flight) < self.max_in_flight and self.has_work
+        """Room for another batch in flight (none after one with a speculating request:
+        its result decides where the request's next step starts)."""
+        return (len(self.in_flight) < self.max_in_flight and self.has_work
+                and not (self.in_flight and self.in_flight[-1].speculative))
 
     def plan(self) -> BatchPlan | None:
         """The next step, or None (nothing to run, or retraction must wait for a drain)."""
@@ -183,20 +185,27 @@ class Scheduler:
             if r.in_prefill:
                 continue
             if r.remaining_tokens > 0:
-                decode.append(r)
+                if r.drafter is None or not r.pending:  # a drafter needs the whole sequence
+                    decode.append(r)
             elif r.prefill_only and r.kv_len < r.known_len:
                 # a prefill-only request whose last chunk left one position
                 last_prompt.append(r)
         if not self._reserve_decode(decode, last_prompt):
             return None
+        verify = self.spec.take_verifies(decode, self.kv) if self.spec is not None else []
         batch = Batch(self.next_batch_id, decode=decode)
         decode_pages = self.kv.alloc_decode(decode)
         extend_pages = []
+        for req, drafts in verify:
+            extend_pages.append(self.kv.try_alloc(req, len(drafts) + 1))
+            batch.add_verify(req, drafts)
         for req in last_prompt:
             extend_pages.append(self.kv.try_alloc(req, 1))
             batch.add(req, 1)
         budget = self.chunk_size - len(decode) - len(last_prompt)
-        for req, n in self.adder.fill(self, budget):
+        for req, n in self.adder.fill(budget, running=self.running, waiting=self.waiting,
+                                      max_running=self.max_running, kv=self.kv,
+                                      loras=self.loras):
             if req.scheduled_at is None:
                 req.scheduled_at = time.monotonic()
             pages = self.kv.try_alloc(req, n)
@@ -207,6 +216,7 @@ class Scheduler:
             return None
         self.next_batch_id += 1
         self.num_steps += 1
+        batch.speculative = self.spec is not None and any(r.drafter for r in batch.reqs)
         plan = batch.to_plan(decode_pages, extend_pages)
         plan.lora_slots, plan.lora_loads = self.loras.slots_of(batch.reqs), self.loras.take_loads()
         if (copies := self.kv.take_copies()) is not None:
@@ -269,7 +279,7 @@ class Scheduler:
     def on_result(self, res: StepResult) -> None:
         batch = self.in_flight.popleft()
         assert batch.batch_id == res.batch_id, (batch.batch_id, res.batch_id)
-        assert len(res.next_ids) == len(batch.sampled)
+        assert len(res.next_ids) == len(batch.sampled) + batch.num_drafts
         self.completed_batch_id = batch.batch_id
         self.writeback_seconds += res.writeback_s
         self.load_seconds += res.load_s
@@ -285,14 +295,26 @@ class Scheduler:
                 req.finish(FinishReason.LENGTH)
                 self._emit(req)
                 self._finish_running(req)
-        lps = res.logprobs or itertools.repeat(0.0)  # empty: no request asked for them
+        ids = iter(res.next_ids)
+        lps = iter(res.logprobs or itertools.repeat(0.0))  # empty: no request asked for them
         tops = split_top(batch.sampled, itertools.repeat(1), res.top_ids, res.top_logprobs,
                          res.top_stride)
-        for req, tok, lp, top in zip(batch.sampled, res.next_ids, lps, tops):
-            if req.finished:  # sampled by a batch planned before it finished: discarded
+        drafted = iter(res.draft_ids)  # a draft model's drafts, in verify order
+        for req, top in zip(batch.sampled, tops):
+            if req.drafts is not None:  # a verify step: one sample per position
+                n = len(req.drafts) + 1
+                finished = req.finished
+                self.spec.settle(req, [*itertools.islice(ids, n)],
+                                 [*itertools.islice(lps, n)], self.kv,
+                                 [*itertools.islice(drafted, n - 1)])
+                if finished:
+                    continue
+            elif req.finished:  # sampled by a batch planned before it finished: discarded
                 req.pending -= 1
+                next(ids), next(lps)
                 continue
-            req.append_output(tok, lp, *top)
+            else:
+                req.append_output(next(ids), next(lps), *top)
             self._emit(req)
             if req.finished:
                 self._finish_running(req)
@@ -331,60 +353,6 @@ class Scheduler:
 
     def _drop(self, req: Req) -> None:
         self.reqs.pop(req.rid, None)
-
-    # ------------------------------------------------------------------ output
-    def _emit(self, req: Req, error: str | None = None) -> None:
-        reason = req.finish_reason if req.finished and not req.silent_finish else None
-        if (error is None and reason is None and req.sent_header
-                and len(req.output_ids) == req.sent + 1 and not req.params.logprobs
-                and not req.params.top_logprobs and len(req.input_logprobs) == req.sent_input
-                and req.rid not in self._outbox_rids):  # one plain token: a column entry
-            req.sent += 1
-            self.out_rids.append(req.rid)
-            self.out_ids.append(req.output_ids[-1])
-            return
-        new = req.output_ids[req.sent:]
-        lps = req.logprobs[req.sent:] if req.params.logprobs else []
-        k = req.params.top_logprobs
-        top_ids, top_lps = req.top_ids[req.sent * k:], req.top_logprobs[req.sent * k:]
-        input_top_ids = req.input_top_ids[req.sent_input * k:]
-        input_top_lps = req.input_top_logprobs[req.sent_input * k:]
-        req.sent = len(req.output_ids)
-        input_lps = req.input_logprobs[req.sent_input:]
-        req.sent_input = len(req.input_logprobs)
-        if not new and not input_lps and reason is None and req.sent_header:
-            return
-        out = ReqOut(rid=req.rid, token_ids=new, logprobs=lps, finish_reason=reason,
-                     error=error, input_logprobs=input_lps, top_ids=top_ids,
-                     top_logprobs=top_lps, input_top_ids=input_top_ids,
-                     input_top_logprobs=input_top_lps)
-        if not req.sent_header:
-            out.prompt_tokens, out.cached_tokens = len(req.prompt_ids), req.cached_len
-            if req.scheduled_at is not None:
-                out.queue_time = req.scheduled_at - req.arrival
-            req.sent_header = True
-        self._append(out)
-
-    def _emit_error(self, req: Req, message: str) -> None:
-        self._append(ReqOut(rid=req.rid, finish_reason=FinishReason.ERROR, error=message))
-
-    def _append(self, out: ReqOut) -> None:
-        self.outbox.append(out)
-        self._outbox_rids.add(out.rid)  # its later outputs follow it in `outbox`
-
-    def take_batch(self) -> BatchOut | None:
-        """What the api must apply since the last take, or None if nothing."""
-        if not self.outbox and not self.out_rids:
-            return None
-        batch = BatchOut(self.outbox, self.out_rids, self.out_ids)
-        self.outbox, self.out_rids, self.out_ids = [], [], []
-        self._outbox_rids.clear()
-        return batch
-
-    def take_outputs(self) -> list[ReqOut]:
-        """`take_batch` as one ReqOut per output, in order (for in-process drivers)."""
-        batch = self.take_batch()
-        return [] if batch is None else batch.expanded()
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:

@@ -88,6 +88,9 @@ class TokenKV(KVManager[TreeNode]):
             self.cache.evict(n - self.allocator.available)
         return self.allocator.alloc(n)
 
+    def _shrink(self, req: Req, node: TreeNode, kv_len: int) -> None:
+        self.allocator.free(req.slots[kv_len:req.kv_len])
+
     def _free(self, req: Req, node: TreeNode, cache: bool) -> None:
         """With `cache`, the computed KV goes to the radix tree."""
         if cache and req.kv_len > 0:

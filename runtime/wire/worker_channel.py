@@ -29,7 +29,11 @@ class BatchPlan(WireRecord):
     pages of its cached prefix after a prefix hit. `input_ids` holds the new tokens; a
     negative id -(row+1) is a future token: the one the worker last sampled for that
     row. Requests with `sample[i]` produce one token each, in order, in
-    StepResult.next_ids.
+    StepResult.next_ids; a verify step (speculative decoding, `draft_lens[i]` = d > 0:
+    its last d new tokens are drafts) produces d + 1, the target's sample at each of its
+    last d + 1 positions. With a draft model (`--speculative-algorithm draft`) the
+    worker writes the drafts itself in the same step (the plan's ids there are
+    placeholders) and returns them in StepResult.draft_ids.
     """
 
     batch_id: int
@@ -56,6 +60,9 @@ class BatchPlan(WireRecord):
     # has one; `lora_loads` (slot, adapter name) are copied into their slots first
     lora_slots: list[int] = []
     lora_loads: list[tuple[int, str]] = []
+    # speculative decoding: draft tokens at the end of each request's new tokens (in
+    # order), empty when no request of the step verifies drafts
+    draft_lens: list[int] = []
 
 
 class GrammarCacheUpdate(WireRecord):
@@ -96,6 +103,9 @@ class StepResult(WireRecord):
     top_logprobs: list[float] = []
     input_top_ids: list[int] = []
     input_top_logprobs: list[float] = []
+    # the drafts a draft model wrote for the plan's verify requests: draft_lens[i] per
+    # request, in order (empty without a draft model)
+    draft_ids: list[int] = []
     writeback_s: float = 0.0  # device time of the plan's write-backs (host tier)
     load_s: float = 0.0  # device time of the plan's loads (host tier)
 

@@ -31,6 +31,16 @@ class SampleInputs:
     positions: torch.Tensor  # [S] int64: the position each sampled token takes (seeded rows)
     logprob_targets: torch.Tensor  # [L] int64: prompt tokens scored by input logprobs
     logprob_sizes: tuple[int, ...]  # entries of L per BatchPlan.input_logprobs entry
+    # verify steps (BatchPlan.draft_lens): of the S samples, each request's last [R]; None
+    # when every sampled request samples once
+    last_idx: torch.Tensor | None = None
+
+    def last_samples(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows [R], ids [R]): each sampled request's row and the last of its samples
+        `ids` [S], which its placeholder resolves to."""
+        if self.last_idx is None:
+            return self.rows_dev, ids
+        return self.rows_dev[self.last_idx], ids[self.last_idx]
 
 
 def _exclusive_cumsum(lens: np.ndarray) -> np.ndarray:
@@ -72,7 +82,13 @@ class BatchBuilder:
             tok_rows = np.repeat(rows, ext)  # [T]
         w_rows, w_cols, w_pages = self._table_writes(plan, rows, pages - first_new, first_new)
         sample = np.array(plan.sample, dtype=bool)  # [B]
-        logit_rows = [(qo_indptr[1:] - 1)[sample]]  # S sampled tokens first
+        counts = sample.astype(np.int64)  # [B] samples per request
+        if plan.draft_lens:  # a verify step samples its last d + 1 positions
+            counts *= np.array(plan.draft_lens, dtype=np.int64) + 1
+        s_indptr = _exclusive_cumsum(counts)  # [B+1]
+        n_s = int(s_indptr[-1])
+        back = np.repeat(s_indptr[1:], counts) - np.arange(n_s)  # [S] 1 at each last sample
+        logit_rows = [np.repeat(qo_indptr[1:], counts) - back]  # S sampled tokens first
         targets = []
         for i, first, tgt in plan.input_logprobs:  # then L input-logprob positions
             start = qo_indptr[i] + first - pre[i]
@@ -82,27 +98,24 @@ class BatchBuilder:
             "ids": np.array(plan.input_ids, dtype=np.int64), "positions": positions,
             "tok_rows": tok_rows, "rows": rows, "pages": pages, "kv_starts": kv_indptr[:-1],
             "w_rows": w_rows, "w_cols": w_cols, "w_pages": w_pages,
-            "logit_rows": np.concatenate(logit_rows), "s_rows": rows[sample],
-            "s_pos": seq[sample],
+            "logit_rows": np.concatenate(logit_rows), "s_rows": np.repeat(rows, counts),
+            "s_pos": np.repeat(seq, counts) - back + 1,
             "targets": np.array([t for tgt in targets for t in tgt], dtype=np.int64),
         }
         i32 = {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "seq": seq, "pre": pre}
         lora = lora_segments(plan.lora_slots, ext, self.lora_slots) if plan.lora_slots else None
         if lora is not None:
             i64["lora_order"], i32["lora_indptr"] = lora[0], lora[1]
+        if plan.draft_lens:
+            i64["last_idx"] = s_indptr[1:][sample] - 1
         d = self.staging.upload(i64=i64, i32=i32)
         if len(w_rows):
             self.req_to_page[d["w_rows"], d["w_cols"]] = d["w_pages"]
         pos_d, tok_rows_d = d["positions"], d["tok_rows"]
-        if ps == 1:
-            out_slots = self.req_to_page[tok_rows_d, pos_d]  # [T]
-        else:
-            out_slots = self.req_to_page[tok_rows_d, pos_d // ps] * ps + pos_d % ps  # [T]
+        out_slots = self.slots(tok_rows_d, pos_d)  # [T]
         ids = d["ids"]  # [T], negative = future token of row -(id+1)
         input_ids = torch.where(ids < 0, self.last_ids[(-ids - 1).clamp(min=0)], ids)  # [T]
-        # every page of every sequence, prefix included: [P]
-        kv_indices = self._gather(self.req_to_page, d["rows"], d["pages"], d["kv_starts"],
-                                  n_pages)
+        kv_indices = self.kv_indices(d["rows"], d["pages"], d["kv_starts"], n_pages)  # [P]
         fb = ForwardBatch(
             input_ids=input_ids, positions=pos_d, out_slots=out_slots,
             qo_indptr=d["qo_indptr"], kv_indptr=d["kv_indptr"], kv_indices=kv_indices,
@@ -112,10 +125,24 @@ class BatchBuilder:
             extend_lens_cpu=plan.extend_lens, page_size=ps)
         if lora is not None:
             fb.lora = LoraBatch(d["lora_order"], d["lora_indptr"], lora[1].tolist(), lora[2])
-        inputs = SampleInputs(rows=rows[sample], rows_dev=d["s_rows"],
+        inputs = SampleInputs(rows=np.repeat(rows, counts), rows_dev=d["s_rows"],
                               positions=d["s_pos"], logprob_targets=d["targets"],
-                              logprob_sizes=tuple(len(t) for t in targets))
+                              logprob_sizes=tuple(len(t) for t in targets),
+                              last_idx=d.get("last_idx"))
         return fb, inputs
+
+    def slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The pool slot of each (row [T], position [T]) from the table: [T] int64."""
+        ps = self.page_size
+        if ps == 1:
+            return self.req_to_page[rows, positions]  # [T]
+        return self.req_to_page[rows, positions // ps] * ps + positions % ps  # [T]
+
+    def kv_indices(self, rows: torch.Tensor, pages: torch.Tensor, starts: torch.Tensor,
+                   n_pages: int) -> torch.Tensor:
+        """Every page of every sequence, prefix included: the first `pages[i]` table
+        entries of each row `rows[i]`, at `starts[i]` of the [n_pages] result."""
+        return self._gather(self.req_to_page, rows, pages, starts, n_pages)
 
     @staticmethod
     def _table_writes(plan: BatchPlan, rows: np.ndarray, n_new: np.ndarray,

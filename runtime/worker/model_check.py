@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
-from runtime.config import ServerConfig
-from runtime.model_config import MODEL_ERRORS, ModelSpec, spec_for
+from runtime.config.server import ServerConfig
+from runtime.model_config import ModelSpec, resolve_model, spec_for
+from runtime.model_errors import MODEL_ERRORS
 from runtime.worker.loader import WeightLoadError, build_model
 from runtime.worker.tp import TPGroup
 
@@ -30,10 +31,25 @@ LOAD_ERRORS = (*MODEL_ERRORS, UnsupportedModel, WeightLoadError, NotImplementedE
 
 def prepare_model(cfg: ServerConfig) -> ModelSpec:
     """The server's model, resolved before its processes start (a Hub id's files fetched, a
-    GGUF converted, once) and checked as `check_model` does; raises one of LOAD_ERRORS."""
+    GGUF converted, once) and checked as `check_model` does, and so is its draft model
+    (`check_draft_model`); raises one of LOAD_ERRORS."""
     spec = spec_for(cfg, offline=False)
     check_model(spec, cfg.quantization, cfg.tp)
+    if cfg.speculative_algorithm == "draft":
+        draft = resolve_model(cfg.speculative_draft_model, offline=False)
+        check_model(draft)
+        check_draft_model(spec, draft)
     return spec
+
+
+def check_draft_model(target: ModelSpec, draft: ModelSpec) -> None:
+    """Raise `UnsupportedModel` (one line) unless `draft` can draft for `target`: its
+    token ids must mean the target's, so its vocabulary must have the target's size."""
+    target_vocab, draft_vocab = target.hf_config().vocab_size, draft.hf_config().vocab_size
+    if draft_vocab != target_vocab:
+        raise UnsupportedModel(f"{draft.config_source}: the draft model's vocabulary has "
+                               f"{draft_vocab} ids, the target's ({target.config_source}) "
+                               f"{target_vocab}")
 
 
 def check_model(spec: ModelSpec, quantization: str = "none", tp: int = 1) -> None:

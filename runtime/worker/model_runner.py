@@ -82,6 +82,8 @@ class ModelRunner:
     without fp8 matmul raises `QuantizationError` before anything is loaded.
     With `lora`, the adapters are read and their device slots allocated (`LoraManager`)
     before the KV pool takes the memory left; a bad adapter raises `AdapterError`.
+    `kv_bytes_extra`: bytes a token takes in another pool over the same slots (a draft
+    model's), counted when the pool is sized from memory.
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class ModelRunner:
         attention_backend: str = "auto",
         quantization: str = "none",
         lora: LoraOptions | None = None,
+        kv_bytes_extra: int = 0,
     ) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
@@ -123,7 +126,8 @@ class ModelRunner:
         if kv_slots == 0:
             # never more than every row at full context could use; every rank the same
             kv_slots = tp.min_int(
-                min(self._default_slots(max_rows, mem_fraction), max_rows * spec.max_context)
+                min(self._default_slots(max_rows, mem_fraction, kv_bytes_extra),
+                    max_rows * spec.max_context)
             )
         self.kv_slots = kv_slots
         # the KV storage by name, as /get_model_info and /metrics show it: fp8, int8, bfloat16...
@@ -150,8 +154,8 @@ class ModelRunner:
                     "no CUDA graphs: the %s backend does not run in them", type(self.attn).__name__
                 )
 
-    def _default_slots(self, max_rows: int, mem_fraction: float) -> int:
-        per_token = self.kv_bytes_per_token
+    def _default_slots(self, max_rows: int, mem_fraction: float, extra: int) -> int:
+        per_token = self.kv_bytes_per_token + extra
         if self.device.type != "cuda":
             return max(2, min(CPU_DEFAULT_SLOTS, CPU_KV_BUDGET // per_token))
         # logits [rows, V] fp32 plus a few same-sized sampler temporaries

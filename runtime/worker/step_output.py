@@ -2,7 +2,8 @@
 
 A step yields the sampled ids, and when its requests asked for them: the sampled tokens'
 logprobs, input logprobs, and the top alternatives (`SamplingParams.top_logprobs`) at
-the sampled and at the input-logprob positions of the requests that asked. The parts
+the sampled and at the input-logprob positions of the requests that asked; with a draft
+model, the drafts it wrote. The parts
 are concatenated on the device into one int64 and one float32 tensor, so the whole step
 reaches the host in one enqueued copy per dtype, read only after the step's event: no
 part adds a host sync. A step where no request asked for alternatives computes none.
@@ -63,6 +64,7 @@ class StepOutput:
     top_ids: torch.Tensor | None = None  # [N + M, K] int64: sampled rows, then input
     top_logprobs: torch.Tensor | None = None  # [N + M, K] float32
     num_top: int = 0  # N: rows of `top_*` that belong to sampled tokens
+    draft_ids: torch.Tensor | None = None  # [D] int64: a draft model's drafts
     _ints: torch.Tensor | None = field(default=None, repr=False)  # packed, on the host
     _floats: torch.Tensor | None = field(default=None, repr=False)
 
@@ -75,6 +77,8 @@ class StepOutput:
         if self.top_ids is not None:
             ints.append(self.top_ids.flatten())
             floats.append(self.top_logprobs.flatten())
+        if self.draft_ids is not None:
+            ints.append(self.draft_ids)
         return ints, floats
 
     def to_host(self, pinned: bool) -> StepOutput:
@@ -89,6 +93,10 @@ class StepOutput:
         """The StepResult, from the host copies (`to_host` first; the event completed)."""
         s, k = len(self.next_ids), 0 if self.top_ids is None else self.top_ids.shape[1]
         ints = self._ints.tolist()
+        drafts = []
+        if self.draft_ids is not None:  # the last part
+            split = len(ints) - len(self.draft_ids)
+            ints, drafts = ints[:split], ints[split:]
         floats = self._floats.tolist() if self._floats is not None else []
         at = 0
         logprobs, inputs = [], []
@@ -97,7 +105,7 @@ class StepOutput:
         for n in self.input_sizes if self.input_logprobs is not None else ():
             inputs.append(floats[at:at + n])
             at += n
-        res = StepResult(batch_id, ints[:s], logprobs, inputs)
+        res = StepResult(batch_id, ints[:s], logprobs, inputs, draft_ids=drafts)
         if k:
             split = s + self.num_top * k
             top_lps = floats[at:]

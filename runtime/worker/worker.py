@@ -6,6 +6,9 @@ next step's mask (see `grammar_rows`). After each batch it records an event and 
 the step's results (`StepOutput`: sampled ids, and any logprobs and top alternatives) to
 pinned host memory without blocking; a sender thread waits on that event and sends the
 StepResult. On the CPU the event is a no-op and the same code path runs synchronously.
+With a draft model (`--speculative-algorithm draft`) a step first drafts its verify
+requests' tokens and then mirrors the target's forward into the draft's KV
+(`DraftModel`).
 
 Nor does it wait for a grammar compile: the scheduler asks for one ahead
 (`GrammarCacheUpdate`), a background thread compiles it, and the sender thread reports it
@@ -30,9 +33,9 @@ import numpy as np
 import torch
 import zmq
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.grammar import GrammarCompiler
-from runtime.model_config import ModelSpec, spec_for
+from runtime.model_config import ModelSpec, resolve_model, spec_for
 from runtime.procutil import error_text, freeze_startup_heap, setup_logging, startup_failure
 from runtime.wire.ipc import PullQueue, PushQueue
 from runtime.wire.lifecycle import Ready, Shutdown
@@ -53,8 +56,9 @@ from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.grammar_rows import GrammarRows
 from runtime.worker.kv_transfer import CopyTiming, KVTransfer, host_slots_for
 from runtime.worker.lora.manager import LoraOptions
-from runtime.worker.model_check import LOAD_ERRORS
+from runtime.worker.model_check import LOAD_ERRORS, check_draft_model
 from runtime.worker.model_runner import ModelRunner
+from runtime.worker.speculative.draft_model import DraftModel
 from runtime.worker.step_output import StepOutput, gather_top_logprobs, top_positions
 from runtime.worker.step_timing import StepTimer, StepTiming
 from runtime.worker.tp import TPGroup, init_tp
@@ -117,13 +121,23 @@ class Worker:
         self.tp: TPGroup = init_tp(rank, cfg.tp, self.device, cfg.tp_init_method)
         self.max_rows = cfg.max_running + ROW_SLACK
         self.page_size = cfg.kv_mode.page_size
-        self.runner = ModelRunner(spec, self.device, resolve_dtype(cfg.dtype, self.device),
+        dtype = resolve_dtype(cfg.dtype, self.device)
+        self.draft: DraftModel | None = None  # --speculative-algorithm draft
+        if cfg.speculative_algorithm == "draft":
+            draft_spec = resolve_model(cfg.speculative_draft_model)
+            check_draft_model(spec, draft_spec)
+            self.draft = DraftModel(draft_spec, self.device, dtype, cfg.seed)
+        self.runner = ModelRunner(spec, self.device, dtype,
                                   kv_slots=cfg.kv_slots, max_rows=self.max_rows, seed=cfg.seed,
                                   mem_fraction=cfg.mem_fraction, cuda_graph=cfg.cuda_graph,
                                   kv_dtype=cfg.kv_dtype, page_size=self.page_size, tp=self.tp,
                                   attention_backend=cfg.attention_backend,
                                   quantization=cfg.quantization,
-                                  lora=LoraOptions.from_config(cfg))
+                                  lora=LoraOptions.from_config(cfg),
+                                  kv_bytes_extra=self.draft.kv_bytes_per_token if self.draft
+                                  else 0)
+        if self.draft is not None:
+            self.draft.allocate(self.runner.kv_slots, cfg.attention_backend)
         self.builder = BatchBuilder(self.max_rows, self.runner.max_context, self.device,
                                     self.page_size,
                                     self.runner.lora.num_slots if self.runner.lora else 0)
@@ -183,17 +197,22 @@ class Worker:
         if plan.lora_loads:
             self.runner.lora.load_slots(plan.lora_loads)
         fb, inputs = self.builder.build(plan)
+        drafts = None
+        if self.draft is not None and plan.draft_lens:
+            drafts = self.draft.propose(plan, fb, self.builder)  # [D]
         logits = self.runner.forward(fb)  # [S + L, vocab] float32
+        if self.draft is not None:
+            self.draft.mirror(fb)
         n = len(inputs.rows)
         out = StepOutput(torch.zeros(0, dtype=torch.int64, device=self.device),
                          input_logprobs=self._input_logprobs(logits[n:], inputs),  # [L]
-                         input_sizes=inputs.logprob_sizes)
+                         input_sizes=inputs.logprob_sizes, draft_ids=drafts)
         if n:
             allowed = self.grammar.allowed(inputs.rows)
             out.next_ids, out.logprobs = sampler.sample(
                 logits[:n], inputs.rows, inputs.positions, allowed, rows_dev=inputs.rows_dev,
                 all_logprobs=False)
-            self.builder.record(inputs.rows_dev, out.next_ids)
+            self.builder.record(*inputs.last_samples(out.next_ids))
             self.grammar.advance(inputs.rows, out.next_ids)
         self._top_logprobs(out, logits, plan, inputs)
         on_cuda = self.device.type == "cuda"

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.model_config import ModelSpec, resolve_model
 
 SCRIPT_TEXT = (" Hello 😀 world, 世界! Ünïcödé — naïve café. 🎉🚀 Answer: 42. "

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import zmq
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.wire.api_input import ApiInput, BatchOut, CacheFlushed, Limits, ReqOut
 from runtime.wire.ipc import PullQueue, PushQueue

@@ -7,12 +7,12 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from runtime.api.http_server import HttpServer
+from runtime.api.http.server import HttpServer
 from runtime.api.loop_thread import LoopThread
-from runtime.api.monitor import Monitor
-from runtime.api.rpc import RpcServer
+from runtime.api.monitoring.monitor import Monitor
+from runtime.api.rpc.server import RpcServer
 from runtime.api.tokenizer_manager import TokenizerManager
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 
 
 @dataclass

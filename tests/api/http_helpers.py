@@ -60,7 +60,7 @@ class LiveServer:
 
 @contextlib.contextmanager
 def live_server(**options: object) -> Iterator[LiveServer]:
-    """`python -m runtime.launch serve` with `options` as flags (`max_queue=8` ->
+    """`python -m runtime.launch.cli serve` with `options` as flags (`max_queue=8` ->
     `--max-queue 8`), on free ports, 2 torch threads, warnings only."""
     flags = ["--log-level", "warning"]
     for name, value in options.items():

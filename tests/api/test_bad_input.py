@@ -12,17 +12,17 @@ import msgspec
 import pytest
 import zmq
 
-from runtime.api.http_server import build_app
+from runtime.api.http.server import build_app
 from runtime.api.loop_thread import LoopThread
-from runtime.api.monitor import Monitor
+from runtime.api.monitoring.monitor import Monitor
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.wire.request_output import RequestOutput
 from runtime.wire.rpc import RpcError, RpcGenerate, RpcOutput
 from runtime.wire.sampling import SamplingParams
 from runtime.wire.scheduler_input import GenerateReq
 from tests.api.fake_scheduler import FakeScheduler
-from tests.api.test_http_health import http_front
-from tests.api.test_rpc import raw_dealer, serving
+from tests.api.http.test_health import http_front
+from tests.api.rpc.test_server import raw_dealer, serving
 
 LIMIT = 4096  # --max-request-bytes of these tests
 BIG = 1 << 64  # over int64 (and over msgpack's uint64 for RPC: 2**63 below)

@@ -13,7 +13,7 @@ import pytest
 from runtime.api.detokenize import IncrementalDetokenizer
 from runtime.api.dispatch import apply_batch
 from runtime.api.req_state import ReqState
-from runtime.api.rpc import RpcServer
+from runtime.api.rpc.server import RpcServer
 from runtime.api.timing import RequestTimings
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.client import AsyncClient

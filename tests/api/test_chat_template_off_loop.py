@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.api.fake_scheduler import FakeScheduler
-from tests.api.test_http_health import http_front
+from tests.api.http.test_health import http_front
 
 WAIT_S = 10.0  # every wait is bounded: a template stuck on the loop fails, never hangs
 

@@ -15,7 +15,7 @@ import pytest
 from runtime.api.sampling_defaults import InvalidGenerationConfig, SamplingDefaults
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.client import Client
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.wire.api_input import Limits
 from runtime.wire.errors import ContextLengthExceeded
 from runtime.wire.sampling import SamplingParams

@@ -13,7 +13,7 @@ import pytest
 
 import frontend as sl
 from runtime.client import Client
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.wire.errors import InvalidRequest
 from runtime.wire.scheduler_input import GenerateReq
 from tests.api.fake_scheduler import FakeScheduler

@@ -11,8 +11,8 @@ from runtime.client import Client
 from runtime.wire.errors import InvalidRequest
 from runtime.wire.scheduler_input import GenerateReq
 from tests.api.fake_scheduler import FakeScheduler
-from tests.api.test_http_health import http_front
-from tests.api.test_rpc import serving
+from tests.api.http.test_health import http_front
+from tests.api.rpc.test_server import serving
 from tests.attack.http_inputs import lora_bodies
 
 

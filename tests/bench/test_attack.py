@@ -11,7 +11,7 @@ import pytest
 
 from tests.api.conftest import cfg, spec, tok  # noqa: F401 (fixtures)
 from tests.api.fake_scheduler import FakeScheduler
-from tests.api.test_http_health import http_front
+from tests.api.http.test_health import http_front
 from tests.attack import __main__ as attack
 from tests.attack import defects
 from tests.attack.harness import Tally

@@ -41,7 +41,7 @@ def free_port_range(n: int) -> int:
 
 
 class ServerProcess:
-    """`python -m runtime.launch serve ...`, its log lines, and the pids of its processes.
+    """`python -m runtime.launch.cli serve ...`, its log lines, and the pids of its processes.
 
     It runs in a session of its own, as under a terminal (`interrupt` is Ctrl-C there);
     `tmpdir` is its TMPDIR, where its IPC folder goes; it is ready once it prints
@@ -55,7 +55,7 @@ class ServerProcess:
                  env: dict[str, str] | None = None) -> None:
         self.port, self.rpc_port = port or 0, 0
         self._ready_text = ready_text
-        cmd = [sys.executable, "-m", "runtime.launch", "serve", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "runtime.launch.cli", "serve", "--port", str(self.port),
                "--rpc-port", "0", "--torch-threads", "2", *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"TMPDIR": tmpdir} if tmpdir else {}),
                **(env or {})}

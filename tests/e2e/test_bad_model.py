@@ -22,8 +22,8 @@ LLAMA = dict(BASE, model_type="llama", architectures=["LlamaForCausalLM"], rms_n
 def serve(*args: str, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
     """Run `sluice serve` until it exits; its exit code and output lines (stdout and
     stderr), once every process of its session is gone."""
-    cmd = [sys.executable, "-m", "runtime.launch", "serve", "--port", "0", "--rpc-port", "0",
-           "--torch-threads", "2", *args]
+    cmd = [sys.executable, "-m", "runtime.launch.cli", "serve", "--port", "0",
+           "--rpc-port", "0", "--torch-threads", "2", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                             start_new_session=True)

@@ -7,6 +7,7 @@ one replica is killed (traffic moves to the other), then the launcher is SIGKILL
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -35,9 +36,10 @@ def tmpdir_(tmp_path_factory):
     return tmp_path_factory.mktemp("dp")
 
 
-def start_dp2(tmpdir) -> ServerProcess:
+def start_dp2(tmpdir, *flags: str) -> ServerProcess:
     return ServerProcess("--dp", "2", "--device", "cpu", "--torch-threads", "1",
-                         "--max-running", "8", port=free_port_range(6), tmpdir=str(tmpdir),
+                         "--max-running", "8", *flags, port=free_port_range(6),
+                         tmpdir=str(tmpdir),
                          ready_text="behind sglang-router")
 
 
@@ -160,6 +162,35 @@ def test_a_dying_replica_then_a_killed_launcher(tmp_path):
         assert wait_for(lambda: not any(process_alive(p) for p in pids), 20)
         assert wait_for(lambda: not [n for n in os.listdir(tmp_path)
                                      if n.startswith("sluice-")], 10)
+    finally:
+        server.stop()
+
+
+def test_sigterm_to_every_process_at_once_drains_then_exits_0(tmp_path):
+    """systemd's KillMode=control-group: SIGTERM reaches the launcher, the replicas, their
+    processes and the router at once. A stream in flight runs to its end and the launcher
+    exits 0, as after a SIGTERM to it alone."""
+    server = start_dp2(tmp_path, "--shutdown-grace", "120")
+    try:
+        body = {"model": "smollm2", "prompt": "Count to fifty: 1, 2,", "max_tokens": 32,
+                "ignore_eos": True, "temperature": 0.0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", f"{server.http_url}/v1/completions", json=body,
+                          timeout=120) as r:
+            events = (line.removeprefix("data: ") for line in r.iter_lines() if line)
+            seen = [next(events)]
+            pids = [p for procs in _replica_pids(server).values() for p in procs.values()]
+            pids += list(server.pids.values())
+            os.killpg(server.proc.pid, signal.SIGTERM)  # the launcher's group
+            os.kill(server.pids["router"], signal.SIGTERM)  # in a session of its own
+            seen += list(events)
+        assert seen[-1] == "[DONE]", "".join(server.lines[-30:])
+        chunks = [json.loads(e) for e in seen[:-1]]
+        assert not any("error" in c for c in chunks)
+        assert chunks[-1]["usage"]["completion_tokens"] == 32
+        assert server.wait(120) == 0
+        assert "exited (code" not in "".join(server.lines)
+        assert wait_for(lambda: not any(process_alive(p) for p in pids), 20)
     finally:
         server.stop()
 

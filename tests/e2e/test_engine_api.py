@@ -8,7 +8,7 @@ import time
 import pytest
 
 from runtime import Engine, InvalidRequest, SamplingParams
-from runtime.model_config import ModelNotFound
+from runtime.model_errors import ModelNotFound
 
 
 @pytest.fixture(scope="module")

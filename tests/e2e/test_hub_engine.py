@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from runtime import Engine, InvalidRequest, SamplingParams
-from runtime.model_config import TokenizerError, resolve_model
+from runtime.model_config import resolve_model
+from runtime.model_errors import TokenizerError
 from tests.hub_cache import (
     TOKENIZER_FILES,
     tiny_llama_with_tokenizer,

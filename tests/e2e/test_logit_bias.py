@@ -12,7 +12,7 @@ import torch
 
 import frontend as sl
 from runtime import Engine, InvalidRequest, SamplingParams
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.scheduler.loop import build_scheduler
 from runtime.wire.scheduler_input import GenerateReq

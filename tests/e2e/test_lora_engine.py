@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from runtime import Engine, InvalidRequest, SamplingParams
-from runtime.process_group import StartupError
+from runtime.launch.process_group import StartupError
 from tests.e2e.test_engine_api import assert_idle
 from tests.worker.checkpoints import BASE, tiny_checkpoint
 from tests.worker.lora_adapters import hf_greedy, tiny_adapters

@@ -35,7 +35,7 @@ def test_fp8_server_generates_and_reports_its_formats(server):
 
 
 def test_unknown_quantization_is_refused_at_start():
-    proc = subprocess.run([sys.executable, "-m", "runtime.launch", "serve", "--model",
+    proc = subprocess.run([sys.executable, "-m", "runtime.launch.cli", "serve", "--model",
                            "dummy:tiny", "--quantization", "int4"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2

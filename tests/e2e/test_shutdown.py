@@ -98,7 +98,10 @@ class _InFlight:
         assert "shutting down" in str(self.rpc_error)
 
 
-def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(tmp_path):
+@pytest.mark.parametrize("to", ["launcher", "process group"])
+def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(tmp_path, to):
+    """SIGTERM to the launcher alone, or to every process of its group at once (systemd's
+    KillMode=control-group, `kill -- -PGID`): the same drain, the same exit 0."""
     srv = ServerProcess("--chunk-size", "128", "--shutdown-grace", "300", tmpdir=str(tmp_path))
     try:
         with Client(srv.rpc_addr, timeout=120) as client:
@@ -110,7 +113,10 @@ def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(tmp_path):
                 temperature=0.0,
             )
             chunks = [next(stream)]
-            srv.proc.send_signal(signal.SIGTERM)
+            if to == "launcher":
+                srv.proc.send_signal(signal.SIGTERM)
+            else:
+                os.killpg(srv.proc.pid, signal.SIGTERM)
             assert wait_for(lambda: "shutting down:" in srv.output(0), 30)
             with (
                 Client(srv.rpc_addr, timeout=60) as other,
@@ -122,6 +128,7 @@ def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(tmp_path):
         assert chunks[-1].finish_reason == "length"
         assert sum(len(c.token_ids) for c in chunks) == 32
         _assert_stopped_cleanly(srv, tmp_path, 120)  # once it ended, not after the grace
+        assert "process exited" not in srv.output()  # no process died before the launcher
     finally:
         srv.stop()
 

@@ -6,7 +6,7 @@ import tempfile
 
 import numpy as np
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.loop import build_scheduler
 from runtime.scheduler.req import Req

@@ -9,7 +9,8 @@ import random
 import numpy as np
 import pytest
 
-from runtime.config import ConfigError, ServerConfig
+from runtime.config.checks import ConfigError
+from runtime.config.server import ServerConfig
 from runtime.scheduler.host_tier import HostTier
 from tests.scheduler.fake_worker import EOS, drive, make_req, reference
 from tests.scheduler.kv_modes import build_mode

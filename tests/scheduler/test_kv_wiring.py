@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.config import ConfigError, ServerConfig
-from runtime.launch import build_parser, config_from_args
+from runtime.config.checks import ConfigError
+from runtime.config.server import ServerConfig
+from runtime.launch.cli import build_parser, config_from_args
 from runtime.scheduler.kv_study.contiguous_kv import ContiguousKV
 from runtime.scheduler.kv_study.dynamic_kv import DynamicPagedKV
 from runtime.scheduler.loop import stats

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.scheduler.loop import build_scheduler, limits
 from runtime.wire.worker_channel import WorkerReady
 

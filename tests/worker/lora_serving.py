@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.model_config import spec_for
 from runtime.scheduler.loop import build_scheduler
 from runtime.wire.sampling import SamplingParams

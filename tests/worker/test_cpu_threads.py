@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.config import ConfigError, ServerConfig
+from runtime.config.checks import ConfigError
+from runtime.config.server import ServerConfig
 from runtime.wire.worker_channel import BatchPlan
 from runtime.worker import cpu_threads
 from runtime.worker.cpu_threads import ThreadTuner, candidates

@@ -14,7 +14,7 @@ import torch
 
 from bench.offline.kv_quant import compare, make_prompts
 from kernels.kv.store import dequantize_ref, paired_scales, store_kv_ref
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.worker import model_runner
 from runtime.worker.attention_torch import TorchAttention

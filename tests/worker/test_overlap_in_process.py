@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.scheduler.loop import build_scheduler
 from runtime.wire.sampling import SamplingParams

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.wire.sampling import SamplingParams
 from runtime.wire.worker_channel import BatchPlan, RowInit

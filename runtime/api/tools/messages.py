@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runtime.api.openai_protocol import ApiError, ChatMessage
+from runtime.api.openai.protocol import ApiError, ChatMessage
 
 
 def tool_fields(msg: ChatMessage, index: int, text_arguments: bool = False) -> dict[str, Any]:

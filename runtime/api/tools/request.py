@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.api.openai_protocol import ApiError
+from runtime.api.openai.protocol import ApiError
 
 MAX_TOOLS = 128
 MAX_SCHEMA_CHARS = 1 << 20

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runtime.api.openai_protocol import ApiError
+from runtime.api.openai.protocol import ApiError
 from runtime.api.tools.call_array import CallArrayParser
 from runtime.api.tools.named import NamedCallParser
 from runtime.api.tools.parser import ToolParser

@@ -9,7 +9,7 @@ them only through `build_study_kv`.
 
 from __future__ import annotations
 
-from runtime.kv_mode import KVMode
+from runtime.config.kv_mode import KVMode
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.kv_study.contiguous_kv import ContiguousKV
 from runtime.scheduler.kv_study.dynamic_kv import DynamicPagedKV

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.config import RESERVE_MODES
+from runtime.config.scheduling import RESERVE_MODES
 from runtime.scheduler.kv_manager import NO_PAGES, KVManager
 from runtime.scheduler.kv_study.contiguous_pool import ContiguousPool
 from runtime.scheduler.req import Req
@@ -68,6 +68,9 @@ class ContiguousKV(KVManager[Region]):
         first = region.start + region.num_tokens
         region.num_tokens += n
         return np.arange(first, first + n, dtype=np.int32)
+
+    def _shrink(self, req: Req, region: Region, kv_len: int) -> None:
+        region.num_tokens = kv_len  # the region stays reserved for the request's growth
 
     def _free(self, req: Req, region: Region, cache: bool) -> None:
         self.pool.release(region.start)

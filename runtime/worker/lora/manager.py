@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runtime.config import ServerConfig
+from runtime.config.server import ServerConfig
 from runtime.worker.lora.adapter import LORA_MODULES, AdapterError, LoraAdapter, load_adapter
 from runtime.worker.lora.layer import LoraLinear, LoraStep
 from runtime.worker.models.llama import LlamaForCausalLM

@@ -9,8 +9,8 @@ import pytest
 
 from runtime.api.reasoning.think import REASONING_PARSERS
 from runtime.api.tools.registry import TOOL_PARSERS, pick_parser, renders_tools
-from runtime.config import REASONING_PARSERS as REASONING_SETTINGS
-from runtime.config import TOOL_CALL_PARSERS
+from runtime.config.front import REASONING_PARSERS as REASONING_SETTINGS
+from runtime.config.front import TOOL_CALL_PARSERS
 from tests.api.tools.tool_model import TEMPLATE
 
 

@@ -10,8 +10,8 @@ import json
 import pytest
 import xgrammar
 
-from runtime.api.chat import chat_prompt_text
-from runtime.api.openai_protocol import ApiError, ChatMessage
+from runtime.api.chat_template import chat_prompt_text
+from runtime.api.openai.protocol import ApiError, ChatMessage
 from runtime.api.tools.protocol import FunctionCall, ToolCallItem
 from runtime.api.tools.request import MAX_SCHEMA_CHARS, MAX_TOOLS, tool_request
 from runtime.api.tools.schema import call_schema

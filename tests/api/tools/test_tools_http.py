@@ -19,7 +19,7 @@ from runtime.api.tools.request import tool_request
 from runtime.api.tools.schema import call_schema
 from runtime.wire.scheduler_input import GenerateReq
 from tests.api.fake_scheduler import FakeScheduler
-from tests.api.test_http_health import http_front
+from tests.api.http.test_health import http_front
 from tests.api.tools.tool_model import tool_model_dir
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],

@@ -1,0 +1,115 @@
+"""`python -m bench.speculative --algorithm draft`: the cost of drafting with a model.
+
+Two rows on random-weight targets (`dummy:` presets, prompts of random token ids), each
+run plainly and with `--speculative-algorithm draft`, greedy, outputs checked identical:
+
+(iii) the target drafting for itself: every draft is accepted, so a verify step yields
+      k + 1 tokens and the ratio to plain decoding is the mechanism's overhead (ideal
+      1.0x: k draft steps cost nothing and the verify step costs one decode step).
+(iv)  a draft of ~8% the target's parameters (`dummy:spec-draft` for `dummy:spec-target`):
+      what a real draft's forwards cost per verify step. Random weights cannot show an
+      acceptance rate (two unrelated random models agree on almost no token), only the
+      cost; the break-even column is the tokens a verify step must yield to match plain
+      decoding at that cost (its time over a plain step's).
+
+The rule that turns a failing request's speculation off is disabled here.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import torch
+
+from bench.speculative.generate import generate
+from runtime.config.server import ServerConfig
+from runtime.model_config import resolve_model
+from runtime.worker.worker import Worker
+
+OUT = "bench/results/speculative/{date}-draft-model-cpu"
+TARGET, SMALL_DRAFT = "dummy:spec-target", "dummy:spec-draft"
+PROMPT_LEN = 32
+
+
+def random_prompts(n: int, vocab: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(3, vocab, (PROMPT_LEN,), generator=gen).tolist() for _ in range(n)]
+
+
+def _entry(r: dict, tokens: int, plain: dict | None) -> dict:
+    entry = {"wall_s": round(r["wall_s"], 3), "steps": r["steps"],
+             "out_tok_per_s": round(tokens / r["wall_s"], 2),
+             "ms_per_step": round(1e3 * r["wall_s"] / r["steps"], 1),
+             "accept_length": r["accept_length"] and round(r["accept_length"], 3),
+             "drafted": r["drafted"], "accepted": r["accepted"]}
+    if plain is not None:
+        entry["speedup"] = round(plain["wall_s"] / r["wall_s"], 3)
+        entry["break_even"] = round(entry["ms_per_step"] / plain["ms_per_step"], 2)
+    return entry
+
+
+def run(args) -> dict:
+    base = ServerConfig(model=TARGET, device="cpu", max_running=max(args.batches),
+                        speculative_num_draft_tokens=args.draft_tokens,
+                        speculative_off_window=0, log_level="warning")
+    spec = resolve_model(TARGET)
+    plain_worker = Worker(base, spec)
+    vocab = plain_worker.runner.vocab_size
+    rows = []
+    for name, draft in (("iii: draft = target", TARGET), ("iv: 8% draft", SMALL_DRAFT)):
+        cfg = base.replace(speculative_algorithm="draft", speculative_draft_model=draft)
+        worker = Worker(cfg, spec)
+        for w, c in ((plain_worker, base), (worker, cfg)):  # warm-up
+            generate(w, c, random_prompts(2, vocab), 4)
+        for batch in args.batches:
+            prompts = random_prompts(batch, vocab)
+            plain = generate(plain_worker, base, prompts, args.max_tokens)
+            drafted = generate(worker, cfg, prompts, args.max_tokens)
+            assert drafted["outputs"] == plain["outputs"], f"{name} changed the greedy output"
+            tokens = sum(map(len, plain["outputs"]))
+            p = _entry(plain, tokens, None)
+            row = {"row": name, "draft": draft, "batch": batch, "output_tokens": tokens,
+                   "plain": p, "draft_model": _entry(drafted, tokens, p)}
+            rows.append(row)
+            print(row, flush=True)
+    return {"model": TARGET, "draft_tokens": args.draft_tokens, "max_tokens": args.max_tokens,
+            "prompt_len": PROMPT_LEN, "torch_threads": torch.get_num_threads(), "rows": rows}
+
+
+def report(res: dict, command: str, date: str) -> str:
+    by = {(r["row"][:3].rstrip(":"), r["batch"]): r["draft_model"] for r in res["rows"]}
+    b = min(r["batch"] for r in res["rows"])
+    self_row, small = by.get(("iii", b), {}), by.get(("iv", b), {})
+    lines = [
+        "# Speculative decoding with a draft model: its cost on the CPU",
+        "",
+        "Question: What does drafting with a model cost per verify step, with the target "
+        "drafting for itself (every draft accepted) and with a draft of 8% its parameters?",
+        f"Answer: at batch {b}, the target drafting for itself yields "
+        f"{self_row.get('accept_length')} tokens per verify step and runs "
+        f"{self_row.get('speedup')}x plain decoding's tokens/s (ideal 1.0x); with the 8% "
+        f"draft a verify step costs {small.get('break_even')} plain steps, the tokens it "
+        "must yield to break even (random weights: no acceptance to measure). Outputs are "
+        "token-identical. CPU, loaded (2 cores shared with other jobs, load average ~20): "
+        "ratios, not absolute speeds.",
+        "",
+        f"`{command}`, {date}; CPU ({platform.machine()}), torch {torch.__version__}, "
+        f"{res['torch_threads']} threads.",
+        "",
+        f"Target `{res['model']}` (107M parameters, random weights), prompts of "
+        f"{res['prompt_len']} random ids, greedy, up to {res['max_tokens']} output tokens, "
+        f"{res['draft_tokens']} draft tokens per verify step. Wall time covers prefill and "
+        "decode; ms/step: wall time over scheduler steps. A verify step runs k draft decode "
+        "steps, the target's forward over k + 1 positions and the draft's mirror of it.",
+        "",
+        "| row | batch | out tokens | plain tok/s | plain ms/step | draft tok/s | speedup "
+        "| ms/step | accept len | break-even len |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in res["rows"]:
+        p, d = r["plain"], r["draft_model"]
+        lines.append(f"| {r['row']} (`{r['draft']}`) | {r['batch']} | {r['output_tokens']} | "
+                     f"{p['out_tok_per_s']} | {p['ms_per_step']} | {d['out_tok_per_s']} | "
+                     f"{d['speedup']}x | {d['ms_per_step']} | {d['accept_length']} | "
+                     f"{d['break_even']} |")
+    return "\n".join(lines)

@@ -1,0 +1,40 @@
+"""Serve a list of prompts to their end in one process, as the server steps them."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from bench.speculative.oracle import oracle_speculation
+from runtime.config.server import ServerConfig
+from runtime.scheduler.loop import build_scheduler
+from runtime.wire.sampling import SamplingParams
+from runtime.wire.scheduler_input import GenerateReq
+from runtime.worker.worker import Worker
+
+
+def generate(worker: Worker, cfg: ServerConfig, prompts: list[list[int]], max_tokens: int,
+             oracle: list[list[int]] | None = None) -> dict:
+    """Serve `prompts` to their end; outputs, wall seconds and the drafters' counters."""
+    sched = build_scheduler(cfg, worker.ready_message(), worker.runner.max_context)
+    if oracle is not None:
+        sched.spec = oracle_speculation({f"r{i}": o for i, o in enumerate(oracle)},
+                                        cfg.speculative_num_draft_tokens)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    outs: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    start = time.perf_counter()
+    for i, p in enumerate(prompts):
+        sched.add(GenerateReq(f"r{i}", p, params))
+    in_flight: deque = deque()
+    while sched.has_work or in_flight:
+        while sched.can_plan() and (plan := sched.plan()) is not None:
+            in_flight.append(worker.launch(plan))
+        sched.on_result(in_flight.popleft().result())
+        for out in sched.take_outputs():
+            outs[out.rid] += out.token_ids
+    wall = time.perf_counter() - start
+    spec = sched.spec
+    return {"outputs": [outs[f"r{i}"] for i in range(len(prompts))], "wall_s": wall,
+            "steps": sched.num_steps,
+            "accept_length": spec.mean_accept_length if spec else None,
+            "drafted": spec.drafted if spec else 0, "accepted": spec.accepted if spec else 0}

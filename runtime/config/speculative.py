@@ -1,0 +1,62 @@
+"""Speculative decoding: the drafter and how many tokens a verify step checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.config.checks import ConfigError, require_at_least
+
+SPECULATIVE_ALGORITHMS = ("none", "ngram", "draft")
+SPECULATIVE_PLANNED = ("eagle", "mtp")  # named by the flag's help, not built yet
+
+
+@dataclass(frozen=True)
+class SpeculativeOptions:
+    """Whether and how requests draft tokens for the target model to verify."""
+
+    speculative_algorithm: str = "none"
+    """Speculative decoding: `none`, `ngram` (prompt lookup: draft the tokens that
+    followed the latest earlier occurrence of the sequence's last few tokens; no second
+    model) or `draft` (a smaller model with the same vocabulary, `speculative_draft_model`,
+    drafts greedily in the worker). The target verifies every draft exactly: greedy
+    outputs are the same tokens, sampled outputs keep its distribution. `eagle` and `mtp`
+    are not implemented yet."""
+    speculative_draft_model: str = ""
+    """draft: the draft model, named as `model` is; its vocabulary must be the target's."""
+    speculative_num_draft_tokens: int = 4
+    """Speculative decoding: draft tokens a request's verify step checks (k; the step
+    yields 1 to k + 1 tokens)."""
+    speculative_ngram_min: int = 2
+    """ngram: the shortest suffix of the sequence looked up in its history."""
+    speculative_ngram_max: int = 4
+    """ngram: the longest suffix of the sequence looked up in its history (tried first)."""
+    speculative_off_window: int = 8
+    """A request stops speculating (and decodes plainly, overlapped again) once its last
+    this many drafting steps kept fewer than `speculative_off_accept` drafts on average;
+    0: never."""
+    speculative_off_accept: float = 0.5
+    """See `speculative_off_window`: the mean accepted drafts per step below which a
+    request stops speculating."""
+
+    def check_speculative(self) -> None:
+        """A known algorithm and sane draft sizes (the KV layout: `ServerConfig`)."""
+        algo = self.speculative_algorithm
+        if algo in SPECULATIVE_PLANNED:
+            raise ConfigError(f"speculative_algorithm {algo!r} is not implemented yet "
+                              f"(one of {SPECULATIVE_ALGORITHMS})")
+        if algo not in SPECULATIVE_ALGORITHMS:
+            raise ConfigError(f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS}, "
+                              f"got {algo!r}")
+        require_at_least(self, ("speculative_num_draft_tokens",), 1)
+        if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
+            raise ConfigError(f"speculative_ngram_min and speculative_ngram_max must satisfy "
+                              f"1 <= min <= max, got {self.speculative_ngram_min} and "
+                              f"{self.speculative_ngram_max}")
+        if self.speculative_off_window < 0 or not self.speculative_off_accept >= 0:
+            raise ConfigError(f"speculative_off_window and speculative_off_accept must be "
+                              f">= 0, got {self.speculative_off_window} and "
+                              f"{self.speculative_off_accept}")
+        if (algo == "draft") != bool(self.speculative_draft_model):
+            raise ConfigError("speculative_draft_model is set exactly when "
+                              f"speculative_algorithm is draft (got {algo!r} and "
+                              f"{self.speculative_draft_model!r})")

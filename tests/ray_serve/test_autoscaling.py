@@ -1,0 +1,203 @@
+"""Sluice on Ray Serve, on a local Ray cluster (CPU, `dummy:tiny`), with the policy's
+delays shortened: a load ramp scales 2 -> 3 replicas and back to 2 with no failed or cut
+request and every request's tokens equal to a single server's; a replica killed mid-stream
+ends its stream with an error event while new requests go elsewhere and Serve replaces it;
+a replica whose server never becomes healthy fails the deployment with the server's error.
+
+One cluster and application for the module; each test leaves it at 2 running replicas.
+Slow: a replica's server starts in 20-100 s on a busy 2-core machine, and the ramp waits
+for one start.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import threading
+import time
+
+import pytest
+
+from tests.e2e.server import ServerProcess, free_port, wait_for
+from tests.ray_serve.serve_load import Load, stream_generate
+
+ray = pytest.importorskip("ray", reason="needs Ray Serve (pip install 'sluice[ray]')")
+serve = pytest.importorskip("ray.serve")
+
+from runtime.ray_serve.app import build_app  # noqa: E402 - needs ray
+from runtime.ray_serve.cli import parse  # noqa: E402
+
+pytestmark = [pytest.mark.slow,
+              # the shortened look-back is below Serve's deprecated metrics_interval_s
+              pytest.mark.filterwarnings("ignore:`look_back_period_s`:FutureWarning")]
+
+SERVER_FLAGS = ["--model", "dummy:tiny", "--device", "cpu", "--torch-threads", "1"]
+POLICY_FLAGS = ["--min-replicas", "2", "--max-replicas", "3", "--target-ongoing-requests", "2",
+                "--upscale-delay-s", "1", "--downscale-delay-s", "8", "--look-back-s", "4",
+                "--prefix-imbalance", "1", "--health-check-period-s", "1",
+                "--drain-timeout-s", "60"]
+# metrics reach the controller each 0.5 s (Serve's default: 10 s)
+FAST_METRICS = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+                "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5"}
+APP = "sluice"
+MAX_TOKENS = 32
+PROMPTS = [[random.Random(i).randrange(3, 1000) for _ in range(48)] for i in range(8)]
+# concurrent streams: 10 / target 2 asks for 5 replicas (max 3); 4 ask for 2, and keep a
+# stream on each of 3 replicas (a client whose stream ends goes back to the least busy)
+HIGH, LOW = 10, 4
+LONG = 512
+
+
+def _states(app: str = APP) -> dict[str, int]:
+    deployment = serve.status().applications[app].deployments["SluiceReplica"]
+    return dict(deployment.replica_states)
+
+
+def _running() -> int:
+    return _states().get("RUNNING", 0)
+
+
+def _reference(into: dict) -> None:
+    """Each prompt alone on a plain `sluice serve` (the single-server run)."""
+    srv = ServerProcess(*SERVER_FLAGS)
+    try:
+        for i, prompt in enumerate(PROMPTS):
+            out = stream_generate(srv.http_url, prompt, MAX_TOKENS, i)
+            assert out.whole and len(out.output_ids) == MAX_TOKENS, out
+            into[i] = out.output_ids
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The single-server outputs, computed while the cluster starts."""
+    outputs: dict[int, list[int]] = {}
+    thread = threading.Thread(target=_reference, args=(outputs,))
+    thread.start()
+    yield lambda: (thread.join(300), outputs)[1]
+
+
+@pytest.fixture(scope="module")
+def url(reference):
+    saved = {k: os.environ.get(k) for k in FAST_METRICS}
+    os.environ.update(FAST_METRICS)  # before ray.init: its processes inherit them
+    port = free_port()
+    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=100 << 20,
+             log_to_driver=False)
+    try:
+        cfg, opts = parse([*SERVER_FLAGS, *POLICY_FLAGS, "--port", str(port)])
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(cfg, opts, cluster_gpus=0), name=APP, route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def _cycled(n: int) -> tuple[int, list[int]]:
+    return n % len(PROMPTS), PROMPTS[n % len(PROMPTS)]
+
+
+def _fresh(n: int) -> tuple[int, list[int]]:
+    """A prompt no replica has seen: routed to the least busy replica."""
+    return -1, [random.Random(1000 + n).randrange(3, 1000) for _ in range(48)]
+
+
+class _FirstStop:
+    """Watches the replica states from a thread: when a replica was first seen stopping."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        if wait_for(lambda: _states().get("STOPPING"), 300, poll=0.05):
+            self.at = time.monotonic()
+
+
+@pytest.mark.timeout(900)
+def test_a_load_ramp_scales_out_and_back_in_losing_nothing(url, reference):
+    """10 short streams at a time scale 2 -> 3; then 4 long ones (each replica always has
+    one) scale 3 -> 2: the replica removed (Serve stops the newest) drains its stream first."""
+    assert _states() == {"RUNNING": 2}
+    burst = Load(url, _cycled, MAX_TOKENS)
+    start = time.monotonic()
+    burst.set_concurrency(HIGH)
+    assert wait_for(lambda: _running() == 3, 420, poll=0.5), _states()
+    scaled_out = time.monotonic() - start
+    # the new replica takes requests (its load is the lowest)
+    assert wait_for(lambda: len(burst.replicas()) == 3, 120, poll=0.2)
+    newest = burst.replicas()[2]
+    burst.set_concurrency(0)
+    calm = Load(url, _fresh, LONG)
+    calm_start = time.monotonic()
+    calm.set_concurrency(LOW)
+    stop = _FirstStop()
+    assert wait_for(lambda: stop.at is not None, 120, poll=0.2), _states()
+    assert wait_for(lambda: _states() == {"RUNNING": 2}, 120, poll=0.5), _states()
+    scaled_in = time.monotonic() - calm_start
+    drained = calm.served_by(newest, after=stop.at)
+    served = len(calm.outcomes)
+    assert wait_for(lambda: len(calm.outcomes) >= served + LOW, 120, poll=0.2)
+    short, long = burst.stop(), calm.stop()
+
+    broken = [o for o in short + long if not o.whole]
+    assert not broken, broken[:3]
+    expected = reference()
+    wrong = [o for o in short if o.output_ids != expected[o.prompt]]
+    assert not wrong, (len(wrong), wrong[:2])
+    assert all(len(o.output_ids) == LONG for o in long)
+    ends = sorted(round(o.ended - stop.at, 1) for o in calm.served_by(newest))
+    assert drained, f"no stream of the removed replica ended after it stopped: {ends}"
+    print(f"\n{len(short)} short and {len(long)} long streams; 2 -> 3 replicas after "
+          f"{scaled_out:.1f} s of load, 3 -> 2 after {scaled_in:.1f} s of calm, "
+          f"{len(drained)} stream(s) drained by the removed replica")
+
+
+def test_a_replica_killed_mid_stream(url, reference):
+    """Its stream ends with an error event and `[DONE]`; new requests go to the other
+    replica; Serve replaces the dead one."""
+    assert wait_for(lambda: _states() == {"RUNNING": 2}, 120, poll=0.5), _states()
+    heads: queue.Queue[str] = queue.Queue()
+    result = {}
+    long = 1800  # tokens: the stream outlives the kill by far
+
+    def client():
+        result["out"] = stream_generate(url, PROMPTS[0], long, on_head=heads.put)
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    victim = heads.get(timeout=120)  # the replica streaming it
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    thread.join(120)
+    out = result["out"]
+    assert out.status == 200 and out.done and "replica failed" in out.error, out
+    assert len(out.output_ids) < long
+
+    expected = reference()
+    for i in range(4):
+        other = stream_generate(url, PROMPTS[i], MAX_TOKENS, i)
+        assert other.whole and other.replica != victim, other
+        assert other.output_ids == expected[i]
+    assert wait_for(lambda: _states() == {"RUNNING": 2}, 240, poll=0.5), _states()
+
+
+def test_a_replica_that_never_becomes_healthy(url, tmp_path):
+    """A server that cannot start: the deployment fails with the server's error, and the
+    application already serving is unaffected."""
+    missing = str(tmp_path / "no-such-model")
+    cfg, opts = parse(["--model", missing, "--device", "cpu", "--min-replicas", "1",
+                       "--max-replicas", "1", "--max-start-attempts", "1"])
+    with pytest.raises(RuntimeError):
+        serve.run(build_app(cfg, opts, cluster_gpus=0), name="broken", route_prefix="/broken")
+    try:
+        message = serve.status().applications["broken"].deployments["SluiceReplica"].message
+        assert "the server exited with code 2" in message and missing in message, message
+        assert stream_generate(url, PROMPTS[1], MAX_TOKENS).whole
+    finally:
+        serve.delete("broken")
