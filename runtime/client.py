@@ -55,22 +55,61 @@ DEFAULT_ADDR = "tcp://127.0.0.1:30001"
 API_KEY_ENV = "SLUICE_API_KEY"
 
 
-class Client:
+class _RpcClient:
+    """What both clients share: the codec, the server's message limit, the requests still
+    running, and replies turned into outputs or typed errors."""
+
+    def __init__(self, addr: str, timeout: float | None, api_key: str | None) -> None:
+        self.addr = addr
+        self.timeout = timeout
+        self.api_key = api_key_or_env(api_key)
+        self._enc = msgspec.msgpack.Encoder()
+        self._dec = msgspec.msgpack.Decoder(RpcOutput)
+        self._max_message_bytes: int | None = None  # the server's, once asked
+        self._running: set[str] = set()  # requests sent and not finished: aborted if left
+
+    def _payload(self, req: RpcGenerate) -> bytes:
+        """`req` encoded (`MessageTooLarge` over the server's limit); it counts as running
+        from here until its last output or `_abort_frame`."""
+        payload = self._enc.encode(req)
+        check_size(payload, self._max_message_bytes)
+        self._running.add(req.rid)
+        return payload
+
+    def _output(self, rid: str, msg: RpcOutput) -> RequestOutput:
+        """The output `msg` carries for request `rid`, or the server's error raised; the
+        request stops running at its last output or error."""
+        if isinstance(msg, RpcError) or msg.finished:
+            self._running.discard(rid)
+        return _check(msg)
+
+    def _abort_frame(self, rid: str) -> bytes | None:
+        """The abort to send for request `rid` as its consumer leaves (None: it ended)."""
+        if rid not in self._running:
+            return None
+        self._running.discard(rid)
+        return self._enc.encode(RpcAbort(rid))
+
+    def _model_info_reply(self, msg: RpcOutput) -> RpcModelInfo:
+        reply = _info(msg)
+        self._max_message_bytes = reply.max_message_bytes
+        return reply
+
+    def _silence(self) -> ServerTimeout:
+        return ServerTimeout(f"no reply from {self.addr} in {self.timeout} s")
+
+
+class Client(_RpcClient):
     """Blocking RPC client. `timeout`: seconds to wait for each message (None: forever);
     `api_key`: the server's key (None: SLUICE_API_KEY, if set)."""
 
     def __init__(self, addr: str = DEFAULT_ADDR, timeout: float | None = 60.0,
                  api_key: str | None = None) -> None:
-        self.addr = addr
-        self.timeout = timeout
-        self.api_key = api_key_or_env(api_key)
+        super().__init__(addr, timeout, api_key)
         self._ctx = zmq.Context()
         self._sock = _dealer(self._ctx, addr)
         self._sock.setsockopt(zmq.SNDTIMEO, -1 if timeout is None else int(timeout * 1000))
-        self._enc = msgspec.msgpack.Encoder()
-        self._dec = msgspec.msgpack.Decoder(RpcOutput)
         self._inbox: dict[str, deque[RpcOutput]] = {}  # open requests' unread messages
-        self._max_message_bytes: int | None = None  # the server's, once asked
 
     def generate(self, prompt: str | list[int], *, stream: bool = False,
                  **sampling: Any) -> RequestOutput | Iterator[RequestOutput]:
@@ -91,39 +130,32 @@ class Client:
         rid = uuid.uuid4().hex
         self._inbox[rid] = deque()
         try:
-            try:
-                self._sock.send(self._enc.encode(RpcGetModelInfo(rid, self.api_key)))
-            except zmq.Again:
-                raise ServerTimeout(f"could not send to {self.addr} in {self.timeout} s") \
-                    from None
-            reply = _info(self._recv(rid))
+            self._send(self._enc.encode(RpcGetModelInfo(rid, self.api_key)))
+            return self._model_info_reply(self._recv(rid))
         finally:
             del self._inbox[rid]
-        self._max_message_bytes = reply.max_message_bytes
-        return reply
 
     def _stream(self, req: RpcGenerate) -> Iterator[RequestOutput]:
-        payload = self._enc.encode(req)
         if self._max_message_bytes is None:
             self._model_info()
-        check_size(payload, self._max_message_bytes)
+        payload = self._payload(req)
         self._inbox[req.rid] = deque()
-        done = False
         try:
-            try:
-                self._sock.send(payload)
-            except zmq.Again:
-                raise ServerTimeout(f"could not send to {self.addr} in {self.timeout} s") \
-                    from None
-            while not done:
-                msg = self._recv(req.rid)
-                done = isinstance(msg, RpcError) or msg.finished
-                yield _check(msg)
+            self._send(payload)
+            while req.rid in self._running:
+                yield self._output(req.rid, self._recv(req.rid))
         finally:
             del self._inbox[req.rid]
-            if not done and not self._sock.closed:
+            abort = self._abort_frame(req.rid)
+            if abort is not None and not self._sock.closed:
                 with contextlib.suppress(zmq.Again):
-                    self._sock.send(self._enc.encode(RpcAbort(req.rid)), zmq.NOBLOCK)
+                    self._sock.send(abort, zmq.NOBLOCK)
+
+    def _send(self, frame: bytes) -> None:
+        try:
+            self._sock.send(frame)
+        except zmq.Again:
+            raise ServerTimeout(f"could not send to {self.addr} in {self.timeout} s") from None
 
     def _recv(self, rid: str) -> RpcOutput:
         """The next message of request `rid`, buffering other requests' messages."""
@@ -131,7 +163,7 @@ class Client:
         while not inbox:
             timeout_ms = None if self.timeout is None else int(self.timeout * 1000)
             if not self._sock.poll(timeout_ms, zmq.POLLIN):
-                raise ServerTimeout(f"no reply from {self.addr} in {self.timeout} s")
+                raise self._silence()
             for msg in _unbatch(_decode(self._dec, self._sock.recv())):
                 if msg.rid in self._inbox:
                     self._inbox[msg.rid].append(msg)
@@ -150,21 +182,16 @@ class Client:
         self.close()
 
 
-class AsyncClient:
+class AsyncClient(_RpcClient):
     """asyncio RPC client; `await generate(...)`, or `async for` over a stream."""
 
     def __init__(self, addr: str = DEFAULT_ADDR, timeout: float | None = 60.0,
                  api_key: str | None = None) -> None:
-        self.addr = addr
-        self.timeout = timeout
-        self.api_key = api_key_or_env(api_key)
+        super().__init__(addr, timeout, api_key)
         self._ctx = zmq.asyncio.Context()
         self._sock = _dealer(self._ctx, addr)
-        self._enc = msgspec.msgpack.Encoder()
-        self._dec = msgspec.msgpack.Decoder(RpcOutput)
         self._inbox: dict[str, asyncio.Queue[RpcOutput | ServerError]] = {}
         self._reader: asyncio.Task | None = None
-        self._max_message_bytes: int | None = None  # the server's, once asked
         self._asking = asyncio.Lock()  # one model-info request for concurrent first requests
 
     async def generate(self, prompt: str | list[int], *, stream: bool = False,
@@ -181,55 +208,46 @@ class AsyncClient:
         if self._reader is None:
             self._reader = asyncio.create_task(self._read())
         rid = uuid.uuid4().hex
-        inbox: asyncio.Queue[RpcOutput | ServerError] = asyncio.Queue()
-        self._inbox[rid] = inbox
+        self._inbox[rid] = asyncio.Queue()
         try:
-            self._send_nowait(RpcGetModelInfo(rid, self.api_key))
-            try:
-                msg = await asyncio.wait_for(inbox.get(), self.timeout)
-            except asyncio.TimeoutError:
-                raise ServerTimeout(f"no reply from {self.addr} in {self.timeout} s") from None
-            if isinstance(msg, ServerError):
-                raise msg
-            reply = _info(msg)
+            self._send_nowait(self._enc.encode(RpcGetModelInfo(rid, self.api_key)))
+            return self._model_info_reply(await self._next(rid))
         finally:
             del self._inbox[rid]
-        self._max_message_bytes = reply.max_message_bytes
-        return reply
 
     async def _stream(self, req: RpcGenerate) -> AsyncIterator[RequestOutput]:
-        payload = self._enc.encode(req)
         async with self._asking:
             if self._max_message_bytes is None:
                 await self._model_info()
-        check_size(payload, self._max_message_bytes)
-        inbox: asyncio.Queue[RpcOutput | ServerError] = asyncio.Queue()
-        self._inbox[req.rid] = inbox
-        done = False
+        payload = self._payload(req)
+        self._inbox[req.rid] = asyncio.Queue()
         try:
             try:
-                self._sock.send(payload, zmq.NOBLOCK).result()
+                self._send_nowait(payload)
             except zmq.Again:
                 raise ServerTimeout(f"the send queue to {self.addr} is full") from None
-            while not done:
-                try:
-                    msg = await asyncio.wait_for(inbox.get(), self.timeout)
-                except asyncio.TimeoutError:
-                    raise ServerTimeout(f"no reply from {self.addr} in {self.timeout} s") \
-                        from None
-                if isinstance(msg, ServerError):
-                    raise msg
-                done = isinstance(msg, RpcError) or msg.finished
-                yield _check(msg)
+            while req.rid in self._running:
+                yield self._output(req.rid, await self._next(req.rid))
         finally:
             del self._inbox[req.rid]
-            if not done and not self._sock.closed:
+            abort = self._abort_frame(req.rid)
+            if abort is not None and not self._sock.closed:
                 with contextlib.suppress(zmq.Again):
-                    self._send_nowait(RpcAbort(req.rid))
+                    self._send_nowait(abort)
 
-    def _send_nowait(self, msg: RpcGenerate | RpcAbort | RpcGetModelInfo) -> None:
+    async def _next(self, rid: str) -> RpcOutput:
+        """The next message of request `rid`; raises what the reader hit meanwhile."""
+        try:
+            msg = await asyncio.wait_for(self._inbox[rid].get(), self.timeout)
+        except asyncio.TimeoutError:
+            raise self._silence() from None
+        if isinstance(msg, ServerError):
+            raise msg
+        return msg
+
+    def _send_nowait(self, frame: bytes) -> None:
         """Send at once (pyzmq returns a finished future); zmq.Again if the queue is full."""
-        self._sock.send(self._enc.encode(msg), zmq.NOBLOCK).result()
+        self._sock.send(frame, zmq.NOBLOCK).result()
 
     async def _read(self) -> None:
         """Route every reply to its request's queue."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runtime.model_errors import ModelNotFound, TokenizerError
+from runtime.model_presets import DUMMY_PRESETS
 
 if TYPE_CHECKING:
     from runtime.config.server import ServerConfig
@@ -30,89 +31,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # `org/name`, when no such local path exists
 # a folder with one of these has a tokenizer AutoTokenizer can load
 TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer.model", "vocab.json")
-
-# a Llama-2-7B shape: MHA, 32 layers, 4096 hidden
-_LLAMA_7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                 num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
-                 max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0)
-DUMMY_PRESETS: dict[str, dict] = {
-    "llama-7b": _LLAMA_7B,
-    # the same weights' shape with a 32k context, for long-context benchmarks
-    "llama-7b-32k": dict(_LLAMA_7B, max_position_embeddings=32768),
-    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                      max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
-                      rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                                        high_freq_factor=4.0,
-                                        original_max_position_embeddings=8192)),
-    # the Llama-3.2-1B shape: 64-dim heads, 8 KV heads, the LM head tied to the embedding
-    # (its real context of 131072 is capped like llama3-8b's, so per-row tables stay small)
-    "llama3-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                      max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
-                      tie_word_embeddings=True,
-                      rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
-                                        high_freq_factor=4.0,
-                                        original_max_position_embeddings=8192)),
-    # DeepSeek-V2-Lite: MLA (no q LoRA), 64 routed experts + 2 shared, the first layer dense
-    "deepseek-v2-lite": dict(model_type="deepseek_v2", hidden_size=2048, intermediate_size=10944,
-                             num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
-                             vocab_size=102400, max_position_embeddings=8192, rms_norm_eps=1e-6,
-                             rope_theta=10000.0, q_lora_rank=None, kv_lora_rank=512,
-                             qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
-                             n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6,
-                             moe_intermediate_size=1408, first_k_dense_replace=1,
-                             topk_method="greedy", routed_scaling_factor=1.0),
-    # Qwen3-30B-A3B: Qwen3 attention (128-dim heads, 4 KV heads), 128 experts, top 8, on
-    # every layer (its real context of 40960 is capped to 32768)
-    "qwen3-30b-a3b": dict(model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144,
-                          num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
-                          head_dim=128, vocab_size=151936, max_position_embeddings=32768,
-                          rms_norm_eps=1e-6, rope_theta=1000000.0, num_experts=128,
-                          num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
-                          decoder_sparse_step=1, mlp_only_layers=[]),
-    # Mixtral-8x7B, all 32 layers: 46.7B parameters, 93 GB in bf16, leave an H200 ~40 GB of KV
-    "mixtral-8x7b": dict(model_type="mixtral", hidden_size=4096, intermediate_size=14336,
-                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                         vocab_size=32000, max_position_embeddings=32768, rms_norm_eps=1e-5,
-                         rope_theta=1000000.0, num_local_experts=8, num_experts_per_tok=2,
-                         sliding_window=None),
-    # small shapes for tests
-    "qwen3-moe-tiny": dict(model_type="qwen3_moe", hidden_size=256, intermediate_size=512,
-                           num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                           head_dim=32, vocab_size=1024, max_position_embeddings=2048,
-                           rms_norm_eps=1e-6, rope_theta=1000000.0, num_experts=8,
-                           num_experts_per_tok=2, moe_intermediate_size=128, norm_topk_prob=True,
-                           mlp_only_layers=[1]),
-    "mixtral-tiny": dict(model_type="mixtral", hidden_size=256, intermediate_size=256,
-                         num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
-                         vocab_size=1024, max_position_embeddings=2048, rms_norm_eps=1e-5,
-                         rope_theta=1000000.0, num_local_experts=4, num_experts_per_tok=2,
-                         sliding_window=None),
-    "deepseek-tiny": dict(model_type="deepseek_v2", hidden_size=256, intermediate_size=512,
-                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                          vocab_size=1024, max_position_embeddings=2048, rms_norm_eps=1e-6,
-                          rope_theta=10000.0, q_lora_rank=None, kv_lora_rank=64,
-                          qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=32,
-                          n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
-                          moe_intermediate_size=128, first_k_dense_replace=1,
-                          topk_method="greedy", routed_scaling_factor=1.0),
-    "tiny": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                 num_attention_heads=8, num_key_value_heads=2, vocab_size=1024,
-                 max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0),
-    # a draft model for `tiny` (its vocabulary, 1/16 of its width)
-    "tiny-draft": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                       num_attention_heads=2, num_key_value_heads=1, vocab_size=1024,
-                       max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0),
-    # a target and a draft of 8% its parameters (107M and 8.7M) for speculative decoding
-    "spec-target": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                        num_attention_heads=16, num_key_value_heads=4, vocab_size=8192,
-                        max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0),
-    "spec-draft": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=6,
-                       num_attention_heads=4, num_key_value_heads=1, vocab_size=8192,
-                       max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0),
-}
-
 
 @dataclass(frozen=True)
 class ModelSpec:

@@ -21,6 +21,7 @@ LAYERS = {
     "runtime.config": 0,
     "runtime.model_errors": 1,
     "runtime.model_config": 1,
+    "runtime.model_presets": 1,
     "runtime.hub": 1,
     "runtime.grammar": 1,
     "runtime.procutil": 1,

@@ -57,7 +57,7 @@ def add_args(parser) -> None:
 
 
 def _vocab(model: str) -> int:
-    from runtime.model_config import DUMMY_PRESETS
+    from runtime.model_presets import DUMMY_PRESETS
 
     return DUMMY_PRESETS[model.removeprefix("dummy:")]["vocab_size"] if model.startswith(
         "dummy:") else 32000

@@ -189,7 +189,8 @@ def _decode(worker, load: SyntheticLoad, first_id: int, steps: range, on_step=No
 def bench_model(model: str, args) -> dict:
     """One model's worker row (see the module docstring)."""
     import runtime.worker.worker as worker_module
-    from runtime.model_config import DUMMY_PRESETS, resolve_model
+    from runtime.model_config import resolve_model
+    from runtime.model_presets import DUMMY_PRESETS
 
     spec = resolve_model(model)
     vocab = DUMMY_PRESETS[spec.dummy_preset]["vocab_size"] if spec.dummy_preset else 32000

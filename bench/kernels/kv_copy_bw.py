@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from bench.serving.server_proc import device_name, git_rev
-from runtime.model_config import DUMMY_PRESETS
+from runtime.model_presets import DUMMY_PRESETS
 from runtime.wire.worker_channel import BatchPlan
 from runtime.worker.kv_pool import KVPool
 from runtime.worker.kv_transfer import KVTransfer

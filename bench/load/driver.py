@@ -40,7 +40,8 @@ from bench.load.memory import MemorySampler, release_free_memory, status_bytes
 from bench.offline.driver import git_commit
 from bench.offline.parts import device_info
 from bench.outputs import write_outputs
-from runtime.model_config import DUMMY_PRESETS, resolve_model
+from runtime.model_config import resolve_model
+from runtime.model_presets import DUMMY_PRESETS
 from runtime.worker.loader import load_model
 from runtime.worker.worker import resolve_device, resolve_dtype
 

@@ -92,7 +92,7 @@ TINY = ("offline-tiny", "served-tiny", "multiturn-tiny")
 
 
 def vocab_size(preset: str) -> int:
-    from runtime.model_config import DUMMY_PRESETS
+    from runtime.model_presets import DUMMY_PRESETS
 
     return DUMMY_PRESETS[preset]["vocab_size"]
 

@@ -199,7 +199,7 @@ def _vocab(model: str, given: int) -> int:
     if given:
         return given
     if model.startswith("dummy:"):
-        from runtime.model_config import DUMMY_PRESETS
+        from runtime.model_presets import DUMMY_PRESETS
 
         return DUMMY_PRESETS[model.split(":", 1)[1]]["vocab_size"]
     return 32000

@@ -86,7 +86,7 @@ class Profile:
     max_context: int = field(default=0)
 
     def __post_init__(self) -> None:
-        from runtime.model_config import DUMMY_PRESETS
+        from runtime.model_presets import DUMMY_PRESETS
 
         preset = DUMMY_PRESETS[self.model.removeprefix("dummy:")]
         object.__setattr__(self, "vocab", preset["vocab_size"])

@@ -15,16 +15,18 @@ an extend reads its own new rows unquantized.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from kernels.attention.mla_decode import mla_decode, mla_decode_num_splits, mla_decode_ref
 from kernels.attention.mla_extend import mla_extend, mla_extend_ref
 from kernels.kv.store import quantize_ref
-from runtime.worker.attention_torch import TorchAttention, TorchAttentionMeta
-from runtime.worker.attention_triton import TritonAttention, TritonAttentionMeta
+from runtime.worker.attention import AttentionBackend
+from runtime.worker.attention_torch import TorchAttention
+from runtime.worker.attention_triton import TritonAttention
 from runtime.worker.forward_batch import ForwardBatch
-from runtime.worker.kv_pool import KVPool
+from runtime.worker.kv_pool import KVPool, LayerKV
 
 
 @dataclass(frozen=True)
@@ -44,70 +46,65 @@ def check_latent_pool(pool: KVPool, mla: MlaShape) -> None:
         )
 
 
-def store_latent(pool: KVPool, layer_id: int, latent: torch.Tensor, slots: torch.Tensor):
-    """Write the new rows `[T, 1, L + Dr]` at `slots` (quantized with their scales in a
-    quantized pool); returns the layer's (rows, scales or None)."""
-    buf = pool.k[layer_id]  # [slots, 1, L + Dr]
-    scale = pool.k_scale[layer_id] if pool.quantized else None  # [slots, 1] f32
-    if scale is None:
-        buf[slots] = latent.to(buf.dtype)
-    else:
-        buf[slots], scale[slots] = quantize_ref(latent, buf.dtype)  # [T, 1, L + Dr], [T, 1]
-    return buf, scale
+def store_latent(layer: LayerKV, latent: torch.Tensor, slots: torch.Tensor) -> None:
+    """Write the new rows `[T, 1, L + Dr]` at `slots` of a latent pool's `layer` (quantized,
+    with their scales, in a quantized pool)."""
+    if layer.k_scale is None:
+        layer.k[slots] = latent.to(layer.k.dtype)
+    else:  # [T, 1, L + Dr], [T, 1]
+        layer.k[slots], layer.k_scale[slots] = quantize_ref(latent, layer.k.dtype)
 
 
-class TorchMLAAttention(TorchAttention):
-    """`mla_decode_ref` / `mla_extend_ref` on the latent pool, in plain torch."""
+class LatentAttention(AttentionBackend):
+    """The latent pool's side of an MLA backend: its rows stored whole, the MLA kernels
+    called on them (keys the whole rows, values their first L columns, one scale a row).
+    Mixed in before a backend, whose page table and launch options it uses."""
 
     def __init__(self, pool: KVPool, mla: MlaShape) -> None:
         check_latent_pool(pool, mla)
         super().__init__(pool)
         self.mla = mla
+        self.sm_scale = mla.sm_scale
 
-    def forward(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: None, fb: ForwardBatch
+    def store(self, layer: LayerKV, k: torch.Tensor, v: None, fb: ForwardBatch) -> None:
+        store_latent(layer, k, fb.out_slots)
+
+    def decode(self, layer: LayerKV, q: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        indptr, indices, seq_lens = self.page_table(fb)
+        return self.decode_kernel(
+            q, layer.k, indptr, indices, seq_lens, fb.page_size, self.sm_scale,
+            kv_lora_rank=self.mla.kv_lora_rank, kv_scale=layer.k_scale,
+            **self.decode_options(fb),
+        )  # [B, H, L]  # fmt: skip
+
+    def extend(
+        self, layer: LayerKV, q: torch.Tensor, k: torch.Tensor, v: None, fb: ForwardBatch
     ) -> torch.Tensor:
-        meta: TorchAttentionMeta = fb.attn_meta
-        buf, kv_scale = store_latent(self.pool, layer_id, k, fb.out_slots)
-        lora, scale = self.mla.kv_lora_rank, self.mla.sm_scale
-        if fb.is_decode:
-            return mla_decode_ref(
-                q, buf, fb.kv_indptr, fb.kv_indices, fb.seq_lens, fb.page_size, scale,
-                kv_lora_rank=lora, kv_scale=kv_scale, max_seq_len=meta.max_seq_len,
-            )  # [B, H, L]  # fmt: skip
-        return mla_extend_ref(
-            q, k, buf, fb.qo_indptr, fb.prefix_lens, fb.kv_indptr, fb.kv_indices, fb.page_size,
-            scale, kv_lora_rank=lora, kv_scale=kv_scale,
+        indptr, indices, _ = self.page_table(fb)
+        return self.extend_kernel(
+            q, k, layer.k, fb.qo_indptr, fb.prefix_lens, indptr, indices, fb.page_size,
+            self.sm_scale, kv_lora_rank=self.mla.kv_lora_rank, kv_scale=layer.k_scale,
+            **self.extend_options(fb),
         )  # [T, H, L]  # fmt: skip
 
 
-class TritonMLAAttention(TritonAttention):
+class TorchMLAAttention(LatentAttention, TorchAttention):
+    """`mla_decode_ref` / `mla_extend_ref` on the latent pool, in plain torch."""
+
+    decode_kernel = staticmethod(mla_decode_ref)
+    extend_kernel = staticmethod(mla_extend_ref)
+
+
+class TritonMLAAttention(LatentAttention, TritonAttention):
     """`mla_decode` (split-KV, head groups) and `mla_extend` on the latent pool; decode
     graphs read the static page table of `TritonAttention`."""
 
     fuses_rope = False  # the model rotates the rope part of q and of the latent itself
-
-    def __init__(self, pool: KVPool, mla: MlaShape) -> None:
-        check_latent_pool(pool, mla)
-        super().__init__(pool)
-        self.mla = mla
+    decode_kernel = staticmethod(mla_decode)
+    extend_kernel = staticmethod(mla_extend)
 
     def _splits(self, batch: int, max_seq_len: int) -> int:
         return mla_decode_num_splits(batch, self.mla.num_heads, max_seq_len)
 
-    def forward(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: None, fb: ForwardBatch
-    ) -> torch.Tensor:
-        meta: TritonAttentionMeta = fb.attn_meta
-        buf, kv_scale = store_latent(self.pool, layer_id, k, fb.out_slots)
-        lora, scale = self.mla.kv_lora_rank, self.mla.sm_scale
-        if fb.is_decode:
-            return mla_decode(
-                q, buf, meta.kv_indptr, meta.kv_indices, meta.seq_lens, fb.page_size, scale,
-                kv_lora_rank=lora, kv_scale=kv_scale, num_splits=meta.num_splits,
-            )  # [B, H, L]  # fmt: skip
-        return mla_extend(
-            q, k, buf, fb.qo_indptr, fb.prefix_lens, meta.kv_indptr, meta.kv_indices,
-            fb.page_size, scale, kv_lora_rank=lora, kv_scale=kv_scale,
-            max_new_len=meta.max_new_len,
-        )  # [T, H, L]  # fmt: skip
+    def extend_options(self, fb: ForwardBatch) -> dict[str, Any]:
+        return {"max_new_len": fb.attn_meta.max_new_len}

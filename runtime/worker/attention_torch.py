@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -12,6 +12,7 @@ from kernels.attention.extend_ref import extend_attention_ref
 from kernels.kv.store import store_kv_ref
 from runtime.worker.attention import AttentionBackend
 from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.kv_pool import LayerKV
 
 
 @dataclass(frozen=True)
@@ -32,26 +33,16 @@ class TorchAttention(AttentionBackend):
     GPU this backend is a reference, not a fast path.
     """
 
-    def __init__(self, pool) -> None:
-        super().__init__(pool)
-        self.sm_scale = 1.0 / math.sqrt(pool.head_dim)
+    decode_kernel = staticmethod(decode_attention_ref)
+    extend_kernel = staticmethod(extend_attention_ref)
 
     def prepare(self, fb: ForwardBatch) -> None:
         fb.attn_meta = TorchAttentionMeta(max_seq_len=max(fb.seq_lens_cpu, default=0))
 
-    def forward(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch
-    ) -> torch.Tensor:
+    def store(self, layer: LayerKV, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch) -> None:
+        store_kv_ref(k, v, layer.k, layer.v, fb.out_slots, k_scale=layer.k_scale,
+                     v_scale=layer.v_scale)
+
+    def decode_options(self, fb: ForwardBatch) -> dict[str, Any]:
         meta: TorchAttentionMeta = fb.attn_meta
-        k_buf, v_buf = self.pool.k[layer_id], self.pool.v[layer_id]  # [slots, Hkv, D]
-        k_scale, v_scale = self.pool.scales(layer_id)  # [slots, Hkv] f32, or None x2
-        store_kv_ref(k, v, k_buf, v_buf, fb.out_slots, k_scale=k_scale, v_scale=v_scale)
-        if fb.is_decode:
-            return decode_attention_ref(
-                q, k_buf, v_buf, fb.kv_indptr, fb.kv_indices, fb.seq_lens, fb.page_size,
-                self.sm_scale, k_scale=k_scale, v_scale=v_scale, max_seq_len=meta.max_seq_len,
-            )  # [B, Hq, D]  # fmt: skip
-        return extend_attention_ref(
-            q, k, v, k_buf, v_buf, fb.qo_indptr, fb.prefix_lens, fb.kv_indptr, fb.kv_indices,
-            fb.page_size, self.sm_scale, k_scale=k_scale, v_scale=v_scale,
-        )  # [T, Hq, D]  # fmt: skip
+        return {"max_seq_len": meta.max_seq_len}

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -13,6 +13,7 @@ from kernels.kv.rope_store import rope_store_kv
 from kernels.kv.store import store_kv
 from runtime.worker.attention import AttentionBackend, Rotary
 from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.kv_pool import LayerKV
 from runtime.worker.quant.fp8_linear import MIN_CAPABILITY, QuantizationError
 
 
@@ -60,11 +61,12 @@ class TritonAttention(AttentionBackend):
 
     supports_graphs = True
     fuses_rope = True
+    decode_kernel = staticmethod(decode_attention)
+    extend_kernel = staticmethod(extend_attention)
 
     def __init__(self, pool) -> None:
         super().__init__(pool)
         check_pool_support(pool.dtype, pool.k[0].device)
-        self.sm_scale = 1.0 / math.sqrt(pool.head_dim)
         self.num_sms = (
             torch.cuda.get_device_properties(0).multi_processor_count
             if torch.cuda.is_available()
@@ -84,56 +86,33 @@ class TritonAttention(AttentionBackend):
         return decode_num_splits(batch, self.pool.kv_heads, max_seq_len, self.num_sms,
                                  quantized=self.pool.quantized)
 
-    def forward(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch
-    ) -> torch.Tensor:
-        k_buf, v_buf = self.pool.k[layer_id], self.pool.v[layer_id]  # [slots, Hkv, D]
-        k_scale, v_scale = self.pool.scales(layer_id)  # [slots, Hkv] f32, or None x2
+    def store(self, layer: LayerKV, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch) -> None:
         k, v = k.contiguous(), v.contiguous()  # views of the fused QKV output otherwise
-        store_kv(k, v, k_buf, v_buf, fb.out_slots, k_scale=k_scale, v_scale=v_scale)
-        return self._attend(layer_id, q, k, v, fb)
+        store_kv(k, v, layer.k, layer.v, fb.out_slots, k_scale=layer.k_scale,
+                 v_scale=layer.v_scale)
 
     def forward_rotary(
-        self,
-        layer_id: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        fb: ForwardBatch,
-        rotary: Rotary,
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        fb: ForwardBatch, rotary: Rotary,
     ) -> torch.Tensor:
-        k_buf, v_buf = self.pool.k[layer_id], self.pool.v[layer_id]  # [slots, Hkv, D]
-        k_scale, v_scale = self.pool.scales(layer_id)  # [slots, Hkv] f32, or None x2
+        layer = self.pool.layer(layer_id)
         q, k, v = rope_store_kv(
-            q, k, v, k_buf, v_buf, fb.out_slots, fb.positions, rotary.cos_sin_cache,
-            k_scale=k_scale, v_scale=v_scale, q_norm=rotary.q_norm, k_norm=rotary.k_norm,
-            eps=rotary.eps, kv_out=not fb.is_decode,
+            q, k, v, layer.k, layer.v, fb.out_slots, fb.positions, rotary.cos_sin_cache,
+            k_scale=layer.k_scale, v_scale=layer.v_scale, q_norm=rotary.q_norm,
+            k_norm=rotary.k_norm, eps=rotary.eps, kv_out=not fb.is_decode,
         )  # [T, Hq, D] rotated; an extend's new K/V [T, Hkv, D] x2, decode None x2  # fmt: skip
-        return self._attend(layer_id, q, k, v, fb)
+        return self.attend(layer, q, k, v, fb)
 
-    def _attend(
-        self,
-        layer_id: int,
-        q: torch.Tensor,
-        k: torch.Tensor | None,
-        v: torch.Tensor | None,
-        fb: ForwardBatch,
-    ) -> torch.Tensor:
-        """Attention of q over the pool, K/V of the new tokens already stored; an extend
-        also reads the new tokens' `k`, `v` as given (decode reads only the pool)."""
+    def page_table(self, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        meta: TritonAttentionMeta = fb.attn_meta  # the batch's own, or a graph's static copy
+        return meta.kv_indptr, meta.kv_indices, meta.seq_lens
+
+    def decode_options(self, fb: ForwardBatch) -> dict[str, Any]:
+        return {"num_splits": fb.attn_meta.num_splits}
+
+    def extend_options(self, fb: ForwardBatch) -> dict[str, Any]:
         meta: TritonAttentionMeta = fb.attn_meta
-        k_buf, v_buf = self.pool.k[layer_id], self.pool.v[layer_id]  # [slots, Hkv, D]
-        k_scale, v_scale = self.pool.scales(layer_id)  # [slots, Hkv] f32, or None x2
-        if fb.is_decode:
-            return decode_attention(
-                q, k_buf, v_buf, meta.kv_indptr, meta.kv_indices, meta.seq_lens, fb.page_size,
-                self.sm_scale, k_scale=k_scale, v_scale=v_scale, num_splits=meta.num_splits,
-            )  # [B, Hq, D]  # fmt: skip
-        return extend_attention(
-            q, k, v, k_buf, v_buf, fb.qo_indptr, fb.prefix_lens, meta.kv_indptr,
-            meta.kv_indices, fb.page_size, self.sm_scale, k_scale=k_scale, v_scale=v_scale,
-            max_new_len=meta.max_new_len, max_prefix_len=meta.max_prefix_len,
-        )  # [T, Hq, D]  # fmt: skip
+        return {"max_new_len": meta.max_new_len, "max_prefix_len": meta.max_prefix_len}
 
     def init_graph(self, max_bs: int, max_context: int, page_size: int) -> None:
         device = self.pool.k[0].device

@@ -17,6 +17,8 @@ model's dtype, unscaled.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from kernels.kv.store import QUANT_MAX, scale_pairs
@@ -77,6 +79,16 @@ def cuda_free_bytes(device: torch.device) -> int:
     """Free memory on a CUDA device right now (the allocator's cache counts as used)."""
     free, _total = torch.cuda.mem_get_info(device)
     return free
+
+
+class LayerKV(NamedTuple):
+    """One layer of a pool: K and V `[num_slots, kv_heads, head_dim]` and their scales
+    `[num_slots, kv_heads]` float32 (None: no scales; a latent pool has no V)."""
+
+    k: torch.Tensor
+    v: torch.Tensor | None
+    k_scale: torch.Tensor | None
+    v_scale: torch.Tensor | None
 
 
 class KVPool:
@@ -147,6 +159,11 @@ class KVPool:
         """Every tensor indexed by slot: each layer's K, each layer's V, then the scales (a
         K/V pool's as each layer's `[num_slots, kv_heads, 2]` pair, a latent's `k_scale`)."""
         return self.k + self.v + (self.kv_scales if self.planes == 2 else self.k_scale)
+
+    def layer(self, layer_id: int) -> LayerKV:
+        """Layer `layer_id`'s tensors (a latent pool: its rows as `k`, no `v`)."""
+        v = self.v[layer_id] if self.planes == 2 else None
+        return LayerKV(self.k[layer_id], v, *self.scales(layer_id))
 
     def scales(self, layer_id: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Layer `layer_id`'s (k_scale, v_scale) `[num_slots, kv_heads]`, or Nones without

@@ -157,20 +157,24 @@ class KVTransfer:
         compute = torch.cuda.current_stream(self.device) if self.cuda else None
         with torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext():
             if plan.writeback_dev:
-                timing.start("writeback", self.stream)
-                dev, host = self._slots(plan.writeback_dev, plan.writeback_host)
-                for dev_tensors, host_tensors in self.groups:
-                    self.copy(dev_tensors, host_tensors, dev, host)
-                timing.stop("writeback", self.stream)
+                self._copy("writeback", timing, plan.writeback_dev, plan.writeback_host,
+                           to_host=True)
             if plan.load_dev:
-                timing.start("load", self.stream)
-                host, dev = self._slots(plan.load_host, plan.load_dev)
-                for dev_tensors, host_tensors in self.groups:
-                    self.copy(host_tensors, dev_tensors, host, dev)
-                timing.stop("load", self.stream)
+                self._copy("load", timing, plan.load_host, plan.load_dev, to_host=False)
         if self.cuda:
             compute.wait_stream(self.stream)
         return timing
+
+    def _copy(self, name: str, timing: CopyTiming, src: list[int], dst: list[int], *,
+              to_host: bool) -> None:
+        """Copy slots `src` to slots `dst` in every tensor group, device to host (`to_host`)
+        or back, timed as `name`."""
+        timing.start(name, self.stream)
+        src_slots, dst_slots = self._slots(src, dst)
+        for dev_tensors, host_tensors in self.groups:
+            pair = (dev_tensors, host_tensors) if to_host else (host_tensors, dev_tensors)
+            self.copy(*pair, src_slots, dst_slots)
+        timing.stop(name, self.stream)
 
     def _slots(self, src: list[int], dst: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """`src`, `dst` as index tensors where the copy runs: on a GPU, uploaded from pinned

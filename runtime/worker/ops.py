@@ -22,69 +22,60 @@ from kernels.norm_rope.rope import apply_rope, apply_rope_ref
 GateAct = Callable[[torch.Tensor], torch.Tensor]  # `Ops.silu_mul`: [T, 2I] gate|up -> [T, I]
 
 
+def _add_rmsnorm_ref(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return rmsnorm_ref(x, weight, eps, residual=residual)
+
+
+def _add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return rmsnorm(x, weight, eps, residual=residual)
+
+
+def _rows_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1])  # [N, dim], a copy when x is a strided view
+    return rmsnorm(rows, weight, eps).view(x.shape)
+
+
 class TorchOps:
-    """The kernels' torch references: float32 math, rounded to the input dtype once."""
+    """The kernels' torch references: float32 math, rounded to the input dtype once.
+
+    - `rmsnorm(x, weight, eps)`: RMSNorm over the last dim of x `[..., dim]`;
+    - `add_rmsnorm(x, residual, weight, eps)`: (rmsnorm(x + residual), x + residual);
+    - `rope(q, k, positions)`: q `[T, Hq, D]` and k `[T, Hkv, D]` rotated (non-interleaved
+      halves, as HF Llama) by the table `cos_sin_cache` `[max_pos, D]` fp32;
+    - `silu_mul(x)`: silu(gate) * up of x `[T, 2 * inter]` (gate first);
+    - `fused_moe(x, w13, w2, weights, ids)`: the routed experts of x `[T, H]`, w13
+      `[E, 2I, H]`, w2 `[E, H, I]`, picks `[T, k]`.
+    """
+
+    rmsnorm = staticmethod(rmsnorm_ref)
+    add_rmsnorm = staticmethod(_add_rmsnorm_ref)
+    silu_mul = staticmethod(silu_and_mul_ref)
+    fused_moe = staticmethod(fused_moe_ref)
 
     def __init__(self, cos_sin_cache: torch.Tensor) -> None:
         self.cos_sin_cache = cos_sin_cache  # [max_pos, D] fp32
-
-    @staticmethod
-    def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """RMSNorm over the last dim of x `[..., dim]`."""
-        return rmsnorm_ref(x, weight, eps)
-
-    @staticmethod
-    def add_rmsnorm(
-        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rmsnorm(x + residual), x + residual)."""
-        return rmsnorm_ref(x, weight, eps, residual=residual)
 
     def rope(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q [T, Hq, D] and k [T, Hkv, D] (non-interleaved halves, as HF Llama)."""
         return apply_rope_ref(q, k, positions, self.cos_sin_cache)
 
-    @staticmethod
-    def silu_mul(x: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up of x `[T, 2 * inter]` (gate first)."""
-        return silu_and_mul_ref(x)
 
-    @staticmethod
-    def fused_moe(x, w13, w2, weights, ids) -> torch.Tensor:
-        """Routed experts of x `[T, H]`: w13 `[E, 2I, H]`, w2 `[E, H, I]`, picks `[T, k]`."""
-        return fused_moe_ref(x, w13, w2, weights, ids)
-
-
-class TritonOps:
+class TritonOps(TorchOps):
     """The same ops through the Triton kernels (GPU)."""
 
-    def __init__(self, cos_sin_cache: torch.Tensor) -> None:
-        self.cos_sin_cache = cos_sin_cache  # [max_pos, D] fp32
-
-    @staticmethod
-    def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])  # [N, dim], a copy when x is a strided view
-        return rmsnorm(rows, weight, eps).view(x.shape)
-
-    @staticmethod
-    def add_rmsnorm(
-        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return rmsnorm(x, weight, eps, residual=residual)
+    rmsnorm = staticmethod(_rows_rmsnorm)
+    add_rmsnorm = staticmethod(_add_rmsnorm)
+    silu_mul = staticmethod(silu_and_mul)
+    fused_moe = staticmethod(fused_moe)
 
     def rope(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         q, k = q.contiguous(), k.contiguous()
-        apply_rope(q, k, positions, self.cos_sin_cache)
+        apply_rope(q, k, positions, self.cos_sin_cache)  # in place
         return q, k
-
-    @staticmethod
-    def silu_mul(x: torch.Tensor) -> torch.Tensor:
-        return silu_and_mul(x)
-
-    @staticmethod
-    def fused_moe(x, w13, w2, weights, ids) -> torch.Tensor:
-        return fused_moe(x, w13, w2, weights, ids)

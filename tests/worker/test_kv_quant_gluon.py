@@ -10,7 +10,8 @@ import torch
 
 from bench.offline.kv_quant import compare, make_prompts
 from kernels.attention import decode_config
-from runtime.model_config import DUMMY_PRESETS, resolve_model
+from runtime.model_config import resolve_model
+from runtime.model_presets import DUMMY_PRESETS
 from runtime.worker.model_runner import ModelRunner
 from tests.worker.batching import greedy
 from tests.worker.test_kv_quant import NEW_TOKENS, ROWS, slots_for

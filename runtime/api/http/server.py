@@ -61,6 +61,7 @@ from runtime.config.server import ServerConfig
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+Endpoint = Callable[..., Awaitable[Response]]  # an `_Endpoints` method
 STATS_TIMEOUT_S = 1.0  # /metrics and /health wait this long for fresh scheduler stats
 CLOSE_MARGIN_S = 2.0  # beyond the shutdown grace: for the last responses to be written
 
@@ -72,24 +73,7 @@ class ClientGone(Exception):
 def build_app(tm: TokenizerManager, cfg: ServerConfig, monitor: Monitor) -> Starlette:
     """The ASGI app; `tm` and `monitor` must run on the loop that serves it."""
     api = _Endpoints(tm, cfg, monitor)
-    routes = [
-        Route("/v1/completions", api.completions, methods=["POST"]),
-        Route("/v1/chat/completions", api.chat, methods=["POST"]),
-        Route("/v1/models", api.models, methods=["GET"]),
-        Route("/v1/models/{model:path}", api.model, methods=["GET"]),
-        Route("/generate", api.generate, methods=["POST", "PUT"]),
-        Route("/get_model_info", api.model_info, methods=["GET"]),
-        Route("/model_info", api.model_info, methods=["GET"]),
-        Route("/server_info", api.server_info, methods=["GET"]),
-        Route("/get_server_info", api.server_info, methods=["GET"]),
-        Route("/flush_cache", api.flush_cache, methods=["GET", "POST"]),
-        Route("/health_generate", api.health_generate, methods=["GET"]),
-        Route("/abort_request", api.abort_request, methods=["POST"]),
-        Route("/encode", api.tokenize, methods=["POST", "PUT"]),
-        Route("/tokenize", api.tokenize, methods=["POST"]),
-        Route("/metrics", api.metrics, methods=["GET"]),
-        Route("/health", api.health, methods=["GET"]),
-    ]
+    routes = api.routes()
     refused = monitor.metrics.http_errors
     guard = Middleware(HttpGuard, cfg=cfg, on_refuse=lambda s: refused.labels(str(s)).inc())
     return Starlette(routes=routes, middleware=[guard],
@@ -102,7 +86,19 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
                         status_code=exc.status_code, headers=exc.headers)
 
 
+def _route(path: str, *methods: str) -> Callable[[Endpoint], Endpoint]:
+    """Serve the decorated endpoint at `path` for `methods` (GET when none are named)."""
+
+    def mark(endpoint: Endpoint) -> Endpoint:
+        endpoint.paths = [(path, methods or ("GET",)), *getattr(endpoint, "paths", ())]
+        return endpoint
+
+    return mark
+
+
 class _Endpoints:
+    """The routes' handlers, each declaring its paths with `_route`."""
+
     def __init__(self, tm: TokenizerManager, cfg: ServerConfig, monitor: Monitor) -> None:
         self.tm = tm
         self.cfg = cfg
@@ -112,36 +108,54 @@ class _Endpoints:
         self.sglang = SglangServing(tm, cfg)
         self.native = NativeServing(tm, self.sglang)
 
+    def routes(self) -> list[Route]:
+        """A route for every path of every endpoint, in the order they are declared."""
+        return [Route(path, getattr(self, name), methods=list(methods))
+                for name, endpoint in vars(_Endpoints).items()
+                for path, methods in getattr(endpoint, "paths", ())]
+
+    @_route("/v1/completions", "POST")
     async def completions(self, request: Request) -> Response:
         return await self._serve(request, CompletionRequest, self.openai.completions)
 
+    @_route("/v1/chat/completions", "POST")
     async def chat(self, request: Request) -> Response:
         return await self._serve(request, ChatCompletionRequest, self.openai.chat)
 
+    @_route("/generate", "POST", "PUT")
     async def generate(self, request: Request) -> Response:
         return await self._serve(request, dict[str, Any], self.native.generate)
 
+    @_route("/abort_request", "POST")
     async def abort_request(self, request: Request) -> Response:
         return await self._serve(request, AbortRequest, self.sglang.abort_request)
 
+    @_route("/encode", "POST", "PUT")
+    @_route("/tokenize", "POST")
     async def tokenize(self, request: Request) -> Response:
         return await self._serve(request, TokenizeRequest, self.sglang.tokenize)
 
+    @_route("/server_info")
+    @_route("/get_server_info")
     async def server_info(self, request: Request) -> Response:
         await self.monitor.refresh(STATS_TIMEOUT_S)
         return await self._answer(self.sglang.server_info(self.monitor.health.latest))
 
+    @_route("/flush_cache", "GET", "POST")
     async def flush_cache(self, request: Request) -> Response:
         return await self._answer(self.sglang.flush_cache())
 
+    @_route("/health_generate")
     async def health_generate(self, request: Request) -> Response:
         return await self._answer(self.sglang.health_generate())
 
+    @_route("/v1/models")
     async def models(self, request: Request) -> Response:
         """The base model, then its LoRA adapters (each with the base as `parent`)."""
         cards = [self._model_card()] + [self._model_card(n) for n in self.tm.lora_names]
         return JSONResponse({"object": "list", "data": cards})
 
+    @_route("/v1/models/{model:path}")
     async def model(self, request: Request) -> Response:
         try:
             adapter = self.openai.check_model(request.path_params["model"])
@@ -149,15 +163,19 @@ class _Endpoints:
             return self._error(e)
         return JSONResponse(self._model_card(adapter))
 
+    @_route("/get_model_info")
+    @_route("/model_info")
     async def model_info(self, request: Request) -> Response:
         """The model's name, context length and chat role markers (`ModelInfo`), and
         SGLang's `/model_info` keys."""
         return JSONResponse(self.sglang.model_info())
 
+    @_route("/metrics")
     async def metrics(self, request: Request) -> Response:
         await self.monitor.refresh(STATS_TIMEOUT_S)
         return Response(self.monitor.metrics.render(), media_type=CONTENT_TYPE)
 
+    @_route("/health")
     async def health(self, request: Request) -> Response:
         if self.tm.dead is None:
             await self.monitor.refresh(STATS_TIMEOUT_S)

@@ -121,12 +121,11 @@ class _StatsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         t = self.timings
-        yield CounterMetricFamily("sluice_prompt_tokens", "Prompt tokens of requests that "
-                                  "reached the scheduler", value=t.prompt_tokens)
-        yield CounterMetricFamily("sluice_prompt_cached_tokens", "Prompt tokens served from "
-                                  "the prefix cache", value=t.cached_tokens)
-        yield CounterMetricFamily("sluice_generation_tokens", "Output tokens generated",
-                                  value=t.generation_tokens)
+        yield _counter("sluice_prompt_tokens", "Prompt tokens of requests that reached the "
+                       "scheduler", t.prompt_tokens)
+        yield _counter("sluice_prompt_cached_tokens", "Prompt tokens served from the prefix "
+                       "cache", t.cached_tokens)
+        yield _counter("sluice_generation_tokens", "Output tokens generated", t.generation_tokens)
         s = self.metrics.snapshot
         if s is not None:
             yield from _stats_metrics(s)
@@ -139,46 +138,48 @@ class _StatsCollector(Collector):
             yield g
 
 
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
 
 def _stats_metrics(s: SchedulerStats) -> Iterator[Metric]:
-    def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, doc, value=value)
-
     total = max(1, s.kv_total)
-    yield gauge("sluice_num_requests_running", "Requests in the running batch", s.running)
-    yield gauge("sluice_num_requests_waiting", "Requests waiting for admission", s.waiting)
-    yield gauge("sluice_kv_usage_ratio", "KV slots held by live requests / all KV slots",
-                s.kv_used / total)
-    yield gauge("sluice_kv_slots", "KV pool size in token slots", s.kv_total)
-    yield gauge("sluice_kv_slots_reserved", "KV slots reserved by live requests", s.kv_used)
-    yield gauge("sluice_kv_tokens_held", "Reserved KV slots that hold live tokens", s.kv_held)
-    yield gauge("sluice_kv_fragmentation_ratio", "1 - held / reserved KV slots",
-                1.0 - s.kv_held / s.kv_used if s.kv_used else 0.0)
-    yield gauge("sluice_kv_slots_cached", "KV slots of the prefix cache no request holds "
-                "(evictable)", s.kv_cached)
-    yield gauge("sluice_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / "
-                "prompt tokens looked up", s.prefix_hit_tokens / s.prefix_query_tokens
-                if s.prefix_query_tokens else 0.0)
-    yield gauge("sluice_degraded", "1 while degraded mode caps max_tokens and batch size",
-                float(s.degraded))
-    yield CounterMetricFamily("sluice_prefix_cache_hit_tokens", "Prompt tokens found in the "
-                              "prefix cache", value=s.prefix_hit_tokens)
-    yield CounterMetricFamily("sluice_prefix_cache_query_tokens", "Prompt tokens looked up in "
-                              "the prefix cache", value=s.prefix_query_tokens)
-    yield CounterMetricFamily("sluice_scheduler_steps", "Batches the scheduler planned",
-                              value=s.num_steps)
-    yield CounterMetricFamily("sluice_retractions", "Requests retracted under KV pressure",
-                              value=s.num_retractions)
+    yield _gauge("sluice_num_requests_running", "Requests in the running batch", s.running)
+    yield _gauge("sluice_num_requests_waiting", "Requests waiting for admission", s.waiting)
+    yield _gauge("sluice_kv_usage_ratio", "KV slots held by live requests / all KV slots",
+                 s.kv_used / total)
+    yield _gauge("sluice_kv_slots", "KV pool size in token slots", s.kv_total)
+    yield _gauge("sluice_kv_slots_reserved", "KV slots reserved by live requests", s.kv_used)
+    yield _gauge("sluice_kv_tokens_held", "Reserved KV slots that hold live tokens", s.kv_held)
+    yield _gauge("sluice_kv_fragmentation_ratio", "1 - held / reserved KV slots",
+                 1.0 - s.kv_held / s.kv_used if s.kv_used else 0.0)
+    yield _gauge("sluice_kv_slots_cached", "KV slots of the prefix cache no request holds "
+                 "(evictable)", s.kv_cached)
+    yield _gauge("sluice_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / "
+                 "prompt tokens looked up", s.prefix_hit_tokens / s.prefix_query_tokens
+                 if s.prefix_query_tokens else 0.0)
+    yield _gauge("sluice_degraded", "1 while degraded mode caps max_tokens and batch size",
+                 float(s.degraded))
+    yield _counter("sluice_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache",
+                   s.prefix_hit_tokens)
+    yield _counter("sluice_prefix_cache_query_tokens", "Prompt tokens looked up in the prefix "
+                   "cache", s.prefix_query_tokens)
+    yield _counter("sluice_scheduler_steps", "Batches the scheduler planned", s.num_steps)
+    yield _counter("sluice_retractions", "Requests retracted under KV pressure",
+                   s.num_retractions)
     if s.host_kv_total:
         yield from _host_tier_metrics(s)
 
 
 def _host_tier_metrics(s: SchedulerStats) -> Iterator[Metric]:
     """The host KV tier (`--host-kv-gib`): usage, copy traffic, hit rate per tier."""
-    yield GaugeMetricFamily("sluice_host_kv_slots", "Host KV tier size in token slots",
-                            value=s.host_kv_total)
-    yield GaugeMetricFamily("sluice_host_kv_usage_ratio", "Host KV slots holding a cached "
-                            "prefix / all host KV slots", value=s.host_kv_used / s.host_kv_total)
+    yield _gauge("sluice_host_kv_slots", "Host KV tier size in token slots", s.host_kv_total)
+    yield _gauge("sluice_host_kv_usage_ratio", "Host KV slots holding a cached prefix / all "
+                 "host KV slots", s.host_kv_used / s.host_kv_total)
     rate = GaugeMetricFamily("sluice_prefix_cache_tier_hit_rate", "Prompt tokens found in "
                              "one tier of the prefix cache / prompt tokens looked up",
                              labels=["tier"])
@@ -194,7 +195,6 @@ def _host_tier_metrics(s: SchedulerStats) -> Iterator[Metric]:
              s.writeback_seconds),
             ("load_seconds", "Device seconds spent loading KV from the host tier",
              s.load_seconds)):
-        yield CounterMetricFamily(f"sluice_kv_{name}", doc, value=value)
-    yield CounterMetricFamily("sluice_swaps", "Retracted requests whose KV went to the host "
-                              "tier (--preempt swap)", value=s.num_swaps)
-
+        yield _counter(f"sluice_kv_{name}", doc, value)
+    yield _counter("sluice_swaps", "Retracted requests whose KV went to the host tier "
+                   "(--preempt swap)", s.num_swaps)

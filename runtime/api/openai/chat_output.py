@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from runtime.api.openai.protocol import AssistantMessage, ChatDelta
+from runtime.api.openai.responses import AssistantMessage, ChatDelta
 from runtime.api.reasoning.think import ThinkParser
 from runtime.api.tools.parser import CallDelta, ToolParser
 from runtime.api.tools.protocol import DeltaFunction, DeltaToolCall, FunctionCall, ToolCallItem

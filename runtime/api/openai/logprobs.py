@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from runtime.api.openai.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+from runtime.api.openai.responses import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
 from runtime.wire.request_output import RequestOutput
 
 # (token id, its logprob or None, its alternatives (id, logprob) or None)

@@ -1,4 +1,5 @@
-"""OpenAI-compatible request and response schemas (msgspec), and the error JSON.
+"""OpenAI-compatible request schemas (msgspec) and the error JSON (the responses:
+`runtime.api.openai.responses`).
 
 Requests decode straight from the body: a field of the wrong type fails with a message
 naming it (`Expected `float | null`, got `str` - at `$.temperature``); unknown fields are
@@ -16,7 +17,7 @@ from typing import Any
 import msgspec
 
 from runtime.api.openai.response_format import response_json_schema
-from runtime.api.tools.protocol import DeltaToolCall, ToolCallItem
+from runtime.api.tools.protocol import ToolCallItem
 from runtime.wire.errors import EngineDeadError, InvalidRequest, Overloaded, ServerError
 from runtime.wire.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
@@ -218,102 +219,3 @@ def check_chat(req: ChatCompletionRequest) -> None:
             raise ApiError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
     if not req.messages:
         raise ApiError(400, "messages must not be empty", param="messages")
-
-
-# ---------------------------------------------------------------- responses
-class Usage(msgspec.Struct, kw_only=True):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: dict[str, int] | None = None  # {"cached_tokens": n}
-
-
-class CompletionLogprobs(msgspec.Struct, kw_only=True):
-    """Per token: its text, logprob (None for an echoed prompt's first token), offset in
-    the choice's text, and with logprobs=N its N alternatives plus itself, by text."""
-
-    tokens: list[str]
-    token_logprobs: list[float | None]
-    text_offset: list[int]
-    top_logprobs: list[dict[str, float] | None] | None = None
-
-
-class CompletionChoice(msgspec.Struct, kw_only=True):
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class CompletionResponse(msgspec.Struct, kw_only=True):
-    """A completions response, or (object "text_completion", streamed) one of its chunks."""
-
-    id: str
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    object: str = "text_completion"
-    usage: Usage | None = None
-
-
-class TopLogprob(msgspec.Struct, kw_only=True):
-    token: str
-    logprob: float
-    bytes: list[int]
-
-
-class TokenLogprob(msgspec.Struct, kw_only=True):
-    token: str
-    logprob: float
-    bytes: list[int]
-    top_logprobs: list[TopLogprob] = []
-
-
-class ChatLogprobs(msgspec.Struct, kw_only=True):
-    content: list[TokenLogprob]
-
-
-class AssistantMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
-    role: str
-    content: str | None
-    reasoning_content: str | None = None
-    tool_calls: list[ToolCallItem] | None = None
-
-
-class ChatChoice(msgspec.Struct, kw_only=True):
-    index: int
-    message: AssistantMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionResponse(msgspec.Struct, kw_only=True):
-    id: str
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    object: str = "chat.completion"
-
-
-class ChatDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
-    role: str | None = None
-    content: str | None = None
-    reasoning_content: str | None = None
-    tool_calls: list[DeltaToolCall] | None = None
-
-
-class ChatStreamChoice(msgspec.Struct, kw_only=True):
-    index: int
-    delta: ChatDelta
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(msgspec.Struct, kw_only=True):
-    id: str
-    created: int
-    model: str
-    choices: list[ChatStreamChoice]
-    object: str = "chat.completion.chunk"
-    usage: Usage | None = None

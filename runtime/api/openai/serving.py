@@ -34,24 +34,26 @@ from runtime.api.openai.logprobs import (
 )
 from runtime.api.openai.protocol import (
     ApiError,
-    AssistantMessage,
-    ChatChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
-    ChatCompletionResponse,
-    ChatDelta,
-    ChatStreamChoice,
-    CompletionChoice,
-    CompletionLogprobs,
     CompletionRequest,
-    CompletionResponse,
-    Usage,
     api_error,
     check_chat,
     check_completion,
     given_fields,
     prompt_list,
     to_params,
+)
+from runtime.api.openai.responses import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatStreamChoice,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionResponse,
+    Usage,
 )
 from runtime.api.streams import EventStream, Guard, MergedStreams, collect, start_streams
 from runtime.api.tokenizer_manager import TokenizerManager
