@@ -45,6 +45,7 @@ def test_multi_node_channels_are_tcp_on_node0():
     (dict(dp=0), "dp must be >= 1"),
     (dict(dp=2, router_policy="fastest"), "router_policy"),
     (dict(dp=4, port=65530), "needs ports"),
+    (dict(dp=2, port=0), "needs a port"),
 ])
 def test_impossible_scale_out_options_fail_clearly(options, message):
     with pytest.raises(ConfigError, match=message):

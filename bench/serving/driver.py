@@ -5,6 +5,8 @@ at most `concurrency` in flight, each released at its arrival time (all at once,
 gamma, bursts: `bench/serving/data.py`), and measures TTFT, TPOT, ITL, E2E and throughput
 (`bench/serving/metrics.py`). Meanwhile it polls the server's `/metrics` and, given the
 worker's `SLUICE_STEP_TIMING` file, reads its GPU idle time (`bench/serving/scrape.py`).
+Every timestamp is the event loop's clock (`loop.time()`, monotonic), so the client can be
+run on a loop whose clock is virtual.
 
 Each request asks for `logprobs: 0` (chosen-token logprobs, which Sluice's sampler computes
 anyway): their `tokens` list says how many tokens each SSE chunk carries, also for models
@@ -23,7 +25,6 @@ import asyncio
 import json
 import math
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,7 +52,8 @@ async def send_request(session: aiohttp.ClientSession, url: str, model: str,
     body = {"model": model, "prompt": spec.prompt, "max_tokens": spec.max_tokens,
             "stream": True, "stream_options": {"include_usage": True}, "logprobs": 0,
             "temperature": 0.0, "ignore_eos": True, **(extra or {})}
-    result.start = time.perf_counter()
+    clock = asyncio.get_running_loop().time
+    result.start = clock()
     try:
         async with session.post(url + "/v1/completions", json=body) as resp:
             if resp.status != 200:
@@ -69,7 +71,7 @@ async def send_request(session: aiohttp.ClientSession, url: str, model: str,
                 if "error" in obj:
                     result.error = str(obj["error"].get("message", obj["error"]))[:200]
                     return
-                now = time.perf_counter()
+                now = clock()
                 for choice in obj.get("choices") or ():
                     result.on_chunk(now, _tokens_in(choice))
                 if obj.get("usage"):
@@ -111,28 +113,31 @@ async def run_load(url: str, model: str, specs: list[RequestSpec], *, concurrenc
                    arrivals: list[float] | None = None, deadline: float | None = None,
                    scrape_interval: float = 0.5, step_timing: str | None = None,
                    kv_bytes_per_token: int = 0, progress: bool = True, label: str = "requests",
-                   extra: dict | None = None) -> LoadRun:
+                   extra: dict | None = None,
+                   connector: aiohttp.BaseConnector | None = None) -> LoadRun:
     """Send `specs` (request i not before `arrivals[i]` s, at most `concurrency` at once);
-    after `deadline` seconds cancel what is left (their streams close: the server aborts)."""
+    after `deadline` seconds cancel what is left (their streams close: the server aborts).
+    `connector`: how to reach `url` (default: TCP, no connection limit)."""
     url = url.rstrip("/")
     arrivals = arrivals or [0.0] * len(specs)
     results = [RequestResult(len(s.prompt)) for s in specs]
     slots = asyncio.Semaphore(max(1, concurrency))
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+    clock = asyncio.get_running_loop().time
+    async with aiohttp.ClientSession(connector=connector or aiohttp.TCPConnector(limit=0),
                                      timeout=timeout) as session:
         scraper = Scraper(session, url, scrape_interval)
         await scraper.start()
         offset = file_size(step_timing)
         bar = tqdm(total=len(specs), desc=label, unit="req", disable=not progress,
                    dynamic_ncols=True, mininterval=0.1 if sys.stderr.isatty() else 5.0)
-        t0 = time.perf_counter()
+        t0 = clock()
 
         async def one(i: int) -> None:
-            await asyncio.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
+            await asyncio.sleep(max(0.0, t0 + arrivals[i] - clock()))
             async with slots:
                 await send_request(session, url, model, specs[i], results[i], extra)
-            rate = sum(r.output_len for r in results) / (time.perf_counter() - t0)
+            rate = sum(r.output_len for r in results) / max(clock() - t0, 1e-9)
             bar.set_postfix(out_tok_s=f"{rate:.0f}", refresh=False)
             bar.update(1)
 
@@ -141,7 +146,7 @@ async def run_load(url: str, model: str, specs: list[RequestSpec], *, concurrenc
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        duration = time.perf_counter() - t0
+        duration = clock() - t0
         bar.close()
         for r in results:
             if not r.ok and not r.error:  # never sent

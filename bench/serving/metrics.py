@@ -29,7 +29,7 @@ class RequestResult:
     """What one request looked like from the client."""
 
     prompt_len: int
-    start: float = 0.0  # when it was sent (perf_counter)
+    start: float = 0.0  # when it was sent (the event loop's clock)
     ok: bool = False
     output_len: int = 0  # tokens received (the usage chunk's count when one came)
     ttft: float | None = None

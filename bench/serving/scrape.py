@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import json
 import math
-import time
 from pathlib import Path
 
 import aiohttp
@@ -61,7 +60,7 @@ class Scraper:
         try:
             async with self.session.get(self.url, timeout=aiohttp.ClientTimeout(total=5)) as r:
                 text = await r.text()
-            self.samples.append((time.perf_counter(), parse_prometheus(text)))
+            self.samples.append((asyncio.get_running_loop().time(), parse_prometheus(text)))
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             self.errors += 1
 

@@ -23,8 +23,11 @@ from kernels.attention.decode_config import (
     decode_num_splits,
     default_quant_config,
 )
+from kernels.attention.decode_parts import load_group_q, split_range, store_split
 from kernels.attention.decode_quant import decode_attention_quant_stage1
+from kernels.attention.online_softmax import softmax_fold
 from kernels.attention.split_merge import _decode_attention_merge_kernel
+from kernels.kv.paging import check_page_table, padded_slots, tile_slots
 from kernels.kv.store import QUANT_MAX, dequantize_ref, scale_strides, unscaled_pool
 from kernels.pdl import pdl_args, pdl_wait, prefetch_rows_l2
 
@@ -48,65 +51,34 @@ def _first_tile_to_l2(k_ptr, v_ptr, kv_indices_ptr, page_base, start, end, kvh, 
 
 @triton.jit
 def _decode_attention_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    kv_indptr_ptr,
-    kv_indices_ptr,
-    seq_lens_ptr,
+    q_ptr, k_ptr, v_ptr, kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr,
     mid_o_ptr,  # [B, Hq, num_splits, HEAD_DIM] contiguous float32 (or o itself: one split)
     mid_lse_ptr,  # [B, Hq, num_splits] contiguous float32
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
-    num_splits,
-    stride_qb,
-    stride_qh,
+    num_splits, stride_qb, stride_qh,
     stride_kvs,  # k_buf and v_buf share strides
     stride_kvh,
-    Q_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    USE_DOT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PDL: tl.constexpr,
-):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
-
+):  # fmt: skip
     # the step's lengths and page table are staged before its first kernel: read before the
     # PDL wait (`kernels.pdl`), as is the split's first tile of K/V into L2
-    seq_len = tl.load(seq_lens_ptr + b)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N  # whole tiles per split
-    start = split * split_len
-    end = tl.minimum(start + split_len, seq_len)
-    page_base = tl.load(kv_indptr_ptr + b)
+    b, kvh, split, start, end, page_base = split_range(seq_lens_ptr, kv_indptr_ptr, num_splits,
+                                                       BLOCK_N)
     if PDL:
         _first_tile_to_l2(k_ptr, v_ptr, kv_indices_ptr, page_base, start, end, kvh, stride_kvs,
                           stride_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N)
     pdl_wait(PDL)
 
-    offs_g = tl.arange(0, BLOCK_H)
-    offs_h = kvh * GROUP + offs_g  # query heads of this group
-    mask_h = offs_g < GROUP
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
-    q = tl.load(
-        q_ptr + b * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :],
-        mask=mask_h[:, None] & mask_d[None, :],
-        other=0.0,
-    )  # [BLOCK_H, BLOCK_D]
-
+    q, offs_h, mask_h, offs_d, mask_d = load_group_q(q_ptr, b, kvh, stride_qb, stride_qh, GROUP,
+                                                     HEAD_DIM, BLOCK_H, BLOCK_D)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max (base-2 logits)
     l_sum = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < end
-        page = tl.load(kv_indices_ptr + page_base + offs_n // PAGE_SIZE, mask=mask_n, other=0)
-        slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE  # [BLOCK_N]
+        offs_n, mask_n, slot = tile_slots(kv_indices_ptr, page_base, n0, end, PAGE_SIZE,
+                                          BLOCK_N, True)
         mask_nd = mask_n[:, None] & mask_d[None, :]
         kv_offs = slot[:, None] * stride_kvs + kvh * stride_kvh + offs_d[None, :]
         k = tl.load(k_ptr + kv_offs, mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
@@ -116,47 +88,24 @@ def _decode_attention_kernel(
         else:  # BLOCK_H == 1
             qk = tl.sum(q.to(tl.float32) * k.to(tl.float32), 1)[None, :]  # [1, BLOCK_N]
         qk = tl.where(mask_n[None, :], qk * qk_scale, float("-inf"))
-
-        m_new = tl.maximum(m, tl.max(qk, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(qk - m_new[:, None])  # [BLOCK_H, BLOCK_N]
-        l_sum = l_sum * alpha + tl.sum(p, 1)
+        m, l_sum, alpha, p = softmax_fold(qk, m, l_sum)  # p [BLOCK_H, BLOCK_N]
         if USE_DOT:
             pv = tl.dot(p.to(q.dtype), v)  # [BLOCK_H, BLOCK_D]
         else:
             pv = tl.sum(tl.sum(p, 0)[:, None] * v.to(tl.float32), 0)[None, :]  # [1, BLOCK_D]
         acc = acc * alpha[:, None] + pv
-        m = m_new
 
-    # An empty split (short sequence) stores o = 0, lse = -inf: it gets zero weight in the merge.
-    has_keys = l_sum > 0
-    l_safe = tl.where(has_keys, l_sum, 1.0)
-    o = acc / l_safe[:, None]
-    lse = tl.where(has_keys, m + tl.log2(l_safe), float("-inf"))
-    row = b * Q_HEADS + offs_h  # [BLOCK_H] rows of mid_lse, num_splits entries each
-    mid = (row[:, None] * num_splits + split) * HEAD_DIM + offs_d[None, :]
-    # one split: mid_o is the output itself (q's dtype), and no merge follows
-    o = o.to(mid_o_ptr.dtype.element_ty)
-    tl.store(mid_o_ptr + mid, o, mask=mask_h[:, None] & mask_d[None, :])
-    tl.store(mid_lse_ptr + row * num_splits + split, lse, mask=mask_h)
+    store_split(acc, m, l_sum, mid_o_ptr, mid_lse_ptr, b, Q_HEADS, offs_h, split, num_splits,
+                offs_d, mask_h, mask_d, HEAD_DIM, True)
 
 
 def decode_attention(
-    q: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    page_size: int,
-    sm_scale: float,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    num_splits: int | None = None,
-    out: torch.Tensor | None = None,
+    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor, seq_lens: torch.Tensor, page_size: int, sm_scale: float, *,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    num_splits: int | None = None, out: torch.Tensor | None = None,
     config: DecodeConfig | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """Attention of one query token per sequence over its paged KV; returns o `[B, Hq, D]`.
 
     q `[B, Hq, D]` (any strides but the last); k_buf/v_buf `[num_slots, Hkv, D]` (same
@@ -179,16 +128,7 @@ def decode_attention(
     assert q.stride(-1) == 1 and k_buf.stride(-1) == 1, "q, k_buf must be contiguous in head_dim"
     Hkv = k_buf.shape[1]
     assert Hq % Hkv == 0, f"query heads {Hq} not a multiple of kv heads {Hkv}"
-    assert kv_indptr.shape == (B + 1,) and kv_indptr.dtype == torch.int32, (
-        f"kv_indptr must be int32 [{B + 1}], got {kv_indptr.dtype} {tuple(kv_indptr.shape)}"
-    )
-    assert kv_indices.dim() == 1 and kv_indices.dtype in (torch.int32, torch.int64), (
-        f"kv_indices must be 1-D int32/int64, got {kv_indices.dtype} {tuple(kv_indices.shape)}"
-    )
-    assert seq_lens.shape == (B,) and seq_lens.dtype == torch.int32, (
-        f"seq_lens must be int32 [{B}], got {seq_lens.dtype} {tuple(seq_lens.shape)}"
-    )
-    assert page_size >= 1, f"page_size {page_size} must be positive"
+    check_page_table(kv_indices, page_size, kv_indptr=(kv_indptr, B + 1), seq_lens=(seq_lens, B))
     quant = k_buf.dtype in QUANT_MAX
     if quant and not unscaled_pool(k_buf, k_scale, v_scale):
         scale_strides(k_buf, k_scale, v_scale)
@@ -239,29 +179,29 @@ def decode_attention(
             BLOCK_H=max(16, triton.next_power_of_2(group)) if use_dot else 1,
             num_warps=config.num_warps, num_stages=config.num_stages, **pdl_args(q.device),
         )  # fmt: skip
-    if num_splits == 1:
-        return out
-    _decode_attention_merge_kernel[(B * Hq,)](
-        mid_o, mid_lse, out, num_splits, HEAD_DIM=D,
-        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, **pdl_args(q.device),
-    )  # fmt: skip
+    if num_splits > 1:
+        merge_splits(mid_o, mid_lse, out, block_d)
     return out
 
 
+def merge_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
+                 block_d: int) -> None:
+    """Stage 2: merge float32 partials mid_o `[B, H, num_splits, D]` by their base-2
+    log-sum-exps mid_lse `[B, H, num_splits]` into out `[B, H, D]` (contiguous), over
+    `block_d` columns (`kernels.attention.split_merge`)."""
+    B, H, num_splits, D = mid_o.shape
+    _decode_attention_merge_kernel[(B * H,)](
+        mid_o, mid_lse, out, num_splits, HEAD_DIM=D,
+        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, **pdl_args(out.device),
+    )  # fmt: skip
+
+
 def decode_attention_ref(
-    q: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    page_size: int,
-    sm_scale: float,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
+    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor, seq_lens: torch.Tensor, page_size: int, sm_scale: float, *,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
     max_seq_len: int | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """Torch reference of `decode_attention`, in float32 (or q's wider dtype): one padded
     SDPA call over every sequence's slots (padding reads slot 0 and is masked; an empty
     sequence gives zeros).
@@ -275,12 +215,7 @@ def decode_attention_ref(
         max_seq_len = int(seq_lens.max()) if B else 0
     if max_seq_len == 0:
         return torch.zeros_like(q)
-    cols = torch.arange(max_seq_len, device=q.device)  # [L]
-    valid = cols[None, :] < seq_lens[:, None]  # [B, L]
-    entries = kv_indptr[:-1, None].long() + cols[None, :] // page_size  # [B, L] into kv_indices
-    entries = torch.where(valid, entries, 0)  # padding reads entry 0 (in range)
-    slots = kv_indices[entries].long() * page_size + cols[None, :] % page_size  # [B, L]
-    slots = torch.where(valid, slots, 0)  # [B, L]
+    slots, valid = padded_slots(kv_indptr, kv_indices, seq_lens, page_size, max_seq_len)  # [B, L]
     acc = torch.promote_types(q.dtype, torch.float32)
     k = dequantize_ref(k_buf[slots], None if k_scale is None else k_scale[slots]).to(acc)
     v = dequantize_ref(v_buf[slots], None if v_scale is None else v_scale[slots]).to(acc)

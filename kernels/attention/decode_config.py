@@ -4,6 +4,7 @@ measured on the H200 for each pool, and the split count that fills the GPU."""
 import functools
 import os
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -22,7 +23,25 @@ MAX_SPLITS = 32
 
 
 @dataclass(frozen=True)
-class DecodeConfig:
+class LaunchConfig:
+    """What every attention kernel's launch config checks when it is made: its tile sides
+    (`TILES`, the names of its fields) powers of two >= 16 (tl.dot's least), `num_warps` 1 to
+    16 and `num_stages` >= 1. The subclasses hold the fields."""
+
+    TILES: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self):
+        for name in self.TILES:
+            n = getattr(self, name)
+            assert n >= 16 and n & (n - 1) == 0, f"{name} {n} must be a power of two >= 16"
+        assert self.num_warps in (1, 2, 4, 8, 16), (
+            f"num_warps {self.num_warps} must be 1, 2, 4, 8 or 16"
+        )
+        assert self.num_stages >= 1, f"num_stages {self.num_stages} must be >= 1"
+
+
+@dataclass(frozen=True)
+class DecodeConfig(LaunchConfig):
     """Launch knobs of the stage-1 kernel (bench/kernels/driver.py --sweep searches them).
 
     use_dot None means tl.dot only for GQA groups; True also pads a single head to 16 rows.
@@ -35,6 +54,7 @@ class DecodeConfig:
     num_stages its ring of copies, the other knobs unused).
     """
 
+    TILES = ("block_n",)
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
@@ -43,10 +63,6 @@ class DecodeConfig:
     prefetch: bool = False
     gluon: bool = False
 
-    def __post_init__(self):
-        assert self.block_n >= 16 and self.block_n & (self.block_n - 1) == 0, (
-            f"block_n {self.block_n} must be a power of two >= 16"
-        )
 
 
 # fastest in `python -m bench.kernels --only decode --sweep` on the H200 (B64, L4096, D128, fp16):

@@ -28,6 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention.decode_parts import load_group_q, split_range, store_split
+from kernels.attention.online_softmax import softmax_fold
+from kernels.kv.paging import tile_slots
 from kernels.pdl import pdl_args, pdl_wait
 
 INT8_OFFSET = tl.constexpr(1152.0)  # fp16 bits 0x6480; 0x6480 + x for int8 x reads as 1152 + x
@@ -71,10 +74,7 @@ def _load_tile(
     """Raw K/V codes `[BLOCK_N, BLOCK_D // PACK]` (PACK codes an element: int32 words when 4,
     bytes when 1), their scales `[BLOCK_N]` (1 unSCALED) and key mask for keys n0.. (masked
     from `end`)."""
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < end
-    page = tl.load(kv_indices_ptr + page_base + offs_n // PAGE_SIZE, mask=mask_n, other=0)
-    slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE  # [BLOCK_N]
+    _, mask_n, slot = tile_slots(kv_indices_ptr, page_base, n0, end, PAGE_SIZE, BLOCK_N, True)
     offs_c = tl.arange(0, BLOCK_D // PACK)
     mask = mask_n[:, None] & (offs_c < HEAD_DIM // PACK)[None, :]
     offs = slot[:, None] * stride_kvs + kvh * stride_kvh + offs_c[None, :]
@@ -93,60 +93,23 @@ def _load_tile(
 @triton.jit
 def _decode_attention_quant_kernel(
     q_ptr,
-    k_ptr,  # [num_slots, Hkv, HEAD_DIM] float8e4nv or int8; v the same
-    v_ptr,
-    k_scale_ptr,  # [num_slots, Hkv] float32 (read only when SCALED)
-    v_scale_ptr,
-    kv_indptr_ptr,
-    kv_indices_ptr,
-    seq_lens_ptr,
-    mid_o_ptr,  # [B, Hq, num_splits, HEAD_DIM] contiguous float32 (or o itself: one split)
-    mid_lse_ptr,  # [B, Hq, num_splits] contiguous float32
-    qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
-    num_splits,
-    stride_qb,
-    stride_qh,
-    stride_kvs,  # k_buf and v_buf share strides
-    stride_kvh,
-    stride_ss,  # k_scale and v_scale share strides
-    stride_sh,
-    Q_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    INT_OFFSET: tl.constexpr,
-    IS_INT: tl.constexpr,
-    WORDS: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    CODE_SCALE: tl.constexpr,
-    SCALED: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
-):
+    k_ptr, v_ptr,  # [num_slots, Hkv, HEAD_DIM] float8e4nv or int8 (int32 words when WORDS)
+    k_scale_ptr, v_scale_ptr,  # [num_slots, Hkv] float32 (read only when SCALED)
+    # the page table, outputs, scale and strides as in `_decode_attention_kernel`
+    kv_indptr_ptr, kv_indices_ptr, seq_lens_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, num_splits,
+    stride_qb, stride_qh, stride_kvs, stride_kvh,
+    stride_ss, stride_sh,  # k_scale and v_scale share strides
+    Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, INT_OFFSET: tl.constexpr, IS_INT: tl.constexpr, WORDS: tl.constexpr,
+    PREFETCH: tl.constexpr, CODE_SCALE: tl.constexpr, SCALED: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
     pdl_wait(PDL)
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
-
-    seq_len = tl.load(seq_lens_ptr + b)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N  # whole tiles per split
-    start = split * split_len
-    end = tl.minimum(start + split_len, seq_len)
-    page_base = tl.load(kv_indptr_ptr + b)
-
-    offs_g = tl.arange(0, BLOCK_H)
-    offs_h = kvh * GROUP + offs_g  # query heads of this group, padded to BLOCK_H >= 16 rows
-    mask_h = offs_g < GROUP
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
-    q = tl.load(
-        q_ptr + b * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :],
-        mask=mask_h[:, None] & mask_d[None, :],
-        other=0.0,
-    )  # [BLOCK_H, BLOCK_D]
+    b, kvh, split, start, end, page_base = split_range(seq_lens_ptr, kv_indptr_ptr, num_splits,
+                                                       BLOCK_N)
+    # the group's query heads padded to BLOCK_H >= 16 rows
+    q, offs_h, mask_h, offs_d, mask_d = load_group_q(q_ptr, b, kvh, stride_qb, stride_qh, GROUP,
+                                                     HEAD_DIM, BLOCK_H, BLOCK_D)
     q = (q.to(tl.float32) * qk_scale).to(DOT_DTYPE)
     q_sum = tl.sum(q.to(tl.float32), 1)  # [BLOCK_H], what an int8 tile's offset adds per key
 
@@ -189,10 +152,7 @@ def _decode_attention_quant_kernel(
             qk -= INT8_OFFSET * q_sum[:, None]
         qk = qk * (k_s * CODE_SCALE)[None, :]
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m, tl.max(qk, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(qk - m_new[:, None])  # [BLOCK_H, BLOCK_N]
-        l_sum = l_sum * alpha + tl.sum(p, 1)
+        m, l_sum, alpha, p = softmax_fold(qk, m, l_sum)  # p [BLOCK_H, BLOCK_N]
         # sum_n p_n (s_n v_n) = s_max sum_n (p_n s_n / s_max) v_n, weights in [0, 1]
         v_max = tl.maximum(tl.max(v_s, 0), 1e-30)
         p = (p * (v_s / v_max)[None, :]).to(DOT_DTYPE)
@@ -201,19 +161,9 @@ def _decode_attention_quant_kernel(
             pv -= INT8_OFFSET * tl.sum(p.to(tl.float32), 1)[:, None]
         pv = pv * (v_max * CODE_SCALE)
         acc = acc * alpha[:, None] + pv
-        m = m_new
 
-    # An empty split (short sequence) stores o = 0, lse = -inf: it gets zero weight in the merge.
-    has_keys = l_sum > 0
-    l_safe = tl.where(has_keys, l_sum, 1.0)
-    o = acc / l_safe[:, None]
-    lse = tl.where(has_keys, m + tl.log2(l_safe), float("-inf"))
-    row = b * Q_HEADS + offs_h  # [BLOCK_H] rows of mid_lse, num_splits entries each
-    mid = (row[:, None] * num_splits + split) * HEAD_DIM + offs_d[None, :]
-    # one split: mid_o is the output itself (q's dtype), and no merge follows
-    o = o.to(mid_o_ptr.dtype.element_ty)
-    tl.store(mid_o_ptr + mid, o, mask=mask_h[:, None] & mask_d[None, :])
-    tl.store(mid_lse_ptr + row * num_splits + split, lse, mask=mask_h)
+    store_split(acc, m, l_sum, mid_o_ptr, mid_lse_ptr, b, Q_HEADS, offs_h, split, num_splits,
+                offs_d, mask_h, mask_d, HEAD_DIM, True)
 
 
 def decode_attention_quant_stage1(

@@ -34,7 +34,8 @@ from kernels.attention.extend_config import (
     fp8_scores_default,
     rows_per_token,
 )
-from kernels.attention.extend_tiles import new_tile, prefix_tile
+from kernels.attention.extend_tiles import extend_range, new_tile, prefix_tile
+from kernels.kv.paging import check_page_table
 from kernels.kv.store import QUANT_MAX, scale_strides, unscaled_pool
 
 LOG2E = 1.4426950408889634
@@ -69,13 +70,8 @@ def _extend_attention_kernel(
     head0 = tl.program_id(1) * ROWS  # packed: the kv head's first query head
     kvh = head0 // GROUP
 
-    q_start = tl.load(qo_indptr_ptr + b)
-    new_len = tl.load(qo_indptr_ptr + b + 1) - q_start
-    active = mb * BLOCK_M < new_len * ROWS  # programs past this sequence's rows do nothing
-    prefix_len = tl.where(active, tl.load(prefix_lens_ptr + b), 0)
-    last = ((mb + 1) * BLOCK_M - 1) // ROWS  # the program's last token
-    new_end = tl.where(active, tl.minimum(new_len, last + 1), 0)  # causal bound
-    page_base = tl.load(kv_indptr_ptr + b)
+    q_start, new_len, active, prefix_len, new_end, page_base = extend_range(
+        qo_indptr_ptr, prefix_lens_ptr, kv_indptr_ptr, b, mb, ROWS, BLOCK_M)
 
     rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
     offs_m = rows // ROWS  # each row's new-token index within the sequence
@@ -159,26 +155,14 @@ def launch_grid(
 
 
 def extend_attention(
-    q: torch.Tensor,
-    k_new: torch.Tensor,
-    v_new: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    page_size: int,
-    sm_scale: float,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    max_new_len: int | None = None,
-    max_prefix_len: int | None = None,
-    config: ExtendConfig | None = None,
-    fp8_scores: bool | None = None,
+    q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_buf: torch.Tensor,
+    v_buf: torch.Tensor, qo_indptr: torch.Tensor, prefix_lens: torch.Tensor,
+    kv_indptr: torch.Tensor, kv_indices: torch.Tensor, page_size: int, sm_scale: float, *,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    max_new_len: int | None = None, max_prefix_len: int | None = None,
+    config: ExtendConfig | None = None, fp8_scores: bool | None = None,
     pack_heads: bool | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """Attention of a varlen batch's new tokens over prefix + themselves; o `[T, Hq, D]`.
 
     q `[T, Hq, D]` and k_new/v_new `[T, Hkv, D]` may be strided views (k_new and v_new with
@@ -214,18 +198,8 @@ def extend_attention(
     for name, x in (("q", q), ("k_new", k_new), ("k_buf", k_buf)):
         assert x.stride(-1) == 1, f"{name} must be contiguous along head_dim"
     B = prefix_lens.shape[0]
-    for name, x, n in (
-        ("qo_indptr", qo_indptr, B + 1),
-        ("prefix_lens", prefix_lens, B),
-        ("kv_indptr", kv_indptr, B + 1),
-    ):
-        assert x.shape == (n,) and x.dtype == torch.int32, (
-            f"{name} must be int32 [{n}], got {x.dtype} {tuple(x.shape)}"
-        )
-    assert kv_indices.dim() == 1 and kv_indices.dtype in (torch.int32, torch.int64), (
-        f"kv_indices must be 1-D int32/int64, got {kv_indices.dtype} {tuple(kv_indices.shape)}"
-    )
-    assert page_size >= 1, f"page_size {page_size} must be positive"
+    check_page_table(kv_indices, page_size, qo_indptr=(qo_indptr, B + 1),
+                     prefix_lens=(prefix_lens, B), kv_indptr=(kv_indptr, B + 1))
     quant = k_buf.dtype in QUANT_MAX
     scaled = quant and not unscaled_pool(k_buf, k_scale, v_scale)
     if scaled:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.attention.decode_config import FP8_CAPABILITY, kernel_capability
+from kernels.attention.decode_config import FP8_CAPABILITY, LaunchConfig, kernel_capability
 
 # shared memory of each default below (head dim 128, as compiled for sm_90)
 QUANT_SMEM = 161 * 1024  # a quantized prefix: 128 x 128 tiles in 2 stages
@@ -17,24 +17,16 @@ SHORT_RUN = 64  # query rows this few leave a 128-row tile half empty
 
 
 @dataclass(frozen=True)
-class ExtendConfig:
+class ExtendConfig(LaunchConfig):
     """Launch knobs of the extend kernel: `block_m` query rows a program (new tokens of one
     head, or under GQA tokens x one kv head's query heads), over key tiles of `block_n`, with
     `num_stages` of Triton's load pipeline."""
 
+    TILES = ("block_m", "block_n")
     block_m: int = 64
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
-
-    def __post_init__(self):
-        for name in ("block_m", "block_n"):
-            n = getattr(self, name)
-            assert n >= 16 and n & (n - 1) == 0, f"{name} {n} must be a power of two >= 16"
-        assert self.num_warps in (1, 2, 4, 8, 16), (
-            f"num_warps {self.num_warps} must be 1, 2, 4, 8 or 16"
-        )
-        assert self.num_stages >= 1, f"num_stages {self.num_stages} must be >= 1"
 
 
 def rows_per_token(q_heads: int, kv_heads: int, pack_heads: bool | None = None) -> int:

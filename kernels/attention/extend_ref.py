@@ -4,27 +4,17 @@ sequence, in float32, over its cached prefix gathered through the page table and
 import torch
 import torch.nn.functional as F
 
-from kernels.kv.paging import expand_pages
+from kernels.kv.paging import extend_runs
 from kernels.kv.store import dequantize_ref, quantize_ref
 
 
 def extend_attention_ref(
-    q: torch.Tensor,
-    k_new: torch.Tensor,
-    v_new: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    page_size: int,
-    sm_scale: float,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
+    q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_buf: torch.Tensor,
+    v_buf: torch.Tensor, qo_indptr: torch.Tensor, prefix_lens: torch.Tensor,
+    kv_indptr: torch.Tensor, kv_indices: torch.Tensor, page_size: int, sm_scale: float, *,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
     fp8_scores: bool = False,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """Torch reference of `extend_attention`, in float32 (or q's wider dtype): one SDPA call
     per sequence over its cached prefix (gathered through the page table) and its new
     tokens (fp8_scores: q's rows quantized to e4m3 against the prefix, as the kernel does).
@@ -33,13 +23,8 @@ def extend_attention_ref(
     group = Hq // k_new.shape[1]
     acc = torch.promote_types(q.dtype, torch.float32)
     out = torch.zeros(T, Hq, D, dtype=acc, device=q.device)
-    q_starts, page_starts = qo_indptr.tolist(), kv_indptr.tolist()
-    for b, prefix in enumerate(prefix_lens.tolist()):
-        lo, hi = q_starts[b], q_starts[b + 1]
-        n = hi - lo
-        if n == 0:
-            continue
-        slots = expand_pages(kv_indices[page_starts[b] :], prefix, page_size)  # [P]
+    for lo, hi, slots in extend_runs(qo_indptr, prefix_lens, kv_indptr, kv_indices, page_size):
+        n, prefix = hi - lo, len(slots)  # slots [P] of the cached prefix
         k_pre = dequantize_ref(k_buf[slots], None if k_scale is None else k_scale[slots]).to(acc)
         v_pre = dequantize_ref(v_buf[slots], None if v_scale is None else v_scale[slots]).to(acc)
         # K/V repeated per query head (not enable_gqa) so fused SDPA kernels stay eligible

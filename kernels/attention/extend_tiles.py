@@ -1,5 +1,6 @@
 """Key tiles of extend attention (`kernels.attention.extend`): each folds one tile of keys
-into a program's running softmax (max, sum) and output accumulator. A prefix tile reads the
+into a program's running softmax (max, sum) and output accumulator; and the row block's range
+of keys, shared with MLA extend. A prefix tile reads the
 pool through the page table (widening fp8 / int8 codes with their scales in registers), a
 new-token tile reads the new K/V rows; `MASK` off, a tile known to lie within bounds loads
 and scores without masks."""
@@ -7,9 +8,27 @@ and scores without masks."""
 import triton
 import triton.language as tl
 
+from kernels.attention.online_softmax import softmax_fold
+from kernels.kv.paging import tile_slots
 from kernels.widen_ptx import WIDEN_INT8
 
 INT8_TO_F16 = tl.constexpr(WIDEN_INT8)  # $2: 4 int8 codes -> $0, $1: 4 fp16
+
+
+@triton.jit
+def extend_range(qo_indptr_ptr, prefix_lens_ptr, kv_indptr_ptr, b, mb, ROWS, BLOCK_M):
+    """Sequence b's new tokens (q_start, new_len) and what row block mb (BLOCK_M query rows,
+    ROWS a token) reads of them: whether it holds a row (active), its prefix_len cached keys
+    and the new keys below new_end (up to its last token: the causal bound), both 0 when it
+    lies past the sequence's rows; page_base, where the sequence's page ids start."""
+    q_start = tl.load(qo_indptr_ptr + b)
+    new_len = tl.load(qo_indptr_ptr + b + 1) - q_start
+    active = mb * BLOCK_M < new_len * ROWS  # programs past this sequence's rows do nothing
+    prefix_len = tl.where(active, tl.load(prefix_lens_ptr + b), 0)
+    last = ((mb + 1) * BLOCK_M - 1) // ROWS  # the program's last token
+    new_end = tl.where(active, tl.minimum(new_len, last + 1), 0)  # causal bound
+    page_base = tl.load(kv_indptr_ptr + b)
+    return q_start, new_len, active, prefix_len, new_end, page_base
 
 
 @triton.jit
@@ -20,11 +39,7 @@ def _softmax_step(q, k, mask, m, l_sum, qk_scale, MASK: tl.constexpr):
     qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale  # [BLOCK_M, BLOCK_N]
     if MASK:
         qk = tl.where(mask, qk, float("-inf"))
-    m_new = tl.maximum(m, tl.max(qk, 1))  # finite: the first tile shows every row key 0
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    l_sum = l_sum * alpha + tl.sum(p, 1)
-    return m_new, l_sum, alpha, p
+    return softmax_fold(qk, m, l_sum)  # the max is finite: the first tile shows every row key 0
 
 
 @triton.jit
@@ -59,13 +74,7 @@ def prefix_tile(
 ):  # fmt: skip
     """Prefix keys n0 : n0 + BLOCK_N, read through the page table, folded into (m, l_sum, acc);
     MASK: the tile reaches past prefix_len (else every load and score is in bounds)."""
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < prefix_len
-    if MASK:
-        page = tl.load(pages_ptr + offs_n // PAGE_SIZE, mask=mask_n, other=0)
-    else:
-        page = tl.load(pages_ptr + offs_n // PAGE_SIZE)
-    slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE  # [BLOCK_N]
+    _, mask_n, slot = tile_slots(pages_ptr, 0, n0, prefix_len, PAGE_SIZE, BLOCK_N, MASK)
     kv_offs = slot[:, None] * stride_kvs + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
     k = _load_rows(k_ptr + kv_offs, mask_n, mask_d, MASK, EVEN_D)  # [BLOCK_N, BLOCK_D]
     v = _load_rows(v_ptr + kv_offs, mask_n, mask_d, MASK, EVEN_D)  # [BLOCK_N, BLOCK_D]

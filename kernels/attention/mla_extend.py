@@ -20,47 +20,29 @@ import triton
 import triton.language as tl
 
 from kernels.attention.decode import LOG2E
-from kernels.attention.mla_decode import check_pool_scale, latent_softmax_step
-from kernels.kv.paging import expand_pages
+from kernels.attention.extend_tiles import extend_range
+from kernels.attention.mla_decode import check_latent
+from kernels.attention.mla_tiles import latent_softmax_step, load_latent, paged_latent_tile
+from kernels.kv.paging import check_page_table, extend_runs
 from kernels.kv.store import QUANT_MAX, dequantize_ref
 
 
 @triton.jit(do_not_specialize=["heads"])
 def _mla_extend_kernel(
-    q_ptr,
-    kv_new_ptr,
-    kv_ptr,
+    q_ptr, kv_new_ptr, kv_ptr,
     kv_scale_ptr,  # [num_slots] float32, read only when QUANT
     o_ptr,  # [T, heads, DL] contiguous
-    qo_indptr_ptr,
-    prefix_lens_ptr,
-    kv_indptr_ptr,
-    kv_indices_ptr,
+    qo_indptr_ptr, prefix_lens_ptr, kv_indptr_ptr, kv_indices_ptr,
     qk_scale,  # sm_scale * log2(e)
-    stride_qt,
-    stride_qh,
-    stride_newt,
-    stride_kvs,
-    heads,
-    DL: tl.constexpr,
-    DR: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    QUANT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_DL: tl.constexpr,
-    BLOCK_DR: tl.constexpr,
-):
+    stride_qt, stride_qh, stride_newt, stride_kvs, heads,
+    DL: tl.constexpr, DR: tl.constexpr, PAGE_SIZE: tl.constexpr, QUANT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DL: tl.constexpr, BLOCK_DR: tl.constexpr,
+):  # fmt: skip
     mb = tl.program_id(0)  # row blocks first: grid dim 0 has no 65535 limit
     b = tl.program_id(1)
 
-    q_start = tl.load(qo_indptr_ptr + b)
-    new_len = tl.load(qo_indptr_ptr + b + 1) - q_start
-    active = mb * BLOCK_M < new_len * heads  # programs past this sequence's rows do nothing
-    prefix_len = tl.where(active, tl.load(prefix_lens_ptr + b), 0)
-    last_tok = ((mb + 1) * BLOCK_M - 1) // heads  # the block's last token: the causal bound
-    new_end = tl.where(active, tl.minimum(new_len, last_tok + 1), 0)
-    page_base = tl.load(kv_indptr_ptr + b)
+    q_start, new_len, _, prefix_len, new_end, page_base = extend_range(
+        qo_indptr_ptr, prefix_lens_ptr, kv_indptr_ptr, b, mb, heads, BLOCK_M)
 
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # query rows, token * heads + head
     tok = offs_m // heads  # [BLOCK_M] new-token index within the sequence
@@ -71,39 +53,24 @@ def _mla_extend_kernel(
     offs_r = tl.arange(0, BLOCK_DR)
     mask_r = offs_r < DR
     q_rows = q_ptr + (q_start + tok).to(tl.int64)[:, None] * stride_qt + head[:, None] * stride_qh
-    mask_ml = mask_m[:, None] & mask_l[None, :]
-    q_nope = tl.load(q_rows + offs_l[None, :], mask=mask_ml, other=0.0)  # [BLOCK_M, BLOCK_DL]
-    mask_mr = mask_m[:, None] & mask_r[None, :]
-    q_rope = tl.load(q_rows + DL + offs_r[None, :], mask=mask_mr, other=0.0)  # [BLOCK_M, BLOCK_DR]
+    q_nope, q_rope = load_latent(q_rows, mask_m, offs_l, mask_l, offs_r, mask_r, DL)
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DL], tl.float32)
 
     for n0 in range(0, prefix_len, BLOCK_N):  # cached prefix, through the page table
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < prefix_len
-        page = tl.load(kv_indices_ptr + page_base + offs_n // PAGE_SIZE, mask=mask_n, other=0)
-        slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE  # [BLOCK_N]
-        rows = kv_ptr + slot[:, None] * stride_kvs
-        c_kv = tl.load(rows + offs_l[None, :], mask=mask_n[:, None] & mask_l[None, :], other=0.0)
-        mask_nr = mask_n[:, None] & mask_r[None, :]
-        k_rope = tl.load(rows + DL + offs_r[None, :], mask=mask_nr, other=0.0)
-        row_scale = offs_n  # unused unless QUANT
-        if QUANT:
-            row_scale = tl.load(kv_scale_ptr + slot, mask=mask_n, other=0.0)  # [BLOCK_N]
-        m, l_sum, acc = latent_softmax_step(
-            q_nope, q_rope, c_kv, k_rope, row_scale, mask_n[None, :], m, l_sum, acc, qk_scale,
-            QUANT,
-        )
+        m, l_sum, acc = paged_latent_tile(
+            q_nope, q_rope, m, l_sum, acc, n0, prefix_len, kv_indices_ptr, page_base, kv_ptr,
+            kv_scale_ptr, stride_kvs, offs_l, mask_l, offs_r, mask_r, qk_scale, DL, PAGE_SIZE,
+            QUANT, BLOCK_N,
+        )  # fmt: skip
 
     for n0 in range(0, new_end, BLOCK_N):  # new tokens, causal per row
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < new_len
         rows = kv_new_ptr + (q_start + offs_n).to(tl.int64)[:, None] * stride_newt
-        c_kv = tl.load(rows + offs_l[None, :], mask=mask_n[:, None] & mask_l[None, :], other=0.0)
-        mask_nr = mask_n[:, None] & mask_r[None, :]
-        k_rope = tl.load(rows + DL + offs_r[None, :], mask=mask_nr, other=0.0)
+        c_kv, k_rope = load_latent(rows, mask_n, offs_l, mask_l, offs_r, mask_r, DL)
         causal = (offs_n[None, :] <= tok[:, None]) & mask_n[None, :]  # [BLOCK_M, BLOCK_N]
         m, l_sum, acc = latent_softmax_step(
             q_nope, q_rope, c_kv, k_rope, offs_n, causal, m, l_sum, acc, qk_scale, False
@@ -111,24 +78,16 @@ def _mla_extend_kernel(
 
     o = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]  # [BLOCK_M, BLOCK_DL]
     o_rows = ((q_start + tok).to(tl.int64) * heads + head) * DL  # [BLOCK_M]
+    mask_ml = mask_m[:, None] & mask_l[None, :]
     tl.store(o_ptr + o_rows[:, None] + offs_l[None, :], o.to(o_ptr.dtype.element_ty), mask_ml)
 
 
 def mla_extend(
-    q: torch.Tensor,
-    kv_new: torch.Tensor,
-    kv_pool: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    page_size: int,
-    sm_scale: float,
-    *,
-    kv_lora_rank: int = 512,
-    kv_scale: torch.Tensor | None = None,
+    q: torch.Tensor, kv_new: torch.Tensor, kv_pool: torch.Tensor, qo_indptr: torch.Tensor,
+    prefix_lens: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, page_size: int,
+    sm_scale: float, *, kv_lora_rank: int = 512, kv_scale: torch.Tensor | None = None,
     max_new_len: int | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """MLA attention of a varlen batch's new tokens over prefix + themselves, absorbed form;
     returns o `[T, H, Dl]` in q's dtype (before W_UV).
 
@@ -141,31 +100,14 @@ def mla_extend(
     max_new_len (the longest run of new tokens) sizes the grid; None reads it from qo_indptr,
     a host sync.
     """
-    assert q.dim() == 3, f"q must be [T, H, Dl + Dr], got {tuple(q.shape)}"
+    Dl, Dr, kv_scale = check_latent(q, kv_pool, kv_scale, kv_lora_rank)
     T, H, D = q.shape
-    Dl, Dr = kv_lora_rank, D - kv_lora_rank
-    assert Dr > 0, f"q width {D} must exceed kv_lora_rank {Dl} (the rope part)"
     assert kv_new.shape == (T, 1, D), f"kv_new {tuple(kv_new.shape)} must be [{T}, 1, {D}]"
-    assert kv_pool.dim() == 3 and kv_pool.shape[1:] == (1, D), (
-        f"kv_pool {tuple(kv_pool.shape)} must be [num_slots, 1, {D}]"
-    )
     assert kv_new.dtype == q.dtype, f"kv_new dtype {kv_new.dtype} != q dtype {q.dtype}"
-    kv_scale = check_pool_scale(kv_pool, kv_scale, q.dtype)
-    for name, x in (("q", q), ("kv_new", kv_new), ("kv_pool", kv_pool)):
-        assert x.stride(-1) == 1, f"{name} must be contiguous in its last dim"
+    assert kv_new.stride(-1) == 1, "kv_new must be contiguous in its last dim"
     B = prefix_lens.shape[0]
-    for name, x, n in (
-        ("qo_indptr", qo_indptr, B + 1),
-        ("prefix_lens", prefix_lens, B),
-        ("kv_indptr", kv_indptr, B + 1),
-    ):
-        assert x.shape == (n,) and x.dtype == torch.int32, (
-            f"{name} must be int32 [{n}], got {x.dtype} {tuple(x.shape)}"
-        )
-    assert kv_indices.dim() == 1 and kv_indices.dtype in (torch.int32, torch.int64), (
-        f"kv_indices must be 1-D int32/int64, got {kv_indices.dtype} {tuple(kv_indices.shape)}"
-    )
-    assert page_size >= 1, f"page_size {page_size} must be positive"
+    check_page_table(kv_indices, page_size, qo_indptr=(qo_indptr, B + 1),
+                     prefix_lens=(prefix_lens, B), kv_indptr=(kv_indptr, B + 1))
     o = torch.empty(T, H, Dl, dtype=q.dtype, device=q.device)
     if T == 0 or B == 0:
         return o
@@ -188,19 +130,10 @@ def mla_extend(
 
 
 def mla_extend_ref(
-    q: torch.Tensor,
-    kv_new: torch.Tensor,
-    kv_pool: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    page_size: int,
-    sm_scale: float,
-    *,
-    kv_lora_rank: int = 512,
-    kv_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
+    q: torch.Tensor, kv_new: torch.Tensor, kv_pool: torch.Tensor, qo_indptr: torch.Tensor,
+    prefix_lens: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, page_size: int,
+    sm_scale: float, *, kv_lora_rank: int = 512, kv_scale: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Torch reference of `mla_extend`, in float32 (or q's wider dtype); returns `[T, H, Dl]`.
 
     One SDPA call per sequence with its n new tokens' H heads in the query length (n * H rows)
@@ -211,13 +144,8 @@ def mla_extend_ref(
     Dl = kv_lora_rank
     acc = torch.promote_types(q.dtype, torch.float32)
     out = torch.zeros(T, H, Dl, dtype=acc, device=q.device)
-    q_starts, page_starts = qo_indptr.tolist(), kv_indptr.tolist()
-    for b, prefix in enumerate(prefix_lens.tolist()):
-        lo, hi = q_starts[b], q_starts[b + 1]
-        n = hi - lo
-        if n == 0:
-            continue
-        slots = expand_pages(kv_indices[page_starts[b] :], prefix, page_size)  # [P]
+    for lo, hi, slots in extend_runs(qo_indptr, prefix_lens, kv_indptr, kv_indices, page_size):
+        n, prefix = hi - lo, len(slots)  # slots [P] of the cached prefix
         scale = None if kv_scale is None else kv_scale[slots, 0]  # [P]
         prefix_rows = dequantize_ref(kv_pool[slots, 0], scale).to(acc)  # [P, Dl + Dr]
         rows = torch.cat([prefix_rows, kv_new[lo:hi, 0].to(acc)])  # [P+n, Dl + Dr]

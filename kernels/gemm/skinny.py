@@ -41,15 +41,9 @@ import triton
 import triton.language as tl
 
 from kernels.gemm.skinny_configs import GATED_CONFIG, SkinnyConfig, m_bucket, pick_config
-from kernels.gemm.skinny_parts import (
-    channel_terms,
-    first_tile_to_l2,
-    fma_fold,
-    skinny_finish,
-    x_row,
-)
+from kernels.gemm.skinny_parts import fma_fold, program_start, skinny_finish, x_row
 from kernels.norm_rope.activation import silu_and_mul_ref
-from kernels.pdl import pdl_args, pdl_wait
+from kernels.pdl import pdl_args
 
 MAX_ROWS = 16  # x rows one launch handles; larger batches go to the tensor-core GEMMs
 BLOCK_M = 16  # x rows padded to the smallest MMA width
@@ -73,19 +67,12 @@ def _skinny_dot_kernel(
     PDL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    pid_n, offs_n, mask_n, t_lo, t_hi, w_rows, scale, bias = program_start(
+        w_ptr, scale_ptr, b_ptr, N, K, stride_wn, tiles_per_split, HAS_SCALE, HAS_BIAS, PDL,
+        BLOCK_N, BLOCK_K)
     offs_m = tl.arange(0, BLOCK_M)  # [BM]
-    mask_n = offs_n < N
     mask_m = offs_m < M
-    t_lo = pid_k * tiles_per_split  # this slice's BLOCK_K tiles of K
-    t_hi = tl.minimum(t_lo + tiles_per_split, tl.cdiv(K, BLOCK_K))
-    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BN, 1]
     x_rows = x_ptr + offs_m[:, None] * stride_xm  # [BM, 1]
-    first_tile_to_l2(w_ptr, offs_n, N, K, stride_wn, t_lo, PDL, BLOCK_K)
-    scale, bias = channel_terms(scale_ptr, b_ptr, offs_n, mask_n, HAS_SCALE, HAS_BIAS)
-    pdl_wait(PDL)  # x, the workspace and y belong to the kernels around this one
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     for t in range(t_lo, t_hi):
         # Tile starts are multiples of BLOCK_K (known to the compiler: 16-byte loads), and
@@ -116,15 +103,11 @@ def _skinny_rowsum_kernel(
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
     GATED: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    pid_n, offs_n, mask_n, t_lo, t_hi, w_rows, scale, bias = program_start(
+        w_ptr, scale_ptr, b_ptr, N, K, stride_wn, tiles_per_split, HAS_SCALE, HAS_BIAS, PDL,
+        BLOCK_N, BLOCK_K)
     offs_m = tl.arange(0, ROWS)  # [R]
-    mask_n = offs_n < N
     mask_m = offs_m < M
-    t_lo = pid_k * tiles_per_split
-    t_hi = tl.minimum(t_lo + tiles_per_split, tl.cdiv(K, BLOCK_K))
-    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BN, 1]
     # Float32 partial sums, one per row of x and per VEC weight elements a thread holds (at
     # most one 16-byte load): each tile's products are summed in-thread into them, and across
     # K once, after the loop. A larger VEC saves registers: more programs per SM, more loads
@@ -133,9 +116,6 @@ def _skinny_rowsum_kernel(
     acc1 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
-    first_tile_to_l2(w_ptr, offs_n, N, K, stride_wn, t_lo, PDL, BLOCK_K)
-    scale, bias = channel_terms(scale_ptr, b_ptr, offs_n, mask_n, HAS_SCALE, HAS_BIAS)
-    pdl_wait(PDL)
     for t in range(t_lo, t_hi):
         offs_k = t * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK]
         mask_k = (offs_k < K) | EVEN_K

@@ -1,13 +1,34 @@
-"""The pieces the skinny-matmul kernels (`kernels.gemm.skinny`) share: what a program loads
-before its loop (its first weight tile into L2, its channels' scales and biases), an
-activation row as the loop reads it, the row-sum kernel's in-thread partial sums, and how a
-program writes its sums (straight, or split-K through the workspace)."""
+"""The pieces the skinny-matmul kernels (`kernels.gemm.skinny`) share: what a program sets up
+and loads before its loop (its channels and slice of K, its first weight tile into L2, its
+channels' scales and biases), an activation row as the loop reads it, the row-sum kernel's
+in-thread partial sums, and how a program writes its sums (straight, or split-K through the
+workspace)."""
 
 import triton
 import triton.language as tl
 
 from kernels.norm_rope.activation import silu_mul_f32
-from kernels.pdl import prefetch_rows_l2
+from kernels.pdl import pdl_wait, prefetch_rows_l2
+
+
+@triton.jit
+def program_start(w_ptr, scale_ptr, b_ptr, N, K, stride_wn, tiles_per_split,
+                  HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A program's set-up before its loop: its output channels offs_n `[BN]` (column block
+    pid_n, grid axis 0) and their mask, its slice t_lo .. t_hi of K's BLOCK_K tiles (axis 1),
+    its weight rows `[BN, 1]`, and its channels' (scale, bias); then (PDL) it waits for the
+    kernel before, its first weight tile asked into L2 meanwhile."""
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    mask_n = offs_n < N
+    t_lo = tl.program_id(1) * tiles_per_split  # this slice's BLOCK_K tiles of K
+    t_hi = tl.minimum(t_lo + tiles_per_split, tl.cdiv(K, BLOCK_K))
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BN, 1]
+    first_tile_to_l2(w_ptr, offs_n, N, K, stride_wn, t_lo, PDL, BLOCK_K)
+    scale, bias = channel_terms(scale_ptr, b_ptr, offs_n, mask_n, HAS_SCALE, HAS_BIAS)
+    pdl_wait(PDL)  # x, the workspace and y belong to the kernels around this one
+    return pid_n, offs_n, mask_n, t_lo, t_hi, w_rows, scale, bias
 
 
 @triton.jit

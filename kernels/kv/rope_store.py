@@ -17,32 +17,18 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.kv.store import (
-    QUANT_MAX,
-    _quantize_store,
-    scale_strides,
-    store_kv_ref,
-    unscaled_pool,
-)
+from kernels.kv.store import pool_store_args, store_kv_ref, store_pool_row
 from kernels.norm_rope.rmsnorm import rmsnorm_ref
-from kernels.norm_rope.rope import apply_rope_ref
+from kernels.norm_rope.rope import apply_rope_ref, cos_sin_row
 from kernels.pdl import pdl_args, pdl_wait
 
 
 @triton.jit
 def _norm_rotate(
-    row_ptr,
-    stride_h,
-    norm_w_ptr,
-    eps,
-    cos,
-    sin,
-    HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    NORM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    row_ptr, stride_h, norm_w_ptr, eps, cos, sin,
+    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NORM: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
-):
+):  # fmt: skip
     """One token's heads `[BLOCK_H, BLOCK_D]` normed (if NORM) and rotated, fp32 values rounded
     to the input dtype. cos/sin `[1, BLOCK_D]` are the position's table row repeated per half."""
     half = HEAD_DIM // 2
@@ -68,44 +54,26 @@ def _norm_rotate(
 
 @triton.jit
 def _rope_store_kv_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
+    q_ptr, k_ptr, v_ptr,
     q_out_ptr,  # [T, Q_HEADS, HEAD_DIM] contiguous
     k_out_ptr,  # [T, KV_HEADS, HEAD_DIM] contiguous, written only when KV_OUT
-    v_out_ptr,
-    k_buf_ptr,
-    v_buf_ptr,
+    v_out_ptr, k_buf_ptr, v_buf_ptr,
     k_scale_ptr,  # [num_slots, KV_HEADS], written only when QUANT
     v_scale_ptr,
     q_norm_ptr,  # [HEAD_DIM], read only when NORM
-    k_norm_ptr,
-    eps,
-    positions_ptr,
-    slots_ptr,
+    k_norm_ptr, eps, positions_ptr, slots_ptr,
     cache_ptr,  # [max_pos, HEAD_DIM]: cos | sin
-    stride_qt,
-    stride_qh,
+    stride_qt, stride_qh,
     stride_kt,  # k and v share strides
     stride_kh,
     stride_bs,  # k_buf and v_buf share strides
     stride_bh,
     stride_ss,  # k_scale and v_scale share strides
-    stride_sh,
-    stride_c,
-    Q_HEADS: tl.constexpr,
-    KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    NORM: tl.constexpr,
-    KV_OUT: tl.constexpr,
-    BLOCK_HQ: tl.constexpr,
-    BLOCK_HK: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    QUANT: tl.constexpr,
-    IS_INT: tl.constexpr,
-    QMAX: tl.constexpr,
-    PDL: tl.constexpr,
-):
+    stride_sh, stride_c,
+    Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NORM: tl.constexpr,
+    KV_OUT: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
+    QUANT: tl.constexpr, IS_INT: tl.constexpr, QMAX: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
     t = tl.program_id(0)
     # before the PDL wait: the step's positions and slots (staged before its first kernel) and
     # the table's row; q, k, v after it
@@ -115,10 +83,7 @@ def _rope_store_kv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     freq = tl.where(offs_d < half, offs_d, offs_d - half)  # [BLOCK_D]: the table column
-    cos = tl.load(cache_ptr + pos * stride_c + freq, mask=mask_d, other=0.0).to(tl.float32)
-    sin = tl.load(cache_ptr + pos * stride_c + half + freq, mask=mask_d, other=0.0)
-    cos = cos[None, :]  # [1, BLOCK_D]
-    sin = sin.to(tl.float32)[None, :]
+    cos, sin = cos_sin_row(cache_ptr, pos, stride_c, freq, mask_d, half)  # [1, BLOCK_D] each
     pdl_wait(PDL)
 
     q = _norm_rotate(q_ptr + t * stride_qt, stride_qh, q_norm_ptr, eps, cos, sin,
@@ -139,29 +104,17 @@ def _rope_store_kv_kernel(
         new = (t * KV_HEADS + offs_h[:, None]) * HEAD_DIM + offs_d[None, :]
         tl.store(k_out_ptr + new, k.to(k_out_ptr.dtype.element_ty), mask=mask)
         tl.store(v_out_ptr + new, v.to(v_out_ptr.dtype.element_ty), mask=mask)
-    dst = slot * stride_bs + offs_h[:, None] * stride_bh + offs_d[None, :]
-    scale_offs = slot * stride_ss + offs_h * stride_sh  # [BLOCK_HK]
-    _quantize_store(k, k_buf_ptr + dst, k_scale_ptr + scale_offs, mask, mask_h, QUANT, IS_INT, QMAX)
-    _quantize_store(v, v_buf_ptr + dst, v_scale_ptr + scale_offs, mask, mask_h, QUANT, IS_INT, QMAX)
+    store_pool_row(k, v, k_buf_ptr, v_buf_ptr, k_scale_ptr, v_scale_ptr, slot, offs_h, offs_d,
+                   mask, mask_h, stride_bs, stride_bh, stride_ss, stride_sh, QUANT, IS_INT, QMAX)
 
 
 def rope_store_kv(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    q_norm: torch.Tensor | None = None,
-    k_norm: torch.Tensor | None = None,
-    eps: float = 1e-6,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+    slots: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, *,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None, eps: float = 1e-6,
     kv_out: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
     """Rotate q `[T, Hq, D]` and k `[T, Hkv, D]` at `positions [T]`, store rotated k and v
     `[T, Hkv, D]` into `k_buf`/`v_buf` `[num_slots, Hkv, D]` at `slots [T]`; returns
     (rotated q, contiguous; rotated k and v, contiguous, when `kv_out`, else None twice).
@@ -180,13 +133,8 @@ def rope_store_kv(
     assert D % 2 == 0, f"head_dim {D} must be even"
     assert q.dtype == k.dtype == v.dtype, f"q {q.dtype}, k {k.dtype}, v {v.dtype} differ"
     assert k.stride() == v.stride(), "k and v must share strides"
-    for name, x in (("q", q), ("k", k), ("k_buf", k_buf), ("cos_sin_cache", cos_sin_cache)):
+    for name, x in (("q", q), ("k", k), ("cos_sin_cache", cos_sin_cache)):
         assert x.stride(-1) == 1, f"{name} must be contiguous along its last dim"
-    assert k_buf.dim() == 3 and k_buf.shape[1:] == (Hkv, D), (
-        f"k_buf {tuple(k_buf.shape)} must be [num_slots, {Hkv}, {D}]"
-    )
-    assert v_buf.shape == k_buf.shape and v_buf.dtype == k_buf.dtype, "v_buf must match k_buf"
-    assert k_buf.stride() == v_buf.stride(), "k_buf and v_buf must share strides"
     for name, idx in (("slots", slots), ("positions", positions)):
         assert idx.shape == (T,) and idx.dtype in (torch.int32, torch.int64), (
             f"{name} must be int32/int64 [{T}], got {idx.dtype} {tuple(idx.shape)}"
@@ -199,8 +147,7 @@ def rope_store_kv(
     if norm:
         assert q_norm.shape == (D,) and k_norm.shape == (D,), f"q/k norm weights must be [{D}]"
         assert q_norm.is_contiguous() and k_norm.is_contiguous(), "norm weights: contiguous"
-    quant = k_buf.dtype in QUANT_MAX and not unscaled_pool(k_buf, k_scale, v_scale)
-    s_strides = scale_strides(k_buf, k_scale, v_scale) if quant else (0, 0)
+    pool = pool_store_args(k_buf, v_buf, k_scale, v_scale, Hkv, D)
     q_out = torch.empty(T, Hq, D, dtype=q.dtype, device=q.device)
     k_out = torch.empty(T, Hkv, D, dtype=k.dtype, device=k.device) if kv_out else None
     v_out = torch.empty_like(k_out) if kv_out else None
@@ -208,37 +155,25 @@ def rope_store_kv(
         block_hq, block_d = triton.next_power_of_2(Hq), triton.next_power_of_2(D)
         _rope_store_kv_kernel[(T,)](
             q, k, v, q_out, k_out if kv_out else q_out, v_out if kv_out else q_out,
-            k_buf, v_buf, k_scale if quant else k_buf, v_scale if quant else k_buf,
-            q_norm if norm else q, k_norm if norm else q, eps,
-            positions.contiguous(), slots.contiguous(), cos_sin_cache,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_buf.stride(0),
-            k_buf.stride(1), *s_strides, cos_sin_cache.stride(0),
+            q_norm_ptr=q_norm if norm else q, k_norm_ptr=k_norm if norm else q, eps=eps,
+            positions_ptr=positions.contiguous(), slots_ptr=slots.contiguous(),
+            cache_ptr=cos_sin_cache, stride_qt=q.stride(0), stride_qh=q.stride(1),
+            stride_kt=k.stride(0), stride_kh=k.stride(1), stride_c=cos_sin_cache.stride(0),
             Q_HEADS=Hq, KV_HEADS=Hkv, HEAD_DIM=D, NORM=norm, KV_OUT=kv_out,
             BLOCK_HQ=block_hq, BLOCK_HK=triton.next_power_of_2(Hkv), BLOCK_D=block_d,
-            QUANT=quant, IS_INT=k_buf.dtype == torch.int8, QMAX=QUANT_MAX.get(k_buf.dtype, 0.0),
             num_warps=8 if block_hq * block_d >= 4096 else 4,  # q tile and its partner in fp32
-            **pdl_args(q.device),
+            **pool, **pdl_args(q.device),
         )  # fmt: skip
     return q_out, k_out, v_out
 
 
 def rope_store_kv_ref(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    q_norm: torch.Tensor | None = None,
-    k_norm: torch.Tensor | None = None,
-    eps: float = 1e-6,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+    slots: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, *,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None, eps: float = 1e-6,
     kv_out: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
     """Torch reference of `rope_store_kv` (same contract): the unfused references in turn."""
     if q_norm is not None:
         q, k = rmsnorm_ref(q, q_norm, eps), rmsnorm_ref(k, k_norm, eps)  # [T, H, D] each

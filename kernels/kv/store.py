@@ -42,28 +42,34 @@ def _quantize_store(
 
 
 @triton.jit
+def store_pool_row(
+    k, v, k_buf_ptr, v_buf_ptr, k_scale_ptr, v_scale_ptr, slot, offs_h, offs_d, mask, mask_h,
+    stride_bs, stride_bh, stride_ss, stride_sh,
+    QUANT: tl.constexpr, IS_INT: tl.constexpr, QMAX: tl.constexpr,
+):  # fmt: skip
+    """One token's k and v `[BLOCK_H, BLOCK_D]` (fp32, heads offs_h) into pool row `slot`
+    (int64) of k_buf / v_buf, through `_quantize_store` (per-head scales at k_scale / v_scale
+    when QUANT)."""
+    dst = slot * stride_bs + offs_h[:, None] * stride_bh + offs_d[None, :]
+    scale_offs = slot * stride_ss + offs_h * stride_sh  # [BLOCK_H]
+    _quantize_store(k, k_buf_ptr + dst, k_scale_ptr + scale_offs, mask, mask_h, QUANT, IS_INT, QMAX)
+    _quantize_store(v, v_buf_ptr + dst, v_scale_ptr + scale_offs, mask, mask_h, QUANT, IS_INT, QMAX)
+
+
+@triton.jit
 def _store_kv_kernel(
-    k_ptr,
-    v_ptr,
-    k_buf_ptr,
-    v_buf_ptr,
+    k_ptr, v_ptr, k_buf_ptr, v_buf_ptr,
     k_scale_ptr,  # [num_slots, KV_HEADS], written only when QUANT
-    v_scale_ptr,
-    slots_ptr,
+    v_scale_ptr, slots_ptr,
     stride_t,  # k and v share strides
     stride_h,
     stride_bs,  # k_buf and v_buf share strides
     stride_bh,
     stride_ss,  # k_scale and v_scale share strides
     stride_sh,
-    KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    QUANT: tl.constexpr,
-    IS_INT: tl.constexpr,
-    QMAX: tl.constexpr,
-):
+    KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    QUANT: tl.constexpr, IS_INT: tl.constexpr, QMAX: tl.constexpr,
+):  # fmt: skip
     t = tl.program_id(0)
     slot = tl.load(slots_ptr + t).to(tl.int64)
     offs_h = tl.arange(0, BLOCK_H)
@@ -71,24 +77,16 @@ def _store_kv_kernel(
     mask_h = offs_h < KV_HEADS
     mask = mask_h[:, None] & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_H, BLOCK_D]
     src = t * stride_t + offs_h[:, None] * stride_h + offs_d[None, :]
-    dst = slot * stride_bs + offs_h[:, None] * stride_bh + offs_d[None, :]
-    scale_offs = slot * stride_ss + offs_h * stride_sh  # [BLOCK_H]
     k = tl.load(k_ptr + src, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_H, BLOCK_D]
     v = tl.load(v_ptr + src, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_H, BLOCK_D]
-    _quantize_store(k, k_buf_ptr + dst, k_scale_ptr + scale_offs, mask, mask_h, QUANT, IS_INT, QMAX)
-    _quantize_store(v, v_buf_ptr + dst, v_scale_ptr + scale_offs, mask, mask_h, QUANT, IS_INT, QMAX)
+    store_pool_row(k, v, k_buf_ptr, v_buf_ptr, k_scale_ptr, v_scale_ptr, slot, offs_h, offs_d,
+                   mask, mask_h, stride_bs, stride_bh, stride_ss, stride_sh, QUANT, IS_INT, QMAX)
 
 
 def store_kv(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    slots: torch.Tensor,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> None:
+    k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
+    *, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+) -> None:  # fmt: skip
     """Write `k`, `v` `[T, kv_heads, head_dim]` into `k_buf`, `v_buf` `[num_slots, kv_heads,
     head_dim]` at rows `slots [T]` (int32/int64), in place.
 
@@ -100,31 +98,45 @@ def store_kv(
         f"k {tuple(k.shape)} and v {tuple(v.shape)} must both be [T, H, D]"
     )
     T, H, D = k.shape
-    assert k_buf.dim() == 3 and k_buf.shape[1:] == (H, D), (
-        f"k_buf {tuple(k_buf.shape)} must be [num_slots, {H}, {D}]"
-    )
-    assert v_buf.shape == k_buf.shape, f"v_buf {tuple(v_buf.shape)} != k_buf {tuple(k_buf.shape)}"
-    assert k_buf.dtype == v_buf.dtype, f"k_buf {k_buf.dtype} and v_buf {v_buf.dtype} differ"
     assert slots.shape == (T,), f"slots {tuple(slots.shape)} must be [{T}]"
     assert slots.dtype in (torch.int32, torch.int64), f"slots dtype {slots.dtype} must be int32/64"
     assert k.stride() == v.stride(), "k and v must share strides"
-    assert k_buf.stride() == v_buf.stride(), "k_buf and v_buf must share strides"
-    assert k.stride(-1) == 1 and k_buf.stride(-1) == 1, "k, k_buf must be contiguous in head_dim"
-    quant = k_buf.dtype in QUANT_MAX and not unscaled_pool(k_buf, k_scale, v_scale)
-    if quant:
-        s_strides = scale_strides(k_buf, k_scale, v_scale)
-    else:
-        k_scale = v_scale = k_buf  # unused placeholders: QUANT is off
-        s_strides = (0, 0)
+    assert k.stride(-1) == 1, "k must be contiguous in head_dim"
+    pool = pool_store_args(k_buf, v_buf, k_scale, v_scale, H, D)
     if T == 0:
         return
     _store_kv_kernel[(T,)](
-        k, v, k_buf, v_buf, k_scale, v_scale, slots.contiguous(),
-        k.stride(0), k.stride(1), k_buf.stride(0), k_buf.stride(1), *s_strides,
+        k, v, slots_ptr=slots.contiguous(), stride_t=k.stride(0), stride_h=k.stride(1),
         KV_HEADS=H, HEAD_DIM=D, BLOCK_H=triton.next_power_of_2(H),
-        BLOCK_D=triton.next_power_of_2(D), QUANT=quant, IS_INT=k_buf.dtype == torch.int8,
-        QMAX=QUANT_MAX.get(k_buf.dtype, 0.0),
+        BLOCK_D=triton.next_power_of_2(D), **pool,
     )  # fmt: skip
+
+
+def pool_store_args(k_buf: torch.Tensor, v_buf: torch.Tensor, k_scale: torch.Tensor | None,
+                    v_scale: torch.Tensor | None, heads: int, head_dim: int) -> dict:
+    """Check a K/V pool `[num_slots, heads, head_dim]` (k_buf and v_buf alike, contiguous in
+    head_dim) and its scales as `store_kv` takes them; returns the keyword arguments of a
+    kernel that writes it with `store_pool_row`: the pool, its scales (placeholders when none
+    is written) and their strides, QUANT, IS_INT and QMAX."""
+    assert k_buf.dim() == 3 and k_buf.shape[1:] == (heads, head_dim), (
+        f"k_buf {tuple(k_buf.shape)} must be [num_slots, {heads}, {head_dim}]"
+    )
+    assert v_buf.shape == k_buf.shape, f"v_buf {tuple(v_buf.shape)} != k_buf {tuple(k_buf.shape)}"
+    assert k_buf.dtype == v_buf.dtype, f"k_buf {k_buf.dtype} and v_buf {v_buf.dtype} differ"
+    assert k_buf.stride() == v_buf.stride(), "k_buf and v_buf must share strides"
+    assert k_buf.stride(-1) == 1, "k_buf must be contiguous in head_dim"
+    quant = k_buf.dtype in QUANT_MAX and not unscaled_pool(k_buf, k_scale, v_scale)
+    if quant:
+        stride_ss, stride_sh = scale_strides(k_buf, k_scale, v_scale)
+    else:
+        k_scale = v_scale = k_buf  # unused placeholders: QUANT is off
+        stride_ss = stride_sh = 0
+    return dict(
+        k_buf_ptr=k_buf, v_buf_ptr=v_buf, k_scale_ptr=k_scale, v_scale_ptr=v_scale,
+        stride_bs=k_buf.stride(0), stride_bh=k_buf.stride(1), stride_ss=stride_ss,
+        stride_sh=stride_sh, QUANT=quant, IS_INT=k_buf.dtype == torch.int8,
+        QMAX=QUANT_MAX.get(k_buf.dtype, 0.0),
+    )
 
 
 def scale_pairs(num_slots: int, kv_heads: int, device: torch.device | str) -> torch.Tensor:
@@ -186,15 +198,9 @@ def dequantize_ref(q: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
 
 
 def store_kv_ref(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    slots: torch.Tensor,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> None:
+    k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
+    *, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+) -> None:  # fmt: skip
     """Torch reference of `store_kv` (same in-place contract)."""
     slots = slots.long()
     for x, buf, scale in ((k, k_buf, k_scale), (v, v_buf, v_scale)):

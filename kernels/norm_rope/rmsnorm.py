@@ -75,11 +75,8 @@ def rmsnorm(
 
 
 def rmsnorm_ref(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Torch reference of `rmsnorm` (same return convention)."""
     h = x if residual is None else (x.float() + residual.float()).to(x.dtype)
     hf = h.float()

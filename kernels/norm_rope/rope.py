@@ -14,16 +14,20 @@ ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @triton.jit
+def cos_sin_row(cache_ptr, pos, stride_c, freq, mask, HALF: tl.constexpr):
+    """Position `pos`'s cos and sin of frequencies `freq` `[N]` (where `mask`) from the
+    `rope_cos_sin_cache` table (HALF columns of each), float32 `[1, N]` each."""
+    row = cache_ptr + pos * stride_c
+    cos = tl.load(row + freq, mask=mask, other=0.0).to(tl.float32)
+    sin = tl.load(row + HALF + freq, mask=mask, other=0.0).to(tl.float32)
+    return cos[None, :], sin[None, :]
+
+
+@triton.jit
 def _rotate(
-    row_ptr,
-    stride_h,
-    cos,
-    sin,
-    HEADS: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-):
+    row_ptr, stride_h, cos, sin,
+    HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
     """Rotate one token's heads in place: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]."""
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_HALF)
@@ -37,30 +41,14 @@ def _rotate(
 
 @triton.jit
 def _apply_rope_kernel(
-    q_ptr,
-    k_ptr,
-    positions_ptr,
-    cache_ptr,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_c,
-    Q_HEADS: tl.constexpr,
-    K_HEADS: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK_HQ: tl.constexpr,
-    BLOCK_HK: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-):
+    q_ptr, k_ptr, positions_ptr, cache_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_c,
+    Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
     t = tl.program_id(0)
     pos = tl.load(positions_ptr + t).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_HALF)
-    mask_d = offs_d < HALF
-    cos = tl.load(cache_ptr + pos * stride_c + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-    sin = tl.load(cache_ptr + pos * stride_c + HALF + offs_d, mask=mask_d, other=0.0)
-    cos = cos[None, :]  # [1, BLOCK_HALF]
-    sin = sin.to(tl.float32)[None, :]
+    cos, sin = cos_sin_row(cache_ptr, pos, stride_c, offs_d, offs_d < HALF, HALF)  # [1, BLOCK_HALF]
     _rotate(q_ptr + t * stride_qt, stride_qh, cos, sin, Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
     _rotate(k_ptr + t * stride_kt, stride_kh, cos, sin, K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
 

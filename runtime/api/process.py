@@ -62,7 +62,8 @@ async def _serve(cfg: ServerConfig) -> int:
         limits = await tm.wait_limits(cfg.ready_timeout)
         monitor = Monitor(tm, cfg)
         http = HttpServer(tm, cfg, monitor)
-        fronts += [RpcServer(tm, cfg.rpc_addr), monitor, http]
+        rpc = RpcServer(tm, cfg.rpc_addr)
+        fronts += [rpc, monitor, http]
         for front in fronts:
             await front.start()
     except Exception as e:
@@ -72,11 +73,11 @@ async def _serve(cfg: ServerConfig) -> int:
     freeze_startup_heap()
     _send_ready(
         cfg,
-        Ready(name="api", info={"rpc": cfg.rpc_addr, "http": http.url, "pid": str(os.getpid())}),
+        Ready(name="api", info={"rpc": rpc.addr, "http": http.url, "pid": str(os.getpid())}),
     )
     log.info(
         "api ready: rpc on %s, http on %s; context %d tokens, prompts up to %d",
-        cfg.rpc_addr,
+        rpc.addr,
         http.url,
         limits.max_context,
         limits.max_req_input_len,

@@ -22,9 +22,11 @@ class FrontOptions:
     """The address the RPC server listens on (apart from host: exposing HTTP does not
     expose RPC)."""
     port: int = 30000
-    """The HTTP port (OpenAI-compatible API, /generate, /metrics, /health)."""
+    """The HTTP port (OpenAI-compatible API, /generate, /metrics, /health); 0: a free port,
+    named in the `serving` log line."""
     rpc_port: int = 30001
-    """The TCP port of the native ZeroMQ RPC server (`runtime.client.Client`)."""
+    """The TCP port of the native ZeroMQ RPC server (`runtime.client.Client`); 0: a free
+    port, named in the `serving` log line."""
     api_key: str = field(default="", repr=False)
     """The key every HTTP route but /health requires as `Authorization: Bearer <key>`,
     and every RPC request carries; empty: none. `sluice serve` reads SLUICE_API_KEY

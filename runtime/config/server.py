@@ -61,6 +61,9 @@ class ServerConfig(MonitoringOptions, ScaleOutOptions, SpeculativeOptions, Sched
         if self.speculative_algorithm == "draft" and (self.tp > 1 or self.host_kv_gib):
             raise ConfigError("speculative_algorithm draft does not support tp > 1 or "
                               "host_kv_gib yet (the host tier keeps only the target's KV)")
+        if self.dp > 1 and self.port == 0:
+            raise ConfigError(f"dp {self.dp} needs a port (the replicas take the ports after "
+                              f"it), not 0")
         if self.dp > 1 and self.port + 1 + 2 * self.dp >= 65536:
             raise ConfigError(f"dp {self.dp} needs ports {self.port}.."
                               f"{self.port + 1 + 2 * self.dp}")

@@ -33,6 +33,7 @@ class ProcessGroup:
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
         self.died: tuple[str, int | None] | None = None
+        self.info: dict[str, dict[str, str]] = {}  # what each process reported when ready
 
     def start(self) -> None:
         """Start every process and wait until each reports ready; raise StartupError if not."""
@@ -49,6 +50,7 @@ class ProcessGroup:
                     if msg.error:
                         raise StartupError(f"{msg.name} failed to start: {msg.error}")
                     waiting.discard(msg.name)
+                    self.info[msg.name] = msg.info
                 for name in waiting:
                     code = self.procs[name].exitcode
                     if code is not None:

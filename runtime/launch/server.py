@@ -45,7 +45,8 @@ def run_server(cfg: ServerConfig, signals: tuple[int, ...] = (signal.SIGINT, sig
         return 1
     log.info("processes: %s", " ".join(f"{n}={p.pid}" for n, p in group.procs.items()))
     if cfg.node_rank == 0:
-        log.info("serving %s: http://%s:%d, rpc %s", cfg.model, cfg.host, cfg.port, cfg.rpc_addr)
+        api = group.info["api"]  # the addresses bound (free ports for `--port 0`)
+        log.info("serving %s: %s, rpc %s", cfg.model, api["http"], api["rpc"])
     else:
         log.info("node %d of %d: TP ranks %d..%d joined %s", cfg.node_rank, cfg.nnodes,
                  cfg.local_ranks.start, cfg.local_ranks.stop - 1, cfg.dist_init_addr)

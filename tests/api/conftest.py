@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 
 import pytest
 
@@ -12,12 +11,6 @@ from runtime.model_config import ModelSpec, resolve_model
 
 SCRIPT_TEXT = (" Hello 😀 world, 世界! Ünïcödé — naïve café. 🎉🚀 Answer: 42. "
                "こんにちは END of the story.")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +33,6 @@ def script_ids(tok) -> list[int]:
 
 @pytest.fixture
 def cfg():
-    cfg = ServerConfig(port=free_port(), rpc_port=free_port(), log_level="warning")
+    cfg = ServerConfig(port=0, rpc_port=0, log_level="warning")  # fronts bind free ports
     yield cfg
     shutil.rmtree(cfg.ipc_dir, ignore_errors=True)

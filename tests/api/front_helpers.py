@@ -18,9 +18,13 @@ from runtime.config.server import ServerConfig
 @dataclass
 class Fronts:
     tm: TokenizerManager
-    url: str
-    rpc_addr: str
+    url: str  # the HTTP server's, with the port it bound
+    rpc_addr: str  # the RPC server's, with the port it bound
     loop: LoopThread
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
 
 
 @contextlib.contextmanager
@@ -36,7 +40,7 @@ def fronts(cfg: ServerConfig, spec) -> Iterator[Fronts]:
     for front in (rpc, monitor, http):
         lt.run(front.start())
     try:
-        yield Fronts(tm, http.url, cfg.rpc_addr, lt)
+        yield Fronts(tm, http.url, rpc.addr, lt)
     finally:
         for front in (http, monitor, rpc):
             lt.run(front.close())

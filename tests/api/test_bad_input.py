@@ -163,8 +163,8 @@ def test_bad_rpc_messages_get_an_rpc_error(small_cfg, spec, script_ids):
     wide = msgspec.msgpack.encode(["RpcGenerate", "r1", "Hi", {"seed": 1 << 63}])
     with (
         FakeScheduler(small_cfg, lambda r: script_ids),
-        serving(small_cfg, spec),
-        raw_dealer(small_cfg) as sock,
+        serving(small_cfg, spec) as (_, rpc, _lt),
+        raw_dealer(rpc.addr) as sock,
     ):
         for payload, rid in ((deep, ""), (wide, "r1")):
             sock.send(payload)
@@ -178,13 +178,14 @@ def test_an_rpc_message_over_the_limit_is_dropped_and_serving_goes_on(small_cfg,
     params = SamplingParams(max_tokens=2)
     fits = RpcGenerate("fits", "x" * (LIMIT - 100), params, stream=False)
     over = RpcGenerate("over", "x" * LIMIT, params, stream=False)
-    with FakeScheduler(small_cfg, lambda r: script_ids) as fake, serving(small_cfg, spec):
-        with raw_dealer(small_cfg) as sock:
+    with FakeScheduler(small_cfg, lambda r: script_ids) as fake, \
+            serving(small_cfg, spec) as (_, rpc, _lt):
+        with raw_dealer(rpc.addr) as sock:
             sock.setsockopt(zmq.RCVTIMEO, 500)
             sock.send(msgspec.msgpack.encode(over))
             with pytest.raises(zmq.Again):  # never read, so never answered
                 sock.recv()
-        with raw_dealer(small_cfg) as sock:
+        with raw_dealer(rpc.addr) as sock:
             sock.send(msgspec.msgpack.encode(fits))
             out = dec.decode(sock.recv())
     assert isinstance(out, RequestOutput) and out.rid == "fits" and out.finish_reason == "length"

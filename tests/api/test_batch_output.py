@@ -179,7 +179,7 @@ def test_a_thousand_concurrent_streams_complete(cfg, spec, tok, script_ids):
         await tm.wait_limits(10)
         await rpc.start()
         try:
-            async with AsyncClient(cfg.rpc_addr, timeout=60) as client:
+            async with AsyncClient(rpc.addr, timeout=60) as client:
                 async def gen(i):
                     stop = ["END"] if i % 2 else []
                     chunks = [c async for c in tm.generate(f"Story {i}", SamplingParams(

@@ -20,7 +20,6 @@ from runtime.wire.api_input import Limits
 from runtime.wire.errors import ContextLengthExceeded
 from runtime.wire.sampling import SamplingParams
 from runtime.wire.scheduler_input import GenerateReq
-from tests.api.conftest import free_port
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.front_helpers import fronts
 
@@ -39,7 +38,7 @@ def generation_folder(tmp_path_factory, values: dict) -> str:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, spec, script_ids):
-    cfg = ServerConfig(port=free_port(), rpc_port=free_port(), log_level="warning",
+    cfg = ServerConfig(port=0, rpc_port=0, log_level="warning",
                        generation_config=generation_folder(tmp_path_factory, GENERATION))
     with (
         FakeScheduler(cfg, lambda r: script_ids) as fake,
@@ -116,7 +115,7 @@ def test_model_info_states_the_defaults(served):
 
 
 def test_a_default_max_tokens_is_shortened_to_what_the_context_leaves(tmp_path_factory, spec):
-    cfg = ServerConfig(port=free_port(), rpc_port=free_port(), log_level="warning",
+    cfg = ServerConfig(port=0, rpc_port=0, log_level="warning",
                        generation_config=generation_folder(tmp_path_factory,
                                                            {"max_new_tokens": 1000}))
     limits = Limits(max_context=64, max_req_input_len=63, max_running=4, kv_slots=256,

@@ -16,7 +16,6 @@ from runtime.client import Client
 from runtime.config.server import ServerConfig
 from runtime.wire.errors import InvalidRequest
 from runtime.wire.scheduler_input import GenerateReq
-from tests.api.conftest import free_port
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.front_helpers import fronts
 
@@ -27,7 +26,7 @@ ALLOWED = [7, 42, 100]
 
 @pytest.fixture(scope="module")
 def served(spec, script_ids):
-    cfg = ServerConfig(port=free_port(), rpc_port=free_port(), log_level="warning")
+    cfg = ServerConfig(port=0, rpc_port=0, log_level="warning")
     with FakeScheduler(cfg, lambda r: script_ids) as fake, fronts(cfg, spec) as f:
         yield f, fake
     shutil.rmtree(cfg.ipc_dir, ignore_errors=True)

@@ -74,8 +74,8 @@ def test_adapters_are_picked_and_listed_over_http(lora_cfg, spec, script_ids):
 
 
 def test_adapters_are_picked_over_rpc(lora_cfg, spec, script_ids):
-    with FakeScheduler(lora_cfg, lambda r: script_ids[:2]) as fake, serving(lora_cfg, spec), \
-            Client(lora_cfg.rpc_addr, timeout=5) as client:
+    with FakeScheduler(lora_cfg, lambda r: script_ids[:2]) as fake, \
+            serving(lora_cfg, spec) as (_, rpc, _lt), Client(rpc.addr, timeout=5) as client:
         with pytest.raises(InvalidRequest, match="lora: unknown LoRA adapter 'nope'"):
             client.generate("Hi", max_tokens=2, lora="nope")
         assert client.generate("Hi", max_tokens=2, lora="sql").finish_reason == "length"

@@ -38,8 +38,11 @@ def api_process(cfg):
 def test_serves_until_its_supervisor_stops_it(cfg, script_ids):
     with FakeScheduler(cfg, lambda r: script_ids), api_process(cfg) as (proc, ready):
         assert ready.name == "api" and ready.error is None
-        assert ready.info["rpc"] == cfg.rpc_addr
-        with Client(cfg.rpc_addr, timeout=10) as client:
+        # it bound free ports (`cfg` has port 0) and reports them
+        rpc_port = int(ready.info["rpc"].rsplit(":", 1)[1])
+        assert ready.info["rpc"] == f"tcp://{cfg.rpc_host}:{rpc_port}" and rpc_port > 0
+        assert int(ready.info["http"].rsplit(":", 1)[1]) > 0
+        with Client(ready.info["rpc"], timeout=10) as client:
             out = client.generate("Hello", max_tokens=5)
             assert out.finish_reason == "length" and len(out.token_ids) == 5
         os.kill(proc.pid, STOP_SIGNAL)

@@ -1,5 +1,6 @@
 """The load generator's metric math: pure functions on synthetic timestamps (exact), then
-the whole client against a fake SSE server that emits tokens at known times."""
+the whole client against a fake SSE server that emits tokens at known times (exact too:
+both run on a virtual clock)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import math
 import random
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -23,6 +25,7 @@ from bench.serving.metrics import (
     summarize,
 )
 from bench.serving.scrape import Scraper, parse_prometheus, step_idle
+from tests.bench.virtual_clock import run_virtual
 
 
 # ------------------------------------------------------------------ pure functions
@@ -157,8 +160,13 @@ def test_prometheus_parsing():
 
 
 # ------------------------------------------------------------------ a fake server
-TTFT, GAP, TOL = 0.2, 0.1, 0.05  # seconds; TOL absorbs scheduling jitter on a busy machine
+# The client and the fake server share one event loop on a virtual clock, over a unix
+# socket (`tests/bench/virtual_clock.py`): time passes only while both wait, so the
+# client's timestamps are the server's schedule exactly. Times are binary fractions, so
+# sums of them are exact too.
+TTFT, GAP = 0.25, 0.125  # seconds of loop time
 CHUNKS = [1, 1, 2, 1]  # tokens per chunk: 5 tokens, first at TTFT, then one chunk per GAP
+SCRAPE = 0.3  # the scrape interval: never at a chunk's time (a multiple of 1/8 s)
 
 
 def _sse(obj) -> bytes:
@@ -187,7 +195,7 @@ class FakeServer:
         await resp.prepare(request)
         try:
             for i, k in enumerate(CHUNKS):
-                await asyncio.sleep(max(0.0, t0 + TTFT + i * GAP - loop.time()))
+                await asyncio.sleep(t0 + TTFT + i * GAP - loop.time())
                 await resp.write(_sse({"choices": [{"index": 0, "text": "", "logprobs": {
                     "tokens": ["7"] * k}, "finish_reason": "length" if i == 3 else None}]}))
             await resp.write(_sse({"choices": [], "usage": {"completion_tokens": sum(CHUNKS)}}))
@@ -209,84 +217,90 @@ class FakeServer:
         return web.Response(text=text)
 
 
-async def _with_server(fn):
-    fake = FakeServer()
-    app = web.Application()
-    app.router.add_post("/v1/completions", fake.completions)
-    app.router.add_get("/metrics", fake.metrics)
-    runner = web.AppRunner(app, handler_cancellation=True)  # a hang-up cancels its handler
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
-        return fake, await fn(f"http://127.0.0.1:{port}")
-    finally:
-        await runner.cleanup()
+def _with_server(fn, tmp_path):
+    """`fn(url, connector)` against a FakeServer on a unix socket, on a virtual clock."""
+    async def go():
+        fake = FakeServer()
+        app = web.Application()
+        app.router.add_post("/v1/completions", fake.completions)
+        app.router.add_get("/metrics", fake.metrics)
+        runner = web.AppRunner(app, handler_cancellation=True)  # a hang-up cancels a handler
+        await runner.setup()
+        path = str(tmp_path / "fake.sock")
+        await web.UnixSite(runner, path).start()
+        try:
+            return fake, await fn("http://fake", aiohttp.UnixConnector(path, limit=0))
+        finally:
+            await runner.cleanup()
+
+    return run_virtual(go())
 
 
 def _specs(n: int, max_tokens: int = 5, stop_after: int | None = None) -> list[RequestSpec]:
     return [RequestSpec([5, 6, 7], max_tokens, stop_after) for _ in range(n)]
 
 
-def test_client_measures_the_fake_servers_schedule():
-    async def go(url):
+def test_client_measures_the_fake_servers_schedule(tmp_path):
+    async def go(url, connector):
         return await run_load(url, "m", _specs(4), concurrency=2, progress=False,
-                              scrape_interval=0.05, kv_bytes_per_token=10)
+                              scrape_interval=SCRAPE, kv_bytes_per_token=10,
+                              connector=connector)
 
-    fake, run = asyncio.run(_with_server(go))
+    fake, run = _with_server(go, tmp_path)
     assert fake.peak_in_flight == 2  # the concurrency limit held
     assert fake.bodies[0]["stream"] and fake.bodies[0]["logprobs"] == 0
     assert fake.bodies[0]["prompt"] == [5, 6, 7] and fake.bodies[0]["ignore_eos"]
     e2e = TTFT + 3 * GAP
     for r in run.results:
         assert r.ok and r.output_len == 5 and r.chunks == 4
-        assert r.ttft == pytest.approx(TTFT, abs=TOL)
-        assert r.latency == pytest.approx(e2e, abs=TOL)
-        assert r.itl == pytest.approx([GAP] * 3, abs=TOL)
-        assert r.tpot == pytest.approx(3 * GAP / 4, abs=TOL)
-    assert run.duration == pytest.approx(2 * e2e, abs=3 * TOL)  # two waves of two
-    rep = run.report({"ttft": 1000 * (TTFT + 2 * TOL)})
+        assert (r.ttft, r.latency, r.itl) == (TTFT, e2e, [GAP] * 3)
+        assert r.tpot == 3 * GAP / 4
+    assert [r.start for r in run.results] == [0.0, 0.0, e2e, e2e]  # two waves of two
+    assert run.duration == 2 * e2e
+    rep = run.report({"ttft": 1000 * TTFT})  # met exactly: a limit, not a bound
     c = rep["client"]
     assert c["completed"] == 4 and c["total_output_tokens"] == 20
-    assert c["output_throughput"] == pytest.approx(20 / run.duration)
-    assert c["tpot_ms"]["p99"] == pytest.approx(750 * GAP, abs=1000 * TOL)
-    assert c["tokens_per_chunk"] == pytest.approx(1.25)
-    assert c["goodput"] == pytest.approx(4 / run.duration)
+    assert c["output_throughput"] == 20 / run.duration
+    assert c["tpot_ms"]["p99"] == pytest.approx(750 * GAP)
+    assert c["tokens_per_chunk"] == 1.25
+    assert c["goodput"] == 4 / run.duration
     s = rep["server"]
+    # scrapes at 0 (before), 0.3, 0.6, 0.9, 1.2 (both waves in flight at each) and 1.25
+    assert s["samples"] == 6 and fake.scrapes == 6
     assert s["peak_kv_reserved_slots"] == 200 and s["memory_efficiency_at_peak"] == 0.75
-    assert s["peak_kv_reserved_bytes"] == 2000 and s["peak_running"] >= 1
-    assert s["retractions"] == s["samples"] - 1  # a counter's increase over the run
+    assert s["peak_kv_reserved_bytes"] == 2000 and s["peak_running"] == 2
+    assert s["retractions"] == 5  # a counter's increase over the run
     assert run.truncated is False
 
 
-def test_early_stop_errors_and_deadline():
-    async def go(url):
+def test_early_stop_errors_and_deadline(tmp_path):
+    async def go(url, connector):
         specs = _specs(1, stop_after=2) + _specs(1, max_tokens=429) + _specs(1, max_tokens=99)
-        return await run_load(url, "m", specs, concurrency=3, deadline=1.0, progress=False)
+        return await run_load(url, "m", specs, concurrency=3, deadline=1.0, progress=False,
+                              connector=connector)
 
-    fake, run = asyncio.run(_with_server(go))
+    fake, run = _with_server(go, tmp_path)
     early, refused, slow = run.results
     assert early.ok and early.stopped_early and early.output_len == 2
-    assert early.latency == pytest.approx(TTFT + GAP, abs=TOL)
+    assert early.latency == TTFT + GAP
     assert not refused.ok and refused.error.startswith("HTTP 429")
-    assert not slow.ok and slow.error == CANCELLED
-    assert run.truncated and run.duration == pytest.approx(1.0, abs=0.3)
+    assert not slow.ok and slow.error == CANCELLED and slow.ttft is None
+    assert run.truncated and run.duration == 1.0
     c = run.report()["client"]
     assert (c["completed"], c["failed"], c["unfinished"], c["stopped_early"]) == (1, 1, 1, 1)
-    assert fake.disconnects >= 1  # the early stop (and the cut-off request) hung up
+    assert fake.disconnects == 2  # the early stop and the cut-off request hung up
 
 
-def test_scraper_without_a_server_reports_errors():
+def test_scraper_without_a_server_reports_errors(tmp_path):
+    """Nothing listens at a unix path that does not exist: every scrape fails at once."""
     async def go():
-        import aiohttp
-
-        async with aiohttp.ClientSession() as s:
-            sc = Scraper(s, "http://127.0.0.1:9", interval=0.01)
+        connector = aiohttp.UnixConnector(str(tmp_path / "nothing-here.sock"))
+        async with aiohttp.ClientSession(connector=connector) as s:
+            sc = Scraper(s, "http://nowhere", interval=0.25)
             await sc.start()
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(1.1)
             await sc.stop()
             return sc.summary()
 
-    s = asyncio.run(go())
-    assert s["scrape_errors"] >= 2 and "samples" not in s
+    s = run_virtual(go())
+    assert s == {"scrape_errors": 6}  # at 0, 0.25, 0.5, 0.75, 1.0, and at the stop

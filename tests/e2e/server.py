@@ -11,8 +11,13 @@ import sys
 import threading
 import time
 
+# the launcher's line once every process is ready: the HTTP and RPC addresses it bound
+SERVING = re.compile(r"serving \S+: http://.*:(\d+), rpc tcp://.*:(\d+)$")
+
 
 def free_port() -> int:
+    """A port free now (it may be taken before it is used): only for servers that cannot
+    bind port 0 and say which port they took (`--dp`'s replica ports, sglang-router)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -40,16 +45,18 @@ class ServerProcess:
 
     It runs in a session of its own, as under a terminal (`interrupt` is Ctrl-C there);
     `tmpdir` is its TMPDIR, where its IPC folder goes; it is ready once it prints
-    `ready_text`; `env`: variables set for it beyond ours.
+    `ready_text`; `env`: variables set for it beyond ours. It binds free ports
+    (`--port 0 --rpc-port 0`) and `port`, `rpc_port` are those its `serving` line names;
+    a server that takes ports after its own (`--dp`) is given `port`.
     """
 
     def __init__(self, *args: str, ready_timeout: float = 240.0, tmpdir: str | None = None,
                  port: int | None = None, ready_text: str = "serving ",
                  env: dict[str, str] | None = None) -> None:
-        self.port, self.rpc_port = port or free_port(), free_port()
+        self.port, self.rpc_port = port or 0, 0
         self._ready_text = ready_text
         cmd = [sys.executable, "-m", "runtime.launch.cli", "serve", "--port", str(self.port),
-               "--rpc-port", str(self.rpc_port), "--torch-threads", "2", *args]
+               "--rpc-port", "0", "--torch-threads", "2", *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"TMPDIR": tmpdir} if tmpdir else {}),
                **(env or {})}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -68,6 +75,8 @@ class ServerProcess:
             self.lines.append(line)
             if m := re.search(r"processes: (.*)", line):
                 self.pids = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+            if m := SERVING.search(line.rstrip()):
+                self.port, self.rpc_port = int(m.group(1)), int(m.group(2))
             if self._ready_text in line:
                 self._serving.set()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from runtime.model_config import resolve_model
-from tests.e2e.server import free_port, process_alive, wait_for
+from tests.e2e.server import process_alive, wait_for
 from tests.worker.checkpoints import BASE
 
 LLAMA = dict(BASE, model_type="llama", architectures=["LlamaForCausalLM"], rms_norm_eps=1e-5)
@@ -22,8 +22,8 @@ LLAMA = dict(BASE, model_type="llama", architectures=["LlamaForCausalLM"], rms_n
 def serve(*args: str, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
     """Run `sluice serve` until it exits; its exit code and output lines (stdout and
     stderr), once every process of its session is gone."""
-    cmd = [sys.executable, "-m", "runtime.launch.cli", "serve", "--port", str(free_port()),
-           "--rpc-port", str(free_port()), "--torch-threads", "2", *args]
+    cmd = [sys.executable, "-m", "runtime.launch.cli", "serve", "--port", "0",
+           "--rpc-port", "0", "--torch-threads", "2", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                             start_new_session=True)

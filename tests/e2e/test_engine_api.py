@@ -120,17 +120,28 @@ def test_bad_input_raises_typed_error_and_costs_nothing(eng, prompt, params, mes
     assert_idle(eng)
 
 
-def test_breaking_out_of_a_stream_frees_its_kv_within_a_few_steps(eng):
+def probe(eng: Engine, k: int = 4) -> None:
+    """A request of exactly `k` tokens, alone: the scheduler plans exactly `k` steps for it
+    (its prefill samples the first token, each decode one more)."""
+    params = SamplingParams(max_tokens=k, temperature=0.0, ignore_eos=True)
+    assert len(eng.generate("1, 2, 3,", params)[0].token_ids) == k
+
+
+def test_breaking_out_of_a_stream_aborts_it_and_no_step_runs_for_it_after(eng):
+    probe(eng)  # its prompt cached from here on
     params = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+    before = wait_idle(eng).num_steps
     stream = eng.stream("Write a very long story about a dragon.", params)
     for i, _ in enumerate(stream):
         if i == 3:
             break
     stream.close()
-    before = eng.stats().num_steps
-    stats = wait_idle(eng)
-    assert stats.running == 0 and stats.kv_used == 0
-    assert stats.num_steps - before <= 5  # aborted after a handful of steps, not 400
+    acked = wait_idle(eng)  # the abort acknowledged: nothing runs, no KV held
+    assert acked.running == acked.kv_used == 0 and acked.invariant_error is None
+    assert acked.num_steps - before < 400  # it did not run to its end (400 steps)
+    # event, not clock: a probe's steps are exactly its own, so nothing else was planned
+    probe(eng)
+    assert wait_idle(eng).num_steps - acked.num_steps == 4
 
 
 def test_unknown_model_path_is_a_clear_error():

@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 
+import httpx
 import pytest
 
 from runtime.client import Client
@@ -42,6 +43,18 @@ def test_rpc_streams_equal_whole_results_for_32_concurrent_requests(server):
         assert "".join(c.text for c in chunks) == whole.text
         assert [t for c in chunks for t in c.token_ids] == whole.token_ids
         assert chunks[-1].finish_reason == whole.finish_reason in ("stop", "length")
+
+
+def test_port_0_takes_free_ports_and_the_serving_line_names_them(server):
+    """`ServerProcess` runs `sluice serve --port 0 --rpc-port 0`: the launcher's line names
+    the ports the api bound, and the server answers there (no port picked before it)."""
+    assert 0 not in (server.port, server.rpc_port)
+    line = next(x for x in server.lines if "serving smollm2:" in x)
+    assert line.rstrip().endswith(f"serving smollm2: http://127.0.0.1:{server.port}, "
+                                  f"rpc tcp://127.0.0.1:{server.rpc_port}")
+    assert httpx.get(f"{server.http_url}/health", timeout=10).status_code == 200
+    with Client(server.rpc_addr, timeout=60) as client:
+        assert client.model_info().model == "smollm2"
 
 
 def test_bad_rpc_requests_get_errors_and_the_server_keeps_serving(server):

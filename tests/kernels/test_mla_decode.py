@@ -115,6 +115,15 @@ def test_strided_q_and_out_buffer():
     torch.testing.assert_close(out, mla_decode_ref(q, *rest, kv_lora_rank=32), atol=tol, rtol=tol)
 
 
+def test_config_rejects_bad_knobs():
+    with pytest.raises(AssertionError, match="block_h 8 must be a power of two"):
+        MlaDecodeConfig(block_h=8)
+    with pytest.raises(AssertionError, match="num_warps 3"):
+        MlaDecodeConfig(num_warps=3)
+    with pytest.raises(AssertionError, match="num_stages 0"):
+        MlaDecodeConfig(num_stages=0)
+
+
 def test_num_splits_heuristic():
     assert mla_decode_num_splits(1, 16, 4096) == 16  # one head group: 4096 / 256 tokens
     assert mla_decode_num_splits(128, 128, 4096) == 1  # 1024 programs already

@@ -14,17 +14,32 @@ from runtime.worker.worker import Worker
 from tests.worker.in_process import run_to_end
 
 
-def serve(cfg: ServerConfig, prompts: list[list[int]], params: list[SamplingParams],
-          spec: Speculation | None = None, worker: Worker | None = None,
-          ) -> tuple[list[list[int]], Scheduler, Worker]:
-    """Run every request to its end: (output ids per request, the scheduler, the worker).
-    `spec` replaces the speculation the config asks for (None: keep it)."""
-    worker = worker or Worker(cfg, resolve_model(cfg.model))
+def start(cfg: ServerConfig, worker: Worker, prompts: list[list[int]],
+          params: list[SamplingParams], spec: Speculation | None = None,
+          ) -> tuple[Scheduler, dict[str, list[int]]]:
+    """A scheduler for `worker` holding requests r0, r1, ... (`spec` replaces the
+    speculation the config asks for; None: keep it), and their empty output lists."""
     sched = build_scheduler(cfg, worker.ready_message(), worker.runner.max_context)
     if spec is not None:
         sched.spec = spec
     for i, (prompt, p) in enumerate(zip(prompts, params)):
         sched.add(GenerateReq(f"r{i}", prompt, p))
-    outs: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    return sched, {f"r{i}": [] for i in range(len(prompts))}
+
+
+def serve(cfg: ServerConfig, prompts: list[list[int]], params: list[SamplingParams],
+          spec: Speculation | None = None, worker: Worker | None = None,
+          ) -> tuple[list[list[int]], Scheduler, Worker]:
+    """Run every request to its end: (output ids per request, the scheduler, the worker)."""
+    worker = worker or Worker(cfg, resolve_model(cfg.model))
+    sched, outs = start(cfg, worker, prompts, params, spec)
     run_to_end(sched, worker, outs)
     return [outs[f"r{i}"] for i in range(len(prompts))], sched, worker
+
+
+def greedy_case(cfg: ServerConfig, prompts: list[list[int]], max_tokens: tuple[int, ...],
+                ) -> tuple[list[list[int]], list[SamplingParams], list[list[int]]]:
+    """(prompts, greedy params of these lengths, plain decoding's outputs under `cfg`)."""
+    params = [SamplingParams(max_tokens=m, temperature=0.0) for m in max_tokens]
+    ref, _, _ = serve(cfg, prompts, params)
+    return prompts, params, ref

@@ -12,19 +12,16 @@ from runtime.model_config import resolve_model
 from runtime.wire.sampling import SamplingParams
 from runtime.worker.model_check import UnsupportedModel, prepare_model
 from runtime.worker.worker import Worker
-from tests.speculative.serve import serve
+from tests.speculative.serve import greedy_case, serve
 from tests.speculative.test_exact import CFG, K, repetitive_prompts
 
 DRAFT = CFG.replace(speculative_algorithm="draft", speculative_draft_model="dummy:tiny",
                     speculative_num_draft_tokens=K, speculative_off_window=0)
 
 
-@pytest.fixture(scope="module")
-def greedy_case():
-    prompts = repetitive_prompts(5, (5, 17, 2))
-    params = [SamplingParams(max_tokens=m, temperature=0.0) for m in (14, 9, 11)]
-    ref, _, _ = serve(CFG, prompts, params)
-    return prompts, params, ref
+@pytest.fixture(scope="module", name="greedy_case")
+def greedy_case_fixture():
+    return greedy_case(CFG, repetitive_prompts(5, (5, 17, 2)), (14, 9, 11))
 
 
 @pytest.mark.parametrize("kv", ["token", "paged", "contiguous"])

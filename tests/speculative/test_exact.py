@@ -17,7 +17,7 @@ from runtime.config.server import ServerConfig
 from runtime.scheduler.speculative.speculation import Speculation
 from runtime.wire.sampling import SamplingParams
 from runtime.wire.scheduler_input import GenerateReq
-from tests.speculative.serve import serve
+from tests.speculative.serve import greedy_case, serve
 from tests.worker.in_process import run_to_end
 
 CFG = ServerConfig(model="dummy:tiny", device="cpu", dtype="float32", kv_slots=1023,
@@ -46,12 +46,9 @@ def drafters(ref: list[list[int]]) -> dict[str, Speculation | None]:
             "contrarian": contrarian(by_rid)}
 
 
-@pytest.fixture(scope="module")
-def greedy_case():
-    prompts = repetitive_prompts(5, (5, 17, 30, 2))
-    params = [SamplingParams(max_tokens=m, temperature=0.0) for m in (24, 9, 40, 17)]
-    ref, _, _ = serve(CFG, prompts, params)
-    return prompts, params, ref
+@pytest.fixture(scope="module", name="greedy_case")
+def greedy_case_fixture():
+    return greedy_case(CFG, repetitive_prompts(5, (5, 17, 30, 2)), (24, 9, 40, 17))
 
 
 @pytest.mark.parametrize("kv", ["token", "paged", "contiguous"])

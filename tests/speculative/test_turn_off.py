@@ -9,12 +9,10 @@ from collections import deque
 import pytest
 
 from runtime.model_config import resolve_model
-from runtime.scheduler.loop import build_scheduler
 from runtime.scheduler.speculative.speculation import Speculation
 from runtime.wire.sampling import SamplingParams
-from runtime.wire.scheduler_input import GenerateReq
 from runtime.worker.worker import Worker
-from tests.speculative.serve import serve
+from tests.speculative.serve import serve, start
 from tests.speculative.test_exact import CFG, K, contrarian, repetitive_prompts
 
 WINDOW = 3
@@ -25,12 +23,7 @@ PARAMS = [SamplingParams(max_tokens=m, temperature=0.0) for m in (16, 12, 14)]
 def run(worker: Worker, cfg, spec: Speculation | None) -> tuple[list[list[int]], object, int]:
     """Serve PROMPTS; also the most batches in flight once every request stopped
     speculating."""
-    sched = build_scheduler(cfg, worker.ready_message(), worker.runner.max_context)
-    if spec is not None:
-        sched.spec = spec
-    for i, (prompt, p) in enumerate(zip(PROMPTS, PARAMS)):
-        sched.add(GenerateReq(f"r{i}", prompt, p))
-    outs: dict[str, list[int]] = {f"r{i}": [] for i in range(len(PROMPTS))}
+    sched, outs = start(cfg, worker, PROMPTS, PARAMS, spec)
     in_flight: deque = deque()
     overlapped = 0
     while sched.has_work or in_flight:

@@ -283,10 +283,11 @@ class HttpServer:
         self.app = build_app(tm, cfg, monitor)
         self._server: _Server | None = None
         self._task: asyncio.Task | None = None
+        self.port = cfg.port  # once started, the port bound (a free one for `--port 0`)
 
     @property
     def url(self) -> str:
-        return f"http://{self.cfg.host}:{self.cfg.port}"
+        return f"http://{self.cfg.host}:{self.port}"
 
     async def start(self) -> None:
         """Bind the port (raising OSError if it is taken), then serve in a task."""
@@ -297,6 +298,7 @@ class HttpServer:
                         self.cfg.max_connections)
         family = socket.AF_INET6 if ":" in self.cfg.host else socket.AF_INET
         sock = socket.create_server((self.cfg.host, self.cfg.port), family=family)
+        self.port = sock.getsockname()[1]
         protocol = functools.partial(GuardedH11Protocol, read_timeout=self.cfg.read_timeout,
                                      max_connections=self.cfg.max_connections)
         config = uvicorn.Config(self.app, log_config=None, log_level=self.cfg.log_level,

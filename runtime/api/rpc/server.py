@@ -51,7 +51,8 @@ PROBE_DELAY_S = 0.05  # after a disconnection, zmq drops the peer's route within
 
 class RpcServer:
     """Serves `TokenizerManager.generate` to RPC clients on a ROUTER socket at `addr`,
-    to those that send the key of the TokenizerManager's config (`api_key`), if any."""
+    to those that send the key of the TokenizerManager's config (`api_key`), if any.
+    Once started, `addr` is the address bound (with the port taken for port 0)."""
 
     def __init__(self, tm: TokenizerManager, addr: str) -> None:
         self.tm = tm
@@ -82,6 +83,7 @@ class RpcServer:
         # a larger message is never read: zmq drops the sender's connection instead
         self._sock.setsockopt(zmq.MAXMSGSIZE, self.tm.max_request_bytes)
         self._sock.bind(self.addr)
+        self.addr = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)  # port 0: the one taken
         self._outbox = RpcOutbox(self._sock)
         self.peers = RpcPeers(self._sock, self.tm.cfg.max_rpc_connections, self._probe_soon)
         self._serve_task = asyncio.create_task(self._serve(), name="rpc-serve")

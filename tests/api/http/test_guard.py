@@ -103,12 +103,12 @@ def test_host_header_must_name_this_server(cfg, spec, script_ids):
         httpx.Client(base_url=f.url, timeout=30) as http,
     ):
         for host in ("attacker.example", "127.0.0.1.attacker.example", "example.com"):
-            r = http.get("/v1/models", headers={"Host": f"{host}:{cfg.port}"})
+            r = http.get("/v1/models", headers={"Host": f"{host}:{f.port}"})
             assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_host", host
         for host in (
-            f"localhost:{cfg.port}",
-            f"127.0.0.1:{cfg.port}",
-            f"[::1]:{cfg.port}",
+            f"localhost:{f.port}",
+            f"127.0.0.1:{f.port}",
+            f"[::1]:{f.port}",
             "API.example.com",
             "api.example.com.:443",
         ):
@@ -135,9 +135,9 @@ def _wait_closed(sock: socket.socket) -> bytes:
 
 def test_slow_requests_are_cut_off_and_others_still_served(cfg, spec, script_ids, caplog):
     cfg = cfg.replace(read_timeout=0.3)
-    addr = ("127.0.0.1", cfg.port)
     caplog.set_level(logging.DEBUG, logger="runtime.api.http.connection")
     with FakeScheduler(cfg, lambda r: script_ids), fronts(cfg, spec) as f:
+        addr = ("127.0.0.1", f.port)
         silent = socket.create_connection(addr)
         slow_headers = socket.create_connection(addr)
         slow_headers.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
@@ -159,8 +159,8 @@ def test_slow_requests_are_cut_off_and_others_still_served(cfg, spec, script_ids
 
 def test_connections_beyond_the_cap_are_closed(cfg, spec, script_ids):
     cfg = cfg.replace(max_connections=3)
-    addr = ("127.0.0.1", cfg.port)
     with FakeScheduler(cfg, lambda r: script_ids), fronts(cfg, spec) as f:
+        addr = ("127.0.0.1", f.port)
         held = [socket.create_connection(addr) for _ in range(3)]
         with socket.create_connection(addr) as extra:
             assert _wait_closed(extra) == b""

@@ -347,7 +347,21 @@ def _idle(server) -> bool:
     return m["sluice_num_requests_running"] == 0 and m["sluice_kv_slots_reserved"] == 0
 
 
-def test_stream_disconnect_aborts_and_frees_kv(server):
+def _steps(server) -> float:
+    return server.metrics()["sluice_scheduler_steps_total"]
+
+
+def _probe(server, k: int = 4) -> None:
+    """A request of exactly `k` tokens, alone: the scheduler plans exactly `k` steps for it
+    (its prefill samples the first token, each decode one more)."""
+    body = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": k, "ignore_eos": True,
+            "temperature": 0}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == k
+
+
+def test_stream_disconnect_aborts_and_no_step_runs_for_it_after(server):
+    _probe(server)  # its prompt cached from here on
     aborts = server.metrics().get('sluice_requests_total{outcome="abort"}', 0)
     body = {"model": MODEL, "prompt": "Count to a million:", "max_tokens": 4000,
             "ignore_eos": True, "temperature": 0, "stream": True}
@@ -356,11 +370,15 @@ def test_stream_disconnect_aborts_and_frees_kv(server):
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 break
-        steps_at_close = server.metrics()["sluice_scheduler_steps_total"]
     wait_until(lambda: _idle(server), what="the aborted request's KV to be freed")
     m = server.metrics()
     assert m['sluice_requests_total{outcome="abort"}'] == aborts + 1
-    assert m["sluice_scheduler_steps_total"] - steps_at_close <= 20
+    # event, not clock: once the abort is acknowledged (idle, KV back), a probe's steps
+    # are exactly its own, so nothing more was planned for the aborted request
+    acked = m["sluice_scheduler_steps_total"]
+    _probe(server)
+    wait_until(lambda: _steps(server) >= acked + 4, what="the probe's steps in the stats")
+    assert _steps(server) == acked + 4
 
 
 def test_non_stream_disconnect_aborts(server):

@@ -35,8 +35,8 @@ def wait_for(pred, timeout: float = 5.0) -> bool:
 
 def test_the_client_refuses_a_request_over_the_servers_limit(cfg, spec, script_ids):
     cfg = cfg.replace(max_request_bytes=LIMIT)
-    with FakeScheduler(cfg, lambda r: script_ids) as fake, serving(cfg, spec), \
-            Client(cfg.rpc_addr, timeout=5) as client:
+    with FakeScheduler(cfg, lambda r: script_ids) as fake, \
+            serving(cfg, spec) as (_, rpc, _lt), Client(rpc.addr, timeout=5) as client:
         with pytest.raises(MessageTooLarge, match=f"limit of {LIMIT} bytes") as err:
             client.generate("x" * LIMIT, max_tokens=2)
         assert err.value.limit == LIMIT and err.value.size > LIMIT
@@ -45,7 +45,7 @@ def test_the_client_refuses_a_request_over_the_servers_limit(cfg, spec, script_i
         assert client.generate("x" * (LIMIT // 2), max_tokens=2).finish_reason == "length"
 
         async def use_async():
-            async with AsyncClient(cfg.rpc_addr, timeout=5) as ac:
+            async with AsyncClient(rpc.addr, timeout=5) as ac:
                 with pytest.raises(MessageTooLarge, match=f"limit of {LIMIT} bytes"):
                     await ac.generate("x" * LIMIT, max_tokens=2)
                 return await asyncio.gather(*(ac.generate("hi", max_tokens=2) for _ in range(3)))
@@ -61,7 +61,7 @@ def test_a_raw_peer_over_the_limit_is_dropped_and_its_requests_aborted(cfg, spec
     params = SamplingParams(max_tokens=100)
     with FakeScheduler(cfg, lambda r: script_ids, stall=True) as fake, \
             serving(cfg, spec) as (tm, rpc, lt):
-        with raw_dealer(cfg) as sock:
+        with raw_dealer(rpc.addr) as sock:
             sock.send(msgspec.msgpack.encode(RpcGenerate("held", "hi", params)))
             assert fake.wait_for(lambda: fake.of_type(GenerateReq))
             sock.send(msgspec.msgpack.encode(RpcGenerate("over", "x" * LIMIT, params)))
@@ -70,7 +70,7 @@ def test_a_raw_peer_over_the_limit_is_dropped_and_its_requests_aborted(cfg, spec
             assert fake.wait_for(lambda: fake.of_type(AbortReq), timeout=5)
             assert wait_for(lambda: rpc.num_active == 0 and tm.num_inflight == 0)
         fake.stall = False
-        with raw_dealer(cfg) as sock:
+        with raw_dealer(rpc.addr) as sock:
             sock.send(msgspec.msgpack.encode(RpcGenerate("ok", "hi", SamplingParams(max_tokens=2),
                                                          stream=False)))
             out = dec.decode(sock.recv())
@@ -84,11 +84,11 @@ def test_connections_beyond_the_cap_are_closed_until_one_leaves(cfg, spec, scrip
     hi = msgspec.msgpack.encode(RpcGenerate("third", "hi", SamplingParams(max_tokens=2),
                                             stream=False))
     with FakeScheduler(cfg, lambda r: script_ids), serving(cfg, spec) as (_, rpc, _lt):
-        first, second = Client(cfg.rpc_addr, timeout=5), Client(cfg.rpc_addr, timeout=5)
+        first, second = Client(rpc.addr, timeout=5), Client(rpc.addr, timeout=5)
         try:
             for c in (first, second):
                 assert c.generate("hi", max_tokens=2).finish_reason == "length"
-            with raw_dealer(cfg) as third:
+            with raw_dealer(rpc.addr) as third:
                 third.setsockopt(zmq.RCVTIMEO, 500)
                 third.send(hi)  # queued in the dealer: its connection keeps being refused
                 with pytest.raises(zmq.Again):
@@ -116,14 +116,14 @@ def test_connections_beyond_the_cap_are_closed_until_one_leaves(cfg, spec, scrip
 
 def test_connections_that_never_handshake_are_closed(cfg, spec, script_ids):
     cfg = cfg.replace(max_rpc_connections=2, read_timeout=0.5)
-    host, port = cfg.rpc_addr.removeprefix("tcp://").rsplit(":", 1)
     with FakeScheduler(cfg, lambda r: script_ids), serving(cfg, spec) as (_, rpc, _lt):
+        host, port = rpc.addr.removeprefix("tcp://").rsplit(":", 1)
         idle = [socket.create_connection((host, int(port)), timeout=5) for _ in range(3)]
         try:
             for conn in idle:  # each is closed: the third at once, the others at the deadline
                 assert _read_to_end(conn), "an idle connection was never closed"
             assert wait_for(lambda: rpc.peers.num_open == 0)
-            with Client(cfg.rpc_addr, timeout=5) as client:
+            with Client(rpc.addr, timeout=5) as client:
                 assert client.generate("hi", max_tokens=2).finish_reason == "length"
         finally:
             for conn in idle:

@@ -26,7 +26,8 @@ from tests.api.fake_scheduler import FakeScheduler
 
 @contextlib.contextmanager
 def serving(cfg, spec):
-    """A TokenizerManager and RpcServer running on a background loop."""
+    """A TokenizerManager and RpcServer running on a background loop (`rpc.addr`: the
+    address it bound, `cfg.rpc_port` 0 picking a free port)."""
     lt = LoopThread()
     tm = TokenizerManager(cfg, spec)
     rpc = RpcServer(tm, cfg.rpc_addr)
@@ -42,12 +43,12 @@ def serving(cfg, spec):
 
 
 @contextlib.contextmanager
-def raw_dealer(cfg):
+def raw_dealer(addr: str):
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, 3000)
-    sock.connect(cfg.rpc_addr)
+    sock.connect(addr)
     try:
         yield sock
     finally:
@@ -57,8 +58,8 @@ def raw_dealer(cfg):
 
 def test_stream_and_non_stream_agree(cfg, spec, tok, script_ids):
     n = len(script_ids)
-    with FakeScheduler(cfg, lambda r: script_ids), serving(cfg, spec), \
-            Client(cfg.rpc_addr, timeout=5) as client:
+    with FakeScheduler(cfg, lambda r: script_ids), serving(cfg, spec) as (_, rpc, _lt), \
+            Client(rpc.addr, timeout=5) as client:
         chunks = list(client.generate("Hi there", stream=True, max_tokens=n, logprobs=True))
         whole = client.generate("Hi there", max_tokens=n, temperature=0, seed=3)
     assert len(chunks) > 3
@@ -72,8 +73,8 @@ def test_stream_and_non_stream_agree(cfg, spec, tok, script_ids):
 
 def test_stop_string_over_rpc_finishes_it_in_the_scheduler(cfg, spec, tok, script_ids):
     full = tok.decode(script_ids)
-    with FakeScheduler(cfg, lambda r: script_ids) as fake, serving(cfg, spec), \
-            Client(cfg.rpc_addr, timeout=5) as client:
+    with FakeScheduler(cfg, lambda r: script_ids) as fake, \
+            serving(cfg, spec) as (_, rpc, _lt), Client(rpc.addr, timeout=5) as client:
         out = client.generate("Hi", max_tokens=100, stop="END")
         assert fake.wait_for(lambda: fake.of_type(FinishReq))
     assert out.text == full[:full.index("END")] and out.finish_reason == FinishReason.STOP
@@ -84,8 +85,8 @@ def test_stop_string_over_rpc_finishes_it_in_the_scheduler(cfg, spec, tok, scrip
 
 
 def test_invalid_requests_raise_and_server_keeps_serving(cfg, spec, script_ids):
-    with FakeScheduler(cfg, lambda r: script_ids) as fake, serving(cfg, spec), \
-            Client(cfg.rpc_addr, timeout=5) as client:
+    with FakeScheduler(cfg, lambda r: script_ids) as fake, \
+            serving(cfg, spec) as (_, rpc, _lt), Client(rpc.addr, timeout=5) as client:
         # caught client-side
         for prompt, kw in [("hi", {"temperature": -1}), ("hi", {"bogus": 1}), ("", {}),
                            ([1, "a"], {}), ("hi", {"top_p": 2.0})]:
@@ -105,7 +106,8 @@ def test_invalid_requests_raise_and_server_keeps_serving(cfg, spec, script_ids):
 
 def test_malformed_messages_get_rpc_error(cfg, spec, script_ids):
     dec = msgspec.msgpack.Decoder(RpcOutput)
-    with FakeScheduler(cfg, lambda r: script_ids), serving(cfg, spec), raw_dealer(cfg) as sock:
+    with FakeScheduler(cfg, lambda r: script_ids), serving(cfg, spec) as (_, rpc, _lt), \
+            raw_dealer(rpc.addr) as sock:
         sock.send(b"\xc1 definitely not msgpack")
         err = dec.decode(sock.recv())
         assert isinstance(err, RpcError) and err.rid == "" and "malformed" in err.message
@@ -127,8 +129,8 @@ def test_malformed_messages_get_rpc_error(cfg, spec, script_ids):
 
 def test_duplicate_rid_on_one_connection_is_rejected(cfg, spec, script_ids):
     dec = msgspec.msgpack.Decoder(RpcOutput)
-    with FakeScheduler(cfg, lambda r: script_ids, stall=True), serving(cfg, spec), \
-            raw_dealer(cfg) as sock:
+    with FakeScheduler(cfg, lambda r: script_ids, stall=True), \
+            serving(cfg, spec) as (_, rpc, _lt), raw_dealer(rpc.addr) as sock:
         req = RpcGenerate("dup", "hi", SamplingParams())
         sock.send(msgspec.msgpack.encode(req))
         sock.send(msgspec.msgpack.encode(req))
@@ -138,7 +140,7 @@ def test_duplicate_rid_on_one_connection_is_rejected(cfg, spec, script_ids):
 
 def test_breaking_out_of_a_stream_aborts(cfg, spec, script_ids):
     with FakeScheduler(cfg, lambda r: script_ids * 50, step_s=0.01) as fake, \
-            serving(cfg, spec) as (tm, rpc, lt), Client(cfg.rpc_addr, timeout=5) as client:
+            serving(cfg, spec) as (tm, rpc, lt), Client(rpc.addr, timeout=5) as client:
         for i, _ in enumerate(client.generate("Hi", stream=True, max_tokens=2000)):
             if i == 1:
                 break
@@ -151,8 +153,8 @@ def test_breaking_out_of_a_stream_aborts(cfg, spec, script_ids):
 def test_process_died_fails_rpc_requests_fast(cfg, spec, script_ids):
     """The request in flight and the next one fail with the death (a ServerError naming
     it), not with the client's own timeout (a ServerTimeout, 600 s away here)."""
-    with FakeScheduler(cfg, lambda r: script_ids, stall=True) as fs, serving(cfg, spec), \
-            Client(cfg.rpc_addr, timeout=600) as client:
+    with FakeScheduler(cfg, lambda r: script_ids, stall=True) as fs, \
+            serving(cfg, spec) as (_, rpc, _lt), Client(rpc.addr, timeout=600) as client:
         stream = client.generate("Hi", stream=True)
         ctx = zmq.Context()
         sup = ctx.socket(zmq.PUSH)
@@ -174,16 +176,16 @@ def test_process_died_fails_rpc_requests_fast(cfg, spec, script_ids):
 
 def test_client_times_out_when_the_server_goes_away(cfg, spec, script_ids):
     with FakeScheduler(cfg, lambda r: script_ids * 50, step_s=0.01), \
-            Client(cfg.rpc_addr, timeout=0.5) as client:
-        with contextlib.ExitStack() as server:
-            server.enter_context(serving(cfg, spec))
+            contextlib.ExitStack() as server:
+        _, rpc, _lt = server.enter_context(serving(cfg, spec))
+        with Client(rpc.addr, timeout=0.5) as client:
             stream = client.generate("Hi", stream=True, max_tokens=2000)
             assert next(stream).finish_reason is None
             server.close()  # the server goes away mid-stream
             with pytest.raises(ServerTimeout):  # the client's 0.5 s timeout, not a hang
                 list(stream)
-        with pytest.raises(ServerTimeout):
-            client.generate("Hi")  # nobody listens any more
+            with pytest.raises(ServerTimeout):
+                client.generate("Hi")  # nobody listens any more
 
 
 def test_async_client_concurrent_and_streaming(cfg, spec, tok):
@@ -191,8 +193,8 @@ def test_async_client_concurrent_and_streaming(cfg, spec, tok):
         ids = tok.encode(f" reply {req.input_ids[-1]} 世界 end")
         return ids * 100 if req.input_ids[-1] == 300 else ids
 
-    async def main():
-        async with AsyncClient(cfg.rpc_addr, timeout=5) as client:
+    async def main(addr: str):
+        async with AsyncClient(addr, timeout=5) as client:
             wholes = await asyncio.gather(*(client.generate([5, 100 + i], max_tokens=30)
                                             for i in range(8)))
             chunks = [c async for c in await client.generate([5, 200], stream=True)]
@@ -206,8 +208,8 @@ def test_async_client_concurrent_and_streaming(cfg, spec, tok):
             await stream.aclose()
             return wholes, chunks
 
-    with FakeScheduler(cfg, script, per_msg=2) as fake, serving(cfg, spec):
-        wholes, chunks = asyncio.run(main())
+    with FakeScheduler(cfg, script, per_msg=2) as fake, serving(cfg, spec) as (_, rpc, _lt):
+        wholes, chunks = asyncio.run(main(rpc.addr))
         assert fake.wait_for(lambda: fake.of_type(AbortReq))
     assert [w.text for w in wholes] == [f" reply {100 + i} 世界 end" for i in range(8)]
     assert "".join(c.text for c in chunks) == " reply 200 世界 end" and len(chunks) > 2
@@ -217,7 +219,8 @@ def test_async_client_concurrent_and_streaming(cfg, spec, tok):
 def test_overloaded_when_too_many_in_flight(cfg, spec, script_ids):
     cfg = cfg.replace(max_running=1, max_queue=1)
     with FakeScheduler(cfg, lambda r: script_ids, stall=True) as fake, \
-            serving(cfg, spec), raw_dealer(cfg) as sock, Client(cfg.rpc_addr, timeout=5) as client:
+            serving(cfg, spec) as (_, rpc, _lt), raw_dealer(rpc.addr) as sock, \
+            Client(rpc.addr, timeout=5) as client:
         for rid in ("a", "b"):
             sock.send(msgspec.msgpack.encode(RpcGenerate(rid, "hi", SamplingParams())))
         assert fake.wait_for(lambda: len(fake.of_type(GenerateReq)) == 2)

@@ -11,7 +11,6 @@ import pytest
 
 from runtime.config.server import ServerConfig
 from runtime.wire.scheduler_input import AbortReq, FlushCache, GenerateReq
-from tests.api.conftest import free_port
 from tests.api.fake_scheduler import FakeScheduler
 from tests.api.front_helpers import fronts
 from tests.api.http_helpers import sse_json, wait_until
@@ -23,7 +22,7 @@ JSON = {"Content-Type": "application/json"}  # what SGLang's clients send on eve
 @pytest.fixture(scope="module")
 def served(spec, script_ids):
     """One api process front over a fake scheduler that answers with `script_ids`."""
-    cfg = ServerConfig(port=free_port(), rpc_port=free_port(), log_level="warning")
+    cfg = ServerConfig(port=0, rpc_port=0, log_level="warning")
     with (
         FakeScheduler(cfg, lambda r: script_ids, per_msg=2) as fake,
         fronts(cfg, spec) as f,
