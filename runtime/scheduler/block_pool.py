@@ -1,6 +1,6 @@
 """`BlockPool`: fixed-size KV blocks with hash-based prefix caching (the `paged` KV mode).
 
-vLLM-style: a block is either held (`ref_cnt > 0`) or sits in the `FreeBlockQueue`; a free
+A block is either held (`ref_cnt > 0`) or sits in the `FreeBlockQueue`; a free
 block keeps its KV and its hash until it is reallocated, so a later request with the
 same prefix can take it back (`touch`). Allocation pops the least recently freed block.
 """

@@ -1,18 +1,18 @@
-"""`PagedKV`: vLLM-style KV bookkeeping (`--kv paged`): fixed-size blocks, per-request block
+"""`PagedKV`: block KV bookkeeping (`--kv paged`): fixed-size blocks, per-request block
 tables, prefix caching by block-hash chains, preemption by recompute.
 
 Block b covers worker slots b * block_size .. b * block_size + block_size - 1, so the same
 slot-indexed kernels read a paged layout (page size = block size). Block 0 holds slot 0,
 the padding sink, and is the pool's null block.
 
-Caching follows vLLM V1: a full block is registered under hash(parent hash, its tokens)
+Caching: a full block is registered under hash(parent hash, its tokens)
 once its KV has been scheduled (here: by an earlier batch, so its writes precede any
 reader), it keeps that hash while free in the LRU queue, and a later request whose
 prefix has the same chain takes it back. A preempted request frees its blocks without
 registering new ones; its earlier full blocks stay cached, so recompute is mostly hits.
 A request of a LoRA adapter chains its hashes from a seed of the adapter's name
 (`space_seed`): its blocks are cached apart from every other adapter's and the base's.
-With a host tier and `--preempt swap` (vLLM v0's swapping), its full blocks are copied to
+With a host tier and `--preempt swap`, its full blocks are copied to
 host slots first, and its re-admission loads those the device no longer caches.
 """
 

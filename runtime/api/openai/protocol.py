@@ -96,7 +96,7 @@ class CompletionRequest(_SamplingRequest, kw_only=True):
 
     prompt: str | list[Any]  # a string, token ids, or a list of either
     # the chosen tokens' logprobs and this many alternatives each (0..MAX_TOP_LOGPROBS:
-    # OpenAI allows 5, vLLM 20)
+    # OpenAI's own API allows 5)
     logprobs: int | None = None
     echo: bool = False  # the prompt before the completion (and its logprobs, if asked)
     suffix: str | None = None  # rejected
