@@ -12,7 +12,7 @@ from runtime import Engine, SamplingParams
 from tests.worker.test_host_tier import turns_of
 
 OPTIONS = dict(model="dummy:tiny", device="cpu", dtype="float32", max_running=16,
-               chunk_size=64, torch_threads=2, log_level="warning")
+               chunk_size=64, torch_threads=1, log_level="warning")
 MAX_TOKENS = 6
 
 

@@ -17,7 +17,7 @@ from runtime import Engine, SamplingParams
 
 N, MAX_TOKENS = 16, 32
 OPTIONS = dict(model="dummy:tiny", device="cpu", dtype="float32", max_running=N,
-               chunk_size=64, torch_threads=2, log_level="warning")
+               chunk_size=64, torch_threads=1, log_level="warning")
 
 
 def requests() -> tuple[list[list[int]], list[SamplingParams]]:
