@@ -139,3 +139,32 @@ def wait_for(pred, timeout: float, poll: float = 0.05) -> bool:
             return True
         time.sleep(poll)
     return pred()
+
+
+def kill_mid_stream(srv: ServerProcess, process: str, prompt, wait_s: float) -> None:
+    """SIGKILL `process` of `srv` while an RPC stream of `prompt` runs, then assert what a
+    user relies on: the stream fails (no hang), the server exits non-zero and every one of
+    its processes is gone, each within `wait_s` seconds."""
+    from runtime.client import Client
+    from runtime.wire.errors import ServerError
+
+    errors: list[BaseException] = []
+    got_first = threading.Event()
+
+    def consume() -> None:
+        with Client(srv.rpc_addr, timeout=wait_s) as client:
+            try:
+                for _ in client.generate(prompt, stream=True, max_tokens=2000,
+                                         ignore_eos=True):
+                    got_first.set()
+            except ServerError as exc:
+                errors.append(exc)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    assert got_first.wait(120)
+    os.kill(srv.pids[process], signal.SIGKILL)
+    t.join(wait_s)
+    assert not t.is_alive() and errors, "the in-flight request did not fail"
+    assert srv.wait(wait_s) != 0
+    assert wait_for(lambda: all(not process_alive(p) for p in srv.pids.values()), wait_s / 2)

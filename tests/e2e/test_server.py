@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 
@@ -11,8 +9,8 @@ import httpx
 import pytest
 
 from runtime.client import Client
-from runtime.wire.errors import InvalidRequest, ServerError
-from tests.e2e.server import ServerProcess, process_alive, wait_for
+from runtime.wire.errors import InvalidRequest
+from tests.e2e.server import ServerProcess, kill_mid_stream
 
 
 @pytest.fixture(scope="module")
@@ -77,25 +75,6 @@ def test_idle_server_uses_under_5_percent_of_a_core(server):
 def test_killing_the_worker_fails_requests_and_exits_nonzero():
     srv = ServerProcess("--chunk-size", "128")
     try:
-        errors: list[BaseException] = []
-        got_first = threading.Event()
-
-        def consume() -> None:
-            with Client(srv.rpc_addr, timeout=30) as client:
-                try:
-                    for _ in client.generate("Tell me a long story.", stream=True,
-                                             max_tokens=2000, ignore_eos=True):
-                        got_first.set()
-                except ServerError as exc:
-                    errors.append(exc)
-
-        t = threading.Thread(target=consume)
-        t.start()
-        assert got_first.wait(120)
-        os.kill(srv.pids["worker"], signal.SIGKILL)
-        t.join(30)
-        assert not t.is_alive() and errors, "the in-flight request did not fail"
-        assert srv.wait(30) != 0
-        assert wait_for(lambda: all(not process_alive(p) for p in srv.pids.values()), 15)
+        kill_mid_stream(srv, "worker", "Tell me a long story.", 30)
     finally:
         srv.stop()

@@ -12,17 +12,11 @@ are TP 1's exactly.
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-
 import pytest
 import torch
 
 from runtime import Engine, SamplingParams
-from runtime.client import Client
-from runtime.wire.errors import ServerError
-from tests.e2e.server import ServerProcess, process_alive, wait_for
+from tests.e2e.server import ServerProcess, kill_mid_stream
 from tests.e2e.test_engine_api import wait_idle
 
 OPTIONS = dict(model="dummy:tiny", device="cpu", dtype="float32", kv="paged", overlap=True,
@@ -88,25 +82,6 @@ def test_a_dying_rank_fails_the_request_in_flight_and_the_server_exits():
     srv = ServerProcess("--model", "dummy:tiny", "--device", "cpu", "--dtype", "float32",
                         "--tp", "2", "--torch-threads", "1")
     try:
-        errors: list[BaseException] = []
-        got_first = threading.Event()
-
-        def consume() -> None:
-            with Client(srv.rpc_addr, timeout=60) as client:
-                try:
-                    for _ in client.generate([5, 6, 7, 8], stream=True, max_tokens=2000,
-                                             ignore_eos=True):
-                        got_first.set()
-                except ServerError as exc:
-                    errors.append(exc)
-
-        t = threading.Thread(target=consume)
-        t.start()
-        assert got_first.wait(120)
-        os.kill(srv.pids["worker1"], signal.SIGKILL)
-        t.join(60)
-        assert not t.is_alive() and errors, "the in-flight request did not fail"
-        assert srv.wait(60) != 0
-        assert wait_for(lambda: all(not process_alive(p) for p in srv.pids.values()), 30)
+        kill_mid_stream(srv, "worker1", [5, 6, 7, 8], 60)
     finally:
         srv.stop()
