@@ -54,6 +54,8 @@ class ServerProcess:
                  port: int | None = None, ready_text: str = "serving ",
                  env: dict[str, str] | None = None) -> None:
         self.port, self.rpc_port = port or 0, 0
+        # with `port` given (`--dp`), the replicas' own `serving` lines name their ports
+        self._free_ports = port is None
         self._ready_text = ready_text
         cmd = [sys.executable, "-m", "runtime.launch.cli", "serve", "--port", str(self.port),
                "--rpc-port", "0", "--torch-threads", "2", *args]
@@ -75,7 +77,7 @@ class ServerProcess:
             self.lines.append(line)
             if m := re.search(r"processes: (.*)", line):
                 self.pids = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
-            if m := SERVING.search(line.rstrip()):
+            if self._free_ports and (m := SERVING.search(line.rstrip())):
                 self.port, self.rpc_port = int(m.group(1)), int(m.group(2))
             if self._ready_text in line:
                 self._serving.set()
