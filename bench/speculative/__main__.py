@@ -1,6 +1,7 @@
 """Speculative decoding: acceptance length and output tokens/s, with and without it.
 
     python -m bench.speculative [--algorithm ngram|draft] [--model smollm2]
+                                [--draft-model M] [--device cpu|cuda]
                                 [--batches 1,4,16,64] [--max-tokens 96]
                                 [--draft-tokens 4] [--out PREFIX]
 
@@ -9,7 +10,9 @@ The edit workload (`workload.py`) on real SmolLM2-135M weights, greedy, in one p
 requests plainly, then with the n-gram drafter (`--speculative-algorithm ngram`), then
 with the oracle drafter, which replays the plain run's outputs (every draft accepted,
 nothing spent proposing: the verify step's own efficiency). Each speculative run is
-checked to give the plain run's tokens. Results go to PREFIX.json / PREFIX.md.
+checked to give the plain run's tokens. A `dummy:` model (random weights, no tokenizer)
+gets prompts of random ids and only the plain and oracle rows: the verify step's cost at
+that shape. Results go to PREFIX.json / PREFIX.md.
 `--algorithm draft` runs the draft-model rows instead (`draft_rows.py`).
 """
 
@@ -17,40 +20,51 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import platform
 
 import torch
 from transformers import AutoTokenizer
 
 from bench.outputs import write_outputs
+from bench.serving.server_proc import device_name
 from bench.speculative import draft_rows
+from bench.speculative.draft_rows import MEM_FRACTION, random_prompts
 from bench.speculative.generate import generate
 from bench.speculative.workload import edit_prompts
 from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.worker.worker import Worker
 
-OUT = "bench/results/speculative/{date}-ngram-smollm2-cpu"
+OUT = "bench/results/speculative/{date}-{algorithm}-{model}-{device}"
 
 
 def run(args) -> dict:
-    cfg = ServerConfig(model=args.model, device="cpu", max_running=max(args.batches),
+    cfg = ServerConfig(model=args.model, device=args.device, max_running=max(args.batches),
+                       mem_fraction=MEM_FRACTION,
                        speculative_num_draft_tokens=args.draft_tokens, log_level="warning")
     spec = resolve_model(cfg.model)
-    tokenizer = AutoTokenizer.from_pretrained(str(spec.tokenizer_path))
     worker = Worker(cfg, spec)
-    generate(worker, cfg, edit_prompts(tokenizer, 2), 8)  # warm-up
+    if spec.tokenizer_path is None:  # random weights: the verify step's cost only
+        def make_prompts(n):
+            return random_prompts(n, worker.runner.vocab_size)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(str(spec.tokenizer_path))
+
+        def make_prompts(n):
+            return edit_prompts(tokenizer, n)
+    generate(worker, cfg, make_prompts(2), 8)  # warm-up
     rows = []
     for batch in args.batches:
-        prompts = edit_prompts(tokenizer, batch)
-        plain = generate(worker, cfg, prompts, args.max_tokens)
-        ngram = generate(worker, cfg.replace(speculative_algorithm="ngram"), prompts,
-                         args.max_tokens)
-        oracle = generate(worker, cfg, prompts, args.max_tokens, plain["outputs"])
+        prompts = make_prompts(batch)
+        runs = {"plain": generate(worker, cfg, prompts, args.max_tokens)}
+        plain = runs["plain"]
+        if spec.tokenizer_path is not None:
+            runs["ngram"] = generate(worker, cfg.replace(speculative_algorithm="ngram"),
+                                     prompts, args.max_tokens)
+        runs["oracle"] = generate(worker, cfg, prompts, args.max_tokens, plain["outputs"])
         tokens = sum(map(len, plain["outputs"]))
         row = {"batch": batch, "output_tokens": tokens,
                "prompt_tokens": sum(map(len, prompts))}
-        for name, r in (("plain", plain), ("ngram", ngram), ("oracle", oracle)):
+        for name, r in runs.items():
             assert r["outputs"] == plain["outputs"], f"{name} changed the greedy output"
             row[name] = {"wall_s": round(r["wall_s"], 3), "steps": r["steps"],
                          "out_tok_per_s": round(tokens / r["wall_s"], 1),
@@ -67,42 +81,50 @@ def run(args) -> dict:
 
 def report(res: dict, command: str, date: str) -> str:
     b1 = next((r for r in res["rows"] if r["batch"] == 1), res["rows"][0])
+    names = [n for n in ("ngram", "oracle") if n in b1]
+    said = [f"{n} {b1[n]['accept_length']} tokens per verify step, {b1[n]['speedup']}x the "
+            "plain tokens/s" for n in names]
+    where = ("CPU, loaded (2 cores shared with other jobs): ratios, not absolute speeds."
+             if res["device"] == "cpu" else f"On {res['device']}.")
     lines = [
-        f"# Speculative decoding: n-gram and oracle drafters, {res['model']} on the CPU",
+        f"# Speculative decoding: {' and '.join(names)} drafters, {res['model']} on "
+        f"{res['device']}",
         "",
         "Question: How many tokens does a verify step yield, and how much faster is decoding "
-        "with n-gram (prompt lookup) speculation on an edit workload that repeats its input, "
-        "by batch size?",
-        f"Answer: at batch {b1['batch']}, n-gram speculation yields "
-        f"{b1['ngram']['accept_length']} tokens per verify step and runs "
-        f"{b1['ngram']['speedup']}x the plain tokens/s; the oracle drafter (every draft "
-        f"accepted) {b1['oracle']['speedup']}x; outputs are token-identical. "
-        "CPU, loaded (2 cores shared with other jobs): ratios, not absolute speeds.",
+        "with speculation (n-gram prompt lookup on an edit workload that repeats its input; "
+        "an oracle drafter that is always right), by batch size?",
+        f"Answer: at batch {b1['batch']}: " + "; ".join(said) + ". Outputs are "
+        f"token-identical. {where}",
         "",
-        f"`{command}`, {date}; CPU ({platform.machine()}), torch {torch.__version__}, "
+        f"`{command}`, {date}; {res['device']}, torch {torch.__version__}, "
         f"{res['torch_threads']} threads.",
         "",
         f"Greedy, up to {res['max_tokens']} output tokens, {res['draft_tokens']} draft tokens "
         f"per verify step, n-gram lengths {res['ngram'][0]}..{res['ngram'][1]}. Wall time "
         "covers prefill and decode; steps: scheduler steps (prefill chunks included). Accept "
-        "length: tokens per verify step (accepted drafts + 1).",
+        "length: tokens per verify step (accepted drafts + 1). A `dummy:` model has random "
+        "weights and prompts of random ids: only the oracle row means anything there.",
         "",
-        "| batch | out tokens | plain tok/s | steps | ngram tok/s | speedup | steps "
-        "| accept len | oracle tok/s | speedup | steps | accept len |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| batch | out tokens | plain tok/s | steps | "
+        + " | ".join(f"{n} tok/s | speedup | steps | accept len" for n in names) + " |",
+        "|---:|---:|---:|---:|" + "---:|---:|---:|---:|" * len(names),
     ]
     for r in res["rows"]:
-        p, n, o = r["plain"], r["ngram"], r["oracle"]
+        p = r["plain"]
+        cells = [f"{r[n]['out_tok_per_s']} | {r[n]['speedup']}x | {r[n]['steps']} | "
+                 f"{r[n]['accept_length']}" for n in names]
         lines.append(f"| {r['batch']} | {r['output_tokens']} | {p['out_tok_per_s']} | "
-                     f"{p['steps']} | {n['out_tok_per_s']} | {n['speedup']}x | {n['steps']} | "
-                     f"{n['accept_length']} | {o['out_tok_per_s']} | {o['speedup']}x | "
-                     f"{o['steps']} | {o['accept_length']} |")
+                     f"{p['steps']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--model", default="",
+                    help="target (default: smollm2; with --algorithm draft dummy:spec-target)")
+    ap.add_argument("--draft-model", default="",
+                    help="the small draft of --algorithm draft (default dummy:spec-draft)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--draft-tokens", type=int, default=4)
@@ -110,16 +132,22 @@ def main() -> None:
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
-    now = datetime.datetime.now(datetime.timezone.utc)
     rows = draft_rows if args.algorithm == "draft" else None
+    args.model = args.model or (draft_rows.TARGET if rows else "smollm2")
+    args.draft_model = args.draft_model or draft_rows.SMALL_DRAFT
+    now = datetime.datetime.now(datetime.timezone.utc)
+    device = "cpu" if args.device == "cpu" else device_name()
     res = rows.run(args) if rows else run(args)
-    command = (f"python -m bench.speculative --algorithm {args.algorithm} --batches "
-               + ",".join(map(str, args.batches))
+    command = (f"python -m bench.speculative --algorithm {args.algorithm} --model {args.model}"
+               + (f" --draft-model {args.draft_model}" if rows else "")
+               + f" --device {args.device} --batches " + ",".join(map(str, args.batches))
                + f" --max-tokens {args.max_tokens} --draft-tokens {args.draft_tokens}")
-    res.update(command=command, date=now.isoformat(timespec="seconds"), device="cpu")
+    res.update(command=command, date=now.isoformat(timespec="seconds"), device=device)
     when = now.strftime("%Y-%m-%d %H:%M:%S +0000")
     text = rows.report(res, command, when) if rows else report(res, command, when)
-    out = (rows.OUT if rows else OUT).format(date=now.strftime("%Y-%m-%d"))
+    slug = args.model.removeprefix("dummy:")
+    out = OUT.format(date=now.strftime("%Y-%m-%d"), algorithm=args.algorithm, model=slug,
+                     device=device.split(",")[0].split()[-1].lower())
     write_outputs(args.out or out, res, text)
     print(text)
 

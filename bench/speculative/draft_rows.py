@@ -1,12 +1,13 @@
 """`python -m bench.speculative --algorithm draft`: the cost of drafting with a model.
 
-Two rows on random-weight targets (`dummy:` presets, prompts of random token ids), each
-run plainly and with `--speculative-algorithm draft`, greedy, outputs checked identical:
+Two rows on a random-weight target (`--model`, a `dummy:` preset, default
+`dummy:spec-target`; prompts of random token ids), each run plainly and with
+`--speculative-algorithm draft`, greedy, outputs checked identical:
 
 (iii) the target drafting for itself: every draft is accepted, so a verify step yields
       k + 1 tokens and the ratio to plain decoding is the mechanism's overhead (ideal
       1.0x: k draft steps cost nothing and the verify step costs one decode step).
-(iv)  a draft of ~8% the target's parameters (`dummy:spec-draft` for `dummy:spec-target`):
+(iv)  a small draft (`--draft-model`, default `dummy:spec-draft`, ~8% of `dummy:spec-target`):
       what a real draft's forwards cost per verify step. Random weights cannot show an
       acceptance rate (two unrelated random models agree on almost no token), only the
       cost; the break-even column is the tokens a verify step must yield to match plain
@@ -26,14 +27,27 @@ from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.worker.worker import Worker
 
-OUT = "bench/results/speculative/{date}-draft-model-cpu"
 TARGET, SMALL_DRAFT = "dummy:spec-target", "dummy:spec-draft"
 PROMPT_LEN = 32
+MEM_FRACTION = 0.2  # of free GPU memory for each worker's KV: three workers share one GPU
 
 
 def random_prompts(n: int, vocab: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(0)
     return [torch.randint(3, vocab, (PROMPT_LEN,), generator=gen).tolist() for _ in range(n)]
+
+
+def _params(model: str) -> int:
+    """Parameters of a `dummy:` preset, counted from its config."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        cfg = resolve_model(model).hf_config()
+        return sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+
+
+def _share(draft: str, target: str) -> float:
+    return _params(draft) / _params(target)
 
 
 def _entry(r: dict, tokens: int, plain: dict | None) -> dict:
@@ -49,14 +63,16 @@ def _entry(r: dict, tokens: int, plain: dict | None) -> dict:
 
 
 def run(args) -> dict:
-    base = ServerConfig(model=TARGET, device="cpu", max_running=max(args.batches),
+    base = ServerConfig(model=args.model, device=args.device, max_running=max(args.batches),
+                        mem_fraction=MEM_FRACTION,
                         speculative_num_draft_tokens=args.draft_tokens,
                         speculative_off_window=0, log_level="warning")
-    spec = resolve_model(TARGET)
+    spec = resolve_model(args.model)
     plain_worker = Worker(base, spec)
     vocab = plain_worker.runner.vocab_size
     rows = []
-    for name, draft in (("iii: draft = target", TARGET), ("iv: 8% draft", SMALL_DRAFT)):
+    small = f"iv: {_share(args.draft_model, args.model):.0%} draft"
+    for name, draft in (("iii: draft = target", args.model), (small, args.draft_model)):
         cfg = base.replace(speculative_algorithm="draft", speculative_draft_model=draft)
         worker = Worker(cfg, spec)
         for w, c in ((plain_worker, base), (worker, cfg)):  # warm-up
@@ -72,7 +88,10 @@ def run(args) -> dict:
                    "plain": p, "draft_model": _entry(drafted, tokens, p)}
             rows.append(row)
             print(row, flush=True)
-    return {"model": TARGET, "draft_tokens": args.draft_tokens, "max_tokens": args.max_tokens,
+    return {"model": args.model, "draft_model": args.draft_model,
+            "draft_share": round(_share(args.draft_model, args.model), 3),
+            "params_b": round(_params(args.model) / 1e9, 3), "draft_tokens": args.draft_tokens,
+            "max_tokens": args.max_tokens,
             "prompt_len": PROMPT_LEN, "torch_threads": torch.get_num_threads(), "rows": rows}
 
 
@@ -81,22 +100,24 @@ def report(res: dict, command: str, date: str) -> str:
     b = min(r["batch"] for r in res["rows"])
     self_row, small = by.get(("iii", b), {}), by.get(("iv", b), {})
     lines = [
-        "# Speculative decoding with a draft model: its cost on the CPU",
+        f"# Speculative decoding with a draft model: its cost on {res['device']}",
         "",
         "Question: What does drafting with a model cost per verify step, with the target "
-        "drafting for itself (every draft accepted) and with a draft of 8% its parameters?",
+        "drafting for itself (every draft accepted) and with a small draft model?",
         f"Answer: at batch {b}, the target drafting for itself yields "
         f"{self_row.get('accept_length')} tokens per verify step and runs "
-        f"{self_row.get('speedup')}x plain decoding's tokens/s (ideal 1.0x); with the 8% "
-        f"draft a verify step costs {small.get('break_even')} plain steps, the tokens it "
+        f"{self_row.get('speedup')}x plain decoding's tokens/s (ideal 1.0x); with the "
+        f"{res['draft_share']:.0%} draft a verify step costs {small.get('break_even')} "
+        "plain steps, the tokens it "
         "must yield to break even (random weights: no acceptance to measure). Outputs are "
-        "token-identical. CPU, loaded (2 cores shared with other jobs, load average ~20): "
-        "ratios, not absolute speeds.",
+        "token-identical. " + ("CPU, loaded (2 cores shared with other jobs): ratios, not "
+                               "absolute speeds." if res["device"] == "cpu" else ""),
         "",
-        f"`{command}`, {date}; CPU ({platform.machine()}), torch {torch.__version__}, "
-        f"{res['torch_threads']} threads.",
+        f"`{command}`, {date}; {res['device']} ({platform.machine()}), torch "
+        f"{torch.__version__}, {res['torch_threads']} threads.",
         "",
-        f"Target `{res['model']}` (107M parameters, random weights), prompts of "
+        f"Target `{res['model']}` ({res['params_b']}B parameters, random weights), draft "
+        f"`{res['draft_model']}` ({res['draft_share']:.0%} of it), prompts of "
         f"{res['prompt_len']} random ids, greedy, up to {res['max_tokens']} output tokens, "
         f"{res['draft_tokens']} draft tokens per verify step. Wall time covers prefill and "
         "decode; ms/step: wall time over scheduler steps. A verify step runs k draft decode "
