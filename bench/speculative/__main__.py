@@ -28,7 +28,7 @@ from bench.outputs import write_outputs
 from bench.serving.server_proc import device_name
 from bench.speculative import draft_rows
 from bench.speculative.draft_rows import MEM_FRACTION, random_prompts
-from bench.speculative.generate import generate
+from bench.speculative.generate import generate, time_steps
 from bench.speculative.workload import edit_prompts
 from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
@@ -42,6 +42,7 @@ def run(args) -> dict:
                        mem_fraction=MEM_FRACTION,
                        speculative_num_draft_tokens=args.draft_tokens, log_level="warning")
     spec = resolve_model(cfg.model)
+    time_steps()
     worker = Worker(cfg, spec)
     if spec.tokenizer_path is None:  # random weights: the verify step's cost only
         def make_prompts(n):
@@ -70,7 +71,8 @@ def run(args) -> dict:
                          "out_tok_per_s": round(tokens / r["wall_s"], 1),
                          "speedup": round(plain["wall_s"] / r["wall_s"], 3),
                          "accept_length": r["accept_length"] and round(r["accept_length"], 3),
-                         "drafted": r["drafted"], "accepted": r["accepted"]}
+                         "drafted": r["drafted"], "accepted": r["accepted"],
+                         "idle_pct": r["idle"] and round(100 * r["idle"], 1)}
         rows.append(row)
         print(row, flush=True)
     return {"model": args.model, "draft_tokens": args.draft_tokens,
@@ -102,19 +104,22 @@ def report(res: dict, command: str, date: str) -> str:
         f"Greedy, up to {res['max_tokens']} output tokens, {res['draft_tokens']} draft tokens "
         f"per verify step, n-gram lengths {res['ngram'][0]}..{res['ngram'][1]}. Wall time "
         "covers prefill and decode; steps: scheduler steps (prefill chunks included). Accept "
-        "length: tokens per verify step (accepted drafts + 1). A `dummy:` model has random "
+        "length: tokens per verify step (accepted drafts + 1). Idle: the device's idle share "
+        "between steps (step timing events; host clock on the CPU). A `dummy:` model has "
+        "random "
         "weights and prompts of random ids: only the oracle row means anything there.",
         "",
-        "| batch | out tokens | plain tok/s | steps | "
-        + " | ".join(f"{n} tok/s | speedup | steps | accept len" for n in names) + " |",
-        "|---:|---:|---:|---:|" + "---:|---:|---:|---:|" * len(names),
+        "| batch | out tokens | plain tok/s | steps | idle % | "
+        + " | ".join(f"{n} tok/s | speedup | steps | accept len | idle %" for n in names)
+        + " |",
+        "|---:|---:|---:|---:|---:|" + "---:|---:|---:|---:|---:|" * len(names),
     ]
     for r in res["rows"]:
         p = r["plain"]
         cells = [f"{r[n]['out_tok_per_s']} | {r[n]['speedup']}x | {r[n]['steps']} | "
-                 f"{r[n]['accept_length']}" for n in names]
+                 f"{r[n]['accept_length']} | {r[n]['idle_pct']}" for n in names]
         lines.append(f"| {r['batch']} | {r['output_tokens']} | {p['out_tok_per_s']} | "
-                     f"{p['steps']} | " + " | ".join(cells) + " |")
+                     f"{p['steps']} | {p['idle_pct']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

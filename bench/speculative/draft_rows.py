@@ -22,7 +22,7 @@ import platform
 
 import torch
 
-from bench.speculative.generate import generate
+from bench.speculative.generate import generate, time_steps
 from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.worker.worker import Worker
@@ -55,7 +55,8 @@ def _entry(r: dict, tokens: int, plain: dict | None) -> dict:
              "out_tok_per_s": round(tokens / r["wall_s"], 2),
              "ms_per_step": round(1e3 * r["wall_s"] / r["steps"], 1),
              "accept_length": r["accept_length"] and round(r["accept_length"], 3),
-             "drafted": r["drafted"], "accepted": r["accepted"]}
+             "drafted": r["drafted"], "accepted": r["accepted"],
+             "idle_pct": r["idle"] and round(100 * r["idle"], 1)}
     if plain is not None:
         entry["speedup"] = round(plain["wall_s"] / r["wall_s"], 3)
         entry["break_even"] = round(entry["ms_per_step"] / plain["ms_per_step"], 2)
@@ -68,6 +69,7 @@ def run(args) -> dict:
                         speculative_num_draft_tokens=args.draft_tokens,
                         speculative_off_window=0, log_level="warning")
     spec = resolve_model(args.model)
+    time_steps()
     plain_worker = Worker(base, spec)
     vocab = plain_worker.runner.vocab_size
     rows = []
@@ -121,16 +123,19 @@ def report(res: dict, command: str, date: str) -> str:
         f"{res['prompt_len']} random ids, greedy, up to {res['max_tokens']} output tokens, "
         f"{res['draft_tokens']} draft tokens per verify step. Wall time covers prefill and "
         "decode; ms/step: wall time over scheduler steps. A verify step runs k draft decode "
-        "steps, the target's forward over k + 1 positions and the draft's mirror of it.",
+        "steps, the target's forward over k + 1 positions and the draft's mirror of it. "
+        "Idle: the device's idle share between steps (step timing events; host clock on "
+        "the CPU).",
         "",
-        "| row | batch | out tokens | plain tok/s | plain ms/step | draft tok/s | speedup "
-        "| ms/step | accept len | break-even len |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| row | batch | out tokens | plain tok/s | plain ms/step | plain idle % | draft tok/s "
+        "| speedup | ms/step | idle % | accept len | break-even len |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in res["rows"]:
         p, d = r["plain"], r["draft_model"]
         lines.append(f"| {r['row']} (`{r['draft']}`) | {r['batch']} | {r['output_tokens']} | "
-                     f"{p['out_tok_per_s']} | {p['ms_per_step']} | {d['out_tok_per_s']} | "
-                     f"{d['speedup']}x | {d['ms_per_step']} | {d['accept_length']} | "
+                     f"{p['out_tok_per_s']} | {p['ms_per_step']} | {p['idle_pct']} | "
+                     f"{d['out_tok_per_s']} | {d['speedup']}x | {d['ms_per_step']} | "
+                     f"{d['idle_pct']} | {d['accept_length']} | "
                      f"{d['break_even']} |")
     return "\n".join(lines)

@@ -2,20 +2,46 @@
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 import time
 from collections import deque
+from pathlib import Path
 
 from bench.speculative.oracle import oracle_speculation
 from runtime.config.server import ServerConfig
 from runtime.scheduler.loop import build_scheduler
 from runtime.wire.sampling import SamplingParams
 from runtime.wire.scheduler_input import GenerateReq
+from runtime.worker.step_timing import ENV as STEP_TIMING
 from runtime.worker.worker import Worker
+
+
+def time_steps() -> Path:
+    """Make the workers built from now on log their device step times (read by
+    `generate`); the log file."""
+    path = Path(tempfile.mkdtemp()) / "steps.jsonl"
+    path.touch()
+    os.environ[STEP_TIMING] = str(path)
+    return path
+
+
+def _idle_share(lines: list[str]) -> float | None:
+    """The device's idle share between a run's steps: gaps / (gaps + steps), the first
+    step's gap (the time before the run) left out."""
+    steps = [json.loads(line) for line in lines][1:]
+    gaps = [s["gap_ms"] for s in steps if s["gap_ms"] is not None]
+    busy = sum(s["step_ms"] for s in steps)
+    return sum(gaps) / (sum(gaps) + busy) if gaps and busy else None
 
 
 def generate(worker: Worker, cfg: ServerConfig, prompts: list[list[int]], max_tokens: int,
              oracle: list[list[int]] | None = None) -> dict:
-    """Serve `prompts` to their end; outputs, wall seconds and the drafters' counters."""
+    """Serve `prompts` to their end; outputs, wall seconds, the drafters' counters and,
+    with `time_steps()` set before the worker was built, the device's idle share."""
+    log = os.environ.get(STEP_TIMING)
+    seen = len(Path(log).read_text().splitlines()) if log else 0
     sched = build_scheduler(cfg, worker.ready_message(), worker.runner.max_context)
     if oracle is not None:
         sched.spec = oracle_speculation({f"r{i}": o for i, o in enumerate(oracle)},
@@ -29,12 +55,17 @@ def generate(worker: Worker, cfg: ServerConfig, prompts: list[list[int]], max_to
     while sched.has_work or in_flight:
         while sched.can_plan() and (plan := sched.plan()) is not None:
             in_flight.append(worker.launch(plan))
-        sched.on_result(in_flight.popleft().result())
+        done = in_flight.popleft()
+        sched.on_result(done.result())
+        if done.timing is not None:  # the batch completed: its marks can be read
+            worker.timer.log(done.batch_id, done.timing)
         for out in sched.take_outputs():
             outs[out.rid] += out.token_ids
     wall = time.perf_counter() - start
+    idle = _idle_share(Path(log).read_text().splitlines()[seen:]) if log else None
     spec = sched.spec
     return {"outputs": [outs[f"r{i}"] for i in range(len(prompts))], "wall_s": wall,
             "steps": sched.num_steps,
             "accept_length": spec.mean_accept_length if spec else None,
-            "drafted": spec.drafted if spec else 0, "accepted": spec.accepted if spec else 0}
+            "drafted": spec.drafted if spec else 0, "accepted": spec.accepted if spec else 0,
+            "idle": idle}
