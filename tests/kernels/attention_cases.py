@@ -1,6 +1,5 @@
 """Shared inputs and checks of the attention kernel tests (decode, extend, and their MLA forms)."""
 
-import pytest
 import torch
 
 from kernels.kv.store import quantize_ref
@@ -54,20 +53,3 @@ def quantize_latent(args: tuple, at: int, pool_dtype) -> tuple[tuple, torch.Tens
     kv_pool, kv_scale = quantize_ref(args[at], pool_dtype)  # [S, 1, D], [S, 1]
     return (*args[:at], kv_pool, *args[at + 1 :]), kv_scale
 
-
-def deepseek_gpu_cases(test):
-    """The MLA kernels' GPU matrix at DeepSeek-V2/V3 shapes: fp16 and bf16, 16 and 128 heads,
-    token and 16-token pages, a 16-bit and an fp8 pool (`dtype, heads, page_size, pool_dtype`)."""
-    marks = [
-        pytest.mark.gpu,
-        pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"]),
-        pytest.mark.parametrize("heads", [16, 128]),
-        pytest.mark.parametrize(
-            "page_size, pool_dtype",
-            [(1, None), (16, None), (16, torch.float8_e4m3fn)],
-            ids=["token", "paged16", "paged16-fp8"],
-        ),
-    ]
-    for mark in reversed(marks):  # as decorators: the lowest applies first
-        test = mark(test)
-    return test

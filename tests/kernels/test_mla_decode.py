@@ -13,12 +13,11 @@ from kernels.kv.paging import page_slots
 from tests.kernels.attention_cases import (
     assert_mla_matches_ref,
     assert_ref_matches_naive,
-    deepseek_gpu_cases,
     quantize_latent,
 )
 from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, page_table, randn
+from tests.kernels.mla_matrix import MLA_DIMS, deepseek_gpu_cases, mla_cases
 
-DIMS = [(32, 16), (24, 8), (64, 32)]  # (Dl, Dr): power-of-two, odd, and wider latents
 QUANT_POOLS = [pytest.param(torch.int8, id="int8"), pytest.param(torch.float8_e4m3fn, id="fp8")]
 
 
@@ -47,7 +46,7 @@ def naive(q, kv_pool, kv_indptr, kv_indices, seq_lens, page_size, sm_scale, kv_l
     return out
 
 
-@pytest.mark.parametrize("dims", DIMS, ids=str)
+@pytest.mark.parametrize("dims", MLA_DIMS, ids=str)
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_reference_matches_naive(dims, page_size):
     args = make_inputs([1, 70, 0, 33], 5, dims, page_size, torch.float32)
@@ -58,10 +57,7 @@ def test_reference_matches_naive(dims, page_size):
 check = partial(assert_mla_matches_ref, mla_decode, mla_decode_ref)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("dims", DIMS, ids=str)
-@pytest.mark.parametrize("heads", [1, 5, 19])
-@pytest.mark.parametrize("page_size", [1, 16])
+@mla_cases([1, 5, 19])
 def test_matches_reference(dtype, dims, heads, page_size):
     # Heads below, between and above one 16-head group; lengths 1, a partial tile, 70.
     args = make_inputs([1, 70, 23], heads, dims, page_size, dtype, seed=heads)

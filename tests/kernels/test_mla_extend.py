@@ -8,12 +8,10 @@ from kernels.kv.paging import page_slots
 from tests.kernels.attention_cases import (
     assert_mla_matches_ref,
     assert_ref_matches_naive,
-    deepseek_gpu_cases,
     quantize_latent,
 )
 from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, page_table, randn
-
-DIMS = [(32, 16), (24, 8), (64, 32)]  # (Dl, Dr): power-of-two, odd, and wider latents
+from tests.kernels.mla_matrix import MLA_DIMS, deepseek_gpu_cases, mla_cases
 
 
 def make_inputs(prefix, new, heads, dims, page_size, dtype, seed=0):
@@ -54,7 +52,7 @@ def naive(q, kv_new, kv_pool, qo_indptr, prefix_lens, kv_indptr, kv_indices, pag
     return out
 
 
-@pytest.mark.parametrize("dims", DIMS, ids=str)
+@pytest.mark.parametrize("dims", MLA_DIMS, ids=str)
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_reference_matches_naive(dims, page_size):
     args = make_inputs([0, 37, 5, 20], [9, 1, 0, 4], 3, dims, page_size, torch.float32)
@@ -65,10 +63,7 @@ def test_reference_matches_naive(dims, page_size):
 check = partial(assert_mla_matches_ref, mla_extend, mla_extend_ref)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("dims", DIMS, ids=str)
-@pytest.mark.parametrize("heads", [1, 3, 19])
-@pytest.mark.parametrize("page_size", [1, 16])
+@mla_cases([1, 3, 19])
 def test_matches_reference(dtype, dims, heads, page_size):
     # Prefixes 0 / unaligned / long; new runs across a block, of one token, and unaligned.
     args = make_inputs([0, 37, 70], [70, 1, 12], heads, dims, page_size, dtype, seed=heads)
