@@ -39,4 +39,3 @@ def page_table(
 
 def randn(*shape, dtype=torch.float32, gen: torch.Generator) -> torch.Tensor:
     return torch.randn(*shape, generator=gen).to(dtype).to(DEVICE)
-
