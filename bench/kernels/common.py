@@ -1,5 +1,5 @@
-"""What every kernel benchmark shares: the presets, a result row, the timer, the ceiling, and
-kernels rebuilt from edited source (the probes)."""
+"""What every kernel benchmark shares: the presets, a result row and the table of rows, the
+report writer, the timer, the ceiling, and kernels rebuilt from edited source (the probes)."""
 
 import importlib.util
 import statistics
@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+from bench.outputs import write_outputs
 
 COPY_CEILING_GBPS = 4260.0  # H200 device-to-device copy, bytes read + written (device.md)
 
@@ -97,6 +99,26 @@ def timeit(fn, p: Preset, graph: bool = False) -> float:
     torch.cuda.synchronize()
     return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
 
+
+def rows_table(title: str, meta: dict, rows: list[dict]) -> list[str]:
+    """Markdown lines: `# title (device)`, the meta line, and a table of `Row.as_dict()`s."""
+    lines = [f"# {title} ({meta['device']})", "",
+             ", ".join(f"{k}: {v}" for k, v in meta.items()), "",
+             "| kernel | case | time (us) | MB moved | GB/s | % of copy ceiling | TFLOP/s | note |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    for d in rows:
+        lines.append(f"| {d['kernel']} | {d['case']} | {d['time_us']:.1f} | {d['bytes'] / 1e6:.1f}"
+                     f" | {d['gbps']:.0f} | {d['pct_ceiling']:.1f} | {d['tflops']:.1f}"
+                     f" | {d['note']} |")  # fmt: skip
+    return lines
+
+
+def write_report(prefix: Path, data: dict, lines: list[str], echo: bool = True) -> None:
+    """`<prefix>.json` of `data` and `<prefix>.md` of the markdown `lines`, printed when echo."""
+    text = "\n".join(lines)
+    write_outputs(str(prefix), data, text)
+    if echo:
+        print(text)
 
 
 def module_with_cuts(src: str, cuts: list[tuple[str, str]], name: str):

@@ -15,18 +15,15 @@ Each row is printed and the JSON rewritten as it lands, so a time limit keeps wh
         [--pools fp8,int8]
 """
 
-import argparse
-import json
-import time
 from dataclasses import asdict
 from functools import partial
 from itertools import product
-from pathlib import Path
 
 import torch
 
 from bench.kernels.attention import QUANT_POOLS, UNSCALED_POOLS, paged_pool
 from bench.kernels.common import COPY_CEILING_GBPS, Preset, timeit
+from bench.kernels.sweep_run import SweepRun, sweep_parser
 from kernels.attention.decode import DecodeConfig, decode_attention, decode_num_splits
 from kernels.attention.decode_config import triton_quant_config
 
@@ -42,10 +39,7 @@ GLUON = [DecodeConfig(gluon=True, block_n=n, num_stages=u) for n, u in ((64, 2),
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--budget-s", type=float, default=150.0)
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter check)")
+    ap = sweep_parser(__doc__.split("\n")[0], 150.0)
     ap.add_argument("--gluon", action="store_true",
                     help="the Triton stage 1's default against the Gluon stage 1's tile sizes "
                          "and ring depths (GPU)")
@@ -53,8 +47,7 @@ def main():
                     help="the quantized pools to time (comma-separated: fp8, int8, fp8_e4m3)")
     args = ap.parse_args()
     pools = {name: (QUANT_POOLS | UNSCALED_POOLS)[name] for name in args.pools.split(",")}
-    args.out.mkdir(parents=True, exist_ok=True)
-    t0, p = time.monotonic(), Preset(warmup=5, iters=20)
+    sweep, p = SweepRun(args.out, "decode_quant_sweep", args.budget_s), Preset(warmup=5, iters=20)
     B, L, Hq, D = (2, 64, 8, 128) if args.smoke else (64, 4096, 32, 128)
     dtype = torch.float32 if args.smoke else torch.bfloat16
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -63,7 +56,7 @@ def main():
     kv = {h: [torch.randn(B, h, L, D, device=dev, dtype=dtype, generator=gen) for _ in "kv"]
           for h in (Hq, Hq // 4)}  # [B, Hkv, L, D] k and v per kv head count  # fmt: skip
     seq_lens = torch.full((B,), L, dtype=torch.int32, device=dev)
-    rows, base_us = [], {}
+    base_us = {}
 
     def measure(layout, page_size, Hkv, name, pool, configs, split_mults=(1,)):
         k_buf, v_buf, indptr, indices, scales = paged_pool(*kv[Hkv], page_size, pool,
@@ -72,8 +65,7 @@ def main():
         nbytes += indices.nbytes + 2 * B * L * Hkv * 4 * bool(scales)
         shape, ref = f"B{B} L{L} H{Hq}/{Hkv} D{D}", None
         for cfg, mult in product(configs, split_mults):
-            if time.monotonic() - t0 > args.budget_s:
-                raise TimeoutError
+            sweep.check_budget()
             splits = mult * decode_num_splits(B, Hkv, L, quantized=name in pools)
             run = partial(decode_attention, q, k_buf, v_buf, indptr, indices, seq_lens,
                           page_size, D**-0.5, num_splits=splits, config=cfg, **scales)  # fmt: skip
@@ -81,16 +73,14 @@ def main():
             ref = out if ref is None else ref
             t = timeit(run, p)
             base_us.setdefault((layout, Hkv), t)
-            rows.append({"shape": shape, "layout": layout, "pool": name, "splits": splits,
-                         "config": cfg and asdict(cfg), "time_us": t,
-                         "pct": 100 * nbytes / t / 1e3 / COPY_CEILING_GBPS,
-                         "vs16": base_us[layout, Hkv] / t, "diff": (out - ref).abs().max().item(),
-                         "elapsed_s": time.monotonic() - t0})  # fmt: skip
-            print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
-            (args.out / "decode_quant_sweep.json").write_text(json.dumps(rows, indent=1))
+            sweep.add({"shape": shape, "layout": layout, "pool": name, "splits": splits,
+                       "config": cfg and asdict(cfg), "time_us": t,
+                       "pct": 100 * nbytes / t / 1e3 / COPY_CEILING_GBPS,
+                       "vs16": base_us[layout, Hkv] / t, "diff": (out - ref).abs().max().item(),
+                       "elapsed_s": sweep.elapsed()})  # fmt: skip
 
     def best(layout, Hkv, name, n):
-        done = [r for r in rows if r["layout"] == layout and r["pool"] == name
+        done = [r for r in sweep.rows if r["layout"] == layout and r["pool"] == name
                 and f"/{Hkv} " in r["shape"]
                 and r["splits"] == decode_num_splits(B, Hkv, L, quantized=name in pools)]
         return [DecodeConfig(**r["config"]) for r in sorted(done, key=lambda r: r["time_us"])[:n]]
@@ -111,7 +101,7 @@ def main():
                     measure(layout, page_size, Hkv, name, pool, CONFIGS[:2] + [
                         c for c in top if c not in CONFIGS[:2]])  # fmt: skip
     except TimeoutError:
-        print(f"budget of {args.budget_s} s spent: {len(rows)} rows", flush=True)
+        sweep.spent()
 
 
 if __name__ == "__main__":

@@ -11,9 +11,7 @@ Writes `<out>.json` and `<out>.md`.
 """
 
 import argparse
-import json
 import os
-import sys
 from functools import partial
 from itertools import product
 from pathlib import Path
@@ -29,7 +27,8 @@ from bench.kernels.attention import (  # noqa: E402
     bench_extend,  # noqa: F401
     pool_summary,
 )
-from bench.kernels.common import COPY_CEILING_GBPS, PRESETS, Row, timeit  # noqa: E402
+from bench.kernels.common import PRESETS, Row, rows_table, timeit, write_report  # noqa: E402
+from bench.kernels.run_setup import add_run_args, run_setup  # noqa: E402
 from kernels.kv.store import store_kv  # noqa: E402
 from kernels.norm_rope.activation import silu_and_mul  # noqa: E402
 from kernels.norm_rope.rmsnorm import rmsnorm  # noqa: E402
@@ -92,17 +91,8 @@ def bench_silu_and_mul(p, dev, dtype, args):
 
 
 def write_results(prefix: Path, meta: dict, rows: list[Row], sweep: list[dict]) -> None:
-    prefix.parent.mkdir(parents=True, exist_ok=True)
     data = {"meta": meta, "rows": [r.as_dict() for r in rows], "decode_sweep": sweep}
-    prefix.with_suffix(".json").write_text(json.dumps(data, indent=2))
-    lines = [f"# Kernel benchmark ({meta['device']})", "",
-             ", ".join(f"{k}: {v}" for k, v in meta.items()), "",
-             "| kernel | case | time (us) | MB moved | GB/s | % of copy ceiling | TFLOP/s | note |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
-    for d in data["rows"]:
-        lines.append(f"| {d['kernel']} | {d['case']} | {d['time_us']:.1f} | {d['bytes'] / 1e6:.1f}"
-                     f" | {d['gbps']:.0f} | {d['pct_ceiling']:.1f} | {d['tflops']:.1f}"
-                     f" | {d['note']} |")  # fmt: skip
+    lines = rows_table("Kernel benchmark", meta, data["rows"])
     if sweep:
         lines += ["", f"## Decode sweep (token layout, {sweep[0]['pool']} pool, fastest 10 per "
                   "head layout)", "",
@@ -114,36 +104,24 @@ def write_results(prefix: Path, meta: dict, rows: list[Row], sweep: list[dict]) 
                              f" {s['num_stages']} | {s['use_dot']} | {s['time_us']:.1f} |"
                              f" {s['pct_ceiling']:.1f} |")  # fmt: skip
     lines += pool_summary(data["rows"], meta["dtype"])
-    prefix.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(prefix, data, lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations and variants")
-    parser.add_argument("--tiny", action="store_true", help="toy shapes (CPU smoke run)")
     parser.add_argument("--sweep", action="store_true", help="search decode launch configs")
     parser.add_argument("--sweep-pool", choices=("compute", *QUANT_POOLS), default="compute",
                         help="the KV pool dtype the sweep runs on")
-    parser.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16",
-                        help="compute dtype on a GPU (the CPU runs float32)")
+    add_run_args(parser, "float16")
     parser.add_argument("--only", default=",".join(GROUPS), help=f"subset of {','.join(GROUPS)}")
     parser.add_argument("--out", default="bench/results/kernels", help="output path prefix")
     args = parser.parse_args()
     only = args.only.split(",")
     assert set(only) <= set(GROUPS), f"--only takes {GROUPS}, got {only}"
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    if dev == "cpu" and not args.tiny:
-        sys.exit("no CUDA device: only --tiny runs here (through the Triton interpreter)")
     preset_name = "tiny" if args.tiny else "quick" if args.quick else "full"
     p = PRESETS[preset_name]
-    dtype = getattr(torch, args.dtype) if dev == "cuda" else torch.float32
-    meta = {
-        "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (interpreter)",
-        "preset": preset_name, "dtype": str(dtype)[6:], "torch": torch.__version__,
-        "triton": __import__("triton").__version__, "ceiling_gbps": COPY_CEILING_GBPS,
-        "iters": p.iters,
-    }  # fmt: skip
+    dev, dtype, meta = run_setup(args.tiny, args.dtype, p.iters, preset=preset_name)
     torch.manual_seed(0)
     rows, sweep = [], []
     for group in only:

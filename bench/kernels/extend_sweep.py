@@ -18,17 +18,14 @@ row is printed and the JSON rewritten as it lands, so a time limit keeps what fi
                                  [--cases 4x0x2048x32x8,16x2048x64x32x8]
 """
 
-import argparse
-import json
-import time
 from dataclasses import asdict
 from functools import partial
-from pathlib import Path
 
 import torch
 
 from bench.kernels.attention import QUANT_POOLS, UNSCALED_POOLS, paged_pool
 from bench.kernels.common import Preset, timeit
+from bench.kernels.sweep_run import SweepRun, sweep_parser
 from kernels.attention.extend import extend_attention
 from kernels.attention.extend_config import ExtendConfig, default_extend_config, rows_per_token
 
@@ -45,10 +42,7 @@ CONFIGS = [  # the 16-bit default first: the rows after it compare with it
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--budget-s", type=float, default=120.0)
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter check)")
+    ap = sweep_parser(__doc__.split("\n")[0], 120.0)
     ap.add_argument("--quick", action="store_true",
                     help="only the 16-bit default and the 128 x 128 tiles in 2 and 3 stages")
     ap.add_argument("--configs", default=None,
@@ -62,8 +56,7 @@ def main():
     ap.add_argument("--cases", default=None,
                     help="comma-separated BxPREFIXxNEWxHQxHKV cases instead of CASES")
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    t0, p = time.monotonic(), Preset(warmup=3, iters=10)
+    sweep, p = SweepRun(args.out, "extend_sweep", args.budget_s), Preset(warmup=3, iters=10)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float32 if args.smoke else torch.bfloat16
     cases, configs = ([(2, 48, 24, 4, 2)], CONFIGS[:2]) if args.smoke else (CASES, CONFIGS)
@@ -76,7 +69,6 @@ def main():
         configs = [ExtendConfig(*map(int, c.split("x"))) for c in args.configs.split(",")]
     D = 32 if args.smoke else 128
     gen = torch.Generator(device=dev).manual_seed(0)
-    rows = []
     try:
         for B, prefix, new, Hq, Hkv in cases:
             T = B * new
@@ -99,8 +91,7 @@ def main():
                 k_buf, v_buf, indptr, indices, scales = paged_pool(
                     kc, vc, 16, pool, name.split()[0] not in UNSCALED_POOLS)
                 for cfg in configs:
-                    if time.monotonic() - t0 > args.budget_s:
-                        raise TimeoutError
+                    sweep.check_budget()
                     run = partial(extend_attention, q, kn, vn, k_buf, v_buf, qo, prefix_lens,
                                   indptr, indices, 16, D**-0.5, max_new_len=new,
                                   max_prefix_len=prefix, config=cfg, **scales,
@@ -114,15 +105,13 @@ def main():
                         base["best"] = min(base.get("best", t), t)
                         if default:
                             base["default"] = t
-                    rows.append({"case": case, "pool": name, "config": asdict(cfg),
-                                 "default": default, "time_us": t, "tflops": flops / t / 1e6,
-                                 "vs16": base.get("default", float("nan")) / t,
-                                 "vs16best": base["best"] / t,
-                                 "diff": (out - ref).abs().max().item()})  # fmt: skip
-                    print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
-                    (args.out / "extend_sweep.json").write_text(json.dumps(rows, indent=1))
+                    sweep.add({"case": case, "pool": name, "config": asdict(cfg),
+                               "default": default, "time_us": t, "tflops": flops / t / 1e6,
+                               "vs16": base.get("default", float("nan")) / t,
+                               "vs16best": base["best"] / t,
+                               "diff": (out - ref).abs().max().item()})  # fmt: skip
     except TimeoutError:
-        print(f"budget of {args.budget_s} s spent: {len(rows)} rows", flush=True)
+        sweep.spent()
 
 
 if __name__ == "__main__":

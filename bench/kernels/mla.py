@@ -14,9 +14,7 @@ over 4.26 TB/s = 183 FLOP/byte): that decode is compute bound, so its rows also 
 """
 
 import argparse
-import json
 import os
-import sys
 from dataclasses import asdict, replace
 from functools import partial
 from itertools import product
@@ -29,7 +27,8 @@ if not torch.cuda.is_available():
 
 from triton.runtime.errors import OutOfResources  # noqa: E402
 
-from bench.kernels.common import COPY_CEILING_GBPS, PRESETS, Row, timeit  # noqa: E402
+from bench.kernels.common import COPY_CEILING_GBPS, PRESETS, Row, rows_table, timeit, write_report  # noqa: E402
+from bench.kernels.run_setup import add_run_args, run_setup  # noqa: E402
 from kernels.attention.mla_decode import MlaDecodeConfig, mla_decode, mla_decode_num_splits  # noqa: E402
 from kernels.attention.mla_extend import mla_extend  # noqa: E402
 from kernels.kv.store import quantize_ref  # noqa: E402
@@ -132,17 +131,8 @@ def bench_extend(s, p, dev, dtype):
 
 
 def write_results(prefix: Path, meta: dict, rows: list[Row], sweep: list[dict]) -> None:
-    prefix.parent.mkdir(parents=True, exist_ok=True)
     data = {"meta": meta, "rows": [r.as_dict() for r in rows], "sweep": sweep}
-    prefix.with_suffix(".json").write_text(json.dumps(data, indent=2))
-    lines = [f"# MLA kernel benchmark ({meta['device']})", "",
-             ", ".join(f"{k}: {v}" for k, v in meta.items()), "",
-             "| kernel | case | time (us) | MB moved | GB/s | % of copy ceiling | TFLOP/s | note |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
-    for d in data["rows"]:
-        lines.append(f"| {d['kernel']} | {d['case']} | {d['time_us']:.1f} | {d['bytes'] / 1e6:.1f}"
-                     f" | {d['gbps']:.0f} | {d['pct_ceiling']:.1f} | {d['tflops']:.1f}"
-                     f" | {d['note']} |")  # fmt: skip
+    lines = rows_table("MLA kernel benchmark", meta, data["rows"])
     if sweep:
         lines += ["", "## Decode sweep (token layout; fastest 5 per point)", "",
                   "| B | L | H | splits | block_h | block_n | warps | stages | time (us) | % |",
@@ -153,30 +143,18 @@ def write_results(prefix: Path, meta: dict, rows: list[Row], sweep: list[dict]) 
             lines += [f"| {r['B']} | {r['L']} | {r['H']} | {r['splits']} | {r['block_h']} |"
                       f" {r['block_n']} | {r['num_warps']} | {r['num_stages']} |"
                       f" {r['time_us']:.1f} | {r['pct_ceiling']:.1f} |" for r in best]  # fmt: skip
-    prefix.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(prefix, data, lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tiny", action="store_true", help="toy shapes (CPU smoke run)")
     parser.add_argument("--sweep", action="store_true", help="search decode configs and splits")
     parser.add_argument("--extend", action="store_true", help="also time mla_extend")
-    parser.add_argument("--dtype", choices=("float16", "bfloat16"), default="bfloat16",
-                        help="compute dtype on a GPU (the CPU runs float32)")
+    add_run_args(parser, "bfloat16")
     parser.add_argument("--out", default="bench/results/kernels_mla", help="output path prefix")
     args = parser.parse_args()
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    if dev == "cpu" and not args.tiny:
-        sys.exit("no CUDA device: only --tiny runs here (through the Triton interpreter)")
     s, p = (TINY, PRESETS["tiny"]) if args.tiny else (FULL, replace(PRESETS["full"], iters=30))
-    dtype = getattr(torch, args.dtype) if dev == "cuda" else torch.float32
-    meta = {
-        "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (interpreter)",
-        "dtype": str(dtype)[6:], "dims": s["dims"], "torch": torch.__version__,
-        "triton": __import__("triton").__version__, "ceiling_gbps": COPY_CEILING_GBPS,
-        "iters": p.iters,
-    }  # fmt: skip
+    dev, dtype, meta = run_setup(args.tiny, args.dtype, p.iters, dims=s["dims"])
     torch.manual_seed(0)
     rows = bench_decode(s, p, dev, dtype)
     if args.extend:

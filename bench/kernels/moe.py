@@ -13,9 +13,7 @@ and `<out>.md`.
 """
 
 import argparse
-import json
 import os
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,7 +24,8 @@ if not torch.cuda.is_available():
 
 from triton.runtime.errors import OutOfResources  # noqa: E402
 
-from bench.kernels.common import COPY_CEILING_GBPS, timeit  # noqa: E402
+from bench.kernels.common import COPY_CEILING_GBPS, timeit, write_report  # noqa: E402
+from bench.kernels.run_setup import add_run_args, run_setup  # noqa: E402
 from kernels.moe import (  # noqa: E402
     MoeConfig,
     fused_moe,
@@ -125,8 +124,6 @@ def sweep_point(run, cfg: MoeConfig, s: MoeShape) -> dict:
 
 
 def write_results(prefix: Path, meta: dict, rows: list[dict], echo: bool) -> None:
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    prefix.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = [f"# fused_moe ({meta['device']})", "", ", ".join(f"{k}: {v}" for k, v in meta.items()),
              "", "| T | experts hit | tiles (m/n/k) | eager (us) | graph (us) | sort (us) "
              "| torch sort (us) | torch loop (us) "
@@ -149,30 +146,19 @@ def write_results(prefix: Path, meta: dict, rows: list[dict], echo: bool) -> Non
                 lines.append(f"| {r['tokens']} | {c['block_m']}/{c['block_n']}/{c['block_k']}"
                              f" | {c['group_m']} | {c['num_warps']} | {c['num_stages']}"
                              f" | {c['time_us']:.1f} |")  # fmt: skip
-    prefix.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    if echo:
-        print("\n".join(lines))
+    write_report(prefix, {"meta": meta, "rows": rows}, lines, echo)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tiny", action="store_true", help="toy shapes (CPU smoke run)")
     parser.add_argument("--sweep", action="store_true", help="time the tile configs in SWEEP")
-    parser.add_argument("--dtype", choices=("float16", "bfloat16"), default="bfloat16",
-                        help="compute dtype on a GPU (the CPU runs float32)")
+    add_run_args(parser, "bfloat16")
     parser.add_argument("--out", default="bench/results/kernels_moe", help="output path prefix")
     args = parser.parse_args(argv)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    if dev == "cpu" and not args.tiny:
-        sys.exit("no CUDA device: only --tiny runs here (through the Triton interpreter)")
     s = SHAPES["tiny" if args.tiny else "v2-lite"]
-    dtype = getattr(torch, args.dtype) if dev == "cuda" else torch.float32
-    meta = {
-        "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (interpreter)",
-        "shape": f"H{s.hidden} I{s.inter} E{s.experts} k{s.top_k}", "dtype": str(dtype)[6:],
-        "torch": torch.__version__, "triton": __import__("triton").__version__,
-        "ceiling_gbps": COPY_CEILING_GBPS, "matmul_tflops": MATMUL_TFLOPS, "iters": s.iters,
-    }  # fmt: skip
+    dev, dtype, meta = run_setup(args.tiny, args.dtype, s.iters,
+                                 shape=f"H{s.hidden} I{s.inter} E{s.experts} k{s.top_k}")
+    meta["matmul_tflops"] = MATMUL_TFLOPS
     torch.manual_seed(0)
     w13 = torch.randn(s.experts, 2 * s.inter, s.hidden, device=dev, dtype=dtype) * 0.02
     w2 = torch.randn(s.experts, s.hidden, s.inter, device=dev, dtype=dtype) * 0.02

@@ -19,6 +19,7 @@ An engine module implements `OfflineEngine` and `serve_argv` and calls `main(...
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -59,6 +60,15 @@ class OfflineEngine(Protocol):
         """Greedy, ignoring EOS, token ids in and out; the output tokens produced."""
 
     def stop(self) -> None: ...
+
+
+def timed_import(module: str, *names: str) -> tuple[list, float]:
+    """`names` of `module`, imported, and the seconds the import took (an engine's `import_s`:
+    its start-up before it builds)."""
+    t0 = time.perf_counter()
+    mod = importlib.import_module(module)
+    found = [getattr(mod, name) for name in names]
+    return found, time.perf_counter() - t0
 
 
 def as_flags(options: dict) -> list[str]:

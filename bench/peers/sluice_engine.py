@@ -5,10 +5,9 @@ defaults, with the job's dtype and options; served, it reads the model folder's 
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import fields
 
-from bench.peers.protocol import Job, as_flags, main
+from bench.peers.protocol import Job, as_flags, main, timed_import
 from bench.serving.server_proc import free_port, git_rev
 
 # the defaults that shape throughput, reported beside the numbers
@@ -28,11 +27,7 @@ class SluiceOffline:
     name = "sluice"
 
     def start(self, job: Job) -> dict:
-        t0 = time.perf_counter()
-        from runtime import Engine, SamplingParams
-
-        import_s = time.perf_counter() - t0
-        self._params = SamplingParams
+        (Engine, self._params), import_s = timed_import("runtime", "Engine", "SamplingParams")
         self.engine = Engine(model=f"dummy:{job.group.preset}", dtype=job.dtype, seed=job.seed,
                              log_level="warning", **job.options)
         return {"version": f"git {git_rev()}", "import_s": import_s,

@@ -7,9 +7,8 @@ defaults, with the job's dtype and options. Offline it takes token ids and retur
 from __future__ import annotations
 
 import sys
-import time
 
-from bench.peers.protocol import Job, as_flags, main
+from bench.peers.protocol import Job, as_flags, main, timed_import
 
 # (name in the report, attribute path under the engine's vllm_config)
 REPORTED = (
@@ -37,16 +36,12 @@ class VllmOffline:
     name = "vllm"
 
     def start(self, job: Job) -> dict:
-        t0 = time.perf_counter()
-        import vllm
-        from vllm import LLM, SamplingParams
-
-        import_s = time.perf_counter() - t0
-        self._params = SamplingParams
+        (LLM, self._params, version), import_s = timed_import(
+            "vllm", "LLM", "SamplingParams", "__version__")
         self.llm = LLM(model=job.model_dir, load_format="dummy", skip_tokenizer_init=True,
                        dtype=job.dtype, seed=job.seed, **job.options)
         config = getattr(self.llm.llm_engine, "vllm_config", None)
-        return {"version": vllm.__version__, "import_s": import_s,
+        return {"version": version, "import_s": import_s,
                 "defaults": {name: _dig(config, path) for name, path in REPORTED}}
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> int:

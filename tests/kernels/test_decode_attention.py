@@ -1,3 +1,5 @@
+from functools import partial
+
 import pytest
 import torch
 
@@ -7,7 +9,8 @@ from kernels.attention.decode import (
     decode_attention_ref,
     decode_num_splits,
 )
-from kernels.kv.store import quantize_ref, scale_pairs
+from kernels.kv.store import scale_pairs
+from tests.kernels.attention_cases import assert_matches_ref, kv_pools
 from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, page_table, randn
 
 HEADS = [(3, 3, 64), (9, 3, 48), (8, 2, 32), (8, 1, 80)]  # (Hq, Hkv, D): GQA 1, 3, 4, 8
@@ -22,27 +25,19 @@ def make_inputs(lens, heads, page_size, dtype, pool_dtype=None, seed=0, scaled=T
     Hq, Hkv, D = heads
     kv_indptr, kv_indices, num_slots = page_table(lens, page_size, gen)
     q = randn(len(lens), Hq, D, dtype=dtype, gen=gen)  # [B, Hq, D]
-    k_buf = randn(num_slots, Hkv, D, dtype=dtype, gen=gen)  # [S, Hkv, D]
-    v_buf = randn(num_slots, Hkv, D, dtype=dtype, gen=gen)  # [S, Hkv, D]
-    scales = {}
-    if pool_dtype is not None and scaled:
-        k_buf, scales["k_scale"] = quantize_ref(k_buf, pool_dtype)
-        v_buf, scales["v_scale"] = quantize_ref(v_buf, pool_dtype)
-        if paired:
-            pairs = scale_pairs(num_slots, Hkv, DEVICE)  # [S, Hkv, 2]
-            pairs[..., 0], pairs[..., 1] = scales["k_scale"], scales["v_scale"]
-            scales = {"k_scale": pairs[..., 0], "v_scale": pairs[..., 1]}
-    elif pool_dtype is not None:
+    k_buf, v_buf, scales = kv_pools(num_slots, Hkv, D, dtype, pool_dtype if scaled else None, gen)
+    if scales and paired:
+        pairs = scale_pairs(num_slots, Hkv, DEVICE)  # [S, Hkv, 2]
+        pairs[..., 0], pairs[..., 1] = scales["k_scale"], scales["v_scale"]
+        scales = {"k_scale": pairs[..., 0], "v_scale": pairs[..., 1]}
+    elif pool_dtype is not None and not scaled:
         k_buf, v_buf = k_buf.to(pool_dtype), v_buf.to(pool_dtype)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     return (q, k_buf, v_buf, kv_indptr, kv_indices, seq_lens, page_size, D**-0.5), scales
 
 
-def check(args, scales, dtype, **kwargs):
-    out = decode_attention(*args, **scales, **kwargs)
-    ref = decode_attention_ref(*args, **scales)
-    tol = ATTN_TOL[dtype]
-    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+# check(args, scales, dtype, **kernel_only): the kernel against its reference
+check = partial(assert_matches_ref, decode_attention, decode_attention_ref)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

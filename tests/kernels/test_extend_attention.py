@@ -1,10 +1,12 @@
+from functools import partial
+
 import pytest
 import torch
 
 from kernels.attention.extend import extend_attention, launch_grid
 from kernels.attention.extend_config import ExtendConfig, default_extend_config
 from kernels.attention.extend_ref import extend_attention_ref
-from kernels.kv.store import quantize_ref
+from tests.kernels.attention_cases import assert_matches_ref, kv_pools
 from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, page_table, randn
 
 HEADS = [(3, 3, 64), (9, 3, 48), (8, 2, 80), (8, 1, 16)]  # (Hq, Hkv, D): GQA 1, 3, 4, 8
@@ -20,12 +22,7 @@ def make_inputs(prefix, new, heads, page_size, dtype, pool_dtype=None, seed=0):
     q = randn(T, Hq, D, dtype=dtype, gen=gen)  # [T, Hq, D]
     k_new = randn(T, Hkv, D, dtype=dtype, gen=gen)  # [T, Hkv, D]
     v_new = randn(T, Hkv, D, dtype=dtype, gen=gen)  # [T, Hkv, D]
-    k_buf = randn(num_slots, Hkv, D, dtype=dtype, gen=gen)  # [S, Hkv, D]
-    v_buf = randn(num_slots, Hkv, D, dtype=dtype, gen=gen)  # [S, Hkv, D]
-    scales = {}
-    if pool_dtype is not None:
-        k_buf, scales["k_scale"] = quantize_ref(k_buf, pool_dtype)
-        v_buf, scales["v_scale"] = quantize_ref(v_buf, pool_dtype)
+    k_buf, v_buf, scales = kv_pools(num_slots, Hkv, D, dtype, pool_dtype, gen)
     qo_indptr = torch.tensor([0, *new], device=DEVICE).cumsum(0, dtype=torch.int32)
     prefix_lens = torch.tensor(prefix, dtype=torch.int32, device=DEVICE)
     args = (
@@ -44,11 +41,8 @@ def make_inputs(prefix, new, heads, page_size, dtype, pool_dtype=None, seed=0):
     return args, scales
 
 
-def check(args, scales, dtype, **kwargs):
-    out = extend_attention(*args, **scales, **kwargs)
-    ref = extend_attention_ref(*args, **scales)
-    tol = ATTN_TOL[dtype]
-    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+# check(args, scales, dtype, **kernel_only): the kernel against its reference
+check = partial(assert_matches_ref, extend_attention, extend_attention_ref)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

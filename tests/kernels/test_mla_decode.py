@@ -1,3 +1,5 @@
+from functools import partial
+
 import pytest
 import torch
 
@@ -8,10 +10,14 @@ from kernels.attention.mla_decode import (
     mla_decode_ref,
 )
 from kernels.kv.paging import page_slots
-from kernels.kv.store import quantize_ref
+from tests.kernels.attention_cases import (
+    assert_mla_matches_ref,
+    assert_ref_matches_naive,
+    quantize_latent,
+)
 from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, page_table, randn
+from tests.kernels.mla_matrix import MLA_DIMS, deepseek_gpu_cases, mla_cases
 
-DIMS = [(32, 16), (24, 8), (64, 32)]  # (Dl, Dr): power-of-two, odd, and wider latents
 QUANT_POOLS = [pytest.param(torch.int8, id="int8"), pytest.param(torch.float8_e4m3fn, id="fp8")]
 
 
@@ -40,35 +46,18 @@ def naive(q, kv_pool, kv_indptr, kv_indices, seq_lens, page_size, sm_scale, kv_l
     return out
 
 
-@pytest.mark.parametrize("dims", DIMS, ids=str)
+@pytest.mark.parametrize("dims", MLA_DIMS, ids=str)
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_reference_matches_naive(dims, page_size):
     args = make_inputs([1, 70, 0, 33], 5, dims, page_size, torch.float32)
-    ref = mla_decode_ref(*args, kv_lora_rank=dims[0])
-    assert ref.shape == (4, 5, dims[0])
-    tol = ATTN_TOL[torch.float32]
-    torch.testing.assert_close(ref.double(), naive(*args, dims[0]), atol=tol, rtol=tol)
+    assert_ref_matches_naive(mla_decode_ref, naive, args, dims[0], (4, 5, dims[0]))
 
 
-def quantize_pool(args, pool_dtype):
-    """The inputs with the pool quantized to pool_dtype, and its kv_scale `[S, 1]`."""
-    q, kv_pool, *rest = args
-    kv_pool, kv_scale = quantize_ref(kv_pool, pool_dtype)  # [S, 1, D], [S, 1]
-    return (q, kv_pool, *rest), kv_scale
+# check(args, dtype, kv_lora_rank, kv_scale): the kernel against its reference
+check = partial(assert_mla_matches_ref, mla_decode, mla_decode_ref)
 
 
-def check(args, dtype, kv_lora_rank, kv_scale=None, **kwargs):
-    out = mla_decode(*args, kv_lora_rank=kv_lora_rank, kv_scale=kv_scale, **kwargs)
-    ref = mla_decode_ref(*args, kv_lora_rank=kv_lora_rank, kv_scale=kv_scale)
-    tol = ATTN_TOL[dtype]
-    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
-    return out
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("dims", DIMS, ids=str)
-@pytest.mark.parametrize("heads", [1, 5, 19])
-@pytest.mark.parametrize("page_size", [1, 16])
+@mla_cases([1, 5, 19])
 def test_matches_reference(dtype, dims, heads, page_size):
     # Heads below, between and above one 16-head group; lengths 1, a partial tile, 70.
     args = make_inputs([1, 70, 23], heads, dims, page_size, dtype, seed=heads)
@@ -89,7 +78,7 @@ def test_splits_and_empty_sequences(num_splits):
 def test_quantized_pool(dtype, pool_dtype, page_size):
     # 8-bit rows with one float32 scale each; split and unsplit.
     args = make_inputs([1, 70, 23], 19, (24, 8), page_size, dtype, seed=7)
-    args, kv_scale = quantize_pool(args, pool_dtype)
+    args, kv_scale = quantize_latent(args, 1, pool_dtype)
     check(args, dtype, 24, kv_scale)
     check(args, dtype, 24, kv_scale, num_splits=3)
 
@@ -142,19 +131,12 @@ def test_rejects_bad_inputs():
         mla_decode(q, kv.to(torch.int8), indptr, indices, lens, *rest, kv_lora_rank=32)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("heads", [16, 128])
-@pytest.mark.parametrize(
-    "page_size, pool_dtype",
-    [(1, None), (16, None), (16, torch.float8_e4m3fn)],
-    ids=["token", "paged16", "paged16-fp8"],
-)
+@deepseek_gpu_cases
 def test_deepseek_shapes_gpu(dtype, heads, page_size, pool_dtype):
     # Dl 512 + Dr 64 as DeepSeek-V2/V3, ragged lengths up to 3000, split and unsplit.
     lens = torch.randint(1, 3000, (9,), generator=torch.Generator().manual_seed(5)).tolist()
     args, kv_scale = make_inputs(lens, heads, (512, 64), page_size, dtype, seed=6), None
     if pool_dtype is not None:
-        args, kv_scale = quantize_pool(args, pool_dtype)
+        args, kv_scale = quantize_latent(args, 1, pool_dtype)
     check(args, dtype, 512, kv_scale)
     check(args, dtype, 512, kv_scale, num_splits=1)

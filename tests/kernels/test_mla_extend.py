@@ -1,12 +1,17 @@
+from functools import partial
+
 import pytest
 import torch
 
 from kernels.attention.mla_extend import mla_extend, mla_extend_ref
 from kernels.kv.paging import page_slots
-from kernels.kv.store import quantize_ref
+from tests.kernels.attention_cases import (
+    assert_mla_matches_ref,
+    assert_ref_matches_naive,
+    quantize_latent,
+)
 from tests.kernels.cases import ATTN_TOL, DEVICE, DTYPES, page_table, randn
-
-DIMS = [(32, 16), (24, 8), (64, 32)]  # (Dl, Dr): power-of-two, odd, and wider latents
+from tests.kernels.mla_matrix import MLA_DIMS, deepseek_gpu_cases, mla_cases
 
 
 def make_inputs(prefix, new, heads, dims, page_size, dtype, seed=0):
@@ -47,34 +52,18 @@ def naive(q, kv_new, kv_pool, qo_indptr, prefix_lens, kv_indptr, kv_indices, pag
     return out
 
 
-@pytest.mark.parametrize("dims", DIMS, ids=str)
+@pytest.mark.parametrize("dims", MLA_DIMS, ids=str)
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_reference_matches_naive(dims, page_size):
     args = make_inputs([0, 37, 5, 20], [9, 1, 0, 4], 3, dims, page_size, torch.float32)
-    ref = mla_extend_ref(*args, kv_lora_rank=dims[0])
-    assert ref.shape == (14, 3, dims[0])
-    tol = ATTN_TOL[torch.float32]
-    torch.testing.assert_close(ref.double(), naive(*args, dims[0]), atol=tol, rtol=tol)
+    assert_ref_matches_naive(mla_extend_ref, naive, args, dims[0], (14, 3, dims[0]))
 
 
-def quantize_pool(args, pool_dtype):
-    """The inputs with the pool quantized to pool_dtype, and its kv_scale `[S, 1]`."""
-    q, kv_new, kv_pool, *rest = args
-    kv_pool, kv_scale = quantize_ref(kv_pool, pool_dtype)  # [S, 1, D], [S, 1]
-    return (q, kv_new, kv_pool, *rest), kv_scale
+# check(args, dtype, kv_lora_rank, kv_scale): the kernel against its reference
+check = partial(assert_mla_matches_ref, mla_extend, mla_extend_ref)
 
 
-def check(args, dtype, kv_lora_rank, kv_scale=None, **kwargs):
-    out = mla_extend(*args, kv_lora_rank=kv_lora_rank, kv_scale=kv_scale, **kwargs)
-    ref = mla_extend_ref(*args, kv_lora_rank=kv_lora_rank, kv_scale=kv_scale)
-    tol = ATTN_TOL[dtype]
-    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("dims", DIMS, ids=str)
-@pytest.mark.parametrize("heads", [1, 3, 19])
-@pytest.mark.parametrize("page_size", [1, 16])
+@mla_cases([1, 3, 19])
 def test_matches_reference(dtype, dims, heads, page_size):
     # Prefixes 0 / unaligned / long; new runs across a block, of one token, and unaligned.
     args = make_inputs([0, 37, 70], [70, 1, 12], heads, dims, page_size, dtype, seed=heads)
@@ -94,7 +83,7 @@ def test_empty_sequence_and_explicit_max_len():
 def test_quantized_prefix(dtype, pool_dtype):
     # The prefix is read from an 8-bit pool; the new rows stay in q's dtype.
     args = make_inputs([70, 17, 0], [5, 40, 3], 6, (24, 8), 16, dtype, seed=6)
-    args, kv_scale = quantize_pool(args, pool_dtype)
+    args, kv_scale = quantize_latent(args, 2, pool_dtype)
     check(args, dtype, 24, kv_scale)
 
 
@@ -122,14 +111,7 @@ def test_rejects_bad_inputs():
         mla_extend(q, kv_new[:, :, :40], kv, qo_indptr, *rest, kv_lora_rank=32)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("heads", [16, 128])
-@pytest.mark.parametrize(
-    "page_size, pool_dtype",
-    [(1, None), (16, None), (16, torch.float8_e4m3fn)],
-    ids=["token", "paged16", "paged16-fp8"],
-)
+@deepseek_gpu_cases
 def test_deepseek_shapes_gpu(dtype, heads, page_size, pool_dtype):
     # Dl 512 + Dr 64 as DeepSeek-V2/V3; ragged prefixes and new runs.
     gen = torch.Generator().manual_seed(3)
@@ -137,5 +119,5 @@ def test_deepseek_shapes_gpu(dtype, heads, page_size, pool_dtype):
     new = torch.randint(1, 300, (5,), generator=gen).tolist()
     args, kv_scale = make_inputs(prefix, new, heads, (512, 64), page_size, dtype, seed=4), None
     if pool_dtype is not None:
-        args, kv_scale = quantize_pool(args, pool_dtype)
+        args, kv_scale = quantize_latent(args, 2, pool_dtype)
     check(args, dtype, 512, kv_scale)
