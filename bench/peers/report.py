@@ -132,8 +132,8 @@ def _pair(row: dict, peer: str, key: str, fmt: str) -> str:
 def _startup(out: dict | None) -> str:
     if not out or "start_s" not in out:
         return "-"
-    extra = f" (import {out['import_s']:.1f})" if "import_s" in out else ""
-    return f"{out['start_s'] + out.get('import_s', 0.0):.1f}{extra}"
+    extra = f" (import {out['import_s']:.1f} of it)" if "import_s" in out else ""
+    return f"{out['start_s']:.1f}{extra}"  # an offline engine's start_s includes its import
 
 
 def _defaults(res: dict) -> list[str]:
