@@ -8,14 +8,16 @@ import torch
 from transformers import AutoModelForCausalLM, DeepseekV4Config
 
 CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
-# windows, blocks and top-k far below the real ones so short prompts cross all of them
+# windows, blocks and top-k far below the real ones so short prompts cross all of them; 8
+# indexer heads, so that no entry scores exactly 0 (every head's relu 0) beside another:
+# the top-k of a tie is arbitrary, here and in transformers
 TINY_V4 = dict(
     vocab_size=256, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=4,
     num_attention_heads=4, num_key_value_heads=1, head_dim=32, q_lora_rank=24,
     partial_rotary_factor=0.25, num_experts_per_tok=2, n_routed_experts=8, n_shared_experts=1,
     layer_types=[SWA, CSA, HCA, CSA], mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe"],
     compress_rates={CSA: 4, HCA: 8}, sliding_window=8, o_groups=2, o_lora_rank=16,
-    index_n_heads=2, index_head_dim=16, index_topk=3, hc_mult=2, hc_sinkhorn_iters=5,
+    index_n_heads=8, index_head_dim=16, index_topk=3, hc_mult=2, hc_sinkhorn_iters=5,
     max_position_embeddings=512,
 )  # fmt: skip
 

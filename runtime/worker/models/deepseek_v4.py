@@ -92,9 +92,10 @@ class V4DecoderLayer(nn.Module):
         self.attn = V4Attention(a, layer_id)
         self.ffn_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.ffn = V4MoE(a, layer_id)
+        mixes = (2 + n) * n  # pre, post: n each; comb: n x n
         for block in ("attn", "ffn"):
-            setattr(self, f"hc_{block}_fn", nn.Parameter(torch.empty((2 + n) * n, n * a.hidden_size)))
-            setattr(self, f"hc_{block}_base", nn.Parameter(torch.empty((2 + n) * n)))
+            setattr(self, f"hc_{block}_fn", nn.Parameter(torch.empty(mixes, n * a.hidden_size)))
+            setattr(self, f"hc_{block}_base", nn.Parameter(torch.empty(mixes)))
             setattr(self, f"hc_{block}_scale", nn.Parameter(torch.empty(3)))
 
     def _block(self, h: torch.Tensor, name: str, norm: RMSNorm, run) -> torch.Tensor:
