@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from runtime import Engine, SamplingParams
+from tests.e2e.greedy_prompts import greedy_tokens, shared_prefix_prompts
 from tests.worker.dsv4_checkpoints import tiny_v4
 
 NEW_TOKENS = 16
@@ -17,10 +18,7 @@ PARAMS = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
 
 def prompts() -> list[list[int]]:
-    gen = torch.Generator().manual_seed(7)
-    shared = torch.randint(3, 256, (18,), generator=gen).tolist()  # a common prefix
-    tails = [torch.randint(3, 256, (n,), generator=gen).tolist() for n in (2, 7, 13, 29)]
-    return [shared + t for t in tails]
+    return shared_prefix_prompts(7, 256, 18, (2, 7, 13, 29))
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +35,7 @@ def checkpoint(tmp_path_factory) -> tuple[str, list[list[int]]]:
 
 
 def generate(eng: Engine) -> list[list[int]]:
-    outs = eng.generate(prompts(), PARAMS)
-    stats = eng.stats()
-    assert stats.invariant_error is None and stats.kv_used == 0
-    return [o.token_ids for o in outs]
+    return greedy_tokens(eng, prompts(), PARAMS)
 
 
 def test_token_mode_with_overlap_and_prefix_hits(checkpoint):

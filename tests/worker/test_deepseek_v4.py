@@ -20,24 +20,11 @@ from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
 from runtime.worker.models.deepseek_v4_state import row_width
 from tests.worker.batching import Chunk, make_batch
 from tests.worker.dsv4_checkpoints import CSA, HCA, SWA, tiny_v4, tiny_v4_config
-from tests.worker.test_deepseek import LAYOUTS, slot_table
+from tests.worker.test_deepseek import LAYOUTS, run
 
 # tokens per step of each sequence: window 8, entries every 4 (CSA) and 8 (HCA) tokens;
 # chunks start and end inside windows and blocks
 SCHEDULE = [[13, 7, 1, 1, 1, 3], [6, 11, 4, 1, 1, 1]]
-
-
-def run(runner: ModelRunner, seqs: list[list[int]], page_size: int, per_slot: bool):
-    """Feed `seqs` in the chunks of SCHEDULE; logits of every position per sequence."""
-    lens, out = [0] * len(seqs), [[] for _ in seqs]
-    for step in range(len(SCHEDULE[0])):
-        chunks = [Chunk(s, seqs[s][lens[s] : lens[s] + SCHEDULE[s][step]]) for s in range(2)]
-        fb = make_batch(chunks, list(lens), len(seqs), sample_all=True, page_size=page_size)
-        logits = runner.forward(slot_table(fb) if per_slot else fb)  # [T, V]
-        for c, part in zip(chunks, logits.split([len(c.ids) for c in chunks])):
-            out[c.seq].append(part)
-            lens[c.seq] += len(c.ids)
-    return [torch.cat(parts) for parts in out]
 
 
 @pytest.mark.parametrize("variant", [
@@ -59,7 +46,7 @@ def test_matches_transformers(variant, tmp_path):
     with torch.no_grad():
         want = [hf(torch.tensor([s])).logits[0] for s in seqs]  # [n, V] each
     for name, page_size, per_slot in LAYOUTS:
-        got = run(runner, seqs, page_size, per_slot)
+        got = run(runner, seqs, page_size, per_slot, SCHEDULE)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=name)
             assert g.argmax(-1).tolist() == w.argmax(-1).tolist(), name
