@@ -20,6 +20,9 @@ per stored row (the `--kv-dtype fp8` layout of `runtime.worker.kv_pool`), for th
 the entries, the indexer keys, the MLA latent and the MHA heads alike. The partial block
 stays bf16 in both (gate logits feed a softmax; it is small and bounded).
 
+Beside that design, what Sluice's pool holds for V4 today: one row per token and layer of
+the widest layer's width (`runtime.worker.models.deepseek_v4_state`), bf16 only.
+
     python -m bench.studies.dsv4_memory [--out bench/results/dsv4/<date>-kv-memory]
 """
 
@@ -165,6 +168,21 @@ LLAMA_7B = DenseShape("Llama-7B MHA", "Llama-2-7b config.json", 32, 2 * 32, 128)
 DENSE = (ARTICLES_FLASH, ARTICLES_PRO, MLA_V2, MLA_V2_LITE, MLA_V3, LLAMA_7B)
 
 
+def pool_row_bytes_per_token(shape: V4Shape) -> int:
+    """Bytes a token takes in Sluice's V4 pool today (bf16): its layers x the row width the
+    model code lays out for this shape."""
+    from transformers import DeepseekV4Config
+
+    from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
+    from runtime.worker.models.deepseek_v4_state import row_width
+
+    config = DeepseekV4Config(
+        num_hidden_layers=shape.num_hidden_layers, head_dim=shape.head_dim,
+        sliding_window=shape.sliding_window, index_head_dim=shape.index_head_dim,
+        layer_types=list(shape.layer_types), compress_rates=dict(shape.compress_rates))
+    return shape.num_hidden_layers * row_width(DeepseekV4Arch.from_hf(config)) * 2
+
+
 def v4_row(shape: V4Shape) -> dict:
     """Every number of a V4 shape: per-part bytes at 2,048 tokens, the asymptotic bytes a
     token, per-request bytes at each context, requests of 2,048 in the budget."""
@@ -184,6 +202,10 @@ def v4_row(shape: V4Shape) -> dict:
         out[dt] = {"parts_2048": parts, "bytes_per_token_asymptotic": slope / far,
                    "per_request": per_request,
                    "requests_2048_in_budget": BUDGET // per_request[2048]}
+    pool = pool_row_bytes_per_token(shape)
+    out["sluice_pool_bf16"] = {"bytes_per_token": pool,
+                               "per_request": {c: pool * c for c in CONTEXTS},
+                               "requests_2048_in_budget": BUDGET // (pool * 2048)}
     return out
 
 
@@ -252,6 +274,19 @@ def report(rows_v4: list[dict], rows_dense: list[dict], command: str) -> str:
             req = [size(d["per_request"][c]) for c in CONTEXTS]
             lines.append(f"| {r['name']} | {dt} | {per_token:,.0f} | " + " | ".join(req)
                          + f" | {d['requests_2048_in_budget']:,} |")
+    lines += ["", "## What Sluice's pool holds for V4 today", "",
+              "One bf16 row per token and layer (K=V row, compressor and indexer inputs, the "
+              "entry of a window the token closes), the widest layer's width: every part of "
+              "the state is in the token's rows, so prefix hits, retraction and the host tier "
+              "work unchanged, at this price. The compressed design above is what a pool of "
+              "per-layer-type parts would hold.", "",
+              "| model | bytes/token | 2,048 | 32k | 128k | 1M | 2,048-token requests in "
+              "100 GiB |", "|---|---|---|---|---|---|---|"]
+    for r in rows_v4:
+        d = r["sluice_pool_bf16"]
+        req = [size(d["per_request"][c]) for c in CONTEXTS]
+        lines.append(f"| {r['name']} | {d['bytes_per_token']:,} | " + " | ".join(req)
+                     + f" | {d['requests_2048_in_budget']:,} |")
     lines += ["", "Contexts past a model's `max_position_embeddings` (Llama-7B 4,096; V2/V3 "
               "128k-160k) are the formula's value, not something the model serves.", "",
               "The reserved partial block is mostly HCA's: 127 buffered tokens of kv and gate "
