@@ -23,6 +23,7 @@ TINY_V4 = dict(
 
 
 def tiny_v4_config(**overrides) -> DeepseekV4Config:
+    """The tiny config, with config fields `overrides` changed."""
     return DeepseekV4Config(**{**TINY_V4, **overrides})
 
 
