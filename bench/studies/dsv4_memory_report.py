@@ -36,7 +36,10 @@ def report(rows_v4: list[dict], rows_dense: list[dict], command: str, mla_name: 
         f"({art['bf16']['requests_2048_in_budget']:,} fit); V4-Pro "
         f"{size(pro['bf16']['per_request'][2048])} ({pro['bf16']['requests_2048_in_budget']:,}"
         f"); V3 MLA {size(mla['bf16']['per_request'][2048])} "
-        f"({mla['bf16']['requests_2048_in_budget']:,}). Arithmetic from config fields, no run.",
+        f"({mla['bf16']['requests_2048_in_budget']:,}). Sluice's V4 pool today (per-token "
+        f"rows) holds {size(flash['sluice_pool_bf16']['per_request'][2048])} "
+        f"({flash['sluice_pool_bf16']['requests_2048_in_budget']:,} fit). Arithmetic from "
+        "config fields, no run.",
         "", f"`{command}`", "",
         "Numbers from the checkpoints' config.json fields (written into "
         "`bench/studies/dsv4_memory.py` as constants). V4 layers: Flash "
