@@ -8,6 +8,15 @@ class ModelNotFound(FileNotFoundError):
     """The `--model` argument names nothing we can load."""
 
 
+class UnsupportedArchitecture(NotImplementedError):
+    """The checkpoint's config asks for a piece of its architecture the runtime does not
+    implement; `field` names the config.json field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
 class TokenizerError(ValueError):
     """The tokenizer is missing, does not load, or has ids the model has no embedding for."""
 

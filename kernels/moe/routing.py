@@ -6,7 +6,18 @@ shape-static and free of host syncs, so it can be captured in a CUDA graph.
 
 import torch
 
-SCORING_FUNCS = ("softmax", "sigmoid")
+SCORING_FUNCS = ("softmax", "sigmoid", "sqrtsoftplus")
+
+
+def expert_scores(logits: torch.Tensor, scoring_func: str) -> torch.Tensor:
+    """Router logits `[T, E]` scored: softmax (DeepSeek-V2), sigmoid (V3) or
+    sqrt(softplus) (V4), in fp32."""
+    logits = logits.float()
+    if scoring_func == "softmax":
+        return logits.softmax(dim=-1)
+    if scoring_func == "sigmoid":
+        return logits.sigmoid()
+    return torch.nn.functional.softplus(logits).sqrt()
 
 
 def grouped_topk(
@@ -22,11 +33,11 @@ def grouped_topk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick `top_k` experts per token. Returns (weights `[T, k]` fp32, ids `[T, k]` int32).
 
-    router_logits `[T, E]`: the gate's output, scored by `scoring_func` ("softmax" for
-    DeepSeek-V2, "sigmoid" for V3). With `n_group > 1` the E experts form `n_group` equal
-    groups; only experts of the `topk_group` best groups may be picked. A group's score is
-    its best expert's score without `correction_bias` (V2 "group_limited_greedy"; with
-    `n_group == 1` this is plain greedy top-k), and the sum of its best two biased scores
+    router_logits `[T, E]`: the gate's output, scored by `scoring_func` (`expert_scores`).
+    With `n_group > 1` the E experts form `n_group` equal groups; only experts of the
+    `topk_group` best groups may be picked. A group's score is its best expert's score
+    without `correction_bias` (V2 "group_limited_greedy"; with `n_group == 1` this is plain
+    greedy top-k), and the sum of its best two biased scores
     with it (V3 "noaux_tc"). `correction_bias` `[E]` steers the selection only: the weights
     are the unbiased scores of the picked experts, renormalized to sum to 1 if
     `renormalize`, then multiplied by `routed_scaling_factor`. The order of the k picks
@@ -38,8 +49,7 @@ def grouped_topk(
     assert E % n_group == 0, f"{E} experts do not split into {n_group} groups"
     assert 1 <= topk_group <= n_group, f"topk_group {topk_group} not in [1, {n_group}]"
     assert 1 <= top_k <= topk_group * (E // n_group), "top_k exceeds the experts allowed"
-    logits = router_logits.float()
-    scores = logits.softmax(dim=-1) if scoring_func == "softmax" else logits.sigmoid()  # [T, E]
+    scores = expert_scores(router_logits, scoring_func)  # [T, E]
     choice = scores if correction_bias is None else scores + correction_bias.float()  # [T, E]
     if n_group > 1:
         grouped = choice.view(T, n_group, E // n_group)  # [T, G, E/G]

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 
 from runtime.config.server import ServerConfig
 from runtime.model_config import ModelSpec, resolve_model, spec_for
@@ -58,7 +59,8 @@ def check_model(spec: ModelSpec, quantization: str = "none", tp: int = 1) -> Non
     source = spec.config_source
     try:
         config = spec.hf_config()
-    except (OSError, ValueError, KeyError) as exc:  # transformers: an unknown model_type
+    # transformers: an unknown model_type; a field its config class validates and refuses
+    except (OSError, ValueError, KeyError, StrictDataclassError) as exc:
         raise UnsupportedModel(f"{source}: {_config_problem(spec, exc)}") from None
     try:  # the checkpoint's quantization_config is read (and refused) here too
         with torch.device("meta"):
@@ -75,4 +77,6 @@ def _config_problem(spec: ModelSpec, exc: Exception) -> str:
         kind = json.loads((Path(spec.path) / "config.json").read_text()).get("model_type")
         if kind not in CONFIG_MAPPING:
             return f"model_type {kind!r} is not supported (transformers does not know it)"
+    if isinstance(exc, StrictDataclassError) and exc.__cause__ is not None:
+        exc = exc.__cause__  # the validator's words, which name the field
     return (str(exc).splitlines() or [type(exc).__name__])[0]

@@ -28,6 +28,7 @@ from runtime.worker.kv_pool import (
 from runtime.worker.loader import load_model
 from runtime.worker.lora.manager import LoraManager, LoraOptions
 from runtime.worker.models.deepseek import DeepseekForCausalLM
+from runtime.worker.models.deepseek_v4 import DeepseekV4ForCausalLM
 from runtime.worker.quant.fp8_linear import check_fp8_support
 from runtime.worker.sampler import Sampler
 from runtime.worker.tp import TPGroup
@@ -77,7 +78,9 @@ class ModelRunner:
     are captured only for a backend that supports them.
     Under tensor parallelism (`tp`) the runner holds this rank's shard of the model and of
     the KV heads (`kv_bytes_per_token` is this rank's share); the logits are whole.
-    A latent-attention (MLA) model gets a latent pool: one `[L + Dr]` row a token and layer.
+    A latent-attention (MLA) model gets a latent pool: one `[L + Dr]` row a token and layer;
+    DeepSeek-V4 a pool of its own rows (`kv_layout`), attended by the model itself outside
+    CUDA graphs, 16-bit only.
     `quantization="fp8"` holds the projections' weights in fp8 (`Fp8Linear`); a device
     without fp8 matmul raises `QuantizationError` before anything is loaded.
     With `lora`, the adapters are read and their device slots allocated (`LoraManager`)
@@ -115,7 +118,14 @@ class ModelRunner:
         arch = self.model.arch
         self.vocab_size = arch.vocab_size
         mla = self.model.mla if isinstance(self.model, DeepseekForCausalLM) else None
-        if mla is None:  # K and V of this rank's KV heads
+        rows = isinstance(self.model, DeepseekV4ForCausalLM)  # its own rows, its own attention
+        if rows:
+            if kv_dtype != "auto":
+                raise ValueError(f"kv_dtype {kv_dtype!r}: a deepseek_v4 pool row mixes kv, gate "
+                                 "logits and compressed entries; only 'auto' is supported")
+            planes, kv_heads, head_dim = self.model.kv_layout()
+            attention_backend, cuda_graph = "torch", False
+        elif mla is None:  # K and V of this rank's KV heads
             planes, kv_heads, head_dim = 2, arch.num_kv_heads // tp.size, arch.head_dim
         else:  # one latent row a token
             planes, kv_heads, head_dim = 1, 1, arch.latent_dim

@@ -10,6 +10,7 @@ import torch
 from runtime import Engine, SamplingParams
 from runtime.model_config import resolve_model
 from runtime.worker.model_runner import ModelRunner
+from tests.e2e.greedy_prompts import greedy_tokens, shared_prefix_prompts
 from tests.near_tie import near_tie_failures
 from tests.worker.batching import Chunk, make_batch
 
@@ -19,10 +20,7 @@ PARAMS = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
 
 
 def prompts() -> list[list[int]]:
-    gen = torch.Generator().manual_seed(5)
-    shared = torch.randint(3, 1024, (20,), generator=gen).tolist()  # a common prefix
-    tails = [torch.randint(3, 1024, (n,), generator=gen).tolist() for n in (3, 9, 14, 30)]
-    return [shared + t for t in tails]
+    return shared_prefix_prompts(5, 1024, 20, (3, 9, 14, 30))
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +47,7 @@ def expected(reference) -> list[list[int]]:
 
 
 def generate(eng: Engine) -> list[list[int]]:
-    outs = eng.generate(prompts(), PARAMS)
-    stats = eng.stats()
-    assert stats.invariant_error is None and stats.kv_used == 0
-    return [o.token_ids for o in outs]
+    return greedy_tokens(eng, prompts(), PARAMS)
 
 
 def test_token_mode_with_overlap_and_prefix_hits(expected):

@@ -65,11 +65,13 @@ def slot_table(fb):
     return replace(fb, kv_indices=torch.cat(slots).long(), kv_indptr=indptr, page_size=1)
 
 
-def run(runner: ModelRunner, seqs: list[list[int]], page_size: int, per_slot: bool):
-    """Feed `seqs` in the chunks of SCHEDULE; logits of every position per sequence."""
+def run(runner: ModelRunner, seqs: list[list[int]], page_size: int, per_slot: bool,
+        schedule: list[list[int]] = SCHEDULE):
+    """Feed `seqs` in the chunks of `schedule` (tokens per step of each sequence); logits
+    of every position per sequence."""
     lens, out = [0] * len(seqs), [[] for _ in seqs]
-    for step in range(len(SCHEDULE[0])):
-        chunks = [Chunk(s, seqs[s][lens[s] : lens[s] + SCHEDULE[s][step]]) for s in range(2)]
+    for step in range(len(schedule[0])):
+        chunks = [Chunk(s, seqs[s][lens[s] : lens[s] + schedule[s][step]]) for s in range(2)]
         fb = make_batch(chunks, list(lens), len(seqs), sample_all=True, page_size=page_size)
         logits = runner.forward(slot_table(fb) if per_slot else fb)  # [T, V]
         for c, part in zip(chunks, logits.split([len(c.ids) for c in chunks])):

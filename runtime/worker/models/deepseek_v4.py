@@ -1,0 +1,176 @@
+"""DeepSeek-V4 (`DeepseekV4ForCausalLM`, without its MTP layer): hyper-connected decoder
+layers of V4 attention (`deepseek_v4_attention.py`) and a V4 mixture of experts
+(`deepseek_v4_moe.py`), its KV state as per-token rows of the pool
+(`deepseek_v4_state.py`, which says what a prefix hit reuses).
+
+The residual is `hc_mult` streams `[T, hc, hidden]`. Before each block a hyper-connection
+reads all streams (RMS-normed, flattened) through one linear map (`hc_*_fn`, `_base`,
+`_scale`) to three sets of weights: `pre` collapses the streams into the block's input,
+`post` spreads the block's output back over them, and `comb` (made doubly stochastic by
+Sinkhorn-Knopp iterations) mixes the input streams into the output ones:
+`h' = post * block(norm(pre . h)) + comb^T h`. After the last layer `hc_head` collapses the
+streams the same way (`pre` only) before the final norm.
+
+Parameter names follow the checkpoints transformers writes (`model.layers.N.attn.wq_a`,
+`.ffn.experts.E.w1`, `.hc_attn_fn`, `model.hc_head.hc_fn`, `head.weight`). One device only
+(`--tp 1`), 16-bit or fp32 weights; the attention and experts run in torch, outside CUDA
+graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.model_errors import UnsupportedArchitecture
+from runtime.worker.attention import AttentionBackend
+from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.models.causal_lm import CausalLM, Piece, RMSNorm
+from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
+from runtime.worker.models.deepseek_v4_attention import V4Attention
+from runtime.worker.models.deepseek_v4_moe import CHECKPOINT_EXPERT_NAMES, V4MoE
+from runtime.worker.models.deepseek_v4_rope import rope_frequencies
+from runtime.worker.models.deepseek_v4_state import row_width, seq_steps
+from runtime.worker.models.sparse_moe import expert_pieces
+from runtime.worker.tp import TPGroup
+
+
+def hc_input(h: torch.Tensor, fn: torch.Tensor, eps: float) -> torch.Tensor:
+    """The hyper-connection's linear read of streams `h` `[T, hc, D]`: `[T, rows of fn]`."""
+    flat = h.flatten(1).float()  # [T, hc * D]
+    return F.linear(F.rms_norm(flat, (flat.shape[-1],), eps=eps), fn.float())
+
+
+def hc_weights(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+               arch: DeepseekV4Arch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(pre `[T, hc]`, post `[T, hc]`, comb `[T, hc, hc]`) fp32 for streams `h`."""
+    n, eps = arch.hc_mult, arch.hc_eps
+    mixes = hc_input(h, fn, arch.rms_norm_eps)  # [T, (2 + hc) * hc]
+    pre_w, post_w, comb_w = mixes.split([n, n, n * n], dim=-1)
+    pre_b, post_b, comb_b = base.float().split([n, n, n * n])
+    s_pre, s_post, s_comb = scale.float().unbind(0)
+    pre = torch.sigmoid(pre_w * s_pre + pre_b) + eps
+    post = 2 * torch.sigmoid(post_w * s_post + post_b)
+    comb = torch.softmax(comb_w.view(-1, n, n) * s_comb + comb_b.view(n, n), dim=-1) + eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(arch.hc_sinkhorn_iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    return pre, post, comb
+
+
+def collapse(h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """Streams `[T, hc, D]` weighted by `pre` `[T, hc]` and summed: `[T, D]` in h's dtype."""
+    return (pre[..., None] * h).sum(dim=1).to(h.dtype)
+
+
+class HyperHead(nn.Module):
+    """The final collapse of the streams (`model.hc_head.hc_fn`, `hc_base`, `hc_scale`)."""
+
+    def __init__(self, arch: DeepseekV4Arch) -> None:
+        super().__init__()
+        self.arch = arch
+        self.hc_fn = nn.Parameter(torch.empty(arch.hc_mult, arch.hc_mult * arch.hidden_size))
+        self.hc_base = nn.Parameter(torch.empty(arch.hc_mult))
+        self.hc_scale = nn.Parameter(torch.empty(1))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        mixes = hc_input(h, self.hc_fn, self.arch.rms_norm_eps)  # [T, hc]
+        pre = torch.sigmoid(mixes * self.hc_scale.float() + self.hc_base.float())
+        return collapse(h, pre + self.arch.hc_eps)  # [T, D]
+
+
+class V4DecoderLayer(nn.Module):
+    """Hyper-connected attention then mixture of experts."""
+
+    def __init__(self, arch: DeepseekV4Arch, layer_id: int) -> None:
+        super().__init__()
+        self.arch, self.layer_id = arch, layer_id
+        a, n = arch, arch.hc_mult
+        self.attn_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.attn = V4Attention(a, layer_id)
+        self.ffn_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.ffn = V4MoE(a, layer_id)
+        mixes = (2 + n) * n  # pre, post: n each; comb: n x n
+        for block in ("attn", "ffn"):
+            setattr(self, f"hc_{block}_fn", nn.Parameter(torch.empty(mixes, n * a.hidden_size)))
+            setattr(self, f"hc_{block}_base", nn.Parameter(torch.empty(mixes)))
+            setattr(self, f"hc_{block}_scale", nn.Parameter(torch.empty(3)))
+
+    def _block(self, h: torch.Tensor, name: str, norm: RMSNorm, run) -> torch.Tensor:
+        pre, post, comb = hc_weights(h, getattr(self, f"hc_{name}_fn"),
+                                     getattr(self, f"hc_{name}_base"),
+                                     getattr(self, f"hc_{name}_scale"), self.arch)
+        x = collapse(h, pre)  # [T, D]
+        x = F.rms_norm(x.float(), (x.shape[-1],), norm.weight.float(), norm.eps).to(h.dtype)
+        out = run(x)  # [T, D]
+        dtype = h.dtype
+        return post.to(dtype)[..., None] * out[:, None, :] + torch.matmul(
+            comb.to(dtype).transpose(-1, -2), h)  # [T, hc, D]
+
+    def forward(self, h: torch.Tensor, fb: ForwardBatch, rows: torch.Tensor,
+                seqs) -> torch.Tensor:
+        h = self._block(h, "attn", self.attn_norm,
+                        lambda x: self.attn(x, fb.positions, rows, fb.out_slots, seqs))
+        return self._block(h, "ffn", self.ffn_norm, lambda x: self.ffn(x, fb.input_ids))
+
+
+class DeepseekV4ForCausalLM(CausalLM):
+    """DeepseekV4ForCausalLM checkpoints. The KV pool it needs: one row of `row_width`
+    values a token and layer (`kv_layout`)."""
+
+    MODEL_TYPES = ("deepseek_v4",)
+    ARCH = DeepseekV4Arch
+
+    def __init__(self, arch: DeepseekV4Arch, tp: TPGroup | None = None,
+                 quantization="none") -> None:
+        if tp is not None and tp.size > 1:
+            raise UnsupportedArchitecture("tp", "deepseek_v4 runs on one device (--tp 1)")
+        super().__init__(arch, tp, quantization)
+        self.model.hc_head = HyperHead(arch)
+        self.row_width = row_width(arch)
+
+    def kv_layout(self) -> tuple[int, int, int]:
+        """(planes, kv heads, head dim) of the pool: one row a token and layer."""
+        return 1, 1, self.row_width
+
+    def decoder_layer(self, layer_id: int) -> nn.Module:
+        return V4DecoderLayer(self.arch, layer_id)
+
+    def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        m = self.model
+        seqs = seq_steps(fb)
+        x = m.embed_tokens(fb.input_ids)  # [T, D]
+        h = x[:, None, :].expand(-1, self.arch.hc_mult, -1).contiguous()  # [T, hc, D]
+        for i, layer in enumerate(m.layers):
+            rows = attn.pool.k[i].view(attn.pool.num_slots, -1)  # [slots, row_width]
+            h = layer(h, fb, rows, seqs)
+        x = m.hc_head(h)
+        return F.rms_norm(x.float(), (x.shape[-1],), m.norm.weight.float(),
+                          m.norm.eps).to(x.dtype)  # [T, D]
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """Once the weights are in: each layer's RoPE frequencies, and the hash routers'
+        tables kept within the experts."""
+        a = self.arch
+        main = rope_frequencies(a.rope_main, a.rope_dim)
+        compress = rope_frequencies(a.rope_compress, a.rope_dim)
+        for layer in self.model.layers:
+            layer.attn.freqs = main if layer.attn.compressor is None else compress
+            table = getattr(layer.ffn.gate, "tid2eid", None)
+            if table is not None:
+                table.remainder_(a.n_routed_experts)
+
+    def checkpoint_pieces(self, module: str, leaf: str, param: torch.Tensor) -> list[Piece]:
+        """Stacked experts from `experts.E.w1/w3/w2`; the router's selection bias is
+        `gate.bias`; the LM head is `head`."""
+        if module == "experts":
+            return expert_pieces(leaf, param, self.arch.n_routed_experts,
+                                 CHECKPOINT_EXPERT_NAMES)
+        if module == "gate" and leaf == "e_score_correction_bias":
+            return [("gate.bias", 0, param.shape[0])]
+        if module == "lm_head":
+            return [(f"head.{leaf}", 0, param.shape[0])]
+        return [(f"{module}.{leaf}", 0, param.shape[0])]

@@ -1,0 +1,114 @@
+"""DeepSeek-V4 attention of one layer: a query LoRA, one shared K=V head, attention over
+the sliding window plus (CSA / HCA layers) the compressed entries, a learned sink per head,
+and the grouped output projection.
+
+Per query at position t the keys are the K=V rows of positions (t - window, t] and the
+entries closed by t (HCA: all of them; CSA: the indexer's picks among them), in one softmax
+whose denominator also holds the head's sink `exp(attn_sink)`. Values are the same rows,
+so they carry the keys' rotation: the output's rope values are rotated back at t. The
+output heads form `o_groups` groups, each projected to `o_lora_rank` (`wo_a`, block
+diagonal), then mixed to the hidden size (`wo_b`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.worker.models.causal_lm import RMSNorm
+from runtime.worker.models.deepseek_v4_arch import CSA, SWA, DeepseekV4Arch
+from runtime.worker.models.deepseek_v4_compressor import (
+    Compressor,
+    Indexer,
+    closed_entries,
+    visible,
+)
+from runtime.worker.models.deepseek_v4_rope import apply_rope
+from runtime.worker.models.deepseek_v4_state import RowLayout, SeqStep, part
+
+
+class V4Attention(nn.Module):
+    """One layer's attention; parameter names follow the checkpoint (`attn.*`)."""
+
+    def __init__(self, arch: DeepseekV4Arch, layer_id: int) -> None:
+        super().__init__()
+        a, self.layer_id = arch, layer_id
+        self.kind, self.rate = a.layer_types[layer_id], a.rate(layer_id)
+        self.layout = RowLayout.of(a, layer_id)
+        self.heads, self.head_dim, self.window, self.groups = (
+            a.num_heads, a.head_dim, a.window, a.o_groups)
+        self.eps = a.rms_norm_eps
+        self.wq_a = nn.Linear(a.hidden_size, a.q_lora_rank, bias=False)
+        self.q_norm = RMSNorm(a.q_lora_rank, a.rms_norm_eps)
+        self.wq_b = nn.Linear(a.q_lora_rank, a.num_heads * a.head_dim, bias=False)
+        self.wkv = nn.Linear(a.hidden_size, a.head_dim, bias=False)
+        self.norm = RMSNorm(a.head_dim, a.rms_norm_eps)
+        group_in = a.num_heads * a.head_dim // a.o_groups
+        self.wo_a = nn.Linear(group_in, a.o_groups * a.o_lora_rank, bias=False)  # per group
+        self.wo_b = nn.Linear(a.o_groups * a.o_lora_rank, a.hidden_size, bias=False)
+        self.attn_sink = nn.Parameter(torch.empty(a.num_heads))
+        self.compressor = self.indexer = None
+        if self.kind != SWA:
+            self.compressor = Compressor(a.hidden_size, a.head_dim, self.rate, self.kind == CSA,
+                                         a.rms_norm_eps)
+        if self.kind == CSA:
+            self.indexer = Indexer(a.hidden_size, a.q_lora_rank, a.index_n_heads,
+                                   a.index_head_dim, self.rate, a.index_topk, a.rms_norm_eps)
+        self.freqs: tuple[torch.Tensor, float] | None = None  # set by the model's init_buffers
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
+                out_slots: torch.Tensor, seqs: list[SeqStep]) -> torch.Tensor:
+        """`x` `[T, hidden]` (normed) of the new tokens at `positions` `[T]`, stored at
+        `out_slots` of this layer's pool `rows` `[slots, row_width]`: `[T, hidden]`."""
+        L, freqs, tokens = self.layout, self.freqs, x.shape[0]
+        q_lora = self.wq_a(x)
+        q_lora = F.rms_norm(q_lora.float(), (q_lora.shape[-1],), self.q_norm.weight.float(),
+                            self.eps).to(x.dtype)  # [T, rank]
+        q = self.wq_b(q_lora).view(tokens, self.heads, self.head_dim)  # [T, H, d]
+        q = F.rms_norm(q.float(), (self.head_dim,), eps=self.eps).to(x.dtype)
+        q = apply_rope(q, positions, freqs)
+        kv = self.wkv(x)
+        kv = F.rms_norm(kv.float(), (self.head_dim,), self.norm.weight.float(), self.eps)
+        part(rows, L.kv)[out_slots] = apply_rope(kv.to(x.dtype), positions, freqs).to(rows.dtype)
+        if self.compressor is not None:
+            self.compressor.store_inputs(x, rows, out_slots, L.comp_kv, L.comp_gate)
+        if self.indexer is not None:
+            self.indexer.compressor.store_inputs(x, rows, out_slots, L.idx_kv, L.idx_gate)
+        out = torch.empty_like(q)  # [T, H, d]
+        for seq in seqs:
+            out[seq.q0 : seq.q1] = self.attend(q[seq.q0 : seq.q1], x[seq.q0 : seq.q1],
+                                               q_lora[seq.q0 : seq.q1], rows, seq)
+        out = apply_rope(out, positions, freqs, inverse=True)  # [T, H, d]
+        grouped = out.view(tokens, self.groups, -1).transpose(0, 1)  # [g, T, H * d / g]
+        w_a = self.wo_a.weight.view(self.groups, -1, grouped.shape[-1])  # [g, r, H * d / g]
+        mixed = torch.bmm(grouped, w_a.transpose(1, 2)).transpose(0, 1)  # [T, g, r]
+        return self.wo_b(mixed.reshape(tokens, -1))  # [T, hidden]
+
+    def attend(self, q: torch.Tensor, x: torch.Tensor, q_lora: torch.Tensor,
+               rows: torch.Tensor, seq: SeqStep) -> torch.Tensor:
+        """One sequence's new queries `[Q, H, d]` over its window rows and entries."""
+        L, pos = self.layout, torch.arange(seq.p0, seq.p1, device=q.device)  # [Q]
+        lo = max(seq.p0 - self.window + 1, 0)
+        keys = part(rows, L.kv)[seq.slots[lo : seq.p1]]  # [K, d]
+        key_pos = torch.arange(lo, seq.p1, device=q.device)  # [K]
+        allowed = (key_pos[None, :] <= pos[:, None]) & (key_pos[None, :] > pos[:, None] -
+                                                          self.window)  # [Q, K]
+        if self.compressor is not None:
+            at = {"kv": L.comp_kv, "gate": L.comp_gate, "entry": L.entry}
+            self.compressor.close_windows(rows, seq, at, self.freqs)
+            entries = closed_entries(rows, seq, self.rate, L.entry)  # [n, d]
+            seen = visible(pos, entries.shape[0], self.rate)  # [Q, n]
+            if self.indexer is not None and entries.shape[0]:
+                at = {"kv": L.idx_kv, "gate": L.idx_gate, "entry": L.idx_key}
+                self.indexer.compressor.close_windows(rows, seq, at, self.freqs)
+                index_keys = closed_entries(rows, seq, self.rate, L.idx_key)  # [n, di]
+                seen = self.indexer.select(x, q_lora, pos, index_keys, self.freqs)
+            keys = torch.cat([keys, entries])  # [K + n, d]
+            allowed = torch.cat([allowed, seen], dim=1)  # [Q, K + n]
+        keys = keys.to(q.dtype)
+        scores = torch.einsum("qhd,kd->qhk", q, keys) * self.head_dim**-0.5  # [Q, H, K']
+        scores = scores.masked_fill(~allowed[:, None, :], float("-inf"))
+        sink = self.attn_sink.to(scores.dtype)[None, :, None].expand(q.shape[0], -1, 1)
+        probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]  # [Q, H, K']
+        return torch.einsum("qhk,kd->qhd", probs, keys)  # [Q, H, d]

@@ -1,0 +1,101 @@
+"""DeepSeek-V4 against transformers' DeepseekV4ForCausalLM on tiny random checkpoints, fp32
+on the CPU: logits of every position with prompts longer than the sliding window and than
+several compression blocks of each rate, fed in chunks (each later chunk reads the earlier
+ones' window rows, entries and partial blocks back from the pool, as a prefix-cache hit or
+chunked prefill does), in the token, paged and contiguous layouts; and the config fields
+it does not implement, refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from runtime.model_config import resolve_model
+from runtime.model_errors import UnsupportedArchitecture
+from runtime.worker.model_check import UnsupportedModel, check_model
+from runtime.worker.model_runner import ModelRunner
+from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
+from runtime.worker.models.deepseek_v4_state import row_width
+from tests.worker.batching import Chunk, make_batch
+from tests.worker.dsv4_checkpoints import CSA, HCA, SWA, tiny_v4, tiny_v4_config
+from tests.worker.test_deepseek import LAYOUTS, run
+
+# tokens per step of each sequence: window 8, entries every 4 (CSA) and 8 (HCA) tokens;
+# chunks start and end inside windows and blocks
+SCHEDULE = [[13, 7, 1, 1, 1, 3], [6, 11, 4, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("variant", [
+    {},
+    # Pro's order (HCA first), a top-k wider than a short prompt's entries, sigmoid scores
+    # and YaRN on the compressed layers' RoPE (as the released configs have it)
+    dict(layer_types=[HCA, HCA, CSA, HCA], index_topk=5, scoring_func="sigmoid",
+         rope_parameters=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16,
+                              beta_fast=32, beta_slow=1)),
+])  # fmt: skip
+def test_matches_transformers(variant, tmp_path):
+    hf = tiny_v4(tmp_path, **variant)
+    runner = ModelRunner(resolve_model(str(tmp_path)), "cpu", torch.float32, kv_slots=512,
+                         max_rows=4)
+    arch = runner.model.arch
+    assert runner.kv_pool.k[0].shape == (513, 1, row_width(arch)) and runner.kv_pool.v == []
+    gen = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, 256, (sum(s),), generator=gen).tolist() for s in SCHEDULE]
+    with torch.no_grad():
+        want = [hf(torch.tensor([s])).logits[0] for s in seqs]  # [n, V] each
+    for name, page_size, per_slot in LAYOUTS:
+        got = run(runner, seqs, page_size, per_slot, SCHEDULE)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=name)
+            assert g.argmax(-1).tolist() == w.argmax(-1).tolist(), name
+
+
+def test_row_width_is_the_widest_layer():
+    """A CSA row: kv, two series of compressor kv and gate, the entry, the indexer's two
+    series of kv and gate and its key: 6 * 32 + 5 * 16 values at the tiny shape."""
+    arch = DeepseekV4Arch.from_hf(tiny_v4_config())
+    assert row_width(arch) == 6 * 32 + 5 * 16
+    hca_only = DeepseekV4Arch.from_hf(tiny_v4_config(layer_types=[SWA, HCA, HCA, SWA]))
+    assert row_width(hca_only) == 4 * 32
+
+
+@pytest.mark.parametrize("change,field", [
+    (dict(layer_types=[SWA, CSA, "linear_attention", CSA]), "layer_types"),
+    (dict(compress_rates={CSA: 0, HCA: 8}), "compress_rates"),
+    (dict(scoring_func="softmax"), "scoring_func"),
+])  # fmt: skip
+def test_unimplemented_config_is_refused_by_field(change, field, tmp_path):
+    config = tiny_v4_config()
+    config.__dict__.update(change)  # past transformers' own checks
+    with pytest.raises(UnsupportedArchitecture, match=f"^{field}: ") as err:
+        DeepseekV4Arch.from_hf(config)
+    assert err.value.field == field
+    # the same field in a checkpoint's config.json: one line at start-up naming it
+    tiny_v4_config().save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, **change}))
+    with pytest.raises(UnsupportedModel, match=f"config.json: `?{field}`?[: ]"):
+        check_model(resolve_model(str(tmp_path)))
+
+
+def test_quantized_pool_and_tp_are_refused(tmp_path):
+    tiny_v4(tmp_path)
+    with pytest.raises(ValueError, match="kv_dtype 'fp8'.*only 'auto'"):
+        ModelRunner(resolve_model(str(tmp_path)), "cpu", torch.float32, kv_slots=64,
+                    max_rows=1, kv_dtype="fp8")
+    with pytest.raises(UnsupportedModel, match="tp: deepseek_v4 runs on one device"):
+        check_model(resolve_model(str(tmp_path)), tp=2)
+
+
+def test_dummy_presets():
+    tiny = ModelRunner(resolve_model("dummy:deepseek-v4-tiny"), "cpu", torch.float32,
+                       kv_slots=64, max_rows=2)
+    logits = tiny.forward(make_batch([Chunk(0, list(range(3, 40)))], [0], 1))
+    assert torch.isfinite(logits).all()
+    flash = DeepseekV4Arch.from_hf(resolve_model("dummy:deepseek-v4-flash").hf_config())
+    assert (flash.hidden_size, flash.num_heads, flash.head_dim, flash.n_routed_experts,
+            flash.moe_intermediate_size, flash.num_layers) == (4096, 64, 512, 256, 2048, 6)
+    assert flash.rope_compress["rope_type"] == "yarn" and flash.rope_dim == 64
+    assert flash.layer_types[:4] == (SWA, SWA, CSA, HCA)

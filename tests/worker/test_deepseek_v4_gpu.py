@@ -1,0 +1,28 @@
+"""A tiny DeepSeek-V4 checkpoint on a CUDA device (the torch path the model runs there,
+outside CUDA graphs), fp32 against transformers on the CPU: a prompt longer than the
+window and several blocks in two chunks, the second reading the first's state back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.model_config import resolve_model
+from runtime.worker.model_runner import ModelRunner
+from tests.worker.batching import Chunk, make_batch
+from tests.worker.dsv4_checkpoints import tiny_v4
+
+pytestmark = pytest.mark.gpu
+
+
+def test_cuda_matches_transformers(tmp_path):
+    hf = tiny_v4(tmp_path)
+    runner = ModelRunner(resolve_model(str(tmp_path)), "cuda", torch.float32, kv_slots=512,
+                         max_rows=2)
+    assert runner.graphs is None  # the model attends in torch, outside graphs
+    ids = torch.randint(0, 256, (37,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0]  # [37, V]
+    first = runner.forward(make_batch([Chunk(0, ids[:21])], [0], 1, True, "cuda"))
+    rest = runner.forward(make_batch([Chunk(0, ids[21:])], [21], 1, True, "cuda"))
+    torch.testing.assert_close(torch.cat([first, rest]).cpu(), want, atol=1e-3, rtol=1e-3)
