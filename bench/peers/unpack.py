@@ -87,6 +87,8 @@ def check_import(site: Path, timeout: float = 300.0) -> int:
     """Import the payload's module (`manifest["import"]`) in a fresh interpreter; its exit
     code."""
     module = unpacked_manifest(site)["import"]
+    if not module:
+        return 0
     code = (f"import time; t = time.time(); import {module} as m; "
             f"print('import {module}', m.__version__, 'in', round(time.time() - t, 1), 's')")
     try:
