@@ -49,12 +49,19 @@ def hf_model(device: str, dtype: torch.dtype):
 
 @torch.inference_mode()
 def hf_greedy(model, ids: list[int], n: int) -> tuple[list[int], list[float]]:
-    """HF's greedy continuation and its top-2 logit gap at each step."""
-    x = torch.tensor([ids], device=model.device)
-    out = model.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                         output_scores=True, return_dict_in_generate=True, pad_token_id=2)
-    gaps = [float(s[0].float().topk(2).values.diff().abs()) for s in out.scores]
-    return out.sequences[0, len(ids):].tolist(), gaps
+    """HF's greedy continuation (`n` tokens, the end-of-sequence token taken like any other,
+    as Sluice's `ignore_eos` does) and its top-2 logit gap at each step: a plain forward
+    loop over HF's KV cache, no logits processors (`generate(min_new_tokens=n)` would mask
+    the end-of-sequence token and pick the runner-up instead)."""
+    out = model(torch.tensor([ids], device=model.device), use_cache=True)
+    tokens, gaps = [], []
+    for _ in range(n):
+        top = out.logits[0, -1].float().topk(2)  # values [2], indices [2]
+        tokens.append(int(top.indices[0]))
+        gaps.append(float(top.values[0] - top.values[1]))
+        out = model(torch.tensor([tokens[-1:]], device=model.device),
+                    past_key_values=out.past_key_values, use_cache=True)
+    return tokens, gaps
 
 
 def run_greedy(args, tok, device: str) -> list[dict]:
