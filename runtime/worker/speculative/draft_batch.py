@@ -46,9 +46,10 @@ class DraftForward:
 
     @staticmethod
     def stage(forwards: list[DraftForward], i64: dict[str, np.ndarray],
-              i32: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """`i64`, `i32` and the arrays of every forward of `forwards`, under its name: what
-        one `Staging.upload` sends."""
+              ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The int64 and int32 arrays of one `Staging.upload`: `i64` and those of every
+        forward of `forwards`, under its name."""
+        i32 = {}
         for f in forwards:
             i64 |= {f"{f.name}.{k}": a for k, a in f.i64.items()}
             i32 |= {f"{f.name}.{k}": a for k, a in f.i32.items()}
@@ -66,3 +67,15 @@ class DraftForward:
             seq_lens=d["seq"], prefix_lens=d["pre"], sample_idx=d["last"],
             is_decode=len(self.ext) == sum(self.ext), seq_lens_cpu=self.seq,
             prefix_lens_cpu=self.pre, extend_lens_cpu=self.ext, page_size=self.page_size)
+
+
+def token_sources(first: np.ndarray, lens: np.ndarray, owed: np.ndarray,
+                  n: int) -> np.ndarray:
+    """Where each token of a draft forward comes from, as indices into `n` tokens
+    followed by the owed tokens: request i takes its owed token first when `owed[i]` is 1
+    (the owed tokens in request order), then `lens[i]` tokens from index `first[i]`."""
+    total = lens + owed  # [B]
+    qo = exclusive_cumsum(total)  # [B+1]
+    src = np.repeat(first - owed - qo[:-1], total) + np.arange(qo[-1])  # [T]
+    src[qo[:-1][owed > 0]] = n + np.arange(int(owed.sum()))
+    return src

@@ -22,8 +22,10 @@ request's first token there: in draft step 0 of a verify step (1-2 tokens a requ
 in the mirror. The mirror is the draft's forward over the step's other requests (prefill
 chunks, plain decodes: the same tokens into the same slots as the target's). So a verify
 request costs the draft its d steps and nothing more, and every position whose KV can be
-read again (by the request's next step, or from the prefix cache: the scheduler caches a
-request's owed position never) has its draft KV. Nothing waits for the device.
+read again (by the request's next step, or from the prefix cache, which never gets an
+owed position) has its draft KV. The draft runs before the target's forward, its verify
+requests' steps first: a prefix hit in the same step may read a position owed until
+then. Nothing waits for the device.
 """
 
 from __future__ import annotations
@@ -40,7 +42,11 @@ from runtime.worker.loader import load_model
 from runtime.worker.model_check import UnsupportedModel
 from runtime.worker.model_runner import make_attention
 from runtime.worker.models.deepseek import DeepseekForCausalLM
-from runtime.worker.speculative.draft_batch import DraftForward, exclusive_cumsum
+from runtime.worker.speculative.draft_batch import (
+    DraftForward,
+    exclusive_cumsum,
+    token_sources,
+)
 from runtime.worker.staging import Staging
 
 
@@ -77,7 +83,7 @@ class DraftModel:
         requests' draft KV. Returns the drafts, [D] int64, draft_lens[i] per verify request
         in order (None: the step verifies nothing)."""
         if not plan.draft_lens and not plan.draft_backfill:
-            self._forward(fb)  # a plain step, every position owed nothing: the whole batch
+            self._forward(fb)  # nothing verified, nothing owed: the target's batch as it is
             return None
         n = len(plan.rows)
         lens = np.array(plan.draft_lens or [0] * n, dtype=np.int64)  # [B]
@@ -95,8 +101,9 @@ class DraftModel:
             mirror = DraftForward("mirror", rows[plain], pre[plain] - has, ext[plain] + has,
                                   ps)
             i64 |= {"m_owed": owed[plain][has > 0],
-                    "m_src": _sources(first[plain], ext[plain], has, fb.num_tokens)}
-        dev = self.staging.upload(*DraftForward.stage(steps + [mirror] * bool(mirror), i64, {}))
+                    "m_src": token_sources(first[plain], ext[plain], has, fb.num_tokens)}
+        forwards = steps + ([mirror] if mirror is not None else [])
+        dev = self.staging.upload(*DraftForward.stage(forwards, i64))
         drafts = self._propose(steps, dev, fb, builder) if steps else None
         if mirror is not None:
             ids = torch.cat([fb.input_ids, dev["m_owed"]])[dev["m_src"]]  # [T_m]
@@ -104,10 +111,9 @@ class DraftModel:
         return drafts
 
     def _forward(self, fb: ForwardBatch) -> torch.Tensor:
-        """Run the draft over `fb`, storing its KV: the hidden states of `fb.sample_idx`."""
+        """Run the draft over `fb`, storing its KV: the hidden states [T, hidden]."""
         self.attn.prepare(fb)
-        hidden = self.model(fb, self.attn)  # [T, hidden]
-        return hidden if fb.is_decode else hidden[fb.sample_idx]  # [S, hidden]
+        return self.model(fb, self.attn)
 
     @staticmethod
     def _draft_steps(verify: np.ndarray, lens: np.ndarray, owed: np.ndarray, rows: np.ndarray,
@@ -125,7 +131,7 @@ class DraftModel:
                 "src": np.concatenate([r * k + np.arange(n) for r, n in enumerate(d)]),
                 "dst": np.concatenate([t + 1 + np.arange(n) for t, n in zip(first[verify], d)]),
                 "v_owed": owed[verify][has > 0],
-                "v_src": _sources(np.arange(len(d)), np.ones_like(d), has, len(d))}
+                "v_src": token_sources(np.arange(len(d)), np.ones_like(d), has, len(d))}
         steps = []
         for j in range(k):
             sel = np.flatnonzero(d > j)  # [R_j] the requests still drafting
@@ -145,7 +151,10 @@ class DraftModel:
         for j, step in enumerate(steps):
             sel = dev[f"sel{j}"]  # [R_j]
             ids = torch.cat([current, dev["v_owed"]])[dev["v_src"]] if j == 0 else current[sel]
-            hidden = self._forward(step.batch(dev, builder, ids))  # [R_j, hidden]
+            fwd = step.batch(dev, builder, ids)
+            hidden = self._forward(fwd)  # [T_j, hidden]
+            if not fwd.is_decode:  # step 0 with owed tokens: each request's last
+                hidden = hidden[fwd.sample_idx]  # [R_j, hidden]
             ids = self.model.compute_logits(hidden).argmax(dim=-1)  # [R_j]
             current[sel] = ids
             drafts[sel * k + j] = ids
@@ -153,13 +162,3 @@ class DraftModel:
         fb.input_ids[dev["dst"]] = out
         return out
 
-
-def _sources(first: np.ndarray, lens: np.ndarray, owed: np.ndarray, n: int) -> np.ndarray:
-    """Where each token of a draft forward comes from, as indices into the `n` tokens of a
-    step followed by the owed ones: request i takes its owed token first when `owed[i]`
-    is 1 (the owed tokens in request order), then `lens[i]` tokens from `first[i]`."""
-    total = lens + owed  # [B]
-    qo = exclusive_cumsum(total)  # [B+1]
-    src = np.repeat(first - owed - qo[:-1], total) + np.arange(qo[-1])  # [T]
-    src[qo[:-1][owed > 0]] = n + np.arange(int(owed.sum()))
-    return src
