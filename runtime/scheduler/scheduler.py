@@ -343,6 +343,7 @@ class Scheduler(Outbox):
             if req.last_batch_id <= self.completed_batch_id:
                 if req.draft_kv_owed:  # a draft model never wrote its last position's KV
                     self.kv.truncate(req, req.kv_len - 1)
+                    req.draft_kv_owed = False
                 # cache only KV that was surely written: never after a failed batch
                 ok = req.finish_reason != FinishReason.ERROR and 0 < req.kv_len <= req.known_len
                 self.kv.release(req, cache=ok)
