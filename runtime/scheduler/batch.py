@@ -52,8 +52,12 @@ class Batch:
         """
         bid = self.batch_id
         rows, prefix_lens, input_ids = [], [], []
+        owed = []  # (request index, token) of the draft KV owed (`Req.draft_kv_owed`)
         for req in self.decode:  # decoding: KV for all but the last token, which samples
             row, pos, ids = req.row, req.kv_len, req.token_ids
+            if req.draft_kv_owed:
+                owed.append((len(rows), ids[pos - 1]))
+                req.draft_kv_owed = False
             rows.append(row)
             prefix_lens.append(pos)
             # the last token is known once the scheduler saw it, else it is the row's sample
@@ -72,6 +76,9 @@ class Batch:
                 prefix_writes.append((req.row, req.prefix_pages))
             req.prefix_written = True
             start = req.kv_len
+            if req.draft_kv_owed:
+                owed.append((i, req.token_ids[start - 1]))
+                req.draft_kv_owed = False
             rows.append(req.row)
             prefix_lens.append(start)
             known = min(start + n, req.known_len)
@@ -103,6 +110,7 @@ class Batch:
             new_pages=pages, sample=sample, inits=inits, prefix_writes=prefix_writes,
             input_logprobs=logprob_targets,
             draft_lens=[0] * len(self.decode) + draft_lens if any(draft_lens) else [],
+            draft_backfill=_spread(owed, len(rows)),
         )
 
 
@@ -128,6 +136,16 @@ def split_top(reqs: list[Req], counts: Iterable[int], ids: list[int], logprobs: 
             keep = [j for t in range(at, end, stride) for j in range(t, t + k)]
             yield [ids[j] for j in keep], [logprobs[j] for j in keep]
         at = end
+
+
+def _spread(owed: list[tuple[int, int]], n: int) -> list[int]:
+    """`BatchPlan.draft_backfill` of `n` requests from their (index, token) debts."""
+    if not owed:
+        return []
+    out = [-1] * n
+    for i, token in owed:
+        out[i] = token
+    return out
 
 
 def _row_init(req: Req) -> RowInit:

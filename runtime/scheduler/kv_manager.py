@@ -128,7 +128,8 @@ class KVManager(ABC, Generic[Table]):
     def truncate(self, req: Req, kv_len: int) -> None:
         """Give back the space of positions kv_len .. req.kv_len - 1 of an admitted `req`:
         the rejected drafts of its verify step, once that step's batch completed (no other
-        batch reads them: a speculating request has one step in flight at most)."""
+        batch reads them: a speculating request has one step in flight at most), or a
+        finished request's last position, never to be cached (`Req.draft_kv_owed`)."""
         assert 0 < kv_len <= req.kv_len, (req, kv_len)
         if kv_len == req.kv_len:
             return

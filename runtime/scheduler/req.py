@@ -84,6 +84,9 @@ class Req:
         self.needs_init = True  # the worker must (re)bind its row before the next forward
         self.last_batch_id = -1
         self.prefix_written = False
+        # a draft model never wrote the draft KV of position kv_len - 1 (its last verify
+        # step accepted every draft): its next step does (`BatchPlan.draft_backfill`)
+        self.draft_kv_owed = False
 
     # ------------------------------------------------------------------ tokens
     @property

@@ -341,6 +341,9 @@ class Scheduler(Outbox):
         keep = []
         for req in self.deferred:
             if req.last_batch_id <= self.completed_batch_id:
+                if req.draft_kv_owed:  # a draft model never wrote its last position's KV
+                    self.kv.truncate(req, req.kv_len - 1)
+                    req.draft_kv_owed = False
                 # cache only KV that was surely written: never after a failed batch
                 ok = req.finish_reason != FinishReason.ERROR and 0 < req.kv_len <= req.known_len
                 self.kv.release(req, cache=ok)

@@ -33,7 +33,10 @@ class BatchPlan(WireRecord):
     its last d new tokens are drafts) produces d + 1, the target's sample at each of its
     last d + 1 positions. With a draft model (`--speculative-algorithm draft`) the
     worker writes the drafts itself in the same step (the plan's ids there are
-    placeholders) and returns them in StepResult.draft_ids.
+    placeholders) and returns them in StepResult.draft_ids. `draft_backfill[i]` >= 0 is
+    a token whose draft KV request i still owes, at position prefix_lens[i] - 1: the last
+    draft of its previous verify step, all of whose drafts were accepted (the worker
+    feeds it to the draft model in front of the request's tokens of this step).
     """
 
     batch_id: int
@@ -63,6 +66,9 @@ class BatchPlan(WireRecord):
     # speculative decoding: draft tokens at the end of each request's new tokens (in
     # order), empty when no request of the step verifies drafts
     draft_lens: list[int] = []
+    # a draft model: per request (in order), the token owed at position prefix_lens[i] - 1
+    # or -1, empty when no request of the step owes one
+    draft_backfill: list[int] = []
 
 
 class GrammarCacheUpdate(WireRecord):

@@ -7,8 +7,7 @@ the step's results (`StepOutput`: sampled ids, and any logprobs and top alternat
 pinned host memory without blocking; a sender thread waits on that event and sends the
 StepResult. On the CPU the event is a no-op and the same code path runs synchronously.
 With a draft model (`--speculative-algorithm draft`) a step first drafts its verify
-requests' tokens and then mirrors the target's forward into the draft's KV
-(`DraftModel`).
+requests' tokens and writes the draft KV of its other requests (`DraftModel`).
 
 Nor does it wait for a grammar compile: the scheduler asks for one ahead
 (`GrammarCacheUpdate`), a background thread compiles it, and the sender thread reports it
@@ -198,11 +197,9 @@ class Worker:
             self.runner.lora.load_slots(plan.lora_loads)
         fb, inputs = self.builder.build(plan)
         drafts = None
-        if self.draft is not None and plan.draft_lens:
-            drafts = self.draft.propose(plan, fb, self.builder)  # [D]
-        logits = self.runner.forward(fb)  # [S + L, vocab] float32
         if self.draft is not None:
-            self.draft.mirror(fb)
+            drafts = self.draft.run_step(plan, fb, self.builder)  # [D] or None
+        logits = self.runner.forward(fb)  # [S + L, vocab] float32
         n = len(inputs.rows)
         out = StepOutput(torch.zeros(0, dtype=torch.int64, device=self.device),
                          input_logprobs=self._input_logprobs(logits[n:], inputs),  # [L]

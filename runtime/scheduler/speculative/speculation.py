@@ -20,7 +20,10 @@ goes back to that path for good.
 
 With a draft model the worker writes the drafts in the verify step itself
 (`ModelDrafts`): the scheduler plans k placeholder positions and learns the drafts with
-the step's result.
+the step's result. The draft model's KV of a verify step's last draft is written only if
+the request's next step needs it, when every draft was accepted: the request then owes
+it (`Req.draft_kv_owed`) to its next step, and a request that ends owing it keeps that
+position out of the prefix cache (`Scheduler`).
 """
 
 from __future__ import annotations
@@ -79,8 +82,10 @@ class Speculation:
     average; `off_window` 0: never."""
 
     def __init__(self, num_draft_tokens: int, new_drafter: Callable[[Req], Drafter | None],
-                 off_window: int = 0, off_accept: float = 0.0) -> None:
+                 off_window: int = 0, off_accept: float = 0.0,
+                 draft_model: bool = False) -> None:
         self.num_draft_tokens = num_draft_tokens
+        self.draft_model = draft_model  # the worker's draft model drafts (`ModelDrafts`)
         self.new_drafter = new_drafter
         self.off_window, self.off_accept = off_window, off_accept
         self.drafted = 0  # draft tokens verified so far
@@ -101,7 +106,8 @@ class Speculation:
         else:
             return None
         return cls(cfg.speculative_num_draft_tokens, new_drafter,
-                   cfg.speculative_off_window, cfg.speculative_off_accept)
+                   cfg.speculative_off_window, cfg.speculative_off_accept,
+                   draft_model=algo == "draft")
 
     def attach(self, req: Req) -> None:
         """Give a new request its drafter, if its sampling allows speculation."""
@@ -167,5 +173,8 @@ class Speculation:
         m = accepted_prefix(drafts, samples)
         kept = req.append_outputs(samples[:m + 1], logprobs[:m + 1])
         kv.truncate(req, start + kept)
+        # the draft model's steps wrote the draft KV of every kept position but the last
+        # draft's
+        req.draft_kv_owed = self.draft_model and kept == len(drafts) + 1
         self.record(len(drafts), m)
         self._observe(req, m)

@@ -2,20 +2,30 @@
 
 Its KV pool has the target's slot numbering: slot s holds, in both pools, the KV of the
 same token at the same position, so the scheduler's allocation, truncation and delayed
-release of a slot cover both, and a prefix the radix cache shares is shared in both. To
-keep that true the draft mirrors every forward the target runs (`mirror`: the same
-tokens into the same slots), prefill chunks and plain decodes included.
+release of a slot cover both, and a prefix the radix cache shares is shared in both.
 
-In a verify step (`BatchPlan.draft_lens`), before the target's forward, `propose` runs
-greedy decode steps of the draft for the verify requests: step j feeds the request's last
-token (j = 0) or its draft j at position P + j (P: the last token's position), over the
-draft KV of the positions before it, and takes the argmax as draft j + 1; a request with
-d drafts takes part in steps 0..d-1, so the draft writes only positions the scheduler
-allocated. The drafts replace the plan's placeholder ids in the target's input, and the
-target's samples decide what is kept as for any drafter (`Speculation`): greedy drafts
-are a function of the context alone, so keeping the target's own samples up to the first
-mismatch gives plain decoding's tokens, seeded samples included. The mirror of the verify
-forward then writes the draft KV of the last draft too. Nothing waits for the device.
+A step's verify requests (`BatchPlan.draft_lens`) get greedy decode steps of the draft
+before the target's forward: step j feeds the request's last token (j = 0) or its draft
+j at position P + j (P: the last token's position), over the draft KV of the positions
+before it, and takes the argmax as draft j + 1; a request with d drafts takes part in
+steps 0..d-1, so the draft writes only positions the scheduler allocated. The drafts
+replace the plan's placeholder ids in the target's input, and the target's samples decide
+what is kept as for any drafter (`Speculation`): greedy drafts are a function of the
+context alone, so keeping the target's own samples up to the first mismatch gives plain
+decoding's tokens, seeded samples included.
+
+The draft steps write the draft KV of positions P..P + d - 1, which is all a verify step
+keeps unless every draft is accepted: then position P + d holds the last draft, whose
+draft KV no step wrote. The scheduler knows it and names that token in the request's
+next step (`BatchPlan.draft_backfill`), which feeds it at its position in front of the
+request's first token there: in draft step 0 of a verify step (1-2 tokens a request), or
+in the mirror. The mirror is the draft's forward over the step's other requests (prefill
+chunks, plain decodes: the same tokens into the same slots as the target's). So a verify
+request costs the draft its d steps and nothing more, and every position whose KV can be
+read again (by the request's next step, or from the prefix cache, which never gets an
+owed position) has its draft KV. The draft runs before the target's forward, its verify
+requests' steps first: a prefix hit in the same step may read a position owed until
+then. Nothing waits for the device.
 """
 
 from __future__ import annotations
@@ -32,13 +42,12 @@ from runtime.worker.loader import load_model
 from runtime.worker.model_check import UnsupportedModel
 from runtime.worker.model_runner import make_attention
 from runtime.worker.models.deepseek import DeepseekForCausalLM
+from runtime.worker.speculative.draft_batch import (
+    DraftForward,
+    exclusive_cumsum,
+    token_sources,
+)
 from runtime.worker.staging import Staging
-
-
-def _exclusive_cumsum(lens: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(lens) + 1, dtype=np.int64)
-    np.cumsum(lens, out=out[1:])
-    return out
 
 
 class DraftModel:
@@ -67,45 +76,85 @@ class DraftModel:
         self.attn = make_attention(attention_backend, self.pool, self.device)
 
     @torch.inference_mode()
-    def mirror(self, fb: ForwardBatch) -> None:
-        """Write the draft KV of the target's step `fb` (its logits are not needed)."""
-        self.attn.prepare(fb)
-        self.model(fb, self.attn)
+    def run_step(self, plan: BatchPlan, fb: ForwardBatch,
+                 builder: BatchBuilder) -> torch.Tensor | None:
+        """The draft's part of the target's step `plan` (built: `fb`), run before the
+        target's forward: the verify requests' drafts into `fb.input_ids`, then the other
+        requests' draft KV. Returns the drafts, [D] int64, draft_lens[i] per verify request
+        in order (None: the step verifies nothing)."""
+        if not plan.draft_lens and not plan.draft_backfill:
+            self._forward(fb)  # nothing verified, nothing owed: the target's batch as it is
+            return None
+        n = len(plan.rows)
+        lens = np.array(plan.draft_lens or [0] * n, dtype=np.int64)  # [B]
+        owed = np.array(plan.draft_backfill or [-1] * n, dtype=np.int64)  # [B]
+        rows = np.array(plan.rows, dtype=np.int64)  # [B]
+        pre = np.array(plan.prefix_lens, dtype=np.int64)  # [B]
+        ext = np.array(plan.extend_lens, dtype=np.int64)  # [B]
+        first = exclusive_cumsum(ext)[:-1]  # [B] each request's first token in fb
+        ps, i64 = builder.page_size, {}
+        verify, plain = np.flatnonzero(lens), np.flatnonzero(lens == 0)  # [R], [M]
+        steps = self._draft_steps(verify, lens, owed, rows, pre, first, ps, i64)
+        mirror = None
+        if len(plain):
+            has = (owed[plain] >= 0).astype(np.int64)  # [M]
+            mirror = DraftForward("mirror", rows[plain], pre[plain] - has, ext[plain] + has,
+                                  ps)
+            i64 |= {"m_owed": owed[plain][has > 0],
+                    "m_src": token_sources(first[plain], ext[plain], has, fb.num_tokens)}
+        forwards = steps + ([mirror] if mirror is not None else [])
+        dev = self.staging.upload(*DraftForward.stage(forwards, i64))
+        drafts = self._propose(steps, dev, fb, builder) if steps else None
+        if mirror is not None:
+            ids = torch.cat([fb.input_ids, dev["m_owed"]])[dev["m_src"]]  # [T_m]
+            self._forward(mirror.batch(dev, builder, ids))
+        return drafts
 
-    @torch.inference_mode()
-    def propose(self, plan: BatchPlan, fb: ForwardBatch, builder: BatchBuilder) -> torch.Tensor:
-        """Draft the plan's verify requests' tokens into `fb.input_ids` (the target's step,
-        built) and return them: [D] int64, draft_lens[i] per verify request, in order."""
-        lens = np.array(plan.draft_lens, dtype=np.int64)  # [B]
-        verify = np.flatnonzero(lens)  # [R]
+    def _forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Run the draft over `fb`, storing its KV: the hidden states [T, hidden]."""
+        self.attn.prepare(fb)
+        return self.model(fb, self.attn)
+
+    @staticmethod
+    def _draft_steps(verify: np.ndarray, lens: np.ndarray, owed: np.ndarray, rows: np.ndarray,
+                     pre: np.ndarray, first: np.ndarray, page_size: int,
+                     i64: dict[str, np.ndarray]) -> list[DraftForward]:
+        """The greedy draft steps of the verify requests `verify` [R] (step j: those with
+        more than j drafts), their index arrays added to `i64`."""
+        if not len(verify):
+            return []
         d = lens[verify]  # [R]
-        rows = np.array(plan.rows, dtype=np.int64)[verify]  # [R]
-        last_pos = np.array(plan.prefix_lens, dtype=np.int64)[verify]  # [R]
-        first_tok = _exclusive_cumsum(np.array(plan.extend_lens, dtype=np.int64))[verify]
         k = int(d.max())
-        i64 = {"last": first_tok,  # the last token's index among the step's tokens
-               "src": np.concatenate([r * k + np.arange(n) for r, n in enumerate(d)]),
-               "dst": np.concatenate([t + 1 + np.arange(n) for t, n in zip(first_tok, d)])}
-        i32, seqs = {}, []
+        has = (owed[verify] >= 0).astype(np.int64)  # [R] step 0 feeds the owed token too
+        last_pos = pre[verify]  # [R]
+        i64 |= {"last": first[verify],  # the last token's index among the step's tokens
+                "src": np.concatenate([r * k + np.arange(n) for r, n in enumerate(d)]),
+                "dst": np.concatenate([t + 1 + np.arange(n) for t, n in zip(first[verify], d)]),
+                "v_owed": owed[verify][has > 0],
+                "v_src": token_sources(np.arange(len(d)), np.ones_like(d), has, len(d))}
+        steps = []
         for j in range(k):
             sel = np.flatnonzero(d > j)  # [R_j] the requests still drafting
-            pos = last_pos[sel] + j  # [R_j]
-            pages = -(-(pos + 1) // builder.page_size)  # [R_j]
-            kv_indptr = _exclusive_cumsum(pages)
-            i64 |= {f"sel{j}": sel, f"rows{j}": rows[sel], f"pos{j}": pos,
-                    f"pages{j}": pages, f"kv_starts{j}": kv_indptr[:-1],
-                    f"idx{j}": np.arange(len(sel))}
-            i32 |= {f"qo{j}": np.arange(len(sel) + 1), f"kv_indptr{j}": kv_indptr,
-                    f"seq{j}": pos + 1, f"pre{j}": pos}
-            seqs.append(((pos + 1).tolist(), int(kv_indptr[-1])))
-        dev = self.staging.upload(i64=i64, i32=i32)
+            extra = has[sel] if j == 0 else np.zeros_like(sel)  # [R_j]
+            steps.append(DraftForward(f"step{j}", rows[verify][sel], last_pos[sel] + j - extra,
+                                      1 + extra, page_size))
+            i64[f"sel{j}"] = sel
+        return steps
+
+    def _propose(self, steps: list[DraftForward], dev: dict[str, torch.Tensor],
+                 fb: ForwardBatch, builder: BatchBuilder) -> torch.Tensor:
+        """Run the draft steps: their drafts into `fb.input_ids`, and returned ([D])."""
+        k = len(steps)
         current = fb.input_ids[dev["last"]]  # [R] each request's input of the next step
-        drafts = torch.zeros(len(d) * k, dtype=torch.int64, device=self.device)  # [R * k]
-        for j, (seq, n_pages) in enumerate(seqs):
+        drafts = torch.zeros(len(current) * k, dtype=torch.int64,
+                             device=self.device)  # [R * k]
+        for j, step in enumerate(steps):
             sel = dev[f"sel{j}"]  # [R_j]
-            step = self._decode_batch(builder, dev, j, current[sel], seq, n_pages)
-            self.attn.prepare(step)
-            hidden = self.model(step, self.attn)  # [R_j, hidden]
+            ids = torch.cat([current, dev["v_owed"]])[dev["v_src"]] if j == 0 else current[sel]
+            fwd = step.batch(dev, builder, ids)
+            hidden = self._forward(fwd)  # [T_j, hidden]
+            if not fwd.is_decode:  # step 0 with owed tokens: each request's last
+                hidden = hidden[fwd.sample_idx]  # [R_j, hidden]
             ids = self.model.compute_logits(hidden).argmax(dim=-1)  # [R_j]
             current[sel] = ids
             drafts[sel * k + j] = ids
@@ -113,18 +162,3 @@ class DraftModel:
         fb.input_ids[dev["dst"]] = out
         return out
 
-    @staticmethod
-    def _decode_batch(builder: BatchBuilder, dev: dict[str, torch.Tensor], j: int,
-                      input_ids: torch.Tensor, seq: list[int], n_pages: int) -> ForwardBatch:
-        """Draft step j (`seq`: its sequences' lengths, `n_pages` their pages in all): one
-        token a request at its position, over the pages the target's step put in the
-        table."""
-        rows, pos = dev[f"rows{j}"], dev[f"pos{j}"]
-        return ForwardBatch(
-            input_ids=input_ids, positions=pos, out_slots=builder.slots(rows, pos),
-            qo_indptr=dev[f"qo{j}"], kv_indptr=dev[f"kv_indptr{j}"],
-            kv_indices=builder.kv_indices(rows, dev[f"pages{j}"], dev[f"kv_starts{j}"],
-                                          n_pages),
-            seq_lens=dev[f"seq{j}"], prefix_lens=dev[f"pre{j}"], sample_idx=dev[f"idx{j}"],
-            is_decode=True, seq_lens_cpu=seq, prefix_lens_cpu=[n - 1 for n in seq],
-            extend_lens_cpu=[1] * len(seq), page_size=builder.page_size)
