@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import pytest
 from ray import serve
 
 from runtime.ray_serve.local import serve_locally
@@ -21,6 +22,10 @@ SERVER_FLAGS = ["--model", "dummy:tiny", "--device", "cpu", "--torch-threads", "
 FAST_METRICS = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
                 "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5"}
 APP = "sluice"
+# the module marks of a test on a cluster: slow; the shortened look-back is below Serve's
+# deprecated metrics_interval_s
+MARKS = [pytest.mark.slow,
+         pytest.mark.filterwarnings("ignore:`look_back_period_s`:FutureWarning")]
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ serve = pytest.importorskip("ray.serve")
 from runtime.ray_serve.app import build_app  # noqa: E402 - needs ray
 from runtime.ray_serve.cli import parse  # noqa: E402
 from tests.ray_serve.cluster import (  # noqa: E402
+    MARKS,
     Background,
     FirstStop,
     replica_states,
@@ -34,9 +35,7 @@ from tests.ray_serve.cluster import (  # noqa: E402
     single_server_outputs,
 )
 
-pytestmark = [pytest.mark.slow,
-              # the shortened look-back is below Serve's deprecated metrics_interval_s
-              pytest.mark.filterwarnings("ignore:`look_back_period_s`:FutureWarning")]
+pytestmark = MARKS
 
 POLICY_FLAGS = ["--min-replicas", "2", "--max-replicas", "3", "--target-ongoing-requests", "2",
                 "--upscale-delay-s", "1", "--downscale-delay-s", "8", "--look-back-s", "4",

@@ -19,16 +19,9 @@ from tests.ray_serve.serve_load import Load
 
 pytest.importorskip("ray.serve", reason="needs Ray Serve (pip install 'sluice[ray]')")
 
-from tests.ray_serve.cluster import (  # noqa: E402 - needs ray
-    Background,
-    FirstStop,
-    replica_states,
-    serving,
-    single_server_outputs,
-)
+from tests.ray_serve import cluster  # noqa: E402 - needs ray
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.filterwarnings("ignore:`look_back_period_s`:FutureWarning")]
+pytestmark = cluster.MARKS
 
 STREAMS = 100
 MAX_TOKENS = 16
@@ -47,16 +40,16 @@ def _cycled(n: int) -> tuple[int, list[int]]:
 
 @pytest.mark.timeout(900)
 def test_a_scale_in_while_100_streams_run_cuts_none():
-    reference = Background(single_server_outputs, PROMPTS, MAX_TOKENS)
-    with serving(POLICY_FLAGS) as url:
-        assert replica_states() == {"RUNNING": 3}
+    reference = cluster.Background(cluster.single_server_outputs, PROMPTS, MAX_TOKENS)
+    with cluster.serving(POLICY_FLAGS) as url:
+        assert cluster.replica_states() == {"RUNNING": 3}
         load = Load(url, _cycled, MAX_TOKENS)
-        stop = FirstStop()
+        stop = cluster.FirstStop()
         load.set_concurrency(STREAMS)
         try:
-            assert wait_for(lambda: stop.at is not None, 180, poll=0.2), replica_states()
-            assert wait_for(lambda: replica_states() == {"RUNNING": 2}, 180, poll=0.5), \
-                replica_states()
+            assert wait_for(lambda: stop.at is not None, 180, poll=0.2), cluster.replica_states()
+            assert wait_for(lambda: cluster.replica_states() == {"RUNNING": 2}, 180, poll=0.5), \
+                cluster.replica_states()
             done = time.monotonic()
             # every client finishes one more request, all on the two replicas left
             assert wait_for(lambda: sum(o.started > done for o in load.outcomes) >= STREAMS,
