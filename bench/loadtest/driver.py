@@ -196,11 +196,14 @@ def _target(args: argparse.Namespace, stack: contextlib.ExitStack,
     if args.ray:
         from runtime.ray_serve.local import serve_locally
 
-        # the local cluster's replicas and handles report their load each second (Serve's
-        # default, 10 s, is longer than a burst): set before its processes start
-        for name in ("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S",
-                     "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S"):
-            os.environ.setdefault(name, "1")
+        # set before the local cluster's processes start: its replicas and handles report
+        # their load each second (Serve's default, 10 s, is longer than a burst), and its
+        # workers, each replica's server with them, run at the priority of a server the
+        # load test starts (Ray lowers its workers' priority by default)
+        for name, value in (("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "1"),
+                            ("RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "1"),
+                            ("RAY_worker_niceness", "0")):
+            os.environ.setdefault(name, value)
         ray_flags = [*shlex.split(args.ray_args), "--app-name", args.ray_app,
                      "--host", "127.0.0.1", "--port", str(free_port())]
         url, _ = stack.enter_context(serve_locally([*server_flags, *ray_flags],

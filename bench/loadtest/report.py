@@ -20,13 +20,16 @@ def _problems(res: dict) -> tuple[int, int]:
 
 
 def _scale_out(b: dict) -> str:
-    """The burst's replica counts: before it, at most (and from when), after the run."""
+    """The burst's replica counts: before it, at most (first when), starting, at the end."""
     rows = b["windows"]
     before = rows[max(0, b["burst_window"] - 1)]["replicas_max"]
-    peak = max((r["replicas_max"] for r in rows if r["replicas_max"] is not None), default=None)
-    at = next((r["from_s"] for r in rows if peak is not None and r["replicas_max"] == peak), 0)
-    return (f"replicas running {_num(before)} before the burst, {_num(peak)} from {at:g} s "
-            f"into the phase, {b.get('replicas_after', '-')} after")
+    seen = [r for r in rows if r["replicas_max"] is not None]
+    peak = max((r["replicas_max"] for r in seen), default=None)
+    at = next((r["from_s"] for r in seen if r["replicas_max"] == peak), None)
+    starting = max((r["replicas_starting_max"] or 0 for r in seen), default=0)
+    return (f"replicas running {_num(before)} before the burst, at most {_num(peak)} (first "
+            f"in the window from {_num(at, 'g')} s), up to {starting} starting, "
+            f"{b['replicas_after']} at the end")
 
 
 def _question(meta: dict) -> str:
@@ -62,14 +65,13 @@ def question_answer(meta: dict, res: dict) -> list[str]:
         rows = b["windows"]
         before = rows[max(0, b["burst_window"] - 1)]["ttft_p99_ms"]
         parts.append(f"{cfg['burst_factor']:g}x burst for {cfg['burst_s']:g} s: {b['shed']} of "
-                     f"{b['sent']} refused with 429, {b['failed']} failed, P99 TTFT "
+                     f"{b['sent']} refused with 429, {b['failed']} failed, {b['unfinished']} "
+                     "unfinished, P99 TTFT "
                      f"{_num(before)} ms before, {_num(rows[-1]['ttft_p99_ms'])} ms in the last "
                      f"window, /health {b['healthy_after']} after")
-    return [f"Question: Does one server take the mixed-length load (30% short, 60% medium, "
-            f"10% long) at {cfg['soak_fraction']:.0%} of its measured capacity with no error "
-            f"or OOM and a steady P99 TTFT/TPOT, and answer a {cfg['burst_factor']:g}x burst "
-            f"with 429s instead of collapsing ({meta['device']})?",
-            "Answer: " + "; ".join(parts) + "."]
+        if "replicas_max" in rows[0]:
+            parts.append(_scale_out({**b, "replicas_after": res.get("replicas_after", "-")}))
+    return [_question(meta), "Answer: " + "; ".join(parts) + "."]
 
 
 def _phase_table(res: dict) -> list[str]:
