@@ -17,7 +17,11 @@ def replica_counts(app: str) -> tuple[int, int]:
     """The application's server replicas running, and starting (Serve's status)."""
     from ray import serve
 
-    states = serve.status().applications[app].deployments[DEPLOYMENT].replica_states
+    apps = serve.status().applications
+    if app not in apps or DEPLOYMENT not in apps[app].deployments:
+        raise RuntimeError(f"no Sluice application {app!r} on this Ray cluster (--ray-app); "
+                           f"it runs: {sorted(apps)}")
+    states = apps[app].deployments[DEPLOYMENT].replica_states
     return states.get("RUNNING", 0), states.get("STARTING", 0)
 
 
@@ -42,13 +46,16 @@ class ReplicaWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _sample(self) -> None:
+        running, starting = replica_counts(self.app)
+        self.samples.append((time.monotonic(), running, starting))
+
     def _run(self) -> None:
-        while not self._stop.is_set():
-            running, starting = replica_counts(self.app)
-            self.samples.append((time.monotonic(), running, starting))
-            self._stop.wait(self.interval)
+        while not self._stop.wait(self.interval):
+            self._sample()
 
     def __enter__(self) -> ReplicaWatch:
+        self._sample()  # a wrong application fails here, before any load
         self._thread.start()
         return self
 
