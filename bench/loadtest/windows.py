@@ -74,10 +74,21 @@ def server_view(samples: Sequence[Sample]) -> dict[str, float | None]:
             "gpu_util_max": max(util) if util else None}
 
 
+def replica_view(replicas: Sequence[tuple[float, int, int]]) -> dict[str, int | None]:
+    """What Serve said of the replicas over some (time, running, starting) samples: the
+    fewest and most running, the most starting."""
+    running = [r for _, r, _ in replicas]
+    return {"replicas_min": min(running) if running else None,
+            "replicas_max": max(running) if running else None,
+            "replicas_starting_max": max((s for _, _, s in replicas), default=None)}
+
+
 def windows(results: Sequence[RequestResult], samples: Sequence[Sample], t0: float,
-            window_s: float, span_s: float) -> list[dict]:
+            window_s: float, span_s: float,
+            replicas: Sequence[tuple[float, int, int]] | None = None) -> list[dict]:
     """Per `window_s` window of the phase's first `span_s` seconds from `t0`: requests sent
-    in it by outcome, their P50 / P99 TTFT and P99 TPOT (ms), and the server's view."""
+    in it by outcome, their P50 / P99 TTFT and P99 TPOT (ms), the server's view, and with
+    `replicas` (Ray Serve's (time, running, starting) samples) the replica counts."""
     n = max(1, math.ceil(span_s / window_s - 1e-9))
     out = []
     for i in range(n):
@@ -91,6 +102,9 @@ def windows(results: Sequence[RequestResult], samples: Sequence[Sample], t0: flo
                     "ttft_p50_ms": _ms(ttft, 50), "ttft_p99_ms": _ms(ttft, 99),
                     "tpot_p99_ms": _ms(tpot, 99),
                     **server_view([s for s in samples if lo <= s[0] < hi])})
+        if replicas is not None:
+            seen = [r for r in replicas if lo <= r[0] and (last or r[0] < hi)]
+            out[-1].update(replica_view(seen))
     return out
 
 

@@ -21,6 +21,9 @@ class RayServeOptions:
 
     min_replicas: int = _knob(2, "Replicas kept at all times.")
     max_replicas: int = _knob(4, "The most replicas the policy may run.")
+    initial_replicas: int = _knob(
+        0, "Replicas the application starts with (0: min_replicas); the policy takes over "
+           "from there.")
     target_ongoing_requests: float = _knob(
         32.0, "Requests in flight (running and waiting) per replica the policy aims at: "
               "more per replica adds replicas, fewer removes them.")
@@ -69,6 +72,11 @@ class RayServeOptions:
         if self.max_replicas < self.min_replicas:
             raise ConfigError(f"max_replicas ({self.max_replicas}) must be >= min_replicas "
                               f"({self.min_replicas})")
+        if self.initial_replicas and not (
+                self.min_replicas <= self.initial_replicas <= self.max_replicas):
+            raise ConfigError(f"initial_replicas ({self.initial_replicas}) must be 0 or within "
+                              f"min_replicas..max_replicas ({self.min_replicas}.."
+                              f"{self.max_replicas})")
         for name in ("target_ongoing_requests", "look_back_s", "health_check_period_s",
                      "health_check_timeout_s"):
             if not getattr(self, name) > 0:

@@ -6,8 +6,12 @@ replicas (as Serve's default policy); and from the servers' /metrics (each repli
 
 - one replica more than now while the waiting requests per replica exceed
   `queue_threshold`, or the GPU utilization exceeds `upscale_utilization`;
-- no fewer than now while any request waits, or the GPU utilization is at least
-  `downscale_utilization` (on the CPU there is no utilization: the load alone decides).
+- no fewer than now while the GPU utilization is at least `downscale_utilization` (on the
+  CPU there is no utilization: the load alone decides).
+
+Waiting requests below `queue_threshold` do not hold a scale-in back: they are in Serve's
+count of requests in flight already, and under steady arrivals a few always wait for the
+server's next step (admission happens once a step) however idle the batch is.
 
 Serve applies the rest: a change happens only once the policy has asked for it without a
 break for `upscale_delay_s` (more) or `downscale_delay_s` (fewer), within
@@ -44,7 +48,7 @@ class SluiceAutoscalingPolicy:
         if (waiting is not None and waiting > self.queue_threshold) or \
                 (busy is not None and busy > self.upscale_utilization):
             wanted = max(wanted, now + 1)
-        elif (waiting or 0) > 0 or (busy is not None and busy >= self.downscale_utilization):
+        elif busy is not None and busy >= self.downscale_utilization:
             wanted = max(wanted, now)
         return wanted, {}
 
@@ -53,6 +57,7 @@ def autoscaling_config(opts: RayServeOptions) -> AutoscalingConfig:
     """Serve's autoscaling config of `opts`, with the policy above."""
     return AutoscalingConfig(
         min_replicas=opts.min_replicas, max_replicas=opts.max_replicas,
+        initial_replicas=opts.initial_replicas or None,
         target_ongoing_requests=opts.target_ongoing_requests,
         upscale_delay_s=opts.upscale_delay_s, downscale_delay_s=opts.downscale_delay_s,
         look_back_period_s=opts.look_back_s,

@@ -57,6 +57,18 @@ def test_windows_take_requests_by_send_time_and_samples_by_scrape_time():
     assert second["gpu_util_mean"] is None and second["running_mean"] is None
 
 
+def test_windows_count_the_replicas_ray_serve_ran():
+    t0 = 100.0
+    replicas = [(t0 + 1, 2, 0), (t0 + 5, 2, 1), (t0 + 12, 3, 0),
+                (t0 + 25, 4, 0)]  # after the span: counted in the last window
+    first, second = windows([], [], t0, 10.0, 20.0, replicas)
+    assert (first["replicas_min"], first["replicas_max"], first["replicas_starting_max"]) == (
+        2, 2, 1)
+    assert (second["replicas_min"], second["replicas_max"],
+            second["replicas_starting_max"]) == (3, 4, 0)
+    assert "replicas_max" not in windows([], [], t0, 10.0, 20.0)[0]  # one server: no column
+
+
 def test_stability_is_the_spread_of_a_per_window_figure():
     rows = [{"x": 100.0}, {"x": None}, {"x": 120.0}, {"x": 300.0}]
     assert stability(rows, "x") == {"min": 100.0, "max": 300.0, "max_over_median": 2.5}
@@ -66,7 +78,9 @@ def test_stability_is_the_spread_of_a_per_window_figure():
 def test_bad_options_are_one_line_errors(capsys):
     for argv, message in ((["--phases", "soak,warmup"], "unknown ['warmup']"),
                           (["--phases", "soak"], "needs --capacity-rps"),
-                          (["--soak-s", "0"], "--soak-s must be > 0")):
+                          (["--soak-s", "0"], "--soak-s must be > 0"),
+                          (["--ray", "--url", "http://127.0.0.1:1"], "--ray starts a deployment"),
+                          (["--ray-address", "auto"], "--ray-address needs --url")):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2 and message in capsys.readouterr().err

@@ -20,6 +20,7 @@ class Outcome:
     finish: str | None = None  # the last event's finish reason
     done: bool = False  # `[DONE]` came
     error: str = ""  # an error event's message, or the client's exception
+    started: float = 0.0  # monotonic times: the request sent, its answer's end
     ended: float = 0.0
 
     @property
@@ -29,14 +30,16 @@ class Outcome:
 
 
 def stream_generate(url: str, prompt: list[int], max_tokens: int, index: int = 0,
-                    on_head=None) -> Outcome:
-    """One streamed greedy `/generate` of `prompt`; `on_head(replica)` once headers came."""
-    out = Outcome(index)
+                    on_head=None, client: httpx.Client | None = None) -> Outcome:
+    """One streamed greedy `/generate` of `prompt`; `on_head(replica)` once headers came;
+    `client`: the connection pool to send it on (default: a new one)."""
+    out = Outcome(index, started=time.monotonic())
     body = {"input_ids": prompt, "stream": True,
             "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0,
                                 "ignore_eos": True}}
     try:
-        with httpx.stream("POST", f"{url}/generate", json=body, timeout=120) as r:
+        send = httpx.stream if client is None else client.stream
+        with send("POST", f"{url}/generate", json=body, timeout=120) as r:
             out.status, out.replica = r.status_code, r.headers.get("x-sluice-replica", "")
             if on_head is not None:
                 on_head(out.replica)
@@ -84,18 +87,24 @@ class Load:
             t.start()
 
     def _client(self, slot: int) -> None:
-        while slot < self._concurrency:
-            with self._lock:
-                key, ids = self.prompt(self._next)
-                self._next += 1
-            out = stream_generate(self.url, ids, self.max_tokens, key)
-            with self._lock:
-                self.outcomes.append(out)
+        with httpx.Client() as client:
+            while slot < self._concurrency:
+                with self._lock:
+                    key, ids = self.prompt(self._next)
+                    self._next += 1
+                out = stream_generate(self.url, ids, self.max_tokens, key, client=client)
+                with self._lock:
+                    self.outcomes.append(out)
 
     def served_by(self, replica: str, after: float = 0.0) -> list[Outcome]:
         """The outcomes `replica` answered that ended after monotonic time `after`."""
         with self._lock:
             return [o for o in self.outcomes if o.replica == replica and o.ended > after]
+
+    def open_at(self, moment: float) -> list[Outcome]:
+        """The outcomes whose stream was open at monotonic time `moment`."""
+        with self._lock:
+            return [o for o in self.outcomes if o.started <= moment < o.ended]
 
     def replicas(self) -> list[str]:
         """The replicas that answered, in the order they first did."""

@@ -11,7 +11,6 @@ for one start.
 
 from __future__ import annotations
 
-import os
 import queue
 import random
 import threading
@@ -19,7 +18,7 @@ import time
 
 import pytest
 
-from tests.e2e.server import ServerProcess, free_port, wait_for
+from tests.e2e.server import wait_for
 from tests.ray_serve.serve_load import Load, stream_generate
 
 ray = pytest.importorskip("ray", reason="needs Ray Serve (pip install 'sluice[ray]')")
@@ -27,20 +26,21 @@ serve = pytest.importorskip("ray.serve")
 
 from runtime.ray_serve.app import build_app  # noqa: E402 - needs ray
 from runtime.ray_serve.cli import parse  # noqa: E402
+from tests.ray_serve.cluster import (  # noqa: E402
+    MARKS,
+    Background,
+    FirstStop,
+    replica_states,
+    serving,
+    single_server_outputs,
+)
 
-pytestmark = [pytest.mark.slow,
-              # the shortened look-back is below Serve's deprecated metrics_interval_s
-              pytest.mark.filterwarnings("ignore:`look_back_period_s`:FutureWarning")]
+pytestmark = MARKS
 
-SERVER_FLAGS = ["--model", "dummy:tiny", "--device", "cpu", "--torch-threads", "1"]
 POLICY_FLAGS = ["--min-replicas", "2", "--max-replicas", "3", "--target-ongoing-requests", "2",
                 "--upscale-delay-s", "1", "--downscale-delay-s", "8", "--look-back-s", "4",
                 "--prefix-imbalance", "1", "--health-check-period-s", "1",
                 "--drain-timeout-s", "60"]
-# metrics reach the controller each 0.5 s (Serve's default: 10 s)
-FAST_METRICS = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
-                "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5"}
-APP = "sluice"
 MAX_TOKENS = 32
 PROMPTS = [[random.Random(i).randrange(3, 1000) for _ in range(48)] for i in range(8)]
 # concurrent streams: 10 / target 2 asks for 5 replicas (max 3); 4 ask for 2, and keep a
@@ -49,53 +49,21 @@ HIGH, LOW = 10, 4
 LONG = 512
 
 
-def _states(app: str = APP) -> dict[str, int]:
-    deployment = serve.status().applications[app].deployments["SluiceReplica"]
-    return dict(deployment.replica_states)
-
-
 def _running() -> int:
-    return _states().get("RUNNING", 0)
-
-
-def _reference(into: dict) -> None:
-    """Each prompt alone on a plain `sluice serve` (the single-server run)."""
-    srv = ServerProcess(*SERVER_FLAGS)
-    try:
-        for i, prompt in enumerate(PROMPTS):
-            out = stream_generate(srv.http_url, prompt, MAX_TOKENS, i)
-            assert out.whole and len(out.output_ids) == MAX_TOKENS, out
-            into[i] = out.output_ids
-    finally:
-        srv.stop()
+    return replica_states().get("RUNNING", 0)
 
 
 @pytest.fixture(scope="module")
 def reference():
     """The single-server outputs, computed while the cluster starts."""
-    outputs: dict[int, list[int]] = {}
-    thread = threading.Thread(target=_reference, args=(outputs,))
-    thread.start()
-    yield lambda: (thread.join(300), outputs)[1]
+    job = Background(single_server_outputs, PROMPTS, MAX_TOKENS)
+    yield job.result
 
 
 @pytest.fixture(scope="module")
 def url(reference):
-    saved = {k: os.environ.get(k) for k in FAST_METRICS}
-    os.environ.update(FAST_METRICS)  # before ray.init: its processes inherit them
-    port = free_port()
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=100 << 20,
-             log_to_driver=False)
-    try:
-        cfg, opts = parse([*SERVER_FLAGS, *POLICY_FLAGS, "--port", str(port)])
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(cfg, opts, cluster_gpus=0), name=APP, route_prefix="/")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    with serving(POLICY_FLAGS) as address:
+        yield address
 
 
 def _cycled(n: int) -> tuple[int, list[int]]:
@@ -107,28 +75,15 @@ def _fresh(n: int) -> tuple[int, list[int]]:
     return -1, [random.Random(1000 + n).randrange(3, 1000) for _ in range(48)]
 
 
-class _FirstStop:
-    """Watches the replica states from a thread: when a replica was first seen stopping."""
-
-    def __init__(self) -> None:
-        self.at: float | None = None
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        if wait_for(lambda: _states().get("STOPPING"), 300, poll=0.05):
-            self.at = time.monotonic()
-
-
 @pytest.mark.timeout(900)
 def test_a_load_ramp_scales_out_and_back_in_losing_nothing(url, reference):
     """10 short streams at a time scale 2 -> 3; then 4 long ones (each replica always has
     one) scale 3 -> 2: the replica removed (Serve stops the newest) drains its stream first."""
-    assert _states() == {"RUNNING": 2}
+    assert replica_states() == {"RUNNING": 2}
     burst = Load(url, _cycled, MAX_TOKENS)
     start = time.monotonic()
     burst.set_concurrency(HIGH)
-    assert wait_for(lambda: _running() == 3, 420, poll=0.5), _states()
+    assert wait_for(lambda: _running() == 3, 420, poll=0.5), replica_states()
     scaled_out = time.monotonic() - start
     # the new replica takes requests (its load is the lowest)
     assert wait_for(lambda: len(burst.replicas()) == 3, 120, poll=0.2)
@@ -137,9 +92,9 @@ def test_a_load_ramp_scales_out_and_back_in_losing_nothing(url, reference):
     calm = Load(url, _fresh, LONG)
     calm_start = time.monotonic()
     calm.set_concurrency(LOW)
-    stop = _FirstStop()
-    assert wait_for(lambda: stop.at is not None, 120, poll=0.2), _states()
-    assert wait_for(lambda: _states() == {"RUNNING": 2}, 120, poll=0.5), _states()
+    stop = FirstStop()
+    assert wait_for(lambda: stop.at is not None, 120, poll=0.2), replica_states()
+    assert wait_for(lambda: replica_states() == {"RUNNING": 2}, 120, poll=0.5), replica_states()
     scaled_in = time.monotonic() - calm_start
     drained = calm.served_by(newest, after=stop.at)
     served = len(calm.outcomes)
@@ -162,7 +117,7 @@ def test_a_load_ramp_scales_out_and_back_in_losing_nothing(url, reference):
 def test_a_replica_killed_mid_stream(url, reference):
     """Its stream ends with an error event and `[DONE]`; new requests go to the other
     replica; Serve replaces the dead one."""
-    assert wait_for(lambda: _states() == {"RUNNING": 2}, 120, poll=0.5), _states()
+    assert wait_for(lambda: replica_states() == {"RUNNING": 2}, 120, poll=0.5), replica_states()
     heads: queue.Queue[str] = queue.Queue()
     result = {}
     long = 1800  # tokens: the stream outlives the kill by far
@@ -184,7 +139,7 @@ def test_a_replica_killed_mid_stream(url, reference):
         other = stream_generate(url, PROMPTS[i], MAX_TOKENS, i)
         assert other.whole and other.replica != victim, other
         assert other.output_ids == expected[i]
-    assert wait_for(lambda: _states() == {"RUNNING": 2}, 240, poll=0.5), _states()
+    assert wait_for(lambda: replica_states() == {"RUNNING": 2}, 240, poll=0.5), replica_states()
 
 
 def test_a_replica_that_never_becomes_healthy(url, tmp_path):

@@ -35,6 +35,8 @@ def test_policy_and_server_flags_mix():
 @pytest.mark.parametrize("changes, field", [
     ({"min_replicas": 0}, "min_replicas"),
     ({"min_replicas": 3, "max_replicas": 2}, "max_replicas"),
+    ({"initial_replicas": 1}, "initial_replicas"),
+    ({"initial_replicas": 5}, "initial_replicas"),
     ({"target_ongoing_requests": 0}, "target_ongoing_requests"),
     ({"upscale_delay_s": -1}, "upscale_delay_s"),
     ({"downscale_utilization": 0.9, "upscale_utilization": 0.8}, "downscale_utilization"),

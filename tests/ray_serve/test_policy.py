@@ -30,7 +30,8 @@ def _ctx(replicas: int, in_flight: float, target: float = 10, **per_replica_metr
     (_ctx(2, 40), 4.0),  # requests in flight / target, as Serve's own policy
     (_ctx(2, 5), 0.5),  # few: fewer (Serve keeps min_replicas)
     (_ctx(2, 5, waiting=[60, 50]), 3),  # a long queue: one more
-    (_ctx(2, 5, waiting=[1, 0]), 2),  # any queue: none fewer
+    # a short queue, as arrivals wait for the next step: the requests in flight decide
+    (_ctx(2, 5, waiting=[3, 1]), 0.5),
     (_ctx(2, 5, gpu_utilization=[0.9, 0.85]), 3),  # busy GPUs: one more
     (_ctx(2, 5, gpu_utilization=[0.5, 0.5]), 2),  # between the thresholds: hold
     (_ctx(2, 5, gpu_utilization=[0.3, 0.2]), 0.5),  # idle GPUs: the load decides
@@ -43,8 +44,10 @@ def test_decisions(ctx, wanted):
 def test_the_config_carries_the_knobs():
     opts = RayServeOptions(min_replicas=3, max_replicas=7, upscale_delay_s=5,
                            downscale_delay_s=6, target_ongoing_requests=9, look_back_s=11,
-                           queue_threshold=12)
+                           queue_threshold=12, initial_replicas=4)
     c = autoscaling_config(opts)
+    assert c.initial_replicas == 4
+    assert autoscaling_config(RayServeOptions()).initial_replicas is None  # min_replicas
     assert (c.min_replicas, c.max_replicas, c.upscale_delay_s, c.downscale_delay_s,
             c.target_ongoing_requests, c.look_back_period_s) == (3, 7, 5, 6, 9, 11)
     assert c.policy.policy_kwargs["queue_threshold"] == 12
