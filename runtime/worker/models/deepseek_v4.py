@@ -34,7 +34,7 @@ from runtime.worker.models.deepseek_v4_attention import V4Attention
 from runtime.worker.models.deepseek_v4_checkpoint import transformers_name
 from runtime.worker.models.deepseek_v4_moe import CHECKPOINT_EXPERT_NAMES, V4MoE
 from runtime.worker.models.deepseek_v4_rope import rope_frequencies
-from runtime.worker.models.deepseek_v4_state import row_width, seq_steps
+from runtime.worker.models.deepseek_v4_state import layer_widths, seq_steps
 from runtime.worker.models.sparse_moe import expert_pieces
 from runtime.worker.quant.scheme import QuantScheme
 from runtime.worker.tp import TPGroup
@@ -121,8 +121,8 @@ class V4DecoderLayer(nn.Module):
 
 
 class DeepseekV4ForCausalLM(CausalLM):
-    """DeepseekV4ForCausalLM checkpoints. The KV pool it needs: one row of `row_width`
-    values a token and layer (`kv_layout`)."""
+    """DeepseekV4ForCausalLM checkpoints. The KV pool it needs: one row a token and layer,
+    of that layer's width (`kv_layout`)."""
 
     MODEL_TYPES = ("deepseek_v4",)
     ARCH = DeepseekV4Arch
@@ -134,11 +134,11 @@ class DeepseekV4ForCausalLM(CausalLM):
             raise UnsupportedArchitecture("tp", "deepseek_v4 runs on one device (--tp 1)")
         super().__init__(arch, tp, quantization)
         self.model.hc_head = HyperHead(arch)
-        self.row_width = row_width(arch)
+        self.row_widths = layer_widths(arch)
 
-    def kv_layout(self) -> tuple[int, int, int]:
-        """(planes, kv heads, head dim) of the pool: one row a token and layer."""
-        return 1, 1, self.row_width
+    def kv_layout(self) -> tuple[int, int, tuple[int, ...]]:
+        """(planes, kv heads, each layer's head dim) of the pool: one row a token and layer."""
+        return 1, 1, self.row_widths
 
     def decoder_layer(self, layer_id: int) -> nn.Module:
         return V4DecoderLayer(self.arch, layer_id, self.quant)
@@ -149,7 +149,7 @@ class DeepseekV4ForCausalLM(CausalLM):
         x = m.embed_tokens(fb.input_ids)  # [T, D]
         h = x[:, None, :].expand(-1, self.arch.hc_mult, -1).contiguous()  # [T, hc, D]
         for i, layer in enumerate(m.layers):
-            rows = attn.pool.k[i].view(attn.pool.num_slots, -1)  # [slots, row_width]
+            rows = attn.pool.k[i].view(attn.pool.num_slots, -1)  # [slots, layer i's width]
             h = layer(h, fb, rows, seqs)
         x = m.hc_head(h)
         return F.rms_norm(x.float(), (x.shape[-1],), m.norm.weight.float(),

@@ -78,7 +78,7 @@ class V4Attention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
                 out_slots: torch.Tensor, seqs: list[SeqStep]) -> torch.Tensor:
         """`x` `[T, hidden]` (normed) of the new tokens at `positions` `[T]`, stored at
-        `out_slots` of this layer's pool `rows` `[slots, row_width]`: `[T, hidden]`."""
+        `out_slots` of this layer's pool `rows` `[slots, width]`: `[T, hidden]`."""
         L, freqs, tokens = self.layout, self.freqs, x.shape[0]
         q_lora = self.wq_a(x)
         q_lora = F.rms_norm(q_lora.float(), (q_lora.shape[-1],), self.q_norm.weight.float(),
