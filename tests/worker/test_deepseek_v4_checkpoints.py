@@ -127,3 +127,22 @@ def test_unsupported_release_quantization_is_refused_by_field(change, field, tmp
     (released / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedModel, match=f"config.json: {field} "):
         check_model(resolve_model(str(released)))
+
+
+# ---------------------------------------------------------------- on the GPU
+@pytest.mark.gpu
+def test_cuda_released_fp8_tracks_its_dequantized_twin(tmp_path):
+    """The CUDA products (block fp8 GEMM, `wo_a` group by group) on the released fp8
+    layout: a 40-token prefill (w8a8) then decode steps (weight-only), teacher-forced on
+    the dequantized checkpoint's tokens, stay as near its logits as the CPU emulation of
+    the same products does (`test_long_steps_quantize_activations_and_stay_close`)."""
+    released, reference = write_released(tiny_v4(**FP8_SHAPE), tmp_path, "fp8")
+
+    def make(folder) -> ModelRunner:
+        return ModelRunner(resolve_model(str(folder)), "cuda", torch.float32, kv_slots=256,
+                           max_rows=2)
+
+    tokens, want = greedy(make(reference), prompts(40, 9), 6)
+    _, got = greedy(make(released), prompts(40, 9), 6, forced=tokens)
+    err = ((got - want).norm(dim=-1) / want.norm(dim=-1)).flatten()
+    assert err.median() < 0.25 and err.max() < 0.8, err
