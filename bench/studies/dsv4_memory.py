@@ -20,8 +20,8 @@ per stored row (the `--kv-dtype fp8` layout of `runtime.worker.kv_pool`), for th
 the entries, the indexer keys, the MLA latent and the MHA heads alike. The partial block
 stays bf16 in both (gate logits feed a softmax; it is small and bounded).
 
-Beside that design, what Sluice's pool holds for V4 today: one row per token and layer of
-the widest layer's width (`runtime.worker.models.deepseek_v4_state`), bf16 only.
+Beside that design, what Sluice's pool holds for V4 today: one row per token and layer, as
+wide as that layer's type needs (`runtime.worker.models.deepseek_v4_state`), bf16 only.
 
     python -m bench.studies.dsv4_memory [--out bench/results/dsv4/<date>-kv-memory]
 """
@@ -170,18 +170,18 @@ DENSE = (ARTICLES_FLASH, ARTICLES_PRO, MLA_V2, MLA_V2_LITE, MLA_V3, LLAMA_7B)
 
 
 def pool_row_bytes_per_token(shape: V4Shape) -> int:
-    """Bytes a token takes in Sluice's V4 pool today (bf16): its layers x the row width the
-    model code lays out for this shape."""
+    """Bytes a token takes in Sluice's V4 pool today (bf16): the row widths the model code
+    lays out for this shape's layers, summed."""
     from transformers import DeepseekV4Config
 
     from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
-    from runtime.worker.models.deepseek_v4_state import row_width
+    from runtime.worker.models.deepseek_v4_state import layer_widths
 
     config = DeepseekV4Config(
         num_hidden_layers=shape.num_hidden_layers, head_dim=shape.head_dim,
         sliding_window=shape.sliding_window, index_head_dim=shape.index_head_dim,
         layer_types=list(shape.layer_types), compress_rates=dict(shape.compress_rates))
-    return shape.num_hidden_layers * row_width(DeepseekV4Arch.from_hf(config)) * 2
+    return sum(layer_widths(DeepseekV4Arch.from_hf(config))) * 2
 
 
 def v4_row(shape: V4Shape) -> dict:

@@ -72,10 +72,11 @@ def report(rows_v4: list[dict], rows_dense: list[dict], command: str, mla_name: 
                          + f" | {d['requests_2048_in_budget']:,} |")
     lines += ["", "## What Sluice's pool holds for V4 today", "",
               "One bf16 row per token and layer (K=V row, compressor and indexer inputs, the "
-              "entry of a window the token closes), the widest layer's width: every part of "
-              "the state is in the token's rows, so prefix hits, retraction and the host tier "
-              "work unchanged, at this price. The compressed design above is what a pool of "
-              "per-layer-type parts would hold.", "",
+              "entry of a window the token closes), each as wide as its layer type needs "
+              "(sliding window `head_dim`, HCA `4 x head_dim`, CSA `6 x head_dim + 5 x "
+              "index_head_dim`): every part of the state is in the token's rows, so prefix "
+              "hits, retraction and the host tier work unchanged, at this price. The "
+              "compressed design above is what a pool of per-layer-type parts would hold.", "",
               "| model | bytes/token | 2,048 | 32k | 128k | 1M | 2,048-token requests in "
               "100 GiB |", "|---|---|---|---|---|---|---|"]
     for r in rows_v4:

@@ -2,7 +2,8 @@
 
 A latent pool (`planes=1`, multi-head latent attention) holds one tensor per layer, `k`,
 whose row per slot is the token's compressed latent (`[num_slots, 1, latent_dim]`); its
-`v` list is empty, since values are read from the same rows.
+`v` list is empty, since values are read from the same rows. A model whose layers keep
+state of different sizes (DeepSeek-V4) gives each layer its own row width (`layer_dims`).
 
 The scheduler owns which slot holds which token; the worker only owns the tensors. Slot 0
 is a padding sink: it is never a real token, so batched gathers may point padding at it.
@@ -17,6 +18,7 @@ model's dtype, unscaled.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -55,6 +57,12 @@ def kv_bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: tor
     and `scaled`)."""
     scale = SCALE_DTYPE.itemsize if dtype in QUANT_MAX and scaled else 0
     return planes * num_layers * kv_heads * (head_dim * dtype.itemsize + scale)
+
+
+def pool_bytes_per_token(layer_dims: Sequence[int], kv_heads: int, dtype: torch.dtype,
+                         planes: int = 2, scaled: bool = True) -> int:
+    """`kv_bytes_per_token` of a pool whose layers hold `layer_dims[i]` values a head."""
+    return sum(kv_bytes_per_token(1, kv_heads, d, dtype, planes, scaled) for d in layer_dims)
 
 
 def slots_for_memory(
@@ -99,6 +107,7 @@ class KVPool:
     float32 (`scaled`: the halves of `kv_scales[layer]` `[num_slots, kv_heads, 2]`); an
     unquantized or "fp8_e4m3" one has empty scale lists. With
     `planes=1` (a latent pool) only `k` (and `k_scale`) exist: `v` and `v_scale` are empty.
+    `layer_dims`: each layer's own head_dim, where they differ (`head_dim` is their largest).
     """
 
     def __init__(
@@ -111,6 +120,7 @@ class KVPool:
         device: torch.device | str,
         kv_dtype: str = "auto",
         planes: int = 2,
+        layer_dims: Sequence[int] | None = None,
     ) -> None:
         if num_slots < 2:
             raise ValueError(f"num_slots must be >= 2 (slot 0 is padding), got {num_slots}")
@@ -123,15 +133,19 @@ class KVPool:
         self.num_slots = num_slots
         self.kv_heads = kv_heads
         self.head_dim = head_dim
+        self.layer_dims = tuple(layer_dims or [head_dim] * num_layers)
+        if len(self.layer_dims) != num_layers or max(self.layer_dims) != head_dim:
+            raise ValueError(f"layer_dims {self.layer_dims}: one a layer ({num_layers}), "
+                             f"the largest head_dim ({head_dim})")
         self.dtype = kv_storage_dtype(kv_dtype, dtype)
         self.quantized = self.dtype in QUANT_MAX
         self.scaled = kv_dtype_scaled(kv_dtype)
         # zeros, not empty: padded reads of slot 0 (or a stale slot) must stay finite,
         # because a masked score times a NaN value is still NaN
-        shape = (num_slots, kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(num_layers)]
-        v_layers = num_layers if planes == 2 else 0
-        self.v = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(v_layers)]
+        shapes = [(num_slots, kv_heads, d) for d in self.layer_dims]
+        self.k = [torch.zeros(shape, dtype=self.dtype, device=device) for shape in shapes]
+        v_shapes = shapes if planes == 2 else []
+        self.v = [torch.zeros(shape, dtype=self.dtype, device=device) for shape in v_shapes]
         # ones: the scale `quantize_ref` gives an all-zero row, so unwritten slots read as 0.
         # K and V's scales are the halves of one [num_slots, kv_heads, 2] tensor a layer
         # (`scale_pairs`: decode reads a key's two with one load); a latent's are its own
@@ -142,14 +156,14 @@ class KVPool:
             self.v_scale = [pair[..., 1] for pair in self.kv_scales]
         else:
             self.kv_scales, self.v_scale = [], []
-            self.k_scale = [torch.ones(shape[:2], dtype=SCALE_DTYPE, device=device)
+            self.k_scale = [torch.ones(num_slots, kv_heads, dtype=SCALE_DTYPE, device=device)
                             for _ in range(n_scales)]
 
     @property
     def bytes_per_token(self) -> int:
         """K, V (or the latent) and (when quantized) their scales, over all layers."""
-        return kv_bytes_per_token(self.num_layers, self.kv_heads, self.head_dim, self.dtype,
-                                  self.planes, self.scaled)
+        return pool_bytes_per_token(self.layer_dims, self.kv_heads, self.dtype, self.planes,
+                                    self.scaled)
 
     @property
     def total_bytes(self) -> int:

@@ -14,12 +14,15 @@ quantized as it arrives (`Fp8Linear.load_rows`), after its TP cut: the model nev
 16 bits on the device, one tensor at a time does. An fp8 checkpoint (`QuantScheme` from its
 config.json) is copied as it is: fp8 weights raw, their scales into the fp8 layers' scale
 buffers, each cut for TP like its weight; fp8 weights the model keeps in 16 bits are
-dequantized once their scales are in (`ShardLoader`). Scales (tiny) and those dequantized
-weights (a few per layer at most) are read whole and cut after.
+dequantized once their scales are in (`ShardLoader`), packed fp4 ones too (a scheme with
+`fp4_weights`). Scales (tiny) and those dequantized weights (a few per layer at most) are read
+whole and cut after. A family whose releases name tensors otherwise reads them through its
+`checkpoint_name`; the tensors it does not use are skipped, with one log line.
 """
 
 from __future__ import annotations
 
+import logging
 from contextlib import closing
 from pathlib import Path
 
@@ -30,7 +33,7 @@ from runtime.model_config import ModelSpec
 from runtime.worker.models.causal_lm import CausalLM
 from runtime.worker.models.registry import model_class
 from runtime.worker.quant.block_fp8_linear import BlockFp8Linear
-from runtime.worker.quant.dequantize import dequantize_fp8
+from runtime.worker.quant.dequantize import FP4_PACKED, dequantize_fp4, dequantize_fp8
 from runtime.worker.quant.fp8_linear import (
     Fp8Weights,
     QuantizationError,
@@ -39,6 +42,7 @@ from runtime.worker.quant.fp8_linear import (
 )
 from runtime.worker.quant.scheme import QuantScheme
 from runtime.worker.safetensors_reader import (
+    FP4_DTYPE,
     FP8_DTYPE,
     WeightLoadError,
     checkpoint_files,
@@ -46,6 +50,8 @@ from runtime.worker.safetensors_reader import (
     read_slices,
 )
 from runtime.worker.tp import TPGroup
+
+log = logging.getLogger("sluice.worker")
 
 DUMMY_STD = 0.02
 # tensors some checkpoints carry that we recompute or do not use
@@ -128,8 +134,9 @@ class ShardLoader:
 
     fp8 layers take 16-bit tensors quantized (`--quantization fp8`), or an fp8 checkpoint's
     weights raw with their scales (`<module>.weight_scale_inv` / `.weight_scale`, each cut for
-    TP like its weight; static `<module>.input_scale`s are read and dropped). An fp8 weight
-    bound for a 16-bit parameter is held until its scale is in, then dequantized. Block-scaled
+    TP like its weight; static `<module>.input_scale`s are read and dropped). An fp8 (or
+    packed fp4) weight bound for a 16-bit parameter is held until its scale is in, then
+    dequantized. Block-scaled
     layers are checked at construction: fused parts and TP shares must be whole blocks."""
 
     def __init__(self, model: CausalLM) -> None:
@@ -192,10 +199,13 @@ class ShardLoader:
             self.put(name, sl[...])
             return
         shape, expected = tuple(sl.get_shape()), self.whole_shape(name)
+        packed = sl.get_dtype() == FP4_DTYPE and self.quant.fp4_weights
+        if packed:  # two fp4 values a byte
+            expected = (*expected[:-1], expected[-1] // 2)
         if shape != expected:
             raise WeightLoadError(f"{path}: tensor {name} has shape {shape}, "
                                   f"the model expects {expected}")
-        if sl.get_dtype() == FP8_DTYPE and self.targets[name][0] not in self.fp8:
+        if packed or (sl.get_dtype() == FP8_DTYPE and self.targets[name][0] not in self.fp8):
             self.put(name, sl[...])
         else:
             self.put(name, rank_part(sl, name, self.tp, self.split_dim), whole=False)
@@ -207,12 +217,13 @@ class ShardLoader:
         if tensor.dtype == FP8 and not self.quant.shipped:
             raise WeightLoadError(f"{name} is {tensor.dtype} but config.json has no "
                                   "quantization_config saying how to scale it")
+        quantized = tensor.dtype == FP8 or (tensor.dtype == FP4_PACKED and self.quant.fp4_weights)
         if name in self.scale_of:
             self._put_scale(name, tensor)
             return
         param_name, start, _ = self.targets[name]
         layer = self.fp8.get(param_name)
-        if tensor.dtype == FP8 and layer is None:
+        if quantized and layer is None:
             tensor = self._dequantized(name, weight=tensor)
             if tensor is None:
                 return  # until its scale is in
@@ -227,6 +238,8 @@ class ShardLoader:
             dest.copy_(tensor, non_blocking=True)
         elif tensor.dtype == FP8:
             layer.load_fp8_rows(start, tensor)
+        elif quantized:
+            raise WeightLoadError(f"{name} is packed fp4, which only 16-bit parameters take")
         elif self.quant.shipped:
             raise WeightLoadError(f"{name} is {tensor.dtype}, but config.json's "
                                   "quantization_config says it is fp8")
@@ -262,6 +275,8 @@ class ShardLoader:
             self.held[name] = (weight, scale)
             return None
         try:
+            if weight.dtype == FP4_PACKED:
+                return dequantize_fp4(weight, scale)
             return dequantize_fp8(weight, scale, self.quant.block)
         except ValueError as exc:
             raise WeightLoadError(f"{name}: {exc}") from None
@@ -283,16 +298,25 @@ def load_hf_folder(model: CausalLM, folder: Path) -> None:
 
     Raises WeightLoadError, naming the file and tensor, for a truncated or unreadable file,
     a missing tensor, an unknown one, or a shape mismatch. With tied embeddings an
-    `lm_head.weight` in the file is ignored (the head reads embed_tokens).
+    `lm_head.weight` in the file is ignored (the head reads embed_tokens). Tensors are read
+    under their `model.checkpoint_name`; those it maps to None are skipped and counted in one
+    log line.
     """
     loader = ShardLoader(model)
+    unused: list[str] = []
 
     def wanted(name: str) -> bool:
+        if model.checkpoint_name(name) is None:
+            unused.append(name)
+            return False
         return not (name.endswith(IGNORED_SUFFIXES) or (
             name == "lm_head.weight" and model.arch.tie_word_embeddings))
 
     for path in checkpoint_files(folder):
         with closing(read_slices(path, wanted)) as slices:
             for name, sl in slices:
-                loader.read(path, name, sl)
+                loader.read(path, model.checkpoint_name(name), sl)
     loader.check_complete(str(folder))
+    if unused:
+        log.info("%s: skipped %d checkpoint tensors the model does not use (%s, ...)",
+                 folder, len(unused), unused[0])

@@ -20,9 +20,9 @@ from runtime.worker.kv_pool import (
     GiB,
     KVPool,
     cuda_free_bytes,
-    kv_bytes_per_token,
     kv_dtype_scaled,
     kv_storage_dtype,
+    pool_bytes_per_token,
     slots_for_memory,
 )
 from runtime.worker.loader import load_model
@@ -79,8 +79,8 @@ class ModelRunner:
     Under tensor parallelism (`tp`) the runner holds this rank's shard of the model and of
     the KV heads (`kv_bytes_per_token` is this rank's share); the logits are whole.
     A latent-attention (MLA) model gets a latent pool: one `[L + Dr]` row a token and layer;
-    DeepSeek-V4 a pool of its own rows (`kv_layout`), attended by the model itself outside
-    CUDA graphs, 16-bit only.
+    DeepSeek-V4 a pool of its own rows, each layer's as wide as its state (`kv_layout`),
+    attended by the model itself outside CUDA graphs, 16-bit only.
     `quantization="fp8"` holds the projections' weights in fp8 (`Fp8Linear`); a device
     without fp8 matmul raises `QuantizationError` before anything is loaded.
     With `lora`, the adapters are read and their device slots allocated (`LoraManager`)
@@ -123,14 +123,17 @@ class ModelRunner:
             if kv_dtype != "auto":
                 raise ValueError(f"kv_dtype {kv_dtype!r}: a deepseek_v4 pool row mixes kv, gate "
                                  "logits and compressed entries; only 'auto' is supported")
-            planes, kv_heads, head_dim = self.model.kv_layout()
+            planes, kv_heads, layer_dims = self.model.kv_layout()
+            head_dim = max(layer_dims)
             attention_backend, cuda_graph = "torch", False
         elif mla is None:  # K and V of this rank's KV heads
             planes, kv_heads, head_dim = 2, arch.num_kv_heads // tp.size, arch.head_dim
         else:  # one latent row a token
             planes, kv_heads, head_dim = 1, 1, arch.latent_dim
-        self.kv_bytes_per_token = kv_bytes_per_token(
-            arch.num_layers, kv_heads, head_dim, kv_storage_dtype(kv_dtype, dtype), planes,
+        if not rows:
+            layer_dims = [head_dim] * arch.num_layers
+        self.kv_bytes_per_token = pool_bytes_per_token(
+            layer_dims, kv_heads, kv_storage_dtype(kv_dtype, dtype), planes,
             kv_dtype_scaled(kv_dtype),
         )
         if kv_slots == 0:
@@ -143,7 +146,8 @@ class ModelRunner:
         # the KV storage by name, as /get_model_info and /metrics show it: fp8, int8, bfloat16...
         self.kv_dtype = kv_dtype if kv_dtype != "auto" else str(dtype).removeprefix("torch.")
         self.kv_pool = KVPool(
-            arch.num_layers, kv_slots + 1, kv_heads, head_dim, dtype, self.device, kv_dtype, planes
+            arch.num_layers, kv_slots + 1, kv_heads, head_dim, dtype, self.device, kv_dtype, planes,
+            layer_dims,
         )
         self.attn = make_attention(attention_backend, self.kv_pool, self.device, mla)
         self.sampler = Sampler(max_rows, self.vocab_size, self.device, seed)

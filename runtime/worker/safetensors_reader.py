@@ -28,6 +28,7 @@ from runtime.worker.tp import TPGroup
 HEADER_LEN_BYTES = 8  # little-endian u64: the length of the JSON header that follows
 MAX_HEADER_BYTES = 100 * 2**20  # larger than any real header: a corrupt length
 FP8_DTYPE = "F8_E4M3"  # safetensors' name for torch.float8_e4m3fn
+FP4_DTYPE = "I8"  # int8: how checkpoints store packed fp4 pairs
 
 SplitDim = Callable[[str], int | None]
 

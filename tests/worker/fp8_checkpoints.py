@@ -51,13 +51,16 @@ LAYOUTS = {
 }
 
 
-def _scale(amax: torch.Tensor) -> torch.Tensor:
-    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+def _scale(amax: torch.Tensor, e8m0: bool = False) -> torch.Tensor:
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    return torch.exp2(torch.ceil(torch.log2(scale))) if e8m0 else scale  # up: no clipping
 
 
-def quantize(w: torch.Tensor, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize(w: torch.Tensor, granularity: str, e8m0: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """w `[out, in]` -> (fp8 q, scale) with w ~= q * scale: per 128x128 block (`[ceil(out/128),
-    ceil(in/128)]`), per channel (`[out, 1]`) or per tensor (`[]`)."""
+    ceil(in/128)]`), per channel (`[out, 1]`) or per tensor (`[]`). `e8m0`: block scales
+    rounded up to powers of two (as `scale_fmt: ue8m0` checkpoints store them), float32."""
     w = w.float()
     if granularity == "tensor":
         scale = _scale(w.abs().amax())
@@ -70,7 +73,7 @@ def quantize(w: torch.Tensor, granularity: str) -> tuple[torch.Tensor, torch.Ten
     nb, kb = -(-out // bn), -(-k // bk)
     padded = torch.zeros(nb * bn, kb * bk)
     padded[:out, :k] = w
-    scale = _scale(padded.view(nb, bn, kb, bk).abs().amax(dim=(1, 3)))  # [nb, kb]
+    scale = _scale(padded.view(nb, bn, kb, bk).abs().amax(dim=(1, 3)), e8m0)  # [nb, kb]
     full = scale[:, None, :, None].expand(nb, bn, kb, bk).reshape(nb * bn, kb * bk)[:out, :k]
     return (w / full).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 

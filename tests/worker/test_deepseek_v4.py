@@ -17,7 +17,7 @@ from runtime.model_errors import UnsupportedArchitecture
 from runtime.worker.model_check import UnsupportedModel, check_model
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
-from runtime.worker.models.deepseek_v4_state import row_width
+from runtime.worker.models.deepseek_v4_state import layer_widths
 from tests.worker.batching import Chunk, make_batch
 from tests.worker.dsv4_checkpoints import CSA, HCA, SWA, tiny_v4, tiny_v4_config
 from tests.worker.test_deepseek import LAYOUTS, run
@@ -40,7 +40,9 @@ def test_matches_transformers(variant, tmp_path):
     runner = ModelRunner(resolve_model(str(tmp_path)), "cpu", torch.float32, kv_slots=512,
                          max_rows=4)
     arch = runner.model.arch
-    assert runner.kv_pool.k[0].shape == (513, 1, row_width(arch)) and runner.kv_pool.v == []
+    widths = layer_widths(arch)
+    assert [k.shape for k in runner.kv_pool.k] == [(513, 1, w) for w in widths]
+    assert runner.kv_pool.v == [] and runner.kv_bytes_per_token == sum(widths) * 4
     gen = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, 256, (sum(s),), generator=gen).tolist() for s in SCHEDULE]
     with torch.no_grad():
@@ -52,13 +54,13 @@ def test_matches_transformers(variant, tmp_path):
             assert g.argmax(-1).tolist() == w.argmax(-1).tolist(), name
 
 
-def test_row_width_is_the_widest_layer():
-    """A CSA row: kv, two series of compressor kv and gate, the entry, the indexer's two
-    series of kv and gate and its key: 6 * 32 + 5 * 16 values at the tiny shape."""
-    arch = DeepseekV4Arch.from_hf(tiny_v4_config())
-    assert row_width(arch) == 6 * 32 + 5 * 16
-    hca_only = DeepseekV4Arch.from_hf(tiny_v4_config(layer_types=[SWA, HCA, HCA, SWA]))
-    assert row_width(hca_only) == 4 * 32
+def test_each_layer_row_holds_its_own_state():
+    """At the tiny shape (head_dim 32, index_head_dim 16): a sliding-window row is its kv;
+    an HCA row kv, compressor kv and gate, the entry: 4 * 32; a CSA row kv, two series of
+    compressor kv and gate, the entry, the indexer's two series of kv and gate and its key:
+    6 * 32 + 5 * 16 values."""
+    arch = DeepseekV4Arch.from_hf(tiny_v4_config(layer_types=[SWA, CSA, HCA, CSA]))
+    assert layer_widths(arch) == (32, 6 * 32 + 5 * 16, 4 * 32, 6 * 32 + 5 * 16)
 
 
 @pytest.mark.parametrize("change,field", [

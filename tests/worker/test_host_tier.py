@@ -127,11 +127,12 @@ def serve_with_copies(cfg: ServerConfig, turns) -> tuple[list, object, CheckedCo
     return got, sched, copies
 
 
-def check_tier(device: str, kv_slots: int, dtype: str, **options) -> None:
+def check_tier(device: str, kv_slots: int, dtype: str, model: str = "dummy:tiny",
+               **options) -> None:
     """Prefixes from the host, and swaps in both layouts, give the tokens of a pool large
     enough to keep everything on the device."""
     turns = turns_of(8, 3, seed=7)
-    base = ServerConfig(model="dummy:tiny", device=device, dtype=dtype, kv_slots=4095,
+    base = ServerConfig(model=model, device=device, dtype=dtype, kv_slots=4095,
                         max_running=16, chunk_size=64, log_level="warning", **options)
     ref, _, _ = serve_turns(base, turns, 6)
     for name, cfg in tier_configs(base, kv_slots).items():
@@ -144,6 +145,12 @@ def check_tier(device: str, kv_slots: int, dtype: str, **options) -> None:
 
 def test_host_tier_and_swap_keep_greedy_outputs_on_the_cpu():
     check_tier("cpu", 255, "float32")
+
+
+def test_deepseek_v4_rows_of_every_width_go_to_the_host_and_back():
+    """DeepSeek-V4's pool rows are as wide as each layer type needs: every width's rows
+    (window, compressor inputs, entries, indexer state) are written back and loaded."""
+    check_tier("cpu", 255, "float32", model="dummy:deepseek-v4-tiny")
 
 
 @pytest.mark.gpu

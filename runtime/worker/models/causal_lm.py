@@ -183,3 +183,9 @@ class CausalLM(nn.Module):
             for hf_name, start, rows in self.checkpoint_pieces(module, leaf, param):
                 targets[f"{prefix}.{hf_name}" if prefix else hf_name] = (name, start, rows)
         return targets
+
+    def checkpoint_name(self, name: str) -> str | None:
+        """The name of checkpoint tensor `name` in the layout `checkpoint_targets` speaks, or
+        None for a tensor the model does not use. Families whose releases name their
+        tensors otherwise override it."""
+        return name

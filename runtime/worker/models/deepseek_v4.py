@@ -12,9 +12,11 @@ Sinkhorn-Knopp iterations) mixes the input streams into the output ones:
 streams the same way (`pre` only) before the final norm.
 
 Parameter names follow the checkpoints transformers writes (`model.layers.N.attn.wq_a`,
-`.ffn.experts.E.w1`, `.hc_attn_fn`, `model.hc_head.hc_fn`, `head.weight`). One device only
-(`--tp 1`), 16-bit or fp32 weights; the attention and experts run in torch, outside CUDA
-graphs.
+`.ffn.experts.E.w1`, `.hc_attn_fn`, `model.hc_head.hc_fn`, `head.weight`); the released
+checkpoints' names are read through `deepseek_v4_checkpoint`, their MTP layer skipped.
+Weights in 16 bits or fp32, or block fp8 as released (e8m0 scales; the projections stay
+fp8, the routed experts, fp8 or packed fp4, are dequantized at load). One device only
+(`--tp 1`); the attention and experts run in torch, outside CUDA graphs.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.models.causal_lm import CausalLM, Piece, RMSNorm
 from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
 from runtime.worker.models.deepseek_v4_attention import V4Attention
+from runtime.worker.models.deepseek_v4_checkpoint import transformers_name
 from runtime.worker.models.deepseek_v4_moe import CHECKPOINT_EXPERT_NAMES, V4MoE
 from runtime.worker.models.deepseek_v4_rope import rope_frequencies
-from runtime.worker.models.deepseek_v4_state import row_width, seq_steps
+from runtime.worker.models.deepseek_v4_state import layer_widths, seq_steps
 from runtime.worker.models.sparse_moe import expert_pieces
+from runtime.worker.quant.scheme import QuantScheme
 from runtime.worker.tp import TPGroup
 
 
@@ -84,14 +88,14 @@ class HyperHead(nn.Module):
 class V4DecoderLayer(nn.Module):
     """Hyper-connected attention then mixture of experts."""
 
-    def __init__(self, arch: DeepseekV4Arch, layer_id: int) -> None:
+    def __init__(self, arch: DeepseekV4Arch, layer_id: int, quant: QuantScheme) -> None:
         super().__init__()
         self.arch, self.layer_id = arch, layer_id
         a, n = arch, arch.hc_mult
         self.attn_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.attn = V4Attention(a, layer_id)
+        self.attn = V4Attention(a, layer_id, quant)
         self.ffn_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.ffn = V4MoE(a, layer_id)
+        self.ffn = V4MoE(a, layer_id, quant)
         mixes = (2 + n) * n  # pre, post: n each; comb: n x n
         for block in ("attn", "ffn"):
             setattr(self, f"hc_{block}_fn", nn.Parameter(torch.empty(mixes, n * a.hidden_size)))
@@ -117,11 +121,12 @@ class V4DecoderLayer(nn.Module):
 
 
 class DeepseekV4ForCausalLM(CausalLM):
-    """DeepseekV4ForCausalLM checkpoints. The KV pool it needs: one row of `row_width`
-    values a token and layer (`kv_layout`)."""
+    """DeepseekV4ForCausalLM checkpoints. The KV pool it needs: one row a token and layer,
+    of that layer's width (`kv_layout`)."""
 
     MODEL_TYPES = ("deepseek_v4",)
     ARCH = DeepseekV4Arch
+    WEIGHT_FORMATS = ("none", "fp8_block")
 
     def __init__(self, arch: DeepseekV4Arch, tp: TPGroup | None = None,
                  quantization="none") -> None:
@@ -129,14 +134,14 @@ class DeepseekV4ForCausalLM(CausalLM):
             raise UnsupportedArchitecture("tp", "deepseek_v4 runs on one device (--tp 1)")
         super().__init__(arch, tp, quantization)
         self.model.hc_head = HyperHead(arch)
-        self.row_width = row_width(arch)
+        self.row_widths = layer_widths(arch)
 
-    def kv_layout(self) -> tuple[int, int, int]:
-        """(planes, kv heads, head dim) of the pool: one row a token and layer."""
-        return 1, 1, self.row_width
+    def kv_layout(self) -> tuple[int, int, tuple[int, ...]]:
+        """(planes, kv heads, each layer's head dim) of the pool: one row a token and layer."""
+        return 1, 1, self.row_widths
 
     def decoder_layer(self, layer_id: int) -> nn.Module:
-        return V4DecoderLayer(self.arch, layer_id)
+        return V4DecoderLayer(self.arch, layer_id, self.quant)
 
     def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         m = self.model
@@ -144,7 +149,7 @@ class DeepseekV4ForCausalLM(CausalLM):
         x = m.embed_tokens(fb.input_ids)  # [T, D]
         h = x[:, None, :].expand(-1, self.arch.hc_mult, -1).contiguous()  # [T, hc, D]
         for i, layer in enumerate(m.layers):
-            rows = attn.pool.k[i].view(attn.pool.num_slots, -1)  # [slots, row_width]
+            rows = attn.pool.k[i].view(attn.pool.num_slots, -1)  # [slots, layer i's width]
             h = layer(h, fb, rows, seqs)
         x = m.hc_head(h)
         return F.rms_norm(x.float(), (x.shape[-1],), m.norm.weight.float(),
@@ -162,6 +167,10 @@ class DeepseekV4ForCausalLM(CausalLM):
             table = getattr(layer.ffn.gate, "tid2eid", None)
             if table is not None:
                 table.remainder_(a.n_routed_experts)
+
+    def checkpoint_name(self, name: str) -> str | None:
+        """Released checkpoints' names in the transformers layout; None for the MTP layer."""
+        return transformers_name(name)
 
     def checkpoint_pieces(self, module: str, leaf: str, param: torch.Tensor) -> list[Piece]:
         """Stacked experts from `experts.E.w1/w3/w2`; the router's selection bias is

@@ -8,6 +8,11 @@ whose denominator also holds the head's sink `exp(attn_sink)`. Values are the sa
 so they carry the keys' rotation: the output's rope values are rotated back at t. The
 output heads form `o_groups` groups, each projected to `o_lora_rank` (`wo_a`, block
 diagonal), then mixed to the hidden size (`wo_b`).
+
+The query, KV and output projections (and the indexer's query) are stored as the model's
+`QuantScheme` says: block fp8 in the released checkpoints. A block fp8 `wo_a` runs group by
+group, each group's rows whole scale blocks; where `o_lora_rank` is not a multiple of the
+block rows it is kept in 16 bits (dequantized at load).
 """
 
 from __future__ import annotations
@@ -26,41 +31,54 @@ from runtime.worker.models.deepseek_v4_compressor import (
 )
 from runtime.worker.models.deepseek_v4_rope import apply_rope
 from runtime.worker.models.deepseek_v4_state import RowLayout, SeqStep, part
+from runtime.worker.models.parallel import column_linear
+from runtime.worker.quant.block_fp8_linear import BlockFp8Linear, block_fp8_linear
+from runtime.worker.quant.scheme import QuantScheme
 
 
 class V4Attention(nn.Module):
     """One layer's attention; parameter names follow the checkpoint (`attn.*`)."""
 
-    def __init__(self, arch: DeepseekV4Arch, layer_id: int) -> None:
+    def __init__(self, arch: DeepseekV4Arch, layer_id: int, quant: QuantScheme) -> None:
         super().__init__()
         a, self.layer_id = arch, layer_id
+        hf = f"model.layers.{layer_id}.attn"
+
+        def linear(name: str, in_features: int, out_features: int) -> nn.Module:
+            return column_linear(in_features, out_features, False, quant, [f"{hf}.{name}"])
+
         self.kind, self.rate = a.layer_types[layer_id], a.rate(layer_id)
         self.layout = RowLayout.of(a, layer_id)
         self.heads, self.head_dim, self.window, self.groups = (
             a.num_heads, a.head_dim, a.window, a.o_groups)
         self.eps = a.rms_norm_eps
-        self.wq_a = nn.Linear(a.hidden_size, a.q_lora_rank, bias=False)
+        self.wq_a = linear("wq_a", a.hidden_size, a.q_lora_rank)
         self.q_norm = RMSNorm(a.q_lora_rank, a.rms_norm_eps)
-        self.wq_b = nn.Linear(a.q_lora_rank, a.num_heads * a.head_dim, bias=False)
-        self.wkv = nn.Linear(a.hidden_size, a.head_dim, bias=False)
+        self.wq_b = linear("wq_b", a.q_lora_rank, a.num_heads * a.head_dim)
+        self.wkv = linear("wkv", a.hidden_size, a.head_dim)
         self.norm = RMSNorm(a.head_dim, a.rms_norm_eps)
         group_in = a.num_heads * a.head_dim // a.o_groups
-        self.wo_a = nn.Linear(group_in, a.o_groups * a.o_lora_rank, bias=False)  # per group
-        self.wo_b = nn.Linear(a.o_groups * a.o_lora_rank, a.hidden_size, bias=False)
+        self.o_rank = a.o_lora_rank
+        whole_blocks = quant.block is None or a.o_lora_rank % quant.block[0] == 0
+        self.wo_a = (linear("wo_a", group_in, a.o_groups * a.o_lora_rank) if whole_blocks
+                     else nn.Linear(group_in, a.o_groups * a.o_lora_rank, bias=False))
+        self.wo_b = linear("wo_b", a.o_groups * a.o_lora_rank, a.hidden_size)
         self.attn_sink = nn.Parameter(torch.empty(a.num_heads))
         self.compressor = self.indexer = None
         if self.kind != SWA:
             self.compressor = Compressor(a.hidden_size, a.head_dim, self.rate, self.kind == CSA,
                                          a.rms_norm_eps)
         if self.kind == CSA:
-            self.indexer = Indexer(a.hidden_size, a.q_lora_rank, a.index_n_heads,
-                                   a.index_head_dim, self.rate, a.index_topk, a.rms_norm_eps)
+            self.indexer = Indexer(a.hidden_size, a.index_n_heads, a.index_head_dim, self.rate,
+                                   a.index_topk, a.rms_norm_eps,
+                                   linear("indexer.wq_b", a.q_lora_rank,
+                                          a.index_n_heads * a.index_head_dim))
         self.freqs: tuple[torch.Tensor, float] | None = None  # set by the model's init_buffers
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
                 out_slots: torch.Tensor, seqs: list[SeqStep]) -> torch.Tensor:
         """`x` `[T, hidden]` (normed) of the new tokens at `positions` `[T]`, stored at
-        `out_slots` of this layer's pool `rows` `[slots, row_width]`: `[T, hidden]`."""
+        `out_slots` of this layer's pool `rows` `[slots, width]`: `[T, hidden]`."""
         L, freqs, tokens = self.layout, self.freqs, x.shape[0]
         q_lora = self.wq_a(x)
         q_lora = F.rms_norm(q_lora.float(), (q_lora.shape[-1],), self.q_norm.weight.float(),
@@ -80,10 +98,20 @@ class V4Attention(nn.Module):
             out[seq.q0 : seq.q1] = self.attend(q[seq.q0 : seq.q1], x[seq.q0 : seq.q1],
                                                q_lora[seq.q0 : seq.q1], rows, seq)
         out = apply_rope(out, positions, freqs, inverse=True)  # [T, H, d]
-        grouped = out.view(tokens, self.groups, -1).transpose(0, 1)  # [g, T, H * d / g]
-        w_a = self.wo_a.weight.view(self.groups, -1, grouped.shape[-1])  # [g, r, H * d / g]
-        mixed = torch.bmm(grouped, w_a.transpose(1, 2)).transpose(0, 1)  # [T, g, r]
+        mixed = self.grouped_output(out.view(tokens, self.groups, -1))  # [T, g, r]
         return self.wo_b(mixed.reshape(tokens, -1))  # [T, hidden]
+
+    def grouped_output(self, grouped: torch.Tensor) -> torch.Tensor:
+        """Each head group `[T, g, H * d / g]` through its own rows of `wo_a`: `[T, g, r]`."""
+        w, r = self.wo_a, self.o_rank
+        if isinstance(w, BlockFp8Linear):
+            rows = r // w.block[0]  # scale rows of one group
+            return torch.stack([
+                block_fp8_linear(grouped[:, i], w.weight[i * r : (i + 1) * r],
+                                 w.weight_scale_inv[i * rows : (i + 1) * rows], w.block)
+                for i in range(self.groups)], dim=1)  # fmt: skip
+        w_a = w.weight.view(self.groups, r, -1)  # [g, r, H * d / g]
+        return torch.bmm(grouped.transpose(0, 1), w_a.transpose(1, 2)).transpose(0, 1)
 
     def attend(self, q: torch.Tensor, x: torch.Tensor, q_lora: torch.Tensor,
                rows: torch.Tensor, seq: SeqStep) -> torch.Tensor:

@@ -92,14 +92,15 @@ def visible(positions: torch.Tensor, n: int, rate: int) -> torch.Tensor:
 
 
 class Indexer(nn.Module):
-    """The Lightning Indexer of a CSA layer: query heads from the query LoRA (`wq_b`),
-    per-head weights from the hidden state (`weights_proj`), keys from its compressor."""
+    """The Lightning Indexer of a CSA layer: query heads from the query LoRA (`wq_b`, the
+    `[q_lora_rank -> heads * dim]` projection given), per-head weights from the hidden state
+    (`weights_proj`), keys from its compressor."""
 
-    def __init__(self, hidden: int, q_lora_rank: int, heads: int, dim: int, rate: int,
-                 topk: int, eps: float) -> None:
+    def __init__(self, hidden: int, heads: int, dim: int, rate: int, topk: int, eps: float,
+                 wq_b: nn.Module) -> None:
         super().__init__()
         self.heads, self.dim, self.topk = heads, dim, topk
-        self.wq_b = nn.Linear(q_lora_rank, heads * dim, bias=False)
+        self.wq_b = wq_b
         self.weights_proj = nn.Linear(hidden, heads, bias=False)
         self.compressor = Compressor(hidden, dim, rate, True, eps)
 

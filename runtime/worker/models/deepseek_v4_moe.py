@@ -6,7 +6,9 @@ or sigmoid of the router logits) plus a selection bias (`grouped_topk`); "hash_m
 take them from a fixed token -> experts table (`tid2eid`) and only weight them by score.
 Either way the picked scores are renormalized to sum to 1, then scaled by
 `routed_scaling_factor`. The experts run one at a time over their tokens (torch; the fused
-MoE kernel has no clamp).
+MoE kernel has no clamp). The shared expert's projections are stored as the model's
+`QuantScheme` says; the routed experts and the router stay in 16 bits (a quantized
+checkpoint's are dequantized at load).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from torch import nn
 from kernels.moe import grouped_topk
 from kernels.moe.routing import expert_scores
 from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
+from runtime.worker.models.parallel import column_linear
 from runtime.worker.models.sparse_moe import Router, StackedExperts
+from runtime.worker.quant.scheme import QuantScheme
 from runtime.worker.tp import TPGroup
 
 CHECKPOINT_EXPERT_NAMES = ("w1", "w3", "w2")  # gate, up, down
@@ -29,14 +33,16 @@ def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.
 
 
 class SharedExpert(nn.Module):
-    """The always-on expert: `w2(swiglu(w1 x, w3 x))`, names as in the checkpoint."""
+    """The always-on expert: `w2(swiglu(w1 x, w3 x))`, names as in the checkpoint (under
+    `hf`), stored as `quant` says."""
 
-    def __init__(self, hidden: int, inter: int, limit: float) -> None:
+    def __init__(self, hidden: int, inter: int, limit: float, quant: QuantScheme,
+                 hf: str) -> None:
         super().__init__()
         self.limit = limit
-        self.w1 = nn.Linear(hidden, inter, bias=False)
-        self.w2 = nn.Linear(inter, hidden, bias=False)
-        self.w3 = nn.Linear(hidden, inter, bias=False)
+        self.w1 = column_linear(hidden, inter, False, quant, [f"{hf}.w1"])
+        self.w2 = column_linear(inter, hidden, False, quant, [f"{hf}.w2"])
+        self.w3 = column_linear(hidden, inter, False, quant, [f"{hf}.w3"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(clamped_swiglu(self.w1(x), self.w3(x), self.limit))
@@ -46,7 +52,7 @@ class V4MoE(nn.Module):
     """Router (`gate`: `weight`, and `bias` or `tid2eid`), stacked routed experts, shared
     expert."""
 
-    def __init__(self, arch: DeepseekV4Arch, layer_id: int) -> None:
+    def __init__(self, arch: DeepseekV4Arch, layer_id: int, quant: QuantScheme) -> None:
         super().__init__()
         a = arch
         self.hashed = a.mlp_layer_types[layer_id] == "hash_moe"
@@ -60,7 +66,8 @@ class V4MoE(nn.Module):
                 requires_grad=False)
         self.experts = StackedExperts(a.n_routed_experts, a.hidden_size,
                                       a.moe_intermediate_size, TPGroup())
-        self.shared_experts = SharedExpert(a.hidden_size, a.moe_intermediate_size, self.limit)
+        self.shared_experts = SharedExpert(a.hidden_size, a.moe_intermediate_size, self.limit,
+                                           quant, f"model.layers.{layer_id}.ffn.shared_experts")
 
     def route(self, x: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(weights `[T, k]` fp32, expert ids `[T, k]`) of each token."""

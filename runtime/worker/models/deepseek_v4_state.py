@@ -1,5 +1,6 @@
 """Where DeepSeek-V4's KV state lives: one row per token and layer in the token-granular
-pool (a latent-style pool: `planes=1`, one head of `row_width` values).
+pool (a latent-style pool: `planes=1`, one head of `RowLayout.width` values, each layer's
+row as wide as its own layer type needs: `layer_widths`).
 
 A layer's row for the token at position p holds, at the offsets of `RowLayout`:
 
@@ -24,11 +25,11 @@ side storage and follows the pool's slot ownership everywhere:
 - a **retraction** frees the rows and recomputes them on re-admission; a host-tier
   write-back copies whole rows (`KVPool.layer_tensors`), partial block included.
 
-The price of this layout: every token keeps its compressor inputs and a uniform row of the
-widest layer's width (a CSA layer's `6 * head_dim + 5 * index_head_dim`), so the pool holds
-more bytes a token than the compressed design needs (`bench.studies.dsv4_memory` counts
-that design). fp8 / int8 pools are refused: one scale a row would mix kv, gate logits and
-entries.
+The price of this layout: every token keeps, in every layer, its compressor inputs and a
+slot for an entry (a sliding-window layer's row is `head_dim` values, an HCA layer's
+`4 * head_dim`, a CSA layer's `6 * head_dim + 5 * index_head_dim`), so the pool holds more
+bytes a token than the compressed design needs (`bench.studies.dsv4_memory` counts both).
+fp8 / int8 pools are refused: one scale a row would mix kv, gate logits and entries.
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ class RowLayout:
         return cls(**parts)
 
 
-def row_width(arch: DeepseekV4Arch) -> int:
-    """Values a pool row holds: the widest layer's."""
-    return max(RowLayout.of(arch, i).width for i in range(arch.num_layers))
+def layer_widths(arch: DeepseekV4Arch) -> tuple[int, ...]:
+    """Values a token's pool row holds in each layer: that layer's `RowLayout` width."""
+    return tuple(RowLayout.of(arch, i).width for i in range(arch.num_layers))
 
 
 def part(rows: torch.Tensor, where: tuple[int, int]) -> torch.Tensor:

@@ -4,7 +4,10 @@
 
 Checkpoint formats read (e4m3 `weight` `[out, in]`, dequantized as w = q * scale):
 - `quant_method: "fp8"` with `weight_block_size` [bn, bk] (the Qwen3-*-FP8 and DeepSeek-V3
-  layout): float32 `weight_scale_inv` `[ceil(out / bn), ceil(in / bk)]`, one per block.
+  layout): float32 `weight_scale_inv` `[ceil(out / bn), ceil(in / bk)]`, one per block;
+  with `scale_fmt: "ue8m0"` (DeepSeek-V4) the scales are powers of two stored as
+  float8_e8m0fnu. `expert_dtype: "fp4"` (DeepSeek-V4's routed experts) ships those weights
+  as packed e2m1 pairs (`runtime.worker.quant.dequantize.dequantize_fp4`).
 - `quant_method: "fp8"` without a block size: one scale per tensor (`weight_scale` or
   `weight_scale_inv`), and `input_scale`s with `activation_scheme: "static"`.
 - `quant_method: "compressed-tensors"`, `format` float-quantized or naive-quantized, one
@@ -14,7 +17,8 @@ Per-tensor scales are expanded to one per output channel (exact), so they run as
 per-channel layout. Static `input_scale`s are read and not used: activations are quantized as
 they arrive, per token (per token and 128-column group with block scales), which is never
 coarser than one calibrated scale. Modules named by `modules_to_not_convert` /
-`ignored_layers` / `ignore` stay in 16 bits.
+`ignored_layers` / `ignore` stay in 16 bits, and so do the parameters a model keeps in 16 bits
+(routed experts among them): their fp8 or fp4 weights are dequantized at load.
 
 A checkpoint's scheme applies whatever `--quantization` says: with `none` the fp8 weights are
 served as shipped, and `fp8` asks for what they already are. Another `quant_method`, other
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 
 FLAGS = ("none", "fp8")  # --quantization
 WEIGHTS = ("none", "fp8", "fp8_block")
+EXPERT_DTYPES = ("fp8", "fp4")  # quantization_config.expert_dtype
 QC = "quantization_config"
 MIN_BLOCK_K = 16  # the block GEMM's K tile is one scale block: a power of two, at least this
 
@@ -44,13 +49,16 @@ class QuantScheme:
     per output channel) or "fp8_block" (one per `block` of (rows, cols)); `shipped`: the
     checkpoint holds the fp8 weights and their scales, under one of `scale_names` (else 16-bit
     weights are quantized at load); `ignored`: modules kept in 16 bits (names, dotted
-    suffixes or prefixes, or `re:` patterns)."""
+    suffixes or prefixes, or `re:` patterns); `fp4_weights`: the checkpoint may hold packed
+    fp4 weights (int8, two e2m1 values a byte, one e8m0 scale per 32 columns of a row), all
+    bound for 16-bit parameters."""
 
     weights: str = "none"
     shipped: bool = False
     block: tuple[int, int] | None = None
     scale_names: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()
+    fp4_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHTS:
@@ -132,11 +140,17 @@ def _fp8_method(qc: dict) -> QuantScheme:
         raise UnsupportedQuantization(f"{QC}.activation_scheme {scheme!r}: dynamic or static")
     if qc.get("scale_fmt", "float") not in ("float", "ue8m0"):
         raise UnsupportedQuantization(f"{QC}.scale_fmt {qc['scale_fmt']!r}: float or ue8m0")
+    experts = qc.get("expert_dtype") or "fp8"
+    if experts not in EXPERT_DTYPES:
+        raise UnsupportedQuantization(
+            f"{QC}.expert_dtype {experts!r}: supported {list(EXPERT_DTYPES)}")
     ignored = tuple(qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ())
+    fp4 = experts == "fp4"
     if qc.get("weight_block_size") is None:
-        return QuantScheme("fp8", True, None, ("weight_scale", "weight_scale_inv"), ignored)
+        return QuantScheme("fp8", True, None, ("weight_scale", "weight_scale_inv"), ignored,
+                           fp4)
     block = _block(qc["weight_block_size"], "weight_block_size")
-    return QuantScheme("fp8_block", True, block, ("weight_scale_inv",), ignored)
+    return QuantScheme("fp8_block", True, block, ("weight_scale_inv",), ignored, fp4)
 
 
 def _fp8_args(args: dict, field: str) -> None:
