@@ -52,7 +52,8 @@ def run(args) -> dict:
 
         def make_prompts(n):
             return edit_prompts(tokenizer, n)
-    generate(worker, cfg, make_prompts(2), 8)  # warm-up
+    warm = make_prompts(2)  # warm-up: plain and verify steps (their kernels compile here)
+    generate(worker, cfg, warm, 8, generate(worker, cfg, warm, 8)["outputs"])
     rows = []
     for batch in args.batches:
         prompts = make_prompts(batch)
@@ -66,7 +67,9 @@ def run(args) -> dict:
         row = {"batch": batch, "output_tokens": tokens,
                "prompt_tokens": sum(map(len, prompts))}
         for name, r in runs.items():
-            assert r["outputs"] == plain["outputs"], f"{name} changed the greedy output"
+            # on a GPU a verify step's numerics differ from a decode step's (other kernels,
+            # other batch shapes), so 16-bit near-ties may part: counted, not asserted
+            row[f"{name}_identical"] = r["outputs"] == plain["outputs"]
             row[name] = {"wall_s": round(r["wall_s"], 3), "steps": r["steps"],
                          "out_tok_per_s": round(tokens / r["wall_s"], 1),
                          "speedup": round(plain["wall_s"] / r["wall_s"], 3),
@@ -95,8 +98,10 @@ def report(res: dict, command: str, date: str) -> str:
         "Question: How many tokens does a verify step yield, and how much faster is decoding "
         "with speculation (n-gram prompt lookup on an edit workload that repeats its input; "
         "an oracle drafter that is always right), by batch size?",
-        f"Answer: at batch {b1['batch']}: " + "; ".join(said) + ". Outputs are "
-        f"token-identical. {where}",
+        f"Answer: at batch {b1['batch']}: " + "; ".join(said) + ". Outputs "
+        + ("token-identical" if all(r.get(f"{n}_identical", True) for r in res["rows"]
+                                    for n in names) else "NOT all token-identical (below)")
+        + f". {where}",
         "",
         f"`{command}`, {date}; {res['device']}, torch {torch.__version__}, "
         f"{res['torch_threads']} threads.",
@@ -110,14 +115,15 @@ def report(res: dict, command: str, date: str) -> str:
         "weights and prompts of random ids: only the oracle row means anything there.",
         "",
         "| batch | out tokens | plain tok/s | steps | idle % | "
-        + " | ".join(f"{n} tok/s | speedup | steps | accept len | idle %" for n in names)
-        + " |",
-        "|---:|---:|---:|---:|---:|" + "---:|---:|---:|---:|---:|" * len(names),
+        + " | ".join(f"{n} tok/s | speedup | steps | accept len | idle % | same tokens"
+                     for n in names) + " |",
+        "|---:|---:|---:|---:|---:|" + "---:|---:|---:|---:|---:|---|" * len(names),
     ]
     for r in res["rows"]:
         p = r["plain"]
         cells = [f"{r[n]['out_tok_per_s']} | {r[n]['speedup']}x | {r[n]['steps']} | "
-                 f"{r[n]['accept_length']} | {r[n]['idle_pct']}" for n in names]
+                 f"{r[n]['accept_length']} | {r[n]['idle_pct']} | "
+                 f"{'yes' if r.get(f'{n}_identical', True) else 'no'}" for n in names]
         lines.append(f"| {r['batch']} | {r['output_tokens']} | {p['out_tok_per_s']} | "
                      f"{p['steps']} | {p['idle_pct']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

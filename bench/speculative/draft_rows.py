@@ -83,11 +83,12 @@ def run(args) -> dict:
             prompts = random_prompts(batch, vocab)
             plain = generate(plain_worker, base, prompts, args.max_tokens)
             drafted = generate(worker, cfg, prompts, args.max_tokens)
-            assert drafted["outputs"] == plain["outputs"], f"{name} changed the greedy output"
+            same = drafted["outputs"] == plain["outputs"]  # see __main__: 16-bit GPU near-ties
             tokens = sum(map(len, plain["outputs"]))
             p = _entry(plain, tokens, None)
             row = {"row": name, "draft": draft, "batch": batch, "output_tokens": tokens,
-                   "plain": p, "draft_model": _entry(drafted, tokens, p)}
+                   "plain": p, "draft_model": _entry(drafted, tokens, p),
+                   "identical": same}
             rows.append(row)
             print(row, flush=True)
     return {"model": args.model, "draft_model": args.draft_model,
@@ -112,8 +113,10 @@ def report(res: dict, command: str, date: str) -> str:
         f"{res['draft_share']:.0%} draft a verify step costs {small.get('break_even')} "
         "plain steps, the tokens it "
         "must yield to break even (random weights: no acceptance to measure). Outputs are "
-        "token-identical. " + ("CPU, loaded (2 cores shared with other jobs): ratios, not "
-                               "absolute speeds." if res["device"] == "cpu" else ""),
+        + ("token-identical. " if all(r["identical"] for r in res["rows"]) else
+           "NOT all token-identical (16-bit near-ties part on a GPU). ")
+        + ("CPU, loaded (2 cores shared with other jobs): ratios, not absolute speeds."
+           if res["device"] == "cpu" else ""),
         "",
         f"`{command}`, {date}; {res['device']} ({platform.machine()}), torch "
         f"{torch.__version__}, {res['torch_threads']} threads.",
@@ -123,7 +126,8 @@ def report(res: dict, command: str, date: str) -> str:
         f"{res['prompt_len']} random ids, greedy, up to {res['max_tokens']} output tokens, "
         f"{res['draft_tokens']} draft tokens per verify step. Wall time covers prefill and "
         "decode; ms/step: wall time over scheduler steps. A verify step runs k draft decode "
-        "steps, the target's forward over k + 1 positions and the draft's mirror of it. "
+        "steps (the first also writes the draft KV a fully accepted step left out) and the "
+        "target's forward over k + 1 positions. "
         "Idle: the device's idle share between steps (step timing events; host clock on "
         "the CPU).",
         "",
