@@ -130,7 +130,13 @@ def run_ppl(args, tok, device: str) -> list[dict]:
 
 def markdown(res: dict) -> str:
     m = res["meta"]
+    said = [f"{r['dtype']}: {r['equal']} of {r['prompts']} prompts equal HF's greedy tokens "
+            f"for {r['tokens']} tokens" for r in res.get("greedy") or []]
+    said += [f"{r['variant']} perplexity {r['ppl']:.4f}" for r in res.get("ppl") or []]
     lines = [f"# Real weights: {MODEL} against HF transformers ({m['device']}, {m['date']})", "",
+             "Question: Do real weights give HF transformers' greedy tokens, and what do the "
+             "reduced-precision options cost in perplexity?",
+             f"Answer: {'; '.join(said)}.", "",
              f"Command: `{m['command']}` at {m['tree']}", ""]
     if res.get("greedy"):
         lines += ["## Greedy, token for token", "", "| dtype | prompts x tokens | equal | "
