@@ -11,7 +11,10 @@ import torch
 from runtime.model_config import resolve_model
 from runtime.wire.worker_channel import BatchPlan
 from runtime.worker.batch_builder import BatchBuilder
-from runtime.worker.model_runner import ModelRunner
+from runtime.worker.model_runner import EAGER_DECODE_ROWS, ModelRunner
+from runtime.worker.worker import Worker
+from tests.speculative.serve import greedy_case, serve
+from tests.speculative.test_exact import CFG, K, repetitive_prompts
 
 # three requests: prompt lengths, then their verify step: request 0 decodes plainly,
 # request 1 verifies 4 drafts (positions 30..34 cross the page at 32), request 2 two
@@ -98,6 +101,28 @@ def test_a_verify_step_past_the_cap_or_with_a_prefill_chunk_stays_an_extend():
     assert not builder.build(chunk)[0].is_decode
     unsampled = msgspec.structs.replace(verify, sample=[False, True, True])
     assert not builder.build(unsampled)[0].is_decode
+
+
+def test_served_verify_steps_run_as_decode_batches(monkeypatch):
+    """Served with n-gram drafts: every step of plain decodes and verifies is a decode
+    batch of one row a token, and the outputs are plain decoding's."""
+    prompts, params, ref = greedy_case(CFG, repetitive_prompts(3, (4, 11, 7)), (20, 30, 12))
+    cfg = CFG.replace(speculative_algorithm="ngram", speculative_num_draft_tokens=K)
+    worker = Worker(cfg, resolve_model(cfg.model))
+    assert worker.builder.max_decode_rows == EAGER_DECODE_ROWS
+    build, verify_steps = worker.builder.build, []
+
+    def spy(plan: BatchPlan):
+        fb, inputs = build(plan)
+        if plan.draft_lens and all(plan.sample) and all(e == d + 1 for e, d in zip(plan.extend_lens,
+                                                              plan.draft_lens)):
+            verify_steps.append((fb.is_decode, fb.batch_size, sum(plan.extend_lens)))
+        return fb, inputs
+    monkeypatch.setattr(worker.builder, "build", spy)
+    outs, sched, _ = serve(cfg, prompts, params, worker=worker)
+    assert outs == ref and sched.spec.verify_steps > 0
+    assert verify_steps and all(d and b == t for d, b, t in verify_steps), verify_steps
+    assert any(b > 3 for _, b, _ in verify_steps)  # more rows than requests
 
 
 @pytest.mark.gpu
