@@ -128,7 +128,7 @@ def test_served_verify_steps_run_as_decode_batches(monkeypatch):
 @pytest.mark.gpu
 def test_a_verify_step_replays_a_cuda_graph_with_the_extend_paths_greedy_tokens():
     runner = ModelRunner(resolve_model("dummy:tiny"), "cuda", torch.float32, kv_slots=512,
-                         max_rows=4, graph_rows=16)
+                         max_rows=4, page_size=16, graph_rows=16)
     assert runner.max_decode_rows == 16
     builder = BatchBuilder(4, 128, torch.device("cuda"), 16, max_decode_rows=16)
     prefill, verify = plans(16)
