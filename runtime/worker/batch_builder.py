@@ -6,6 +6,18 @@ each row last sampled (`last_ids`, what placeholder ids -(row + 1) resolve to). 
 carries only what is new, so the host work of a step is proportional to the step's new
 tokens and pages: a few vectorized numpy operations, one host-to-device copy per dtype,
 then device gathers. Nothing waits for the device.
+
+A step whose requests each compute one token, or a verify step's last token and its d
+drafts (`BatchPlan.draft_lens`), with every request sampling and no input logprobs, is
+built as a decode batch: request i with prefix P and n new tokens becomes n decode rows
+(pseudo-rows), row j at position P + j over the first P + j + 1 positions of the
+request's pages. That is exact: every layer stores all the step's K/V before attending,
+so row j reads positions P..P + j of the same layer. Such a step runs the decode kernels
+(and a CUDA graph) instead of the extend path, and its logits row of each token is its
+decode row. Each pseudo-row reads its request's whole KV, so a verify step of n tokens
+reads n times the KV an extend would: `max_decode_rows` caps the rows of such a step
+(`ModelRunner.max_decode_rows`: the largest CUDA graph, or a fixed cap without graphs);
+a larger step stays an extend.
 """
 
 from __future__ import annotations
@@ -53,9 +65,11 @@ class BatchBuilder:
     """Device-side request tables and the step builder (see the module docstring)."""
 
     def __init__(self, max_rows: int, max_context: int, device: torch.device,
-                 page_size: int = 1, lora_slots: int = 0) -> None:
+                 page_size: int = 1, lora_slots: int = 0, max_decode_rows: int = 0) -> None:
         self.device = device
         self.page_size = page_size
+        # the most decode rows of a step of several tokens a request (0: never)
+        self.max_decode_rows = max_decode_rows
         self.lora_slots = lora_slots  # LoRA adapter slots of the model (0: no LoRA)
         self.req_to_page = torch.zeros(max_rows, -(-max_context // page_size),
                                        dtype=torch.int64, device=device)  # [rows, pages]
@@ -72,14 +86,23 @@ class BatchBuilder:
         seq = pre + ext  # [B]
         pages = -(-seq // ps)  # [B] pages of each sequence after this step
         first_new = -(-pre // ps)  # [B] index of the first page this step starts
-        qo_indptr, kv_indptr = _exclusive_cumsum(ext), _exclusive_cumsum(pages)  # [B+1]
-        n_tok, n_pages = int(qo_indptr[-1]), int(kv_indptr[-1])
-        decode = n_tok == len(rows) and not plan.input_logprobs
-        if decode:
+        qo_indptr = _exclusive_cumsum(ext)  # [B+1]
+        n_tok = int(qo_indptr[-1])
+        decode = self._decodes(plan, ext, n_tok)
+        if decode and n_tok == len(rows):
             positions, tok_rows = pre, rows  # [T] == [B]
         else:
             positions = np.repeat(pre - qo_indptr[:-1], ext) + np.arange(n_tok)  # [T]
             tok_rows = np.repeat(rows, ext)  # [T]
+        if decode:  # one sequence a token: its request's KV up to and including it
+            a_rows, a_pre, a_seq = tok_rows, positions, positions + 1  # [T]
+            a_qo, a_pages = np.arange(n_tok + 1), -(-a_seq // ps)  # [T+1], [T]
+            a_pre_cpu, a_ext = a_pre.tolist(), [1] * n_tok
+        else:
+            a_rows, a_pre, a_seq, a_qo, a_pages = rows, pre, seq, qo_indptr, pages
+            a_pre_cpu, a_ext = plan.prefix_lens, plan.extend_lens
+        kv_indptr = _exclusive_cumsum(a_pages)  # [A+1] over the attention's sequences
+        n_pages = int(kv_indptr[-1])
         w_rows, w_cols, w_pages = self._table_writes(plan, rows, pages - first_new, first_new)
         sample = np.array(plan.sample, dtype=bool)  # [B]
         counts = sample.astype(np.int64)  # [B] samples per request
@@ -96,13 +119,13 @@ class BatchBuilder:
             targets.append(tgt)
         i64 = {
             "ids": np.array(plan.input_ids, dtype=np.int64), "positions": positions,
-            "tok_rows": tok_rows, "rows": rows, "pages": pages, "kv_starts": kv_indptr[:-1],
+            "tok_rows": tok_rows, "rows": a_rows, "pages": a_pages, "kv_starts": kv_indptr[:-1],
             "w_rows": w_rows, "w_cols": w_cols, "w_pages": w_pages,
             "logit_rows": np.concatenate(logit_rows), "s_rows": np.repeat(rows, counts),
             "s_pos": np.repeat(seq, counts) - back + 1,
             "targets": np.array([t for tgt in targets for t in tgt], dtype=np.int64),
         }
-        i32 = {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "seq": seq, "pre": pre}
+        i32 = {"qo_indptr": a_qo, "kv_indptr": kv_indptr, "seq": a_seq, "pre": a_pre}
         lora = lora_segments(plan.lora_slots, ext, self.lora_slots) if plan.lora_slots else None
         if lora is not None:
             i64["lora_order"], i32["lora_indptr"] = lora[0], lora[1]
@@ -120,9 +143,8 @@ class BatchBuilder:
             input_ids=input_ids, positions=pos_d, out_slots=out_slots,
             qo_indptr=d["qo_indptr"], kv_indptr=d["kv_indptr"], kv_indices=kv_indices,
             seq_lens=d["seq"], prefix_lens=d["pre"], sample_idx=d["logit_rows"],
-            # extra logit rows take the extend path (decode graphs return one row each)
-            is_decode=decode, seq_lens_cpu=seq.tolist(), prefix_lens_cpu=plan.prefix_lens,
-            extend_lens_cpu=plan.extend_lens, page_size=ps)
+            is_decode=decode, seq_lens_cpu=a_seq.tolist(), prefix_lens_cpu=a_pre_cpu,
+            extend_lens_cpu=a_ext, page_size=ps)
         if lora is not None:
             fb.lora = LoraBatch(d["lora_order"], d["lora_indptr"], lora[1].tolist(), lora[2])
         inputs = SampleInputs(rows=np.repeat(rows, counts), rows_dev=d["s_rows"],
@@ -130,6 +152,19 @@ class BatchBuilder:
                               logprob_sizes=tuple(len(t) for t in targets),
                               last_idx=d.get("last_idx"))
         return fb, inputs
+
+    def _decodes(self, plan: BatchPlan, ext: np.ndarray, n_tok: int) -> bool:
+        """Whether the step is built as a decode batch (see the module docstring): every
+        request samples (a decode batch returns every token's logits: a CUDA graph returns
+        all its rows), none asks input logprobs, and each computes one token, or, up to
+        `max_decode_rows` tokens in all, its last token and its drafts."""
+        if plan.input_logprobs or not all(plan.sample):
+            return False
+        if n_tok == len(ext):
+            return True
+        if not plan.draft_lens or n_tok > self.max_decode_rows:
+            return False
+        return bool((ext == np.array(plan.draft_lens, dtype=np.int64) + 1).all())
 
     def slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The pool slot of each (row [T], position [T]) from the table: [T] int64."""

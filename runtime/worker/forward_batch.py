@@ -33,7 +33,10 @@ class ForwardBatch:
     # [S + L] int64: indices into T whose logits are returned, the S sampled tokens first,
     # then the L positions whose input logprobs were asked (BatchPlan.input_logprobs)
     sample_idx: torch.Tensor
-    is_decode: bool  # every sequence has exactly one new token
+    # every sequence has exactly one new token and every token's logits are returned
+    # (sample_idx == arange(T)); a verify step's tokens may be sequences of their own, each
+    # over its request's KV up to itself (`BatchBuilder`)
+    is_decode: bool
     # host copies, so backends size launches and loops without reading the device
     seq_lens_cpu: list[int]
     prefix_lens_cpu: list[int]

@@ -1,6 +1,7 @@
 """`GraphRunner`: CUDA graphs of the decode forward, captured at start-up per batch size.
 
-A decode step of B sequences replays the graph of the smallest captured size >= B. The
+A decode step of B sequences replays the graph of the smallest captured size >= B (a
+verify step's tokens are sequences of their own there, `BatchBuilder`). The
 model's inputs are copied into static buffers here, the page table and lengths into the
 attention backend's (`AttentionBackend.prepare_replay`); padded rows read nothing
 (sequence length 0) and write their K/V into slot 0, the padding sink. The logits of the

@@ -38,6 +38,9 @@ CPU_KV_BUDGET = 2 * GiB  # the CPU default never takes more than this
 ACTIVATION_RESERVE = 1 * GiB  # on top of the logits and sampler temporaries
 ATTENTION_BACKENDS = {"triton": TritonAttention, "torch": TorchAttention}
 MLA_BACKENDS = {"triton": TritonMLAAttention, "torch": TorchMLAAttention}
+# the most decode rows of a step of several tokens a request without CUDA graphs: each row
+# reads its request's whole KV (`BatchBuilder`)
+EAGER_DECODE_ROWS = 256
 
 log = logging.getLogger("sluice.worker")
 
@@ -86,7 +89,9 @@ class ModelRunner:
     With `lora`, the adapters are read and their device slots allocated (`LoraManager`)
     before the KV pool takes the memory left; a bad adapter raises `AdapterError`.
     `kv_bytes_extra`: bytes a token takes in another pool over the same slots (a draft
-    model's), counted when the pool is sized from memory.
+    model's), counted when the pool is sized from memory. `graph_rows` (0: `max_rows`):
+    the most rows of the decode batches captured in CUDA graphs; a verify step runs as a
+    decode batch of one row a token (`BatchBuilder`), so speculation asks for more.
     """
 
     def __init__(
@@ -106,6 +111,7 @@ class ModelRunner:
         quantization: str = "none",
         lora: LoraOptions | None = None,
         kv_bytes_extra: int = 0,
+        graph_rows: int = 0,
     ) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
@@ -119,6 +125,7 @@ class ModelRunner:
         self.vocab_size = arch.vocab_size
         mla = self.model.mla if isinstance(self.model, DeepseekForCausalLM) else None
         rows = isinstance(self.model, DeepseekV4ForCausalLM)  # its own rows, its own attention
+        self.own_attention = rows
         if rows:
             if kv_dtype != "auto":
                 raise ValueError(f"kv_dtype {kv_dtype!r}: a deepseek_v4 pool row mixes kv, gate "
@@ -159,14 +166,23 @@ class ModelRunner:
         if self.device.type == "cuda" and cuda_graph:
             if self.attn.supports_graphs:
                 self.graphs = GraphRunner(
-                    self.model, self.attn, max_rows, self.max_context, self.device, page_size,
-                    self.lora,
+                    self.model, self.attn, graph_rows or max_rows, self.max_context,
+                    self.device, page_size, self.lora,
                 )
                 self.graphs.capture()
             else:
                 log.warning(
                     "no CUDA graphs: the %s backend does not run in them", type(self.attn).__name__
                 )
+
+    @property
+    def max_decode_rows(self) -> int:
+        """The most rows (tokens) of a step of several tokens a request that is built as
+        a decode batch (`BatchBuilder`): the largest CUDA graph, `EAGER_DECODE_ROWS`
+        without graphs, 0 (never) for a model that attends by itself over its sequences."""
+        if self.own_attention:
+            return 0
+        return self.graphs.sizes[-1] if self.graphs is not None else EAGER_DECODE_ROWS
 
     def _default_slots(self, max_rows: int, mem_fraction: float, extra: int) -> int:
         per_token = self.kv_bytes_per_token + extra

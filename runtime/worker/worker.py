@@ -134,12 +134,13 @@ class Worker:
                                   quantization=cfg.quantization,
                                   lora=LoraOptions.from_config(cfg),
                                   kv_bytes_extra=self.draft.kv_bytes_per_token if self.draft
-                                  else 0)
+                                  else 0, graph_rows=self._graph_rows(cfg))
         if self.draft is not None:
             self.draft.allocate(self.runner.kv_slots, cfg.attention_backend)
         self.builder = BatchBuilder(self.max_rows, self.runner.max_context, self.device,
                                     self.page_size,
-                                    self.runner.lora.num_slots if self.runner.lora else 0)
+                                    self.runner.lora.num_slots if self.runner.lora else 0,
+                                    self.runner.max_decode_rows)
         compiler = None
         if spec.tokenizer_path is not None:
             compiler = GrammarCompiler(str(spec.tokenizer_path), self.runner.vocab_size,
@@ -151,6 +152,13 @@ class Worker:
         if cfg.host_kv_gib:
             slots = host_slots_for(cfg.host_kv_gib, self.runner.kv_bytes_per_token, cfg.tp)
             self.transfer = KVTransfer(self.runner.kv_pool, self.tp.min_int(slots))
+
+    def _graph_rows(self, cfg: ServerConfig) -> int:
+        """Rows of the largest decode graph: a verify step is a decode batch of one row a
+        token, up to 1 + `speculative_num_draft_tokens` a request."""
+        if cfg.speculative_algorithm == "none":
+            return self.max_rows
+        return self.max_rows * (1 + cfg.speculative_num_draft_tokens)
 
     def warm_up(self) -> None:
         """Run one prefill (chunked in two) through the whole step path before serving, so
