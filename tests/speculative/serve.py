@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.scheduler.loop import build_scheduler
@@ -43,3 +45,14 @@ def greedy_case(cfg: ServerConfig, prompts: list[list[int]], max_tokens: tuple[i
     params = [SamplingParams(max_tokens=m, temperature=0.0) for m in max_tokens]
     ref, _, _ = serve(cfg, prompts, params)
     return prompts, params, ref
+
+
+def retraction_case() -> tuple[list[list[int]], list[SamplingParams]]:
+    """16 greedy requests (repeated random prompts of 2-23 ids, 4-32 new tokens) that
+    outgrow a pool of 191 slots: running requests get retracted."""
+    gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 1024, (n,), generator=gen).tolist() * 2
+               for n in torch.randint(2, 24, (16,), generator=gen).tolist()]
+    params = [SamplingParams(max_tokens=m, temperature=0.0)
+              for m in torch.randint(4, 33, (16,), generator=gen).tolist()]
+    return prompts, params

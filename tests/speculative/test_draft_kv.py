@@ -18,7 +18,7 @@ from runtime.wire.sampling import SamplingParams
 from runtime.wire.scheduler_input import GenerateReq
 from runtime.worker.kv_pool import KVPool
 from runtime.worker.worker import Worker
-from tests.speculative.serve import serve
+from tests.speculative.serve import retraction_case, serve
 from tests.speculative.test_draft_model import DRAFT
 from tests.speculative.test_exact import CFG, K, repetitive_prompts
 from tests.worker.in_process import run_to_end
@@ -141,11 +141,7 @@ def continue_on(sched, worker: Worker, prompts: list[list[int]],
 def test_retraction_keeps_the_draft_kv_complete(kv):
     """A pool too small for the batch retracts requests, some owing draft KV; those
     re-admitted draft from complete KV again."""
-    gen = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(3, 1024, (n,), generator=gen).tolist() * 2
-               for n in torch.randint(2, 24, (16,), generator=gen).tolist()]
-    params = [SamplingParams(max_tokens=m, temperature=0.0)
-              for m in torch.randint(4, 33, (16,), generator=gen).tolist()]
+    prompts, params = retraction_case()
     base = CFG.replace(kv=kv, kv_slots=191, schedule_conservativeness=0.0, overlap=True)
     ref = serve(base, prompts, params)[0]
     cfg = SELF.replace(kv=kv, kv_slots=191, schedule_conservativeness=0.0, overlap=True)

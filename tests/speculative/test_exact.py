@@ -17,7 +17,7 @@ from runtime.config.server import ServerConfig
 from runtime.scheduler.speculative.speculation import Speculation
 from runtime.wire.sampling import SamplingParams
 from runtime.wire.scheduler_input import GenerateReq
-from tests.speculative.serve import greedy_case, serve
+from tests.speculative.serve import greedy_case, retraction_case, serve
 from tests.worker.in_process import run_to_end
 
 CFG = ServerConfig(model="dummy:tiny", device="cpu", dtype="float32", kv_slots=1023,
@@ -71,11 +71,7 @@ def test_greedy_outputs_are_plain_decodings(greedy_case, kv, overlap):
 @pytest.mark.parametrize("kv", ["token", "paged"])
 def test_greedy_outputs_survive_retraction(kv):
     """A pool too small for the batch retracts running requests (some mid-speculation)."""
-    gen = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(3, 1024, (n,), generator=gen).tolist() * 2
-               for n in torch.randint(2, 24, (16,), generator=gen).tolist()]
-    params = [SamplingParams(max_tokens=m, temperature=0.0)
-              for m in torch.randint(4, 33, (16,), generator=gen).tolist()]
+    prompts, params = retraction_case()
     cfg = CFG.replace(kv=kv, kv_slots=191, schedule_conservativeness=0.0, overlap=True)
     ref, _, _ = serve(cfg, prompts, params)
     for name, spec in drafters(ref).items():
