@@ -46,10 +46,6 @@ def _params(model: str) -> int:
         return sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
 
 
-def _share(draft: str, target: str) -> float:
-    return _params(draft) / _params(target)
-
-
 def _entry(r: dict, tokens: int, plain: dict | None) -> dict:
     entry = {"wall_s": round(r["wall_s"], 3), "steps": r["steps"],
              "out_tok_per_s": round(tokens / r["wall_s"], 2),
@@ -73,7 +69,9 @@ def run(args) -> dict:
     plain_worker = Worker(base, spec)
     vocab = plain_worker.runner.vocab_size
     rows = []
-    small = f"iv: {_share(args.draft_model, args.model):.0%} draft"
+    target_params = _params(args.model)
+    share = _params(args.draft_model) / target_params
+    small = f"iv: {share:.0%} draft"
     for name, draft in (("iii: draft = target", args.model), (small, args.draft_model)):
         cfg = base.replace(speculative_algorithm="draft", speculative_draft_model=draft)
         worker = Worker(cfg, spec)
@@ -92,9 +90,8 @@ def run(args) -> dict:
             rows.append(row)
             print(row, flush=True)
     return {"model": args.model, "draft_model": args.draft_model,
-            "draft_share": round(_share(args.draft_model, args.model), 3),
-            "params_b": round(_params(args.model) / 1e9, 3), "draft_tokens": args.draft_tokens,
-            "max_tokens": args.max_tokens,
+            "draft_share": round(share, 3), "params_b": round(target_params / 1e9, 3),
+            "draft_tokens": args.draft_tokens, "max_tokens": args.max_tokens,
             "prompt_len": PROMPT_LEN, "torch_threads": torch.get_num_threads(), "rows": rows}
 
 
