@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
 from collections import deque
 from pathlib import Path
 
+from bench.serving.scrape import file_size, step_idle
 from bench.speculative.oracle import oracle_speculation
 from runtime.config.server import ServerConfig
 from runtime.scheduler.loop import build_scheduler
@@ -27,21 +27,12 @@ def time_steps() -> Path:
     return path
 
 
-def _idle_share(lines: list[str]) -> float | None:
-    """The device's idle share between a run's steps: gaps / (gaps + steps), the first
-    step's gap (the time before the run) left out."""
-    steps = [json.loads(line) for line in lines][1:]
-    gaps = [s["gap_ms"] for s in steps if s["gap_ms"] is not None]
-    busy = sum(s["step_ms"] for s in steps)
-    return sum(gaps) / (sum(gaps) + busy) if gaps and busy else None
-
-
 def generate(worker: Worker, cfg: ServerConfig, prompts: list[list[int]], max_tokens: int,
              oracle: list[list[int]] | None = None) -> dict:
     """Serve `prompts` to their end; outputs, wall seconds, the drafters' counters and,
     with `time_steps()` set before the worker was built, the device's idle share."""
     log = os.environ.get(STEP_TIMING)
-    seen = len(Path(log).read_text().splitlines()) if log else 0
+    seen = file_size(log)
     sched = build_scheduler(cfg, worker.ready_message(), worker.runner.max_context)
     if oracle is not None:
         sched.spec = oracle_speculation({f"r{i}": o for i, o in enumerate(oracle)},
@@ -62,7 +53,7 @@ def generate(worker: Worker, cfg: ServerConfig, prompts: list[list[int]], max_to
         for out in sched.take_outputs():
             outs[out.rid] += out.token_ids
     wall = time.perf_counter() - start
-    idle = _idle_share(Path(log).read_text().splitlines()[seen:]) if log else None
+    idle = step_idle(log, seen).get("idle_fraction")
     spec = sched.spec
     return {"outputs": [outs[f"r{i}"] for i in range(len(prompts))], "wall_s": wall,
             "steps": sched.num_steps,
