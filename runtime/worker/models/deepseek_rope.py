@@ -47,16 +47,20 @@ def yarn_inv_freq(dim: int, rope: dict) -> tuple[torch.Tensor, float]:
     return inv_freq, float(attention)
 
 
+def rope_inv_freq(dim: int, rope: dict) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies `[dim / 2]` fp32, attention factor) of a rope dict: YaRN's
+    (`rope_type: yarn`) or the default ones (factor 1)."""
+    if rope.get("rope_type", "default") == "yarn":
+        return yarn_inv_freq(dim, rope)
+    return 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2).float() / dim)), 1.0
+
+
 def deepseek_cos_sin_cache(
     dim: int, max_pos: int, rope: dict, device: torch.device | str
 ) -> torch.Tensor:
     """`[max_pos, dim]` fp32: cos of every (position, frequency), then sin, each times the
     attention factor (1 unless YaRN)."""
-    if rope["rope_type"] == "yarn":
-        inv_freq, attention = yarn_inv_freq(dim, rope)
-    else:
-        inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2).float() / dim))
-        attention = 1.0
+    inv_freq, attention = rope_inv_freq(dim, rope)
     pos = torch.arange(max_pos, dtype=torch.float32, device=device)  # [max_pos]
     freqs = torch.outer(pos, inv_freq.to(device))  # [max_pos, dim / 2]
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1) * attention

@@ -29,11 +29,11 @@ from runtime.model_errors import UnsupportedArchitecture
 from runtime.worker.attention import AttentionBackend
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.models.causal_lm import CausalLM, Piece, RMSNorm
+from runtime.worker.models.deepseek_rope import rope_inv_freq
 from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
 from runtime.worker.models.deepseek_v4_attention import V4Attention
 from runtime.worker.models.deepseek_v4_checkpoint import transformers_name
 from runtime.worker.models.deepseek_v4_moe import CHECKPOINT_EXPERT_NAMES, V4MoE
-from runtime.worker.models.deepseek_v4_rope import rope_frequencies
 from runtime.worker.models.deepseek_v4_state import layer_widths, seq_steps
 from runtime.worker.models.sparse_moe import expert_pieces
 from runtime.worker.quant.scheme import QuantScheme
@@ -159,9 +159,9 @@ class DeepseekV4ForCausalLM(CausalLM):
     def init_buffers(self) -> None:
         """Once the weights are in: each layer's RoPE frequencies, and the hash routers'
         tables kept within the experts."""
-        a = self.arch
-        main = rope_frequencies(a.rope_main, a.rope_dim)
-        compress = rope_frequencies(a.rope_compress, a.rope_dim)
+        a, device = self.arch, next(self.parameters()).device
+        main, compress = ((freq.to(device), attention) for freq, attention in (
+            rope_inv_freq(a.rope_dim, a.rope_main), rope_inv_freq(a.rope_dim, a.rope_compress)))
         for layer in self.model.layers:
             layer.attn.freqs = main if layer.attn.compressor is None else compress
             table = getattr(layer.ffn.gate, "tid2eid", None)

@@ -1,21 +1,10 @@
 """DeepSeek-V4's RoPE: interleaved pairs `(x0, x1), (x2, x3)...` of the last `rope_dim`
-values of each head, default or YaRN frequencies (`deepseek_rope.yarn_inv_freq`), and the
+values of each head, default or YaRN frequencies (`deepseek_rope.rope_inv_freq`), and the
 inverse rotation V4 applies to attention outputs (their values carry the keys' rotation)."""
 
 from __future__ import annotations
 
 import torch
-
-from runtime.worker.models.deepseek_rope import yarn_inv_freq
-
-
-def rope_frequencies(rope: dict, dim: int) -> tuple[torch.Tensor, float]:
-    """(inverse frequencies `[dim / 2]` fp32, attention factor) of a V4 rope dict
-    (`rope_type`, `rope_theta`, YaRN's fields; transformers sets a compress YaRN's
-    `attention_factor` to 1)."""
-    if rope.get("rope_type", "default") == "yarn":
-        return yarn_inv_freq(dim, rope)
-    return 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2).float() / dim)), 1.0
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, freqs: tuple[torch.Tensor, float],
@@ -24,7 +13,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, freqs: tuple[torch.Tens
     pairs at `positions` `[N]` (backwards with `inverse`), computed in fp32, in x's dtype."""
     inv_freq, attention = freqs
     rd = 2 * inv_freq.shape[0]
-    angles = positions.float()[:, None] * inv_freq.to(x.device)  # [N, rd / 2]
+    angles = positions.float()[:, None] * inv_freq  # [N, rd / 2] (inv_freq on x's device)
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (rd // 2,)
     cos = (angles.cos() * attention).view(shape)
     sin = (angles.sin() * attention).view(shape) * (-1.0 if inverse else 1.0)

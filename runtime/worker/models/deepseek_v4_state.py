@@ -101,8 +101,9 @@ class SeqStep:
 def seq_steps(fb: ForwardBatch) -> list[SeqStep]:
     """The sequences of `fb`, their slots read from its page table."""
     out, q0 = [], 0
+    starts = fb.kv_indptr.tolist()  # one device read for the step, not one a sequence
     for i, (n, prefix) in enumerate(zip(fb.seq_lens_cpu, fb.prefix_lens_cpu)):
-        pages = fb.kv_indices[int(fb.kv_indptr[i]) :]
+        pages = fb.kv_indices[starts[i] :]
         out.append(SeqStep(q0, q0 + n - prefix, prefix, n, expand_pages(pages, n, fb.page_size)))
         q0 += n - prefix
     return out
