@@ -55,7 +55,7 @@ class SampleInputs:
         return self.rows_dev[self.last_idx], ids[self.last_idx]
 
 
-def _exclusive_cumsum(lens: np.ndarray) -> np.ndarray:
+def exclusive_cumsum(lens: np.ndarray) -> np.ndarray:
     out = np.zeros(len(lens) + 1, dtype=np.int64)
     np.cumsum(lens, out=out[1:])
     return out
@@ -86,7 +86,7 @@ class BatchBuilder:
         seq = pre + ext  # [B]
         pages = -(-seq // ps)  # [B] pages of each sequence after this step
         first_new = -(-pre // ps)  # [B] index of the first page this step starts
-        qo_indptr = _exclusive_cumsum(ext)  # [B+1]
+        qo_indptr = exclusive_cumsum(ext)  # [B+1]
         n_tok = int(qo_indptr[-1])
         decode = self._decodes(plan, ext, n_tok)
         if decode and n_tok == len(rows):
@@ -101,14 +101,14 @@ class BatchBuilder:
         else:
             a_rows, a_pre, a_seq, a_qo, a_pages = rows, pre, seq, qo_indptr, pages
             a_pre_cpu, a_ext = plan.prefix_lens, plan.extend_lens
-        kv_indptr = _exclusive_cumsum(a_pages)  # [A+1] over the attention's sequences
+        kv_indptr = exclusive_cumsum(a_pages)  # [A+1] over the attention's sequences
         n_pages = int(kv_indptr[-1])
         w_rows, w_cols, w_pages = self._table_writes(plan, rows, pages - first_new, first_new)
         sample = np.array(plan.sample, dtype=bool)  # [B]
         counts = sample.astype(np.int64)  # [B] samples per request
         if plan.draft_lens:  # a verify step samples its last d + 1 positions
             counts *= np.array(plan.draft_lens, dtype=np.int64) + 1
-        s_indptr = _exclusive_cumsum(counts)  # [B+1]
+        s_indptr = exclusive_cumsum(counts)  # [B+1]
         n_s = int(s_indptr[-1])
         back = np.repeat(s_indptr[1:], counts) - np.arange(n_s)  # [S] 1 at each last sample
         logit_rows = [np.repeat(qo_indptr[1:], counts) - back]  # S sampled tokens first
@@ -186,7 +186,7 @@ class BatchBuilder:
         prefixes' pages, then the pages the step's positions start."""
         new_pages = np.array(plan.new_pages, dtype=np.int64)  # [N]
         assert len(new_pages) == int(n_new.sum()), (len(new_pages), n_new)
-        offsets = _exclusive_cumsum(n_new)[:-1]
+        offsets = exclusive_cumsum(n_new)[:-1]
         w_rows = [np.repeat(rows, n_new)]
         w_cols = [np.repeat(first_new - offsets, n_new) + np.arange(len(new_pages))]
         w_pages = [new_pages]

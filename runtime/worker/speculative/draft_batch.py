@@ -14,15 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runtime.worker.batch_builder import BatchBuilder
+from runtime.worker.batch_builder import BatchBuilder, exclusive_cumsum
 from runtime.worker.forward_batch import ForwardBatch
-
-
-def exclusive_cumsum(lens: np.ndarray) -> np.ndarray:
-    """[n + 1] int64: 0, then the running sums of `lens` [n]."""
-    out = np.zeros(len(lens) + 1, dtype=np.int64)
-    np.cumsum(lens, out=out[1:])
-    return out
 
 
 class DraftForward:

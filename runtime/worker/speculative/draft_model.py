@@ -35,18 +35,14 @@ import torch
 
 from runtime.model_config import ModelSpec
 from runtime.wire.worker_channel import BatchPlan
-from runtime.worker.batch_builder import BatchBuilder
+from runtime.worker.batch_builder import BatchBuilder, exclusive_cumsum
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.kv_pool import KVPool, kv_bytes_per_token
 from runtime.worker.loader import load_model
 from runtime.worker.model_check import UnsupportedModel
 from runtime.worker.model_runner import make_attention
 from runtime.worker.models.deepseek import DeepseekForCausalLM
-from runtime.worker.speculative.draft_batch import (
-    DraftForward,
-    exclusive_cumsum,
-    token_sources,
-)
+from runtime.worker.speculative.draft_batch import DraftForward, token_sources
 from runtime.worker.staging import Staging
 
 
@@ -127,9 +123,11 @@ class DraftModel:
         k = int(d.max())
         has = (owed[verify] >= 0).astype(np.int64)  # [R] step 0 feeds the owed token too
         last_pos = pre[verify]  # [R]
+        off = exclusive_cumsum(d)  # [R+1] each request's first draft among all of them
         i64 |= {"last": first[verify],  # the last token's index among the step's tokens
-                "src": np.concatenate([r * k + np.arange(n) for r, n in enumerate(d)]),
-                "dst": np.concatenate([t + 1 + np.arange(n) for t, n in zip(first[verify], d)]),
+                # request r's drafts: columns 0..d[r]-1 of its row of k, tokens after its last
+                "src": np.repeat(np.arange(len(d)) * k - off[:-1], d) + np.arange(off[-1]),
+                "dst": np.repeat(first[verify] + 1 - off[:-1], d) + np.arange(off[-1]),
                 "v_owed": owed[verify][has > 0],
                 "v_src": token_sources(np.arange(len(d)), np.ones_like(d), has, len(d))}
         steps = []
