@@ -157,8 +157,12 @@ class DeepseekV4ForCausalLM(CausalLM):
 
     @torch.no_grad()
     def init_buffers(self) -> None:
-        """Once the weights are in: each layer's RoPE frequencies, and the hash routers'
-        tables kept within the experts."""
+        """Once the weights are in: each layer's RoPE frequencies, the hash routers'
+        tables kept within the experts, and the hyper-connection parameters in fp32 (the
+        mixing runs in fp32: converted once here, not at every block of every step)."""
+        for name, param in self.named_parameters():
+            if name.rsplit(".", 1)[-1].startswith("hc_"):
+                param.data = param.data.float()
         a, device = self.arch, next(self.parameters()).device
         main, compress = ((freq.to(device), attention) for freq, attention in (
             rope_inv_freq(a.rope_dim, a.rope_main), rope_inv_freq(a.rope_dim, a.rope_compress)))
