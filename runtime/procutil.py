@@ -4,11 +4,13 @@ the signal its supervisor stops it with."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import glob
 import logging
 import os
 import signal
+import socket
 import traceback
 
 # How a supervisor (the launcher, a replica) tells one of its server processes to stop:
@@ -17,6 +19,23 @@ import traceback
 # supervisor, which drains the api first and then stops the rest, as for a SIGTERM sent to
 # it alone. The api drains on this signal; for the others it keeps its default (exit).
 STOP_SIGNAL = signal.SIGUSR1
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)  # loaded in the parent: a forked child only calls it
+
+
+def free_port() -> int:
+    """A loopback port free now (it may be taken before it is used)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def die_with_parent(parent: int, sig: signal.Signals) -> None:
+    """In a child before exec (`preexec_fn`): the kernel sends it `sig` when its parent
+    dies; if the parent (pid `parent`) died before that took effect, exit at once."""
+    _libc.prctl(_PR_SET_PDEATHSIG, sig)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def setup_logging(name: str, level: str) -> logging.Logger:

@@ -49,7 +49,8 @@ from bench.outputs import write_outputs
 from bench.serving.data import Burst, arrival_times, mixed_requests
 from bench.serving.driver import _served_model, _vocab, run_load
 from bench.serving.metrics import finite
-from bench.serving.server_proc import ROOT, SluiceServer, device_name, free_port, git_rev
+from bench.serving.server_proc import ROOT, SluiceServer, device_name, git_rev
+from runtime.procutil import free_port
 
 OPEN_LOOP = 1 << 20  # concurrency for the timed phases: the arrivals alone pace them
 _SAFE = re.compile(r"[^\w.-]+")  # what a model name may keep in a file name

@@ -8,7 +8,8 @@ import sys
 from dataclasses import fields
 
 from bench.peers.protocol import Job, as_flags, main, timed_import
-from bench.serving.server_proc import free_port, git_rev
+from bench.serving.server_proc import git_rev
+from runtime.procutil import free_port
 
 # the defaults that shape throughput, reported beside the numbers
 REPORTED = ("kv", "max_running", "chunk_size", "kv_slots", "mem_fraction", "overlap",

@@ -12,23 +12,18 @@ from __future__ import annotations
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from runtime.procutil import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 class ServerFailed(RuntimeError):
     """The server did not start, or died."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SluiceServer:

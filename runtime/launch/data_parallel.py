@@ -14,7 +14,6 @@ the router gets SIGKILL from the kernel when the launcher dies (PR_SET_PDEATHSIG
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import importlib.util
 import json
@@ -32,13 +31,12 @@ from runtime.config.checks import ConfigError
 from runtime.config.server import ServerConfig
 from runtime.launch.server import run_server
 from runtime.launch.server_process import ServerProcess
-from runtime.procutil import STOP_SIGNAL, setup_logging
+from runtime.procutil import STOP_SIGNAL, die_with_parent, setup_logging
 
 log = logging.getLogger("sluice.launch")
 STOP_TIMEOUT_S = 15.0  # beyond the drain: a replica stops its own processes meanwhile
 ROUTER_HEALTH_INTERVAL_S = 2  # how often the router probes each replica's /health
 ROUTER_FAILURES = 2  # failed calls in a row that take a replica out until it recovers
-_PR_SET_PDEATHSIG = 1
 
 
 class RouterMissing(RuntimeError):
@@ -101,14 +99,6 @@ def router_command(cfg: ServerConfig, urls: list[str]) -> list[str]:
     return cmd
 
 
-def _die_with_parent(parent: int) -> None:
-    """In the router's child, before exec: SIGKILL when the launcher dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # it died before prctl took effect
-        os._exit(1)
-
-
 def _get_json(url: str) -> object | None:
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
@@ -152,7 +142,8 @@ class DataParallel:
                 self._check_start(stop, deadline, name, proc.exitcode)
         urls = [self.url(n) for n in self.replicas]
         self.router = subprocess.Popen(router_command(self.cfg, urls), start_new_session=True,
-                                       preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+                                       preexec_fn=functools.partial(die_with_parent, os.getpid(),
+                                                                    signal.SIGKILL))
         workers_url = f"http://{_local(self.cfg.host)}:{self.cfg.port}/workers"
         while not self._all_registered(_get_json(workers_url)):
             self._check_start(stop, deadline, "router", self.router.poll())

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
+import functools
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,23 +21,13 @@ import time
 
 import httpx
 
-_PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child only calls it
+from runtime.procutil import die_with_parent, free_port
+
 _KEPT_LINES = 30
 
 
 class ServerStartError(RuntimeError):
     """The server exited, or did not answer /health with 200, before its deadline."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _term_with_parent() -> None:
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class LocalServer:
@@ -53,7 +42,8 @@ class LocalServer:
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True,
-                                     preexec_fn=_term_with_parent)
+                                     preexec_fn=functools.partial(die_with_parent, os.getpid(),
+                                                                  signal.SIGTERM))
         self._last = collections.deque(maxlen=_KEPT_LINES)
         self._reader = threading.Thread(target=self._copy_output, daemon=True)
         self._reader.start()

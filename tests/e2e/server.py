@@ -11,16 +11,10 @@ import sys
 import threading
 import time
 
+from runtime.procutil import free_port  # tests take it from here too
+
 # the launcher's line once every process is ready: the HTTP and RPC addresses it bound
 SERVING = re.compile(r"serving \S+: http://.*:(\d+), rpc tcp://.*:(\d+)$")
-
-
-def free_port() -> int:
-    """A port free now (it may be taken before it is used): only for servers that cannot
-    bind port 0 and say which port they took (`--dp`'s replica ports, sglang-router)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def free_port_range(n: int) -> int:
