@@ -43,8 +43,7 @@ POLICY_FLAGS = ["--min-replicas", "2", "--max-replicas", "3", "--target-ongoing-
                 "--drain-timeout-s", "60"]
 MAX_TOKENS = 32
 PROMPTS = [[random.Random(i).randrange(3, 1000) for _ in range(48)] for i in range(8)]
-# concurrent streams: 10 / target 2 asks for 5 replicas (max 3); 4 ask for 2, and keep a
-# stream on each of 3 replicas (a client whose stream ends goes back to the least busy)
+# concurrent streams: 10 / target 2 asks for 5 replicas (max 3); 4 ask for 2
 HIGH, LOW = 10, 4
 LONG = 512
 
@@ -77,8 +76,10 @@ def _fresh(n: int) -> tuple[int, list[int]]:
 
 @pytest.mark.timeout(900)
 def test_a_load_ramp_scales_out_and_back_in_losing_nothing(url, reference):
-    """10 short streams at a time scale 2 -> 3; then 4 long ones (each replica always has
-    one) scale 3 -> 2: the replica removed (Serve stops the newest) drains its stream first."""
+    """10 short streams at a time scale 2 -> 3; once they ended, 4 long ones scale 3 -> 2,
+    and no stream is cut. (Which replica carries a long stream when Serve stops one is up
+    to the router's stale load view: that the removed replica drains its streams is
+    asserted by test_scale_in_under_load, where every replica carries ~33.)"""
     assert replica_states() == {"RUNNING": 2}
     burst = Load(url, _cycled, MAX_TOKENS)
     start = time.monotonic()
@@ -87,8 +88,7 @@ def test_a_load_ramp_scales_out_and_back_in_losing_nothing(url, reference):
     scaled_out = time.monotonic() - start
     # the new replica takes requests (its load is the lowest)
     assert wait_for(lambda: len(burst.replicas()) == 3, 120, poll=0.2)
-    newest = burst.replicas()[2]
-    burst.set_concurrency(0)
+    short = burst.stop()
     calm = Load(url, _fresh, LONG)
     calm_start = time.monotonic()
     calm.set_concurrency(LOW)
@@ -96,10 +96,9 @@ def test_a_load_ramp_scales_out_and_back_in_losing_nothing(url, reference):
     assert wait_for(lambda: stop.at is not None, 120, poll=0.2), replica_states()
     assert wait_for(lambda: replica_states() == {"RUNNING": 2}, 120, poll=0.5), replica_states()
     scaled_in = time.monotonic() - calm_start
-    drained = calm.served_by(newest, after=stop.at)
     served = len(calm.outcomes)
     assert wait_for(lambda: len(calm.outcomes) >= served + LOW, 120, poll=0.2)
-    short, long = burst.stop(), calm.stop()
+    long = calm.stop()
 
     broken = [o for o in short + long if not o.whole]
     assert not broken, broken[:3]
@@ -107,11 +106,9 @@ def test_a_load_ramp_scales_out_and_back_in_losing_nothing(url, reference):
     wrong = [o for o in short if o.output_ids != expected[o.prompt]]
     assert not wrong, (len(wrong), wrong[:2])
     assert all(len(o.output_ids) == LONG for o in long)
-    ends = sorted(round(o.ended - stop.at, 1) for o in calm.served_by(newest))
-    assert drained, f"no stream of the removed replica ended after it stopped: {ends}"
     print(f"\n{len(short)} short and {len(long)} long streams; 2 -> 3 replicas after "
           f"{scaled_out:.1f} s of load, 3 -> 2 after {scaled_in:.1f} s of calm, "
-          f"{len(drained)} stream(s) drained by the removed replica")
+          f"{len(calm.open_at(stop.at))} long stream(s) open when one began to stop")
 
 
 def test_a_replica_killed_mid_stream(url, reference):
