@@ -1,7 +1,7 @@
 """Does `cosine_similarity(draft, target) > 0.9` keep the target's output distribution?
 
 The source articles verify a draft model's tokens by that rule. Exact verification
-(rejection sampling, `runtime.worker.speculative.rejection`) provably keeps the target's
+(rejection sampling, `bench.studies.rejection`) provably keeps the target's
 distribution; this study measures both against it on a tiny model whose distributions are
 known exactly: a random bigram language model over a small vocabulary (the target) and a
 perturbed copy of it (the draft, close enough that the cosine of their distributions is
@@ -21,7 +21,7 @@ import platform
 import torch
 
 from bench.outputs import write_outputs
-from runtime.worker.speculative.rejection import rejection_sample
+from bench.studies.rejection import rejection_sample
 
 OUT = "bench/results/speculative/{date}-cosine-rule-cpu"
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from bench.studies.rejection import rejection_sample
 from bench.studies.speculative_cosine import (
     bigram_models,
     chi_square_pvalue,
     first_two_counts,
     target_joint,
 )
-from runtime.worker.speculative.rejection import rejection_sample
 
 TRIALS = 60_000
 

@@ -8,8 +8,10 @@ emitted token is then distributed exactly as the target's own sample, whatever q
 
 A deterministic proposer (prompt lookup, a replayed continuation) is the case q = one-hot:
 acceptance becomes p(x), and the residual is p without x, renormalized, which is what
-comparing the target's own sample with the draft gives (`Speculation`); this module is
-for drafts with a full distribution. Everything stays on the device: no host sync.
+comparing the target's own sample with the draft gives, and what the runtime does for
+every proposer it has (`runtime.scheduler.speculative.speculation`), since they all draft
+deterministically. This general form, for drafts with a full distribution, is the exact
+reference of `bench.studies.speculative_cosine`. Everything stays on the device.
 """
 
 from __future__ import annotations
