@@ -7,18 +7,18 @@ booleans get a `--no-` form (`--no-overlap`). Each flag's help is its field's do
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import sys
 import tempfile
 
 from runtime.config.checks import ConfigError
+from runtime.config.flags import add_field_flags, field_values
 from runtime.config.server import ServerConfig
 from runtime.launch.data_parallel import run_dp
 from runtime.launch.server import run_server
 
-_INTERNAL = {"ipc_dir", "run_id"}
+_INTERNAL = frozenset({"ipc_dir", "run_id"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,32 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="start the server (api, scheduler, worker)",
         description="Start the api, scheduler and worker processes.",
     )
-    docs = ServerConfig.field_docs()
-    for f in dataclasses.fields(ServerConfig):
-        if f.name in _INTERNAL:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        default = "auto" if f.default is None else f.default
-        # argparse %-formats help strings
-        text = f"{docs.get(f.name, '')} (default: {default})".replace("%", "%%").lstrip()
-        if f.type in ("bool", bool, "bool | None"):  # None: decided later (`KVMode.overlap`)
-            serve.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
-                               default=f.default, help=text)
-        elif f.type == "tuple[str, ...]":  # `--lora-paths a=/x b=/y`
-            serve.add_argument(flag, dest=f.name, nargs="+", type=str, default=f.default,
-                               help=text)
-        else:
-            typ = {"int": int, "float": float}.get(str(f.type), str)
-            serve.add_argument(flag, dest=f.name, type=typ, default=f.default, help=text)
+    add_field_flags(serve, ServerConfig, ServerConfig.field_docs(), _INTERNAL)
     return parser
 
 
 def config_from_args(args: argparse.Namespace, **internal) -> ServerConfig:
     """The ServerConfig of the parsed flags (without `--api-key`, the key comes from
     SLUICE_API_KEY); `internal`: fields that are not flags."""
-    fields = {f.name for f in dataclasses.fields(ServerConfig)} - _INTERNAL
-    options = {k: tuple(v) if isinstance(v, list) else v
-               for k, v in vars(args).items() if k in fields}
+    options = field_values(ServerConfig, args, _INTERNAL)
     options["api_key"] = options.get("api_key") or os.environ.get("SLUICE_API_KEY", "")
     return ServerConfig(**options, **internal)
 

@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from runtime.config.checks import ConfigError
+from runtime.config.flags import add_field_flags, field_values
 
 
 def _knob(default, help_: str):
@@ -92,17 +93,9 @@ class RayServeOptions:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per RayServeOptions field."""
-    for f in dataclasses.fields(RayServeOptions):
-        flag = "--" + f.name.replace("_", "-")
-        text = f"{f.metadata['help']} (default: {f.default})".replace("%", "%%")
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=f.default, help=text)
-        else:
-            typ = {"int": int, "float": float}.get(str(f.type), str)
-            parser.add_argument(flag, dest=f.name, type=typ, default=f.default, help=text)
+    docs = {f.name: f.metadata["help"] for f in dataclasses.fields(RayServeOptions)}
+    add_field_flags(parser, RayServeOptions, docs)
 
 
 def options_from_args(args: argparse.Namespace) -> RayServeOptions:
-    names = {f.name for f in dataclasses.fields(RayServeOptions)}
-    return RayServeOptions(**{k: v for k, v in vars(args).items() if k in names})
+    return RayServeOptions(**field_values(RayServeOptions, args))
