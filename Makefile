@@ -14,7 +14,7 @@ serve: install
 	$(VENV)/bin/sluice serve $(ARGS)
 
 test: install sglang-tools
-	$(PY) -m pytest -q -p no:cacheprovider $(ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 $(ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
