@@ -1,6 +1,7 @@
 """Mixture-of-experts FFN over routed tokens: for each of a token's k picks,
 silu(x @ gate^T) * (x @ up^T) @ down^T of the picked expert, scaled by the pick's weight and
-summed over the picks.
+summed over the picks. With a `swiglu_limit` L > 0 the gate is clamped to at most L and up to
+[-L, L] before the product (the clamped SwiGLU of some MoE families).
 
 Two grouped GEMMs over the picks sorted by expert (`moe_align_block_size`): the first
 multiplies by `w13` and fuses silu(gate) * up (it holds a gate and an up accumulator per
@@ -43,10 +44,11 @@ def moe_config(num_tokens: int, top_k: int, num_experts: int) -> MoeConfig:
 @triton.jit(do_not_specialize=["num_picks", "num_blocks_m"])  # one compile for every T
 def _moe_gemm_kernel(
     a_ptr, b_ptr, c_ptr, weight_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
-    N, K, num_picks, num_blocks_m,
+    N, K, num_picks, num_blocks_m, limit,
     stride_am, stride_be, stride_bn, stride_cm,
     A_ROW_DIV: tl.constexpr,
     GATED: tl.constexpr,
+    CLAMP: tl.constexpr,
     MUL_WEIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -55,7 +57,8 @@ def _moe_gemm_kernel(
 ):  # fmt: skip
     """C[r, n] = A[r // A_ROW_DIV] . B[expert(r), n] over the sorted rows r of one tile.
 
-    GATED: B holds 2N rows (gate, then up) and C gets silu(gate) * up. MUL_WEIGHT: C is
+    GATED: B holds 2N rows (gate, then up) and C gets silu(gate) * up; CLAMP: gate clamped
+    to at most `limit` and up to [-limit, limit] first. MUL_WEIGHT: C is
     scaled by the pick's routing weight. B is [E, N(*2), K] with K contiguous.
     """
     pid = tl.program_id(0)
@@ -93,6 +96,9 @@ def _moe_gemm_kernel(
         b_ptrs += BLOCK_K
 
     if GATED:
+        if CLAMP:
+            acc = tl.minimum(acc, limit)
+            acc_up = tl.minimum(tl.maximum(acc_up, -limit), limit)
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     if MUL_WEIGHT:
         w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0)  # [BM]
@@ -101,14 +107,15 @@ def _moe_gemm_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & n_mask[None, :])
 
 
-def _moe_gemm(a, b, c, weights, align, n, k, cfg: MoeConfig, *, a_row_div, gated, mul_weight):
+def _moe_gemm(a, b, c, weights, align, n, k, cfg: MoeConfig, *, a_row_div, gated, mul_weight,
+              limit=0.0):
     num_blocks_m = align.block_expert.numel()
     grid = (num_blocks_m * triton.cdiv(n, cfg.block_n),)
     _moe_gemm_kernel[grid](
         a, b, c, weights, align.sorted_ids, align.block_expert, align.num_padded,
-        n, k, c.shape[0], num_blocks_m,
+        n, k, c.shape[0], num_blocks_m, float(limit),
         a.stride(0), b.stride(0), b.stride(1), c.stride(0),
-        A_ROW_DIV=a_row_div, GATED=gated, MUL_WEIGHT=mul_weight,
+        A_ROW_DIV=a_row_div, GATED=gated, CLAMP=limit > 0, MUL_WEIGHT=mul_weight,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -121,6 +128,7 @@ def fused_moe(
     weights: torch.Tensor,
     ids: torch.Tensor,
     *,
+    swiglu_limit: float = 0.0,
     config: MoeConfig | None = None,
 ) -> torch.Tensor:
     """Routed experts' FFN: x `[T, H]` -> `[T, H]` (x's dtype).
@@ -129,7 +137,8 @@ def fused_moe(
     projection; weights `[T, k]` fp32 and ids `[T, k]` int32 come from `grouped_topk`.
     Under tensor parallelism each rank passes its shard of the experts' width (I split
     over ranks, all E experts on every rank) and gets a partial sum: the caller
-    all-reduces it. Shared experts are not included. Accumulates in fp32.
+    all-reduces it. Shared experts are not included. Accumulates in fp32. `swiglu_limit`
+    > 0 clamps gate and up (module docstring).
     """
     T, H = x.shape
     E, two_i, h13 = w13.shape
@@ -146,7 +155,7 @@ def fused_moe(
     align = moe_align_block_size(ids, E, cfg.block_m)
     act = torch.empty(T * top_k, inter, dtype=x.dtype, device=x.device)  # [T*k, I]
     _moe_gemm(x, w13, act, weights, align, inter, H, cfg, a_row_div=top_k, gated=True,
-              mul_weight=False)  # fmt: skip
+              mul_weight=False, limit=swiglu_limit)  # fmt: skip
     out = torch.empty(T * top_k, H, dtype=x.dtype, device=x.device)  # [T*k, H]
     _moe_gemm(act, w2, out, weights, align, H, inter, cfg, a_row_div=1, gated=False,
               mul_weight=True)  # fmt: skip
@@ -159,6 +168,8 @@ def fused_moe_ref(
     w2: torch.Tensor,
     weights: torch.Tensor,
     ids: torch.Tensor,
+    *,
+    swiglu_limit: float = 0.0,
 ) -> torch.Tensor:
     """Torch reference of `fused_moe`, in float32 with one pass per expert that is hit
     (it syncs with the host to find them: not for CUDA graphs)."""
@@ -169,7 +180,10 @@ def fused_moe_ref(
     for e in ids.unique().tolist():
         tok, pick = torch.where(ids == e)  # [n] each
         h = xf[tok] @ w13[e].float().t()  # [n, 2I]
-        act = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]  # [n, I]
+        gate, up = h[:, :inter], h[:, inter:]  # [n, I] each
+        if swiglu_limit > 0:
+            gate, up = gate.clamp(max=swiglu_limit), up.clamp(-swiglu_limit, swiglu_limit)
+        act = torch.nn.functional.silu(gate) * up  # [n, I]
         y = act @ w2[e].float().t()  # [n, H]
         out.index_add_(0, tok, y * weights[tok, pick].float().unsqueeze(-1))
     return out.to(x.dtype)

@@ -79,3 +79,9 @@ class TritonOps(TorchOps):
         q, k = q.contiguous(), k.contiguous()
         apply_rope(q, k, positions, self.cos_sin_cache)  # in place
         return q, k
+
+
+def ops_for(device: torch.device, cos_sin_cache: torch.Tensor | None = None) -> TorchOps:
+    """The ops of a model on `device`: the Triton kernels on CUDA, the references elsewhere;
+    `cos_sin_cache`: the RoPE table of `rope` (None: the model rotates by itself)."""
+    return TritonOps(cos_sin_cache) if device.type == "cuda" else TorchOps(cos_sin_cache)

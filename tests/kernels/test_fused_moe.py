@@ -136,3 +136,25 @@ def test_cuda_graph_replays_new_routing():
         assert torch.equal(ids.sort(dim=-1).values, want_ids.sort(dim=-1).values)
         want = fused_moe_ref(x, w13, w2, want_w, want_ids)
         torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("T", [1, 33])
+def test_clamped_swiglu_matches_reference(T):
+    """A limit below the activations' range: the clamp decides the output."""
+    x, w13, w2, weights, ids = moe_inputs(T, 40, 24, 8, 2, torch.float32, seed=T + 5)
+    x = x * 4  # gate / up values well past the limit
+    limit = 0.5
+    got = fused_moe(x, w13, w2, weights, ids, swiglu_limit=limit, config=SMALL_TILES)
+    want = fused_moe_ref(x, w13, w2, weights, ids, swiglu_limit=limit)
+    tol = ATTN_TOL[torch.float32]
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    assert not torch.allclose(want, fused_moe_ref(x, w13, w2, weights, ids), atol=1e-2)
+    # the reference's clamp is the clamped SwiGLU, expert by expert
+    inter = w13.shape[1] // 2
+    loop = torch.zeros_like(x)
+    for t in range(T):
+        for w, e in zip(weights[t], ids[t].tolist()):
+            gate, up = (w13[e] @ x[t]).split(inter)
+            act = torch.nn.functional.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+            loop[t] += w * (w2[e] @ act)
+    torch.testing.assert_close(want, loop, atol=1e-5, rtol=1e-5)

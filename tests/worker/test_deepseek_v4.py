@@ -29,9 +29,11 @@ SCHEDULE = [[13, 7, 1, 1, 1, 3], [6, 11, 4, 1, 1, 1]]
 
 @pytest.mark.parametrize("variant", [
     {},
-    # Pro's order (HCA first), a top-k wider than a short prompt's entries, sigmoid scores
-    # and YaRN on the compressed layers' RoPE (as the released configs have it)
+    # Pro's order (HCA first), a top-k wider than a short prompt's entries, sigmoid scores,
+    # YaRN on the compressed layers' RoPE (as the released configs have it), and a SwiGLU
+    # limit within the activations' range (the experts' clamp at work)
     dict(layer_types=[HCA, HCA, CSA, HCA], index_topk=5, scoring_func="sigmoid",
+         swiglu_limit=0.3,
          rope_parameters=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16,
                               beta_fast=32, beta_slow=1)),
 ])  # fmt: skip

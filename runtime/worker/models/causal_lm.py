@@ -21,7 +21,7 @@ from torch import nn
 from runtime.worker.attention import AttentionBackend
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.models.parallel import VocabParallelEmbedding
-from runtime.worker.ops import TorchOps, TritonOps
+from runtime.worker.ops import TorchOps, TritonOps, ops_for
 from runtime.worker.quant.scheme import QuantScheme
 from runtime.worker.tp import TPGroup
 
@@ -149,8 +149,7 @@ class CausalLM(nn.Module):
         """Once the weights are in: the ops (Triton on CUDA, torch references elsewhere)
         with the RoPE table. Families extend it with their own post-load steps."""
         device = self.model.embed_tokens.weight.device
-        cache = self.rope_table(device)
-        self.model.ops = TritonOps(cache) if device.type == "cuda" else TorchOps(cache)
+        self.model.ops = ops_for(device, self.rope_table(device))
 
     def tp_split_dim(self, hf_name: str) -> int | None:
         """The dim along which checkpoint tensor `hf_name` is split over TP ranks; None

@@ -36,6 +36,7 @@ from runtime.worker.models.deepseek_v4_checkpoint import transformers_name
 from runtime.worker.models.deepseek_v4_moe import CHECKPOINT_EXPERT_NAMES, V4MoE
 from runtime.worker.models.deepseek_v4_state import layer_widths, seq_steps
 from runtime.worker.models.sparse_moe import expert_pieces
+from runtime.worker.ops import TorchOps, ops_for
 from runtime.worker.quant.scheme import QuantScheme
 from runtime.worker.tp import TPGroup
 
@@ -114,10 +115,10 @@ class V4DecoderLayer(nn.Module):
             comb.to(dtype).transpose(-1, -2), h)  # [T, hc, D]
 
     def forward(self, h: torch.Tensor, fb: ForwardBatch, rows: torch.Tensor,
-                seqs) -> torch.Tensor:
+                seqs, ops: TorchOps) -> torch.Tensor:
         h = self._block(h, "attn", self.attn_norm,
                         lambda x: self.attn(x, fb.positions, rows, fb.out_slots, seqs))
-        return self._block(h, "ffn", self.ffn_norm, lambda x: self.ffn(x, fb.input_ids))
+        return self._block(h, "ffn", self.ffn_norm, lambda x: self.ffn(x, fb.input_ids, ops))
 
 
 class DeepseekV4ForCausalLM(CausalLM):
@@ -150,20 +151,22 @@ class DeepseekV4ForCausalLM(CausalLM):
         h = x[:, None, :].expand(-1, self.arch.hc_mult, -1).contiguous()  # [T, hc, D]
         for i, layer in enumerate(m.layers):
             rows = attn.pool.k[i].view(attn.pool.num_slots, -1)  # [slots, layer i's width]
-            h = layer(h, fb, rows, seqs)
+            h = layer(h, fb, rows, seqs, m.ops)
         x = m.hc_head(h)
         return F.rms_norm(x.float(), (x.shape[-1],), m.norm.weight.float(),
                           m.norm.eps).to(x.dtype)  # [T, D]
 
     @torch.no_grad()
     def init_buffers(self) -> None:
-        """Once the weights are in: each layer's RoPE frequencies, the hash routers'
-        tables kept within the experts, and the hyper-connection parameters in fp32 (the
-        mixing runs in fp32: converted once here, not at every block of every step)."""
+        """Once the weights are in: the ops (its layers rotate by themselves), each layer's
+        RoPE frequencies, the hash routers' tables kept within the experts, and the
+        hyper-connection parameters in fp32 (the mixing runs in fp32: converted once here,
+        not at every block of every step)."""
         for name, param in self.named_parameters():
             if name.rsplit(".", 1)[-1].startswith("hc_"):
                 param.data = param.data.float()
         a, device = self.arch, next(self.parameters()).device
+        self.model.ops = ops_for(device)
         main, compress = ((freq.to(device), attention) for freq, attention in (
             rope_inv_freq(a.rope_dim, a.rope_main), rope_inv_freq(a.rope_dim, a.rope_compress)))
         for layer in self.model.layers:

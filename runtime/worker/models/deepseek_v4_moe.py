@@ -5,8 +5,8 @@ SwiGLU whose gate is clamped above and up clamped both ways at `swiglu_limit`.
 or sigmoid of the router logits) plus a selection bias (`grouped_topk`); "hash_moe" layers
 take them from a fixed token -> experts table (`tid2eid`) and only weight them by score.
 Either way the picked scores are renormalized to sum to 1, then scaled by
-`routed_scaling_factor`. The experts run one at a time over their tokens (torch; the fused
-MoE kernel has no clamp). The shared expert's projections are stored as the model's
+`routed_scaling_factor`. The routed experts run through `ops.fused_moe` with the clamp
+(one fused launch on a GPU). The shared expert's projections are stored as the model's
 `QuantScheme` says; the routed experts and the router stay in 16 bits (a quantized
 checkpoint's are dequantized at load).
 """
@@ -22,6 +22,7 @@ from kernels.moe.routing import expert_scores
 from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
 from runtime.worker.models.parallel import column_linear
 from runtime.worker.models.sparse_moe import Router, StackedExperts
+from runtime.worker.ops import TorchOps
 from runtime.worker.quant.scheme import QuantScheme
 from runtime.worker.tp import TPGroup
 
@@ -81,14 +82,9 @@ class V4MoE(nn.Module):
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return weights * self.scale, ids
 
-    def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, input_ids: torch.Tensor, ops: TorchOps) -> torch.Tensor:
         """`x` `[T, hidden]` (normed) of tokens `input_ids` `[T]`: `[T, hidden]`."""
         weights, ids = self.route(x, input_ids)
         w13, w2 = self.experts.stacked()  # [E, 2I, H], [E, H, I]
-        out = torch.zeros_like(x)
-        for e in ids.unique().tolist():
-            token, slot = (ids == e).nonzero(as_tuple=True)
-            gate, up = F.linear(x[token], w13[e]).chunk(2, dim=-1)  # [n, I] each
-            y = F.linear(clamped_swiglu(gate, up, self.limit), w2[e])  # [n, hidden]
-            out.index_add_(0, token, (y * weights[token, slot, None]).to(x.dtype))
-        return out + self.shared_experts(x)
+        routed = ops.fused_moe(x, w13, w2, weights, ids, swiglu_limit=self.limit)
+        return routed + self.shared_experts(x)
