@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention.decode import LOG2E
+from kernels.attention.decode import LOG2E, output_buffer
 from kernels.attention.decode_config import LaunchConfig
 from kernels.attention.online_softmax import softmax_fold
 
@@ -153,11 +153,7 @@ def sparse_mqa_attention(
     assert sink.shape == (H,) and sink.is_floating_point(), (
         f"sink must be a float [{H}], got {sink.dtype} {tuple(sink.shape)}"
     )
-    if out is None:
-        out = torch.empty(T, H, d, dtype=q.dtype, device=q.device)
-    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous(), (
-        f"out must be a contiguous {q.dtype} {tuple(q.shape)}"
-    )
+    out = output_buffer(out, (T, H, d), q)
     if T == 0:
         return out
     config = config or sparse_mqa_config(d)
