@@ -134,11 +134,7 @@ def decode_attention(
         scale_strides(k_buf, k_scale, v_scale)
     elif not quant:
         assert k_buf.dtype == q.dtype, f"pool dtype {k_buf.dtype} != q dtype {q.dtype}"
-    if out is None:
-        out = torch.empty(B, Hq, D, dtype=q.dtype, device=q.device)
-    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous(), (
-        f"out must be a contiguous {q.dtype} {tuple(q.shape)}"
-    )
+    out = output_buffer(out, (B, Hq, D), q)
     if B == 0:
         return out
     if num_splits is None:
@@ -181,6 +177,18 @@ def decode_attention(
         )  # fmt: skip
     if num_splits > 1:
         merge_splits(mid_o, mid_lse, out, block_d)
+    return out
+
+
+def output_buffer(out: torch.Tensor | None, shape: tuple[int, ...],
+                  q: torch.Tensor) -> torch.Tensor:
+    """An attention launcher's output: `out` when given (checked: contiguous, of `shape` and
+    q's dtype), else a new tensor of them on q's device."""
+    if out is None:
+        return torch.empty(shape, dtype=q.dtype, device=q.device)
+    assert out.shape == shape and out.dtype == q.dtype and out.is_contiguous(), (
+        f"out must be a contiguous {q.dtype} {shape}"
+    )
     return out
 
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.attention.decode import LOG2E, decode_num_splits, merge_splits
+from kernels.attention.decode import LOG2E, decode_num_splits, merge_splits, output_buffer
 from kernels.attention.decode_config import LaunchConfig
 from kernels.attention.decode_parts import split_range, store_split
 from kernels.attention.mla_tiles import load_latent, paged_latent_tile
@@ -144,11 +144,7 @@ def mla_decode(
     Dl, Dr, kv_scale = check_latent(q, kv_pool, kv_scale, kv_lora_rank)
     B, H, _ = q.shape
     check_page_table(kv_indices, page_size, kv_indptr=(kv_indptr, B + 1), seq_lens=(seq_lens, B))
-    if out is None:
-        out = torch.empty(B, H, Dl, dtype=q.dtype, device=q.device)
-    assert out.shape == (B, H, Dl) and out.dtype == q.dtype and out.is_contiguous(), (
-        f"out must be a contiguous {q.dtype} {(B, H, Dl)}"
-    )
+    out = output_buffer(out, (B, H, Dl), q)
     if B == 0:
         return out
     config = config or MlaDecodeConfig()

@@ -1,0 +1,64 @@
+"""The per-query key lists `sparse_mqa_attention` reads, built in torch from a batch's CSR page
+table (`kernels.kv.paging`), vectorized over the batch (no host sync, no loop a sequence).
+
+Query t of sequence b at position p reads two lists of pool slots, -1 for none:
+- its window, positions (p - window, p], oldest first (`window_indices`);
+- compressed entries, by entry number: entry w is the one whose window of `rate` tokens
+  closes at position (w + 1) * rate - 1, and lives in that token's row (`entry_indices`).
+  Which entries: every one closed by p (`visible_entries`), or the indexer's best-scored of
+  those (`top_entries` over `indexer_scores`).
+"""
+
+import torch
+
+
+def query_seqs(qo_indptr: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """`[T]` int64: the sequence of each of a batch's num_tokens new tokens, whose sequence i
+    holds tokens qo_indptr[i] .. qo_indptr[i + 1] (`[B + 1]`)."""
+    tokens = torch.arange(num_tokens, device=qo_indptr.device)  # [T]
+    return torch.searchsorted(qo_indptr[1:].long().contiguous(), tokens, right=True)
+
+
+def position_slots(positions: torch.Tensor, seqs: torch.Tensor, kv_indptr: torch.Tensor,
+                   kv_indices: torch.Tensor, page_size: int) -> torch.Tensor:
+    """`[T, K]` int32 pool slots of positions `[T, K]` (negative: none, -1) in the sequences
+    seqs `[T]` of the page table (kv_indptr `[B + 1]`, kv_indices page ids, page_size)."""
+    valid = positions >= 0
+    pos = positions.clamp(min=0)  # [T, K]; none reads the sequence's first page, then drops
+    page = kv_indices[kv_indptr[seqs].long()[:, None] + pos // page_size].long()  # [T, K]
+    slot = page * page_size + pos % page_size
+    return torch.where(valid, slot, -1).to(torch.int32)
+
+
+def window_indices(positions: torch.Tensor, seqs: torch.Tensor, kv_indptr: torch.Tensor,
+                   kv_indices: torch.Tensor, page_size: int, window: int) -> torch.Tensor:
+    """`[T, window]` int32: the slots of positions (p - window, p] of each query at positions
+    `[T]` (of sequences seqs `[T]`), oldest first, -1 before position 0."""
+    offs = torch.arange(1 - window, 1, device=positions.device)  # [window]
+    pos = positions[:, None].long() + offs[None, :]  # [T, window]
+    return position_slots(pos, seqs, kv_indptr, kv_indices, page_size)
+
+
+def entry_indices(entries: torch.Tensor, seqs: torch.Tensor, kv_indptr: torch.Tensor,
+                  kv_indices: torch.Tensor, page_size: int, rate: int) -> torch.Tensor:
+    """`[T, k]` int32: the slots holding entry numbers entries `[T, k]` (-1: none) of the
+    queries' sequences seqs `[T]`, each in the row of the token closing its window."""
+    closing = torch.where(entries >= 0, (entries.long() + 1) * rate - 1, -1)  # [T, k]
+    return position_slots(closing, seqs, kv_indptr, kv_indices, page_size)
+
+
+def visible_entries(positions: torch.Tensor, rate: int, n: int) -> torch.Tensor:
+    """`[T, n]` int64 entry numbers: w where the query at positions `[T]` sees entry w (its
+    window closed: (w + 1) * rate <= p + 1), else -1. n: at least the most any query sees,
+    (max position + 1) // rate, a host int."""
+    w = torch.arange(n, device=positions.device)  # [n]
+    return torch.where(w[None, :] < ((positions.long() + 1) // rate)[:, None], w[None, :], -1)
+
+
+def top_entries(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """`[Q, k]` int64 entry numbers: each query's k best of scores `[Q, n]` (`indexer_scores`,
+    -inf where not visible), -1 in place of an invisible one and past n (always k wide, so
+    that sequences with different n stack)."""
+    best, picked = scores.topk(min(k, scores.shape[1]), dim=1)  # [Q, min(k, n)]
+    picked = torch.where(best > float("-inf"), picked, -1)
+    return torch.nn.functional.pad(picked, (0, k - picked.shape[1]), value=-1)
