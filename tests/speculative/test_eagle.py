@@ -109,6 +109,21 @@ def test_greedy_outputs_are_plain_decodings(target, heads, kv, overlap):
         assert worker.eagle.pool.num_slots == worker.runner.kv_pool.num_slots
 
 
+def test_seeded_samples_and_retraction_are_plain_decodings(target, heads):
+    """Seeded sampling keeps the target's own samples; a pool too small for the batch
+    retracts requests mid-speculation, and their head entries are rewritten with the
+    recomputed positions."""
+    prompts, _ = prompts_and_params()
+    params = [SamplingParams(max_tokens=16, temperature=0.8, top_k=4, seed=s)
+              for s in range(len(prompts))]
+    small = dict(kv_slots=63, schedule_conservativeness=0.0, max_running=5)
+    ref, _, _ = serve(config(target, **small), prompts, params)
+    outs, sched, _ = serve(config(target, heads["eagle3"][0], **small), prompts, params)
+    assert outs == ref
+    assert sched.num_retractions > 0 and sched.spec.verify_steps > 0
+    assert sched.kv.stats().used == 0
+
+
 def test_a_head_that_copies_the_target_gets_drafts_accepted(target, tmp_path):
     """An EAGLE head whose output is the hidden state it reads drafts the token the target
     predicted one position earlier: accepted where the target repeats a token, so the

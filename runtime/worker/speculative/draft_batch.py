@@ -38,10 +38,11 @@ class DraftForward:
         self.n_pages = int(kv_indptr[-1])
 
     @staticmethod
-    def stage(forwards: list[DraftForward], i64: dict[str, np.ndarray],
+    def stage(forwards: list, i64: dict[str, np.ndarray],
               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The int64 and int32 arrays of one `Staging.upload`: `i64` and those of every
-        forward of `forwards`, under its name."""
+        forward of `forwards` (each with a `name`, `i64` and `i32`: a `DraftForward`, or
+        an EAGLE head's `HeadForward`), under its name."""
         i32 = {}
         for f in forwards:
             i64 |= {f"{f.name}.{k}": a for k, a in f.i64.items()}
