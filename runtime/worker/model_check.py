@@ -19,11 +19,7 @@ from runtime.model_config import ModelSpec, resolve_model, spec_for
 from runtime.model_errors import MODEL_ERRORS
 from runtime.worker.loader import WeightLoadError, build_model
 from runtime.worker.speculative.eagle_head import EagleHead
-from runtime.worker.speculative.eagle_layout import (
-    EagleHeadMismatch,
-    read_layout,
-    tensor_shapes,
-)
+from runtime.worker.speculative.eagle_layout import EagleHeadMismatch, read_layout
 from runtime.worker.tp import TPGroup
 
 
@@ -54,10 +50,7 @@ def prepare_model(cfg: ServerConfig) -> ModelSpec:
 def check_eagle_head(target: ModelSpec, folder: str) -> None:
     """Raise `EagleHeadMismatch` (one line, naming the field or tensor) unless the EAGLE
     head in `folder` fits `target`: its layout, sizes and every tensor's shape."""
-    layout = read_layout(folder, target.hf_config())
-    with torch.device("meta"):
-        head = EagleHead(layout)
-    head.check_shapes(tensor_shapes(layout.folder))
+    EagleHead.check(read_layout(folder, target.hf_config()))
 
 
 def check_draft_model(target: ModelSpec, draft: ModelSpec) -> None:

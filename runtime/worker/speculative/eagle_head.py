@@ -53,12 +53,19 @@ class EagleHead(nn.Module):
         self.ops: TorchOps | TritonOps | None = None
 
     @classmethod
-    def load(cls, layout: EagleLayout, device: torch.device, dtype: torch.dtype) -> EagleHead:
-        """The head with its weights from `layout.folder`, in `dtype` on `device`; raises
-        `EagleHeadMismatch` for a missing tensor or one of another shape."""
+    def check(cls, layout: EagleLayout) -> EagleHead:
+        """The head on the meta device, once the folder's tensor headers are checked to
+        fill it: raises `EagleHeadMismatch` for a missing tensor or one of another shape."""
         with torch.device("meta"):
             head = cls(layout)
         head.check_shapes(tensor_shapes(layout.folder))
+        return head
+
+    @classmethod
+    def load(cls, layout: EagleLayout, device: torch.device, dtype: torch.dtype) -> EagleHead:
+        """The head with its weights from `layout.folder`, in `dtype` on `device` (checked
+        as `check` does)."""
+        head = cls.check(layout)
         head.to(dtype=dtype).to_empty(device=device).requires_grad_(False)
         targets = head.checkpoint_targets()
         for path in checkpoint_files(layout.folder):
