@@ -96,8 +96,8 @@ def read_layout(folder: str | Path, target) -> EagleLayout:
                        ("vocab_size", target.vocab_size), ("num_hidden_layers", 1)):
         got = cfg.get(name, want)
         if got != want:
-            raise EagleHeadMismatch(f"{source}: {name} is {got}, the target's head needs "
-                                    f"{want}")
+            raise EagleHeadMismatch(f"{source}: {name} is {got}, an EAGLE head for this "
+                                    f"target needs {want}")
     if eagle3 and arch.tie_word_embeddings:
         raise EagleHeadMismatch(f"{source}: tie_word_embeddings: an EAGLE-3 head with a "
                                 "tied LM head is not supported")
