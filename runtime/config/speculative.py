@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 from runtime.config.checks import ConfigError, require_at_least
 
-SPECULATIVE_ALGORITHMS = ("none", "ngram", "draft")
-SPECULATIVE_PLANNED = ("eagle", "mtp")  # named by the flag's help, not built yet
+SPECULATIVE_ALGORITHMS = ("none", "ngram", "draft", "eagle")
+SPECULATIVE_PLANNED = ("mtp",)  # named by the flag's help, not built yet
+WORKER_DRAFTERS = ("draft", "eagle")  # drafted by the worker from `speculative_draft_model`
 
 
 @dataclass(frozen=True)
@@ -17,12 +18,14 @@ class SpeculativeOptions:
     speculative_algorithm: str = "none"
     """Speculative decoding: `none`, `ngram` (prompt lookup: draft the tokens that
     followed the latest earlier occurrence of the sequence's last few tokens; no second
-    model) or `draft` (a smaller model with the same vocabulary, `speculative_draft_model`,
-    drafts greedily in the worker). The target verifies every draft exactly: greedy
-    outputs are the same tokens, sampled outputs keep its distribution. `eagle` and `mtp`
-    are not implemented yet."""
+    model), `draft` (a smaller model with the same vocabulary, `speculative_draft_model`,
+    drafts greedily in the worker) or `eagle` (a released EAGLE or EAGLE-3 head for the
+    target, `speculative_draft_model`, drafts greedily in the worker from the target's
+    hidden states). The target verifies every draft exactly: greedy outputs are the same
+    tokens, sampled outputs keep its distribution. `mtp` is not implemented yet."""
     speculative_draft_model: str = ""
-    """draft: the draft model, named as `model` is; its vocabulary must be the target's."""
+    """draft: the draft model, named as `model` is; its vocabulary must be the target's.
+    eagle: the local folder of an EAGLE head trained for the target."""
     speculative_num_draft_tokens: int = 4
     """Speculative decoding: draft tokens a request's verify step checks (k; the step
     yields 1 to k + 1 tokens)."""
@@ -56,7 +59,7 @@ class SpeculativeOptions:
             raise ConfigError(f"speculative_off_window and speculative_off_accept must be "
                               f">= 0, got {self.speculative_off_window} and "
                               f"{self.speculative_off_accept}")
-        if (algo == "draft") != bool(self.speculative_draft_model):
+        if (algo in WORKER_DRAFTERS) != bool(self.speculative_draft_model):
             raise ConfigError("speculative_draft_model is set exactly when "
-                              f"speculative_algorithm is draft (got {algo!r} and "
-                              f"{self.speculative_draft_model!r})")
+                              f"speculative_algorithm is one of {WORKER_DRAFTERS} (got "
+                              f"{algo!r} and {self.speculative_draft_model!r})")

@@ -5,8 +5,10 @@ verify step's tokens are sequences of their own there, `BatchBuilder`). The
 model's inputs are copied into static buffers here, the page table and lengths into the
 attention backend's (`AttentionBackend.prepare_replay`); padded rows read nothing
 (sequence length 0) and write their K/V into slot 0, the padding sink. The logits of the
-first B rows are returned. With LoRA adapters the graphs read the step's adapter segments
-from static buffers too (`LoraBatch.static`), sized for every row of the graph.
+first B rows are returned, and with `capture` the features a draft head reads
+(`CausalLM.forward_features`) of those rows. With LoRA adapters the graphs read the
+step's adapter segments from static buffers too (`LoraBatch.static`), sized for every
+row of the graph.
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ class GraphRunner:
         device: torch.device,
         page_size: int = 1,
         lora: LoraManager | None = None,
+        capture: tuple[int, ...] | None = None,
     ) -> None:
         self.model, self.attn, self.device = model, attn, device
         self.lora = lora
+        self.capture = capture
         self.page_size = page_size
         self.sizes = [s for s in CAPTURE_SIZES if s <= max_bs] or [max_bs]
         n = self.sizes[-1]
@@ -54,7 +58,7 @@ class GraphRunner:
         self.no_pages = torch.zeros(0, **i64)  # [0]
         self.lora_batch = LoraBatch.static(n, lora.num_slots, device) if lora else None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, ...]] = {}  # logits (and features)
         self.pool = None
 
     def _batch(self, bs: int) -> ForwardBatch:
@@ -72,15 +76,21 @@ class GraphRunner:
         self.attn.prepare_capture(fb)
         return fb
 
-    def _forward(self, fb: ForwardBatch) -> torch.Tensor:
+    def _forward(self, fb: ForwardBatch) -> tuple[torch.Tensor, ...]:
+        """(logits [B, vocab]) or, with `capture`, (logits, features [B, w])."""
         if self.lora is None:
-            hidden = self.model(fb, self.attn)  # [B, hidden]
-        else:  # the LoRA kernels' grids cover this graph's rows
-            static = self.lora_batch
-            batch = LoraBatch(static.order[:fb.batch_size], static.indptr, None, fb.batch_size)
-            with self.lora.step.applying(batch):
-                hidden = self.model(fb, self.attn)  # [B, hidden]
-        return self.model.compute_logits(hidden)  # [B, vocab]
+            return self._outputs(fb)
+        # the LoRA kernels' grids cover this graph's rows
+        static = self.lora_batch
+        batch = LoraBatch(static.order[:fb.batch_size], static.indptr, None, fb.batch_size)
+        with self.lora.step.applying(batch):
+            return self._outputs(fb)
+
+    def _outputs(self, fb: ForwardBatch) -> tuple[torch.Tensor, ...]:
+        if self.capture is None:
+            return (self.model.compute_logits(self.model(fb, self.attn)),)  # [B, vocab]
+        hidden, features = self.model.forward_features(fb, self.attn, self.capture)
+        return self.model.compute_logits(hidden), features  # [B, vocab], [B, w]
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -94,7 +104,7 @@ class GraphRunner:
                     self._forward(fb)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                    self.logits[bs] = self._forward(fb)
+                    self.outputs[bs] = self._forward(fb)
                 self.pool = graph.pool()
                 self.graphs[bs] = graph
         torch.cuda.current_stream(self.device).wait_stream(stream)
@@ -104,8 +114,9 @@ class GraphRunner:
     def can_run(self, fb: ForwardBatch) -> bool:
         return fb.is_decode and fb.batch_size <= self.sizes[-1] and fb.page_size == self.page_size
 
-    def replay(self, fb: ForwardBatch) -> torch.Tensor:
-        """Run a decode batch through its graph; logits [B, vocab] fp32."""
+    def replay(self, fb: ForwardBatch) -> tuple[torch.Tensor, ...]:
+        """Run a decode batch through its graph: (logits [B, vocab] fp32), with `capture`
+        (logits, features [B, w])."""
         bs = fb.batch_size
         padded = self.sizes[bisect.bisect_left(self.sizes, bs)]
         self.input_ids[:bs].copy_(fb.input_ids, non_blocking=True)
@@ -119,4 +130,4 @@ class GraphRunner:
             self.lora_batch.fill(fb.lora)
         self.attn.prepare_replay(fb, padded)
         self.graphs[padded].replay()
-        return self.logits[padded][:bs]
+        return tuple(out[:bs] for out in self.outputs[padded])

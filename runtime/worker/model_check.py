@@ -18,6 +18,8 @@ from runtime.config.server import ServerConfig
 from runtime.model_config import ModelSpec, resolve_model, spec_for
 from runtime.model_errors import MODEL_ERRORS
 from runtime.worker.loader import WeightLoadError, build_model
+from runtime.worker.speculative.eagle_head import EagleHead
+from runtime.worker.speculative.eagle_layout import EagleHeadMismatch, read_layout
 from runtime.worker.tp import TPGroup
 
 
@@ -27,20 +29,28 @@ class UnsupportedModel(ValueError):
 
 # MODEL_ERRORS, and what building or loading the model raises for a checkpoint that does not fit
 LOAD_ERRORS = (*MODEL_ERRORS, UnsupportedModel, WeightLoadError, NotImplementedError,
-               torch.OutOfMemoryError)
+               torch.OutOfMemoryError, EagleHeadMismatch)
 
 
 def prepare_model(cfg: ServerConfig) -> ModelSpec:
     """The server's model, resolved before its processes start (a Hub id's files fetched, a
     GGUF converted, once) and checked as `check_model` does, and so is its draft model
-    (`check_draft_model`); raises one of LOAD_ERRORS."""
+    (`check_draft_model`) or EAGLE head (`check_eagle_head`); raises one of LOAD_ERRORS."""
     spec = spec_for(cfg, offline=False)
     check_model(spec, cfg.quantization, cfg.tp)
     if cfg.speculative_algorithm == "draft":
         draft = resolve_model(cfg.speculative_draft_model, offline=False)
         check_model(draft)
         check_draft_model(spec, draft)
+    if cfg.speculative_algorithm == "eagle":
+        check_eagle_head(spec, cfg.speculative_draft_model)
     return spec
+
+
+def check_eagle_head(target: ModelSpec, folder: str) -> None:
+    """Raise `EagleHeadMismatch` (one line, naming the field or tensor) unless the EAGLE
+    head in `folder` fits `target`: its layout, sizes and every tensor's shape."""
+    EagleHead.check(read_layout(folder, target.hf_config()))
 
 
 def check_draft_model(target: ModelSpec, draft: ModelSpec) -> None:

@@ -92,6 +92,8 @@ class ModelRunner:
     model's), counted when the pool is sized from memory. `graph_rows` (0: `max_rows`):
     the most rows of the decode batches captured in CUDA graphs; a verify step runs as a
     decode batch of one row a token (`BatchBuilder`), so speculation asks for more.
+    `capture` (None: none) makes `forward_features` available: the features a draft head
+    reads besides the logits (`CausalLM.forward_features`), CUDA graphs included.
     """
 
     def __init__(
@@ -112,6 +114,7 @@ class ModelRunner:
         lora: LoraOptions | None = None,
         kv_bytes_extra: int = 0,
         graph_rows: int = 0,
+        capture: tuple[int, ...] | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
@@ -119,6 +122,7 @@ class ModelRunner:
         if quantization == "fp8":
             check_fp8_support(self.device)
         self.model = load_model(spec, self.device, dtype, seed, tp, quantization)
+        self.capture = capture
         self.quantization = self.model.quantization  # "fp8" for an fp8 checkpoint too
         self.lora = LoraManager(self.model, lora, self.device, dtype) if lora else None
         arch = self.model.arch
@@ -167,7 +171,7 @@ class ModelRunner:
             if self.attn.supports_graphs:
                 self.graphs = GraphRunner(
                     self.model, self.attn, graph_rows or max_rows, self.max_context,
-                    self.device, page_size, self.lora,
+                    self.device, page_size, self.lora, capture,
                 )
                 self.graphs.capture()
             else:
@@ -196,9 +200,22 @@ class ModelRunner:
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Run one step; store the new tokens' KV; logits of rows `fb.sample_idx`: [S, V] fp32."""
         if self.graphs is not None and self.graphs.can_run(fb):
-            return self.graphs.replay(fb)  # [B, vocab]
+            return self.graphs.replay(fb)[0]  # [B, vocab]
         self.attn.prepare(fb)
-        lora = self.lora.step.applying(fb.lora) if self.lora else contextlib.nullcontext()
-        with lora:
+        with self._lora(fb):
             hidden = self.model(fb, self.attn)  # [T, hidden]
         return self.model.compute_logits(hidden[fb.sample_idx])  # [S, vocab]
+
+    @torch.inference_mode()
+    def forward_features(self, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`'s logits [S, V] and every new token's features [T, w] (`capture`)."""
+        if self.graphs is not None and self.graphs.can_run(fb):
+            return self.graphs.replay(fb)  # [B, vocab], [B, w]
+        self.attn.prepare(fb)
+        with self._lora(fb):
+            hidden, features = self.model.forward_features(fb, self.attn, self.capture)
+        return self.model.compute_logits(hidden[fb.sample_idx]), features  # [S, V], [T, w]
+
+    def _lora(self, fb: ForwardBatch):
+        """The context applying the step's adapters (none without LoRA)."""
+        return self.lora.step.applying(fb.lora) if self.lora else contextlib.nullcontext()

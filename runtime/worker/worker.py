@@ -7,7 +7,9 @@ the step's results (`StepOutput`: sampled ids, and any logprobs and top alternat
 pinned host memory without blocking; a sender thread waits on that event and sends the
 StepResult. On the CPU the event is a no-op and the same code path runs synchronously.
 With a draft model (`--speculative-algorithm draft`) a step first drafts its verify
-requests' tokens and writes the draft KV of its other requests (`DraftModel`).
+requests' tokens and writes the draft KV of its other requests (`DraftModel`); with an
+EAGLE head (`--speculative-algorithm eagle`) the head drafts before the target's forward
+and takes the target's hidden states after it (`EagleDrafter`).
 
 Nor does it wait for a grammar compile: the scheduler asks for one ahead
 (`GrammarCacheUpdate`), a background thread compiles it, and the sender thread reports it
@@ -58,6 +60,9 @@ from runtime.worker.lora.manager import LoraOptions
 from runtime.worker.model_check import LOAD_ERRORS, check_draft_model
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.speculative.draft_model import DraftModel
+from runtime.worker.speculative.eagle_drafter import EagleDrafter
+from runtime.worker.speculative.eagle_head import EagleHead
+from runtime.worker.speculative.eagle_layout import read_layout
 from runtime.worker.step_output import StepOutput, gather_top_logprobs, top_positions
 from runtime.worker.step_timing import StepTimer, StepTiming
 from runtime.worker.tp import TPGroup, init_tp
@@ -126,6 +131,12 @@ class Worker:
             draft_spec = resolve_model(cfg.speculative_draft_model)
             check_draft_model(spec, draft_spec)
             self.draft = DraftModel(draft_spec, self.device, dtype, cfg.seed)
+        head = None  # --speculative-algorithm eagle: checked as it loads
+        if cfg.speculative_algorithm == "eagle":
+            head = EagleHead.load(read_layout(cfg.speculative_draft_model, spec.hf_config()),
+                                  self.device, dtype)
+        extra = (self.draft.kv_bytes_per_token if self.draft
+                 else head.layout.bytes_per_token(dtype) if head else 0)
         self.runner = ModelRunner(spec, self.device, dtype,
                                   kv_slots=cfg.kv_slots, max_rows=self.max_rows, seed=cfg.seed,
                                   mem_fraction=cfg.mem_fraction, cuda_graph=cfg.cuda_graph,
@@ -133,10 +144,12 @@ class Worker:
                                   attention_backend=cfg.attention_backend,
                                   quantization=cfg.quantization,
                                   lora=LoraOptions.from_config(cfg),
-                                  kv_bytes_extra=self.draft.kv_bytes_per_token if self.draft
-                                  else 0, graph_rows=self._graph_rows(cfg))
+                                  kv_bytes_extra=extra, graph_rows=self._graph_rows(cfg),
+                                  capture=head.layout.capture if head else None)
         if self.draft is not None:
             self.draft.allocate(self.runner.kv_slots, cfg.attention_backend)
+        self.eagle = head and EagleDrafter(head, self.runner.model, self.runner.kv_slots,
+                                           cfg.attention_backend, self.device, dtype)
         self.builder = BatchBuilder(self.max_rows, self.runner.max_context, self.device,
                                     self.page_size,
                                     self.runner.lora.num_slots if self.runner.lora else 0,
@@ -207,7 +220,12 @@ class Worker:
         drafts = None
         if self.draft is not None:
             drafts = self.draft.run_step(plan, fb, self.builder)  # [D] or None
-        logits = self.runner.forward(fb)  # [S + L, vocab] float32
+        if self.eagle is not None:
+            drafts = self.eagle.propose(plan, fb, self.builder)  # [D] or None
+            logits, features = self.runner.forward_features(fb)  # [S + L, vocab], [T, w]
+            self.eagle.absorb(plan, fb, features, self.builder)
+        else:
+            logits = self.runner.forward(fb)  # [S + L, vocab] float32
         n = len(inputs.rows)
         out = StepOutput(torch.zeros(0, dtype=torch.int64, device=self.device),
                          input_logprobs=self._input_logprobs(logits[n:], inputs),  # [L]

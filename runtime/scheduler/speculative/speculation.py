@@ -18,12 +18,13 @@ its sequence continues); requests without a drafter keep the overlapped decode p
 request whose drafts keep failing loses its drafter (`off_window`, `off_accept`) and
 goes back to that path for good.
 
-With a draft model the worker writes the drafts in the verify step itself
-(`ModelDrafts`): the scheduler plans k placeholder positions and learns the drafts with
-the step's result. The draft model's KV of a verify step's last draft is written only if
-the request's next step needs it, when every draft was accepted: the request then owes
-it (`Req.draft_kv_owed`) to its next step, and a request that ends owing it keeps that
-position out of the prefix cache (`Scheduler`).
+With a draft model or an EAGLE head the worker writes the drafts in the verify step
+itself (`ModelDrafts`): the scheduler plans k placeholder positions and learns the drafts
+with the step's result. The draft model's KV of a verify step's last draft is written
+only if the request's next step needs it, when every draft was accepted: the request then
+owes it (`Req.draft_kv_owed`) to its next step, and a request that ends owing it keeps that
+position out of the prefix cache (`Scheduler`). An EAGLE head writes its entries of a
+step's positions after the target's forward of that step, so it never owes one.
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ def accepted_prefix(drafts: Sequence[int], samples: Sequence[int]) -> int:
 
 
 class ModelDrafts:
-    """The drafter of a draft model in the worker: k placeholder positions, whose tokens
-    the worker writes in the verify step and returns with its result."""
+    """The drafter of a draft model or an EAGLE head in the worker: k placeholder
+    positions, whose tokens the worker writes in the verify step and returns with its
+    result."""
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
         return [0] * k
@@ -100,7 +102,7 @@ class Speculation:
         if algo == "ngram":
             lo, hi = cfg.speculative_ngram_min, cfg.speculative_ngram_max
             new_drafter = lambda req: NgramDrafter(lo, hi)  # noqa: E731
-        elif algo == "draft":
+        elif algo in ("draft", "eagle"):
             drafts = ModelDrafts()
             new_drafter = lambda req: drafts  # noqa: E731
         else:

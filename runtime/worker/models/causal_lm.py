@@ -78,11 +78,21 @@ class Decoder(nn.Module):
         self.ops: Ops | None = None  # set by `CausalLM.init_buffers` once the device is known
 
     def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        return self.run(fb, attn)[0]
+
+    def run(self, fb: ForwardBatch, attn: AttentionBackend, capture: tuple[int, ...] = (),
+            ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(the final-normed hidden states [T, hidden], the residual stream after `i`
+        layers for each i of `capture` in its order, [T, hidden] each; i in 1..layers)."""
         ops = self.ops
         h, residual = self.embed_tokens(fb.input_ids), None  # [T, hidden]
-        for layer in self.layers:
+        streams = {}
+        for i, layer in enumerate(self.layers):
             h, residual = layer(h, residual, ops, fb, attn)  # [T, hidden] each
-        return ops.add_rmsnorm(h, residual, self.norm.weight, self.norm.eps)[0]
+            if i + 1 in capture:
+                streams[i + 1] = h + residual  # [T, hidden]
+        out = ops.add_rmsnorm(h, residual, self.norm.weight, self.norm.eps)[0]
+        return out, [streams[i] for i in capture]
 
 
 class CausalLM(nn.Module):
@@ -138,6 +148,15 @@ class CausalLM(nn.Module):
     def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Final-normed hidden states of every new token: [T, hidden]."""
         return self.model(fb, attn)
+
+    def forward_features(self, fb: ForwardBatch, attn: AttentionBackend,
+                         capture: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(final-normed hidden states [T, hidden], the features a draft head reads
+        [T, w]): with `capture` empty the final hidden states themselves (w = hidden),
+        else the residual streams after those numbers of layers, concatenated
+        (`Decoder.run`; w = len(capture) * hidden)."""
+        hidden, streams = self.model.run(fb, attn, capture)
+        return hidden, torch.cat(streams, dim=-1) if streams else hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head over selected rows: [S, hidden] -> [S, vocab] float32."""

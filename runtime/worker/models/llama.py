@@ -109,8 +109,10 @@ class LlamaArch:
 
 
 class LlamaAttention(nn.Module):
+    """`input_size` (default: the hidden size) is the width the q/k/v projection reads."""
+
     def __init__(self, arch: LlamaArch, layer_id: int, tp: TPGroup,
-                 quantization: QuantScheme) -> None:
+                 quantization: QuantScheme, input_size: int | None = None) -> None:
         super().__init__()
         hf = f"model.layers.{layer_id}.self_attn"  # the checkpoint's module names
         self.layer_id = layer_id
@@ -119,7 +121,8 @@ class LlamaAttention(nn.Module):
         self.head_dim = arch.head_dim
         q_size, kv_size = self.num_heads * arch.head_dim, self.num_kv_heads * arch.head_dim
         self.sizes = [q_size, kv_size, kv_size]
-        self.qkv_proj = column_linear(arch.hidden_size, q_size + 2 * kv_size, arch.qkv_bias,
+        self.qkv_proj = column_linear(input_size or arch.hidden_size, q_size + 2 * kv_size,
+                                      arch.qkv_bias,
                                       quantization, [f"{hf}.{m}_proj" for m in "qkv"])
         self.o_proj = row_linear(q_size, arch.hidden_size, arch.o_bias, tp, quantization,
                                  [f"{hf}.o_proj"])

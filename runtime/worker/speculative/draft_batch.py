@@ -38,10 +38,11 @@ class DraftForward:
         self.n_pages = int(kv_indptr[-1])
 
     @staticmethod
-    def stage(forwards: list[DraftForward], i64: dict[str, np.ndarray],
+    def stage(forwards: list, i64: dict[str, np.ndarray],
               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The int64 and int32 arrays of one `Staging.upload`: `i64` and those of every
-        forward of `forwards`, under its name."""
+        forward of `forwards` (each with a `name`, `i64` and `i32`: a `DraftForward`, or
+        an EAGLE head's `HeadForward`), under its name."""
         i32 = {}
         for f in forwards:
             i64 |= {f"{f.name}.{k}": a for k, a in f.i64.items()}
@@ -72,3 +73,23 @@ def token_sources(first: np.ndarray, lens: np.ndarray, owed: np.ndarray,
     src = np.repeat(first - owed - qo[:-1], total) + np.arange(qo[-1])  # [T]
     src[qo[:-1][owed > 0]] = n + np.arange(int(owed.sum()))
     return src
+
+
+def draft_placement(first: np.ndarray, d: np.ndarray) -> dict[str, np.ndarray]:
+    """Where the drafts of a verify step's requests go, as index arrays for `place_drafts`:
+    request r's d[r] drafts are columns 0..d[r]-1 of its row of the [R, k] grid the draft
+    steps fill (`src`), and the tokens after its last one, index `first[r]` among the
+    step's tokens (`dst`)."""
+    k = int(d.max())
+    off = exclusive_cumsum(d)  # [R+1] each request's first draft among all of them
+    return {"src": np.repeat(np.arange(len(d)) * k - off[:-1], d) + np.arange(off[-1]),
+            "dst": np.repeat(first + 1 - off[:-1], d) + np.arange(off[-1])}
+
+
+def place_drafts(grid: torch.Tensor, dev: dict[str, torch.Tensor],
+                 fb: ForwardBatch) -> torch.Tensor:
+    """The drafts [D] out of the draft steps' `grid` [R * k], also written over the
+    placeholders of `fb.input_ids` (`dev`: the upload of `draft_placement`'s arrays)."""
+    out = grid[dev["src"]]  # [D]
+    fb.input_ids[dev["dst"]] = out
+    return out

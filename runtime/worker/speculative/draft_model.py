@@ -42,7 +42,12 @@ from runtime.worker.loader import load_model
 from runtime.worker.model_check import UnsupportedModel
 from runtime.worker.model_runner import make_attention
 from runtime.worker.models.deepseek import DeepseekForCausalLM
-from runtime.worker.speculative.draft_batch import DraftForward, token_sources
+from runtime.worker.speculative.draft_batch import (
+    DraftForward,
+    draft_placement,
+    place_drafts,
+    token_sources,
+)
 from runtime.worker.staging import Staging
 
 
@@ -123,11 +128,8 @@ class DraftModel:
         k = int(d.max())
         has = (owed[verify] >= 0).astype(np.int64)  # [R] step 0 feeds the owed token too
         last_pos = pre[verify]  # [R]
-        off = exclusive_cumsum(d)  # [R+1] each request's first draft among all of them
+        i64 |= draft_placement(first[verify], d)
         i64 |= {"last": first[verify],  # the last token's index among the step's tokens
-                # request r's drafts: columns 0..d[r]-1 of its row of k, tokens after its last
-                "src": np.repeat(np.arange(len(d)) * k - off[:-1], d) + np.arange(off[-1]),
-                "dst": np.repeat(first[verify] + 1 - off[:-1], d) + np.arange(off[-1]),
                 "v_owed": owed[verify][has > 0],
                 "v_src": token_sources(np.arange(len(d)), np.ones_like(d), has, len(d))}
         steps = []
@@ -156,7 +158,5 @@ class DraftModel:
             ids = self.model.compute_logits(hidden).argmax(dim=-1)  # [R_j]
             current[sel] = ids
             drafts[sel * k + j] = ids
-        out = drafts[dev["src"]]  # [D]
-        fb.input_ids[dev["dst"]] = out
-        return out
+        return place_drafts(drafts, dev, fb)
 

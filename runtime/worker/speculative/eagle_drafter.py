@@ -1,0 +1,124 @@
+"""`EagleDrafter`: an EAGLE head's part of every step (`--speculative-algorithm eagle`).
+
+The head reads the target's hidden states. The target's forward returns each new token's
+features (`ModelRunner.forward_features`: its final hidden state, or the three residual
+streams of EAGLE-3), and the drafter keeps them, projected to one hidden state
+(`EagleHead.project`), in a feature buffer indexed by KV slot: row s holds the target's
+hidden state of the token at slot s. The row lives exactly as long as the slot's KV (the
+scheduler's slot) and is written whenever the target computes that slot, so a prefix
+shared from the cache, or the kept positions of a verify step, have theirs.
+
+After the target's forward (`absorb`), the head runs over the step's tokens at positions
+q >= 1, each with the feature row of position q - 1, and stores its KV in the slots of q
+(`HeadForward`): every position the target computed has its head entry, from the
+target's own hidden states, before the next step reads it.
+
+A verify step (`BatchPlan.draft_lens`) of a request whose last token is at position P
+drafts before the target's forward (`propose`): step j (0 <= j < d) feeds token P + j
+(the last token, or draft j) with the hidden state it follows (the feature row of P - 1
+for j = 0, else the head's output of step j - 1), at position P + j over the head's
+entries before it, and its greedy token is draft j + 1. Those steps write head entries
+of P..P + d - 1 that `absorb` rewrites from the target's hidden states in the same step.
+The drafts replace the plan's placeholders in the target's input, and the target's samples
+decide what is kept (`Speculation`), so outputs never depend on the head. Nothing waits
+for the device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from runtime.wire.worker_channel import BatchPlan
+from runtime.worker.batch_builder import BatchBuilder, exclusive_cumsum
+from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.kv_pool import KVPool
+from runtime.worker.model_runner import make_attention
+from runtime.worker.models.causal_lm import CausalLM
+from runtime.worker.speculative.draft_batch import (
+    DraftForward,
+    draft_placement,
+    place_drafts,
+    token_sources,
+)
+from runtime.worker.speculative.eagle_forward import HeadForward
+from runtime.worker.speculative.eagle_head import EagleHead
+from runtime.worker.staging import Staging
+
+
+class EagleDrafter:
+    """A loaded head over the target `target`, with its KV pool and feature buffer over
+    the target's `kv_slots` slots (and the padding slot 0)."""
+
+    def __init__(self, head: EagleHead, target: CausalLM, kv_slots: int,
+                 attention_backend: str, device: torch.device, dtype: torch.dtype) -> None:
+        self.head, self.target = head, target
+        a = head.layout.arch
+        self.pool = KVPool(1, kv_slots + 1, a.num_kv_heads, a.head_dim, dtype, device)
+        self.attn = make_attention(attention_backend, self.pool, device)
+        self.features = torch.zeros(kv_slots + 1, a.hidden_size, dtype=dtype,
+                                    device=device)  # [slots, hidden]
+        self.staging = Staging(device)  # its own: the target's step tensors stay valid
+
+    def _step(self, fb: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
+        """One head forward over `fb` after the hidden states `hidden` [T, h]: its
+        outputs [T, h], its KV stored."""
+        self.attn.prepare(fb)
+        embeds = self.target.model.embed_tokens(fb.input_ids)  # [T, h]
+        return self.head(embeds, hidden, fb, self.attn)
+
+    @torch.inference_mode()
+    def propose(self, plan: BatchPlan, fb: ForwardBatch,
+                builder: BatchBuilder) -> torch.Tensor | None:
+        """The drafts of the step's verify requests, written into `fb.input_ids` before
+        the target's forward: [D] int64, draft_lens[i] per verify request in order (None:
+        the step verifies nothing)."""
+        if not plan.draft_lens:
+            return None
+        lens = np.array(plan.draft_lens, dtype=np.int64)  # [B]
+        verify = np.flatnonzero(lens)  # [R]
+        rows = np.array(plan.rows, dtype=np.int64)[verify]  # [R]
+        last_pos = np.array(plan.prefix_lens, dtype=np.int64)[verify]  # [R]
+        first = exclusive_cumsum(np.array(plan.extend_lens, dtype=np.int64))[verify]  # [R]
+        d = lens[verify]  # [R]
+        k = int(d.max())
+        i64 = draft_placement(first, d) | {"last": first, "v_rows": rows,
+                                           "prev_pos": last_pos - 1}
+        steps = []
+        for j in range(k):
+            sel = np.flatnonzero(d > j)  # [R_j] the requests still drafting
+            steps.append(HeadForward(f"step{j}", rows[sel], last_pos[sel] + j,
+                                     np.ones_like(sel)))
+            i64[f"sel{j}"] = sel
+        dev = self.staging.upload(*DraftForward.stage(steps, i64))
+        current = fb.input_ids[dev["last"]]  # [R] each request's input of the next step
+        hidden = self.features[builder.slots(dev["v_rows"], dev["prev_pos"])]  # [R, h]
+        grid = torch.zeros(len(d) * k, dtype=torch.int64, device=current.device)  # [R * k]
+        for j, step in enumerate(steps):
+            sel = dev[f"sel{j}"]  # [R_j]
+            out = self._step(step.batch(dev, builder, current[sel]), hidden[sel])  # [R_j, h]
+            ids = self.head.draft_ids(out, self.target)  # [R_j]
+            current[sel], hidden[sel] = ids, out
+            grid[sel * k + j] = ids
+        return place_drafts(grid, dev, fb)
+
+    @torch.inference_mode()
+    def absorb(self, plan: BatchPlan, fb: ForwardBatch, features: torch.Tensor,
+               builder: BatchBuilder) -> None:
+        """After the target's forward over `fb`: keep its `features` [T, w] by slot and
+        write the head's entries of the step's positions (see the module docstring)."""
+        self.features[fb.out_slots] = self.head.project(features)  # [T, h]
+        rows = np.array(plan.rows, dtype=np.int64)  # [B]
+        pre = np.array(plan.prefix_lens, dtype=np.int64)  # [B]
+        ext = np.array(plan.extend_lens, dtype=np.int64)  # [B]
+        skip = (pre == 0).astype(np.int64)  # [B] position 0 follows no hidden state
+        keep = np.flatnonzero(ext > skip)  # [B'] requests with a position >= 1
+        if not len(keep):
+            return
+        lens = ext[keep] - skip[keep]  # [B']
+        fwd = HeadForward("absorb", rows[keep], pre[keep] + skip[keep], lens)
+        first = exclusive_cumsum(ext)[keep] + skip[keep]  # [B'] their first head token in fb
+        src = token_sources(first, lens, np.zeros_like(lens), fb.num_tokens)  # [T']
+        dev = self.staging.upload(*DraftForward.stage([fwd], {"src": src}))
+        hidden = self.features[fwd.prev_slots(dev, builder)]  # [T', h]
+        self._step(fwd.batch(dev, builder, fb.input_ids[dev["src"]]), hidden)
