@@ -18,7 +18,7 @@ from runtime.worker.model_check import UnsupportedModel, check_model
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.models.deepseek_v4 import DeepseekV4ForCausalLM
 from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
-from runtime.worker.models.deepseek_v4_partial import prefix_rule
+from runtime.worker.models.deepseek_v4_partial import prefix_rule, ring_values
 from runtime.worker.models.deepseek_v4_state import layer_widths
 from tests.worker.batching import Chunk, make_batch
 from tests.worker.dsv4_checkpoints import CSA, HCA, SWA, tiny_v4, tiny_v4_config
@@ -70,6 +70,7 @@ def test_each_layer_row_holds_its_own_state():
     csa = 2 * 4 * (2 * 2 * 32 + 2 * 2 * 16)
     hca = 8 * 2 * 32
     assert model.allocate_rows(rows, torch.float32) == rows * fp32 * (2 * csa + hca)
+    assert ring_values(arch) == 2 * csa + hca  # what bench.studies.dsv4_memory counts
     no_csa = DeepseekV4Arch.from_hf(tiny_v4_config(layer_types=[SWA, HCA, HCA, SWA]))
     assert prefix_rule(no_csa) == (8, 0)
 

@@ -21,7 +21,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.worker.models.causal_lm import RMSNorm
-from runtime.worker.models.deepseek_v4_partial import InputRing, first_window, inputs_start
+from runtime.worker.models.deepseek_v4_partial import (
+    InputRing,
+    first_window,
+    inputs_start,
+    ring_length,
+)
 from runtime.worker.models.deepseek_v4_rope import apply_rope
 from runtime.worker.models.deepseek_v4_state import SeqStep, part
 
@@ -42,8 +47,8 @@ class Compressor(nn.Module):
 
     def allocate(self, rows: int, dtype: torch.dtype, device: torch.device | str) -> None:
         """The ring of each request row's partial block (`deepseek_v4_partial`)."""
-        length = 2 * self.rate if self.overlap else self.rate
-        self.ring = InputRing(rows, length, self.wkv.out_features, dtype, device)
+        self.ring = InputRing(rows, ring_length(self.rate, self.overlap),
+                              self.wkv.out_features, dtype, device)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The new tokens' (`x` `[T, hidden]`) projected kv and gate logits `[T, width]`,

@@ -35,6 +35,28 @@ def prefix_rule(arch: DeepseekV4Arch) -> tuple[int, int]:
     return math.lcm(1, *(r for r in rates if r)), max(csa, default=0)
 
 
+def ring_length(rate: int, overlap: bool) -> int:
+    """Positions a compressor's ring keeps: what the next entry may read (m - 1 open
+    tokens, plus in CSA the m of the overlap window), rounded up to whole windows."""
+    return 2 * rate if overlap else rate
+
+
+def ring_values(arch: DeepseekV4Arch) -> int:
+    """Values one request row's rings hold, all layers: each compressor's kv and gate
+    logits (CSA: two series of `head_dim`, and the indexer's two of `index_head_dim`; HCA:
+    one of `head_dim`) over its ring's positions."""
+    total = 0
+    for i, kind in enumerate(arch.layer_types):
+        rate = arch.rate(i)
+        if rate == 0:
+            continue
+        if kind == CSA:
+            total += ring_length(rate, True) * 2 * (2 * arch.head_dim + 2 * arch.index_head_dim)
+        else:
+            total += ring_length(rate, False) * 2 * arch.head_dim
+    return total
+
+
 def inputs_start(window: int, rate: int, overlap: bool) -> int:
     """The first position whose inputs the entry of `window` reads."""
     return max(window - 1, 0) * rate if overlap else window * rate
