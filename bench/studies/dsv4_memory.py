@@ -20,8 +20,11 @@ per stored row (the `--kv-dtype fp8` layout of `runtime.worker.kv_pool`), for th
 the entries, the indexer keys, the MLA latent and the MHA heads alike. The partial block
 stays bf16 in both (gate logits feed a softmax; it is small and bounded).
 
-Beside that design, what Sluice's pool holds for V4 today: one row per token and layer, as
-wide as that layer's type needs (`runtime.worker.models.deepseek_v4_state`), bf16 only.
+Beside that design, what Sluice holds for V4 today, read from the model code's layout: one
+pool row per token and layer, as wide as that layer's type needs (its K=V row, and a slot
+for the entry and indexer key of a window it closes: `runtime.worker.models.
+deepseek_v4_state`), and per request row the rings of its partial block (compressor
+inputs: `deepseek_v4_partial`), bf16 only.
 
     python -m bench.studies.dsv4_memory [--out bench/results/dsv4/<date>-kv-memory]
 """
@@ -34,7 +37,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 
 from bench.outputs import write_outputs
-from bench.studies.dsv4_memory_report import report
+from bench.studies.dsv4_memory_report import SHORT, report
 
 GiB = 1 << 30
 BUDGET = 100 * GiB
@@ -169,19 +172,26 @@ LLAMA_7B = DenseShape("Llama-7B MHA", "Llama-2-7b config.json", 32, 2 * 32, 128)
 DENSE = (ARTICLES_FLASH, ARTICLES_PRO, MLA_V2, MLA_V2_LITE, MLA_V3, LLAMA_7B)
 
 
-def pool_row_bytes_per_token(shape: V4Shape) -> int:
-    """Bytes a token takes in Sluice's V4 pool today (bf16): the row widths the model code
-    lays out for this shape's layers, summed."""
+def sluice_layout(shape: V4Shape) -> dict:
+    """What Sluice's V4 state takes for this shape (bf16), from the model code's own
+    layout: the pool row bytes a token of each layer type and in all, and the bytes of one
+    request row's partial-block rings (a fixed cost a row, beside the pool)."""
     from transformers import DeepseekV4Config
 
     from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
+    from runtime.worker.models.deepseek_v4_partial import ring_values
     from runtime.worker.models.deepseek_v4_state import layer_widths
 
     config = DeepseekV4Config(
         num_hidden_layers=shape.num_hidden_layers, head_dim=shape.head_dim,
         sliding_window=shape.sliding_window, index_head_dim=shape.index_head_dim,
         layer_types=list(shape.layer_types), compress_rates=dict(shape.compress_rates))
-    return sum(layer_widths(DeepseekV4Arch.from_hf(config))) * 2
+    arch = DeepseekV4Arch.from_hf(config)
+    widths = layer_widths(arch)
+    by_type = {kind: 2 * widths[shape.layer_types.index(kind)]
+               for kind in (SWA, CSA, HCA) if kind in shape.layer_types}
+    return {"row_bytes_by_layer_type": by_type, "bytes_per_token": 2 * sum(widths),
+            "ring_bytes_per_row": 2 * ring_values(arch)}
 
 
 def v4_row(shape: V4Shape) -> dict:
@@ -203,10 +213,11 @@ def v4_row(shape: V4Shape) -> dict:
         out[dt] = {"parts_2048": parts, "bytes_per_token_asymptotic": slope / far,
                    "per_request": per_request,
                    "requests_2048_in_budget": BUDGET // per_request[2048]}
-    pool = pool_row_bytes_per_token(shape)
-    out["sluice_pool_bf16"] = {"bytes_per_token": pool,
-                               "per_request": {c: pool * c for c in CONTEXTS},
-                               "requests_2048_in_budget": BUDGET // (pool * 2048)}
+    layout = sluice_layout(shape)
+    pool, ring = layout["bytes_per_token"], layout["ring_bytes_per_row"]
+    per_request = {c: pool * c + ring for c in CONTEXTS}
+    out["sluice_pool_bf16"] = {**layout, "per_request": per_request,
+                               "requests_2048_in_budget": BUDGET // per_request[2048]}
     return out
 
 
@@ -240,6 +251,12 @@ def main(argv: list[str] | None = None) -> None:
                     "budget_bytes": BUDGET, "contexts": list(CONTEXTS)},
            "v4_shapes": [asdict(FLASH), asdict(PRO)], "v4": rows_v4, "dense": rows_dense}
     write_outputs(args.out, res, report(rows_v4, rows_dense, command, MLA_V3.name))
+    for row in rows_v4:
+        d = row["sluice_pool_bf16"]
+        types = ", ".join(f"{SHORT[t]} {b:,}" for t, b in d["row_bytes_by_layer_type"].items())
+        print(f"{row['name']}: Sluice pool {d['bytes_per_token']:,} bytes/token ({types} a "
+              f"layer), partial-block rings {d['ring_bytes_per_row']:,} bytes/request row; "
+              f"compressed design {row['bf16']['bytes_per_token_asymptotic']:,.0f} bytes/token")
     print(f"wrote {args.out}.json and {args.out}.md")
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime
 
 GiB = 1 << 30
+SHORT = {"sliding_attention": "SWA", "compressed_sparse_attention": "CSA",
+         "heavily_compressed_attention": "HCA"}
 
 
 def size(n: float) -> str:
@@ -36,8 +38,9 @@ def report(rows_v4: list[dict], rows_dense: list[dict], command: str, mla_name: 
         f"({art['bf16']['requests_2048_in_budget']:,} fit); V4-Pro "
         f"{size(pro['bf16']['per_request'][2048])} ({pro['bf16']['requests_2048_in_budget']:,}"
         f"); V3 MLA {size(mla['bf16']['per_request'][2048])} "
-        f"({mla['bf16']['requests_2048_in_budget']:,}). Sluice's V4 pool today (per-token "
-        f"rows) holds {size(flash['sluice_pool_bf16']['per_request'][2048])} "
+        f"({mla['bf16']['requests_2048_in_budget']:,}). Sluice's V4 state today (per-token "
+        "pool rows, partial-block rings per request row) holds "
+        f"{size(flash['sluice_pool_bf16']['per_request'][2048])} "
         f"({flash['sluice_pool_bf16']['requests_2048_in_budget']:,} fit). Arithmetic from "
         "config fields, no run.",
         "", f"`{command}`", "",
@@ -70,19 +73,25 @@ def report(rows_v4: list[dict], rows_dense: list[dict], command: str, mla_name: 
             req = [size(d["per_request"][c]) for c in contexts]
             lines.append(f"| {r['name']} | {dt} | {per_token:,.0f} | " + " | ".join(req)
                          + f" | {d['requests_2048_in_budget']:,} |")
-    lines += ["", "## What Sluice's pool holds for V4 today", "",
-              "One bf16 row per token and layer (K=V row, compressor and indexer inputs, the "
-              "entry of a window the token closes), each as wide as its layer type needs "
-              "(sliding window `head_dim`, HCA `4 x head_dim`, CSA `6 x head_dim + 5 x "
-              "index_head_dim`): every part of the state is in the token's rows, so prefix "
-              "hits, retraction and the host tier work unchanged, at this price. The "
-              "compressed design above is what a pool of per-layer-type parts would hold.", "",
-              "| model | bytes/token | 2,048 | 32k | 128k | 1M | 2,048-token requests in "
-              "100 GiB |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "## What Sluice holds for V4 today", "",
+              "One bf16 pool row per token and layer, each as wide as its layer type needs "
+              "(sliding window: the K=V row, `head_dim`; HCA: and a slot for the entry of a "
+              "window the token closes, `2 x head_dim`; CSA: and the indexer key's, `2 x "
+              "head_dim + index_head_dim`), and per request row the rings of its partial "
+              "block (the compressor and indexer inputs of its open windows and CSA overlap "
+              "window: a fixed cost a row, counted in each request below). Prefix hits reuse "
+              "rows at multiples of every rate and compute the last CSA window again. Every "
+              "token's window row and entry slot stay in the pool: the compressed design "
+              "above is what a pool of per-layer-type parts would hold.", "",
+              "| model | row bytes a token, by layer type | bytes/token | rings a "
+              "request row | 2,048 | 32k | 128k | 1M | 2,048-token requests in 100 GiB |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows_v4:
         d = r["sluice_pool_bf16"]
+        types = ", ".join(f"{SHORT[t]} {b:,}" for t, b in d["row_bytes_by_layer_type"].items())
         req = [size(d["per_request"][c]) for c in contexts]
-        lines.append(f"| {r['name']} | {d['bytes_per_token']:,} | " + " | ".join(req)
+        lines.append(f"| {r['name']} | {types} | {d['bytes_per_token']:,} | "
+                     f"{size(d['ring_bytes_per_row'])} | " + " | ".join(req)
                      + f" | {d['requests_2048_in_budget']:,} |")
     lines += ["", "Contexts past a model's `max_position_embeddings` (Llama-7B 4,096; V2/V3 "
               "128k-160k) are the formula's value, not something the model serves.", "",

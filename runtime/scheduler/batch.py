@@ -48,7 +48,8 @@ class Batch:
 
         The work is proportional to the step's new tokens: a decode contributes its row,
         position and (placeholder) input id; an extend its new tokens and, on admission,
-        its row binding and cached prefix pages.
+        its row binding and cached prefix pages (and, where the model asks it, the prefix's
+        last `Req.replay` tokens again, with the pages they start).
         """
         bid = self.batch_id
         rows, prefix_lens, input_ids = [], [], []
@@ -68,6 +69,7 @@ class Batch:
         self.sampled.extend(self.decode)
         sample = [True] * len(self.decode)
         inits, prefix_writes, logprob_targets, draft_lens = [], [], [], []
+        extend_lens, pages = [1] * len(self.decode), [decode_pages.tolist()]
         for i, (req, n) in enumerate(zip(self.extend, self.extend_lens), start=len(self.decode)):
             if req.needs_init:
                 inits.append(_row_init(req))
@@ -80,9 +82,13 @@ class Batch:
                 owed.append((i, req.token_ids[start - 1]))
                 req.draft_kv_owed = False
             rows.append(req.row)
-            prefix_lens.append(start)
+            back, req.replay = req.replay, 0  # a prefix hit's last tokens, computed again
+            prefix_lens.append(start - back)
+            extend_lens.append(back + n)
+            pages.append(req.replay_pages)
+            req.replay_pages = []
             known = min(start + n, req.known_len)
-            input_ids.extend(req.tokens(start, known))
+            input_ids.extend(req.tokens(start - back, known))
             drafts = req.drafts or ()
             # a position past the known tokens holds a draft, or the token the worker last
             # sampled
@@ -101,13 +107,11 @@ class Batch:
                 self.sampled.append(req)
             elif complete:
                 self.prefilled.append(req)
-        pages = decode_pages.tolist()
-        for new in extend_pages:
-            pages.extend(new.tolist())
+            pages.append(extend_pages[i - len(self.decode)].tolist())
         return BatchPlan(
-            batch_id=bid, rows=rows, prefix_lens=prefix_lens,
-            extend_lens=[1] * len(self.decode) + self.extend_lens, input_ids=input_ids,
-            new_pages=pages, sample=sample, inits=inits, prefix_writes=prefix_writes,
+            batch_id=bid, rows=rows, prefix_lens=prefix_lens, extend_lens=extend_lens,
+            input_ids=input_ids, new_pages=list(itertools.chain.from_iterable(pages)),
+            sample=sample, inits=inits, prefix_writes=prefix_writes,
             input_logprobs=logprob_targets,
             draft_lens=[0] * len(self.decode) + draft_lens if any(draft_lens) else [],
             draft_backfill=_spread(owed, len(rows)),

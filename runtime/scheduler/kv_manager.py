@@ -57,11 +57,15 @@ class KVManager(ABC, Generic[Table]):
     This base holds what every layout shares: the rows, one `Table` per admitted request
     (`tables[rid]`), the request's prefix and, with page size 1 (a page is a slot), its
     `Req.slots`, and the prefix-cache counters. A layout implements the abstract methods
-    and may override the other underscored ones.
+    and may override the other underscored ones; its `_match` keeps to `aligned` hits.
     """
 
     page_size = 1  # slots per page of the worker's page table
     prefix_cache = False  # admission looks up cached prefixes (counted in `stats`)
+    # the model's rule for prefix hits (`WorkerReady`): a hit is a multiple of
+    # `prefix_align` tokens, and its first step computes its last `prefix_replay` again
+    prefix_align = 1
+    prefix_replay = 0
     host: HostTier | None = None  # the host-memory tier under the pool, if any
 
     def __init__(self, num_rows: int) -> None:
@@ -94,6 +98,10 @@ class KVManager(ABC, Generic[Table]):
         req.cached_len = req.kv_len = len(pages) * self.page_size
         if self.page_size == 1:
             req.slots = pages
+        if req.cached_len and self.prefix_replay:
+            start = req.cached_len - self.prefix_replay
+            req.replay = self.prefix_replay
+            req.replay_pages = req.prefix_pages[-(-start // self.page_size) :]
         if self.prefix_cache:
             self.prefix_query_tokens += req.max_prefix_len
             self.prefix_hit_tokens += req.cached_len
@@ -145,6 +153,10 @@ class KVManager(ABC, Generic[Table]):
 
     def forget(self, req: Req) -> None:
         """Drop whatever a waiting `req` still holds in the host tier (it ended)."""
+
+    def aligned(self, tokens: int) -> int:
+        """The longest prefix hit of at most `tokens` tokens the model's rule allows."""
+        return tokens - tokens % self.prefix_align
 
     # ------------------------------------------------------------------ capacity
     def can_admit(

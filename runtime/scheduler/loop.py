@@ -52,15 +52,19 @@ CHECK_INVARIANTS = os.environ.get("SLUICE_CHECK_INVARIANTS", "0") == "1"
 
 
 def build_kv(mode: KVMode, ready: WorkerReady, max_context: int) -> KVManager:
-    """The KV manager of `mode` over the worker's slots (every layout uses the same pool)."""
+    """The KV manager of `mode` over the worker's slots (every layout uses the same pool),
+    its prefix hits as the model's rule asks."""
     host = None
     if ready.host_kv_slots:
         host = HostTier(ready.host_kv_slots, ready.kv_bytes_per_token)
     if mode.kind == "token":
-        return TokenKV(ready.kv_slots, ready.max_rows, host)
-    if mode.kind == "paged":
-        return PagedKV(ready.kv_slots, ready.max_rows, mode.page_size, host)
-    return build_study_kv(mode, ready.kv_slots, ready.max_rows, max_context)
+        kv = TokenKV(ready.kv_slots, ready.max_rows, host)
+    elif mode.kind == "paged":
+        kv = PagedKV(ready.kv_slots, ready.max_rows, mode.page_size, host)
+    else:
+        kv = build_study_kv(mode, ready.kv_slots, ready.max_rows, max_context)
+    kv.prefix_align, kv.prefix_replay = ready.prefix_align, ready.prefix_replay
+    return kv
 
 
 def build_scheduler(cfg: ServerConfig, ready: WorkerReady, max_context: int) -> Scheduler:

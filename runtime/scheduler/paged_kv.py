@@ -18,6 +18,7 @@ host slots first, and its re-admission loads those the device no longer caches.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,10 +71,11 @@ class PagedKV(KVManager[BlockTable]):
     # ------------------------------------------------------------------ layout
     def _match(self, req: Req) -> tuple[BlockTable, np.ndarray]:
         """The longest cached run of full blocks of the first `req.max_prefix_len` tokens
-        (at least one token is left to compute)."""
+        that the model's rule allows (`aligned`; at least one token is left to compute)."""
         hashes = chain_block_hashes(req.tokens(0, req.max_prefix_len), self.block_size,
                                     space_seed(req.lora))
         hits = self.pool.match_prefix(hashes)
+        hits = hits[: self._aligned_blocks(len(hits))]
         self.pool.touch(hits)
         if req.rid in self.swapped:
             hits = self._swap_in(req, hits, len(hashes))
@@ -87,12 +89,17 @@ class PagedKV(KVManager[BlockTable]):
         host, tokens = self.swapped.pop(req.rid)
         self.host.release(host)
         bs, k = self.block_size, len(hits)
-        m = min(tokens // bs, usable)
+        m = self._aligned_blocks(min(tokens // bs, usable))
         new = self.pool.allocate(m - k) if m > k else None
         if new is None:
             return hits
         self.host.load(host[k * bs : m * bs], _slots_of(new, bs))
         return hits + new
+
+    def _aligned_blocks(self, n: int) -> int:
+        """The most blocks, at most `n`, whose tokens are an `aligned` prefix hit."""
+        step = self.prefix_align // math.gcd(self.prefix_align, self.block_size)
+        return n - n % step
 
     def swap_out(self, req: Req) -> bool:
         """Copy its full, computed blocks to the host, then free them (they stay cached

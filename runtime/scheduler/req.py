@@ -84,6 +84,10 @@ class Req:
         self.needs_init = True  # the worker must (re)bind its row before the next forward
         self.last_batch_id = -1
         self.prefix_written = False
+        # positions before kv_len its next step computes again, and the pages they start:
+        # the last tokens of a prefix hit, when the model asks it (`KVManager.prefix_replay`)
+        self.replay = 0
+        self.replay_pages: list[int] = []
         # a draft model never wrote the draft KV of position kv_len - 1 (its last verify
         # step accepted every draft): its next step does (`BatchPlan.draft_backfill`)
         self.draft_kv_owed = False

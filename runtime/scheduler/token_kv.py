@@ -42,19 +42,24 @@ class TokenKV(KVManager[TreeNode]):
 
     # ------------------------------------------------------------------ layout
     def _match(self, req: Req) -> tuple[TreeNode, np.ndarray]:
-        """The longest cached prefix (at least one token is left to compute)."""
+        """The longest cached prefix the model's rule allows (`aligned`; at least one token
+        is left to compute)."""
         key = np.asarray(req.tokens(0, req.max_prefix_len), dtype=np.int32)
         slots, node = self.cache.match_prefix(key, req.lora)
         if self.host is not None:
             slots, node = self._load_back(key, slots, node, req.lora)
+        if (n := self.aligned(len(slots))) < len(slots):
+            slots, node = self.cache.match_prefix(key[:n], req.lora)
         self.cache.inc_lock(node)
         return node, slots
 
     def _load_back(self, key: np.ndarray, slots: np.ndarray, node: TreeNode,
                    space: Space) -> tuple[np.ndarray, TreeNode]:
         """Extend the device match `slots` (ending at `node`) with what the host holds
-        beyond it, loaded into fresh device slots; unchanged if the device has no room."""
+        beyond it (up to an `aligned` end), loaded into fresh device slots; unchanged if the
+        device has no room."""
         host = self.host.match(key, len(slots), space)
+        host = host[: max(self.aligned(len(slots) + len(host)) - len(slots), 0)]
         if not len(host):
             return slots, node
         self.cache.inc_lock(node)  # making room must not evict the device prefix

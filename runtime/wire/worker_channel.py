@@ -90,6 +90,10 @@ class WorkerReady(WireRecord):
     kv_dtype: str = ""  # the KV storage: fp8, int8, or the model's dtype (bfloat16, ...)
     quantization: str = "none"  # the projections' weights: none or fp8
     host_kv_slots: int = 0  # slots of the host tier (`--host-kv-gib`); 0: none
+    # prefix hits are rounded down to a multiple of `prefix_align`, and their last
+    # `prefix_replay` tokens computed again (the model rebuilds state outside the pool)
+    prefix_align: int = 1
+    prefix_replay: int = 0
 
 
 class StepResult(WireRecord):

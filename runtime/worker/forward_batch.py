@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,6 +44,8 @@ class ForwardBatch:
     page_size: int = 1  # slots per page of kv_indices
     attn_meta: object = None  # the attention backend's metadata of this step, once prepared
     lora: LoraBatch | None = None  # the tokens' LoRA adapter slots; None: no adapter
+    # the request row of each sequence (host; a model keeping state per request reads it)
+    rows_cpu: list[int] = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:

@@ -83,7 +83,9 @@ class ModelRunner:
     the KV heads (`kv_bytes_per_token` is this rank's share); the logits are whole.
     A latent-attention (MLA) model gets a latent pool: one `[L + Dr]` row a token and layer;
     DeepSeek-V4 a pool of its own rows, each layer's as wide as its state (`kv_layout`),
-    attended by the model itself outside CUDA graphs, 16-bit only.
+    attended by the model itself outside CUDA graphs, 16-bit only, and its partial blocks
+    per request row (`row_state_bytes`), allocated before the pool is sized; its prefix
+    hits follow `prefix_align` / `prefix_replay` (`CausalLM.prefix_rule`).
     `quantization="fp8"` holds the projections' weights in fp8 (`Fp8Linear`); a device
     without fp8 matmul raises `QuantizationError` before anything is loaded.
     With `lora`, the adapters are read and their device slots allocated (`LoraManager`)
@@ -130,12 +132,16 @@ class ModelRunner:
         mla = self.model.mla if isinstance(self.model, DeepseekForCausalLM) else None
         rows = isinstance(self.model, DeepseekV4ForCausalLM)  # its own rows, its own attention
         self.own_attention = rows
+        self.prefix_align, self.prefix_replay = self.model.prefix_rule()
+        self.row_state_bytes = 0  # state kept per request row, beside the pool
         if rows:
             if kv_dtype != "auto":
-                raise ValueError(f"kv_dtype {kv_dtype!r}: a deepseek_v4 pool row mixes kv, gate "
-                                 "logits and compressed entries; only 'auto' is supported")
+                raise ValueError(f"kv_dtype {kv_dtype!r}: a deepseek_v4 pool row mixes kv and "
+                                 "compressed entries; only 'auto' is supported")
             planes, kv_heads, layer_dims = self.model.kv_layout()
             head_dim = max(layer_dims)
+            # before the pool is sized: its partial blocks per request row take memory first
+            self.row_state_bytes = self.model.allocate_rows(max_rows, dtype)
             attention_backend, cuda_graph = "torch", False
         elif mla is None:  # K and V of this rank's KV heads
             planes, kv_heads, head_dim = 2, arch.num_kv_heads // tp.size, arch.head_dim

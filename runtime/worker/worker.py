@@ -203,7 +203,8 @@ class Worker:
                            kv_bytes_per_token=r.kv_bytes_per_token * self.tp.size,
                            device=str(self.device), kv_dtype=r.kv_dtype,
                            quantization=r.quantization,
-                           host_kv_slots=self.transfer.num_slots if self.transfer else 0)
+                           host_kv_slots=self.transfer.num_slots if self.transfer else 0,
+                           prefix_align=r.prefix_align, prefix_replay=r.prefix_replay)
 
     @torch.inference_mode()
     def launch(self, plan: BatchPlan) -> InFlight:
@@ -213,6 +214,8 @@ class Worker:
         for init in plan.inits:
             sampler.init_row(init.row, init.params, init.prompt_ids, init.output_ids)
             self.grammar.init_row(init.row, init.params.grammar, init.output_ids)
+        if plan.inits:
+            self.runner.model.bind_rows([init.row for init in plan.inits])
         copies = self.transfer.run(plan) if self.transfer is not None else None
         if plan.lora_loads:
             self.runner.lora.load_slots(plan.lora_loads)

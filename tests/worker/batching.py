@@ -79,6 +79,7 @@ def make_batch(
         prefix_lens_cpu=list(prefix_lens),
         extend_lens_cpu=ext,
         page_size=page_size,
+        rows_cpu=[c.seq for c in chunks],
     )
 
 
@@ -101,6 +102,7 @@ class Driver:
     def __init__(self, runner: ModelRunner, num_seqs: int) -> None:
         self.runner, self.num_seqs = runner, num_seqs
         self.lens = [0] * num_seqs
+        runner.model.bind_rows(list(range(num_seqs)))  # new requests on the rows
 
     def step(self, chunks: list[Chunk], sample_all: bool = False) -> torch.Tensor:
         """Logits [S, V] of the step (S = sampled chunks, or every new token)."""

@@ -70,6 +70,7 @@ def run(runner: ModelRunner, seqs: list[list[int]], page_size: int, per_slot: bo
     """Feed `seqs` in the chunks of `schedule` (tokens per step of each sequence); logits
     of every position per sequence."""
     lens, out = [0] * len(seqs), [[] for _ in seqs]
+    runner.model.bind_rows(list(range(len(seqs))))  # new requests on the rows
     for step in range(len(schedule[0])):
         chunks = [Chunk(s, seqs[s][lens[s] : lens[s] + schedule[s][step]]) for s in range(2)]
         fb = make_batch(chunks, list(lens), len(seqs), sample_all=True, page_size=page_size)

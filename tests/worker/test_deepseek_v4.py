@@ -16,7 +16,9 @@ from runtime.model_config import resolve_model
 from runtime.model_errors import UnsupportedArchitecture
 from runtime.worker.model_check import UnsupportedModel, check_model
 from runtime.worker.model_runner import ModelRunner
+from runtime.worker.models.deepseek_v4 import DeepseekV4ForCausalLM
 from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
+from runtime.worker.models.deepseek_v4_partial import prefix_rule, ring_values
 from runtime.worker.models.deepseek_v4_state import layer_widths
 from tests.worker.batching import Chunk, make_batch
 from tests.worker.dsv4_checkpoints import CSA, HCA, SWA, tiny_v4, tiny_v4_config
@@ -58,11 +60,21 @@ def test_matches_transformers(variant, tmp_path):
 
 def test_each_layer_row_holds_its_own_state():
     """At the tiny shape (head_dim 32, index_head_dim 16): a sliding-window row is its kv;
-    an HCA row kv, compressor kv and gate, the entry: 4 * 32; a CSA row kv, two series of
-    compressor kv and gate, the entry, the indexer's two series of kv and gate and its key:
-    6 * 32 + 5 * 16 values."""
+    an HCA row kv and the entry slot: 2 * 32; a CSA row kv, the entry slot and the indexer
+    key: 2 * 32 + 16. The partial blocks are in rings per request row instead: a CSA
+    layer's of 2 * 4 tokens (kv and gate of two series, compressor and indexer), an HCA
+    layer's of 8 tokens (kv and gate)."""
     arch = DeepseekV4Arch.from_hf(tiny_v4_config(layer_types=[SWA, CSA, HCA, CSA]))
-    assert layer_widths(arch) == (32, 6 * 32 + 5 * 16, 4 * 32, 6 * 32 + 5 * 16)
+    assert layer_widths(arch) == (32, 2 * 32 + 16, 2 * 32, 2 * 32 + 16)
+    assert prefix_rule(arch) == (8, 4)  # hits at multiples of 8, the last CSA window again
+    model = DeepseekV4ForCausalLM(arch)
+    rows, fp32 = 3, 4
+    csa = 2 * 4 * (2 * 2 * 32 + 2 * 2 * 16)
+    hca = 8 * 2 * 32
+    assert model.allocate_rows(rows, torch.float32) == rows * fp32 * (2 * csa + hca)
+    assert ring_values(arch) == 2 * csa + hca  # what bench.studies.dsv4_memory counts
+    no_csa = DeepseekV4Arch.from_hf(tiny_v4_config(layer_types=[SWA, HCA, HCA, SWA]))
+    assert prefix_rule(no_csa) == (8, 0)
 
 
 @pytest.mark.parametrize("change,field", [

@@ -164,6 +164,16 @@ class CausalLM(nn.Module):
         logits = F.linear(hidden, head.weight)  # [S, vocab / tp], this rank's rows
         return self.tp.all_gather_last(logits).float()  # [S, vocab]
 
+    def prefix_rule(self) -> tuple[int, int]:
+        """(align, replay): the scheduler rounds prefix hits down to a multiple of `align`
+        and computes their last `replay` tokens again (a model whose state of a prefix is
+        not all in the pool's rows rebuilds it so); any hit serves here: (1, 0)."""
+        return 1, 0
+
+    def bind_rows(self, rows: list[int]) -> None:
+        """Rows `rows` of the request table serve new requests: a model keeping state per
+        request row forgets theirs (there is none here)."""
+
     def init_buffers(self) -> None:
         """Once the weights are in: the ops (Triton on CUDA, torch references elsewhere)
         with the RoPE table. Families extend it with their own post-load steps."""

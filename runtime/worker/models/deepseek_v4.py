@@ -1,7 +1,8 @@
 """DeepSeek-V4 (`DeepseekV4ForCausalLM`, without its MTP layer): hyper-connected decoder
 layers of V4 attention (`deepseek_v4_attention.py`) and a V4 mixture of experts
 (`deepseek_v4_moe.py`), its KV state as per-token rows of the pool
-(`deepseek_v4_state.py`, which says what a prefix hit reuses).
+(`deepseek_v4_state.py`, which says what a prefix hit reuses) and partial blocks per
+request row (`deepseek_v4_partial.py`).
 
 The residual is `hc_mult` streams `[T, hc, hidden]`. Before each block a hyper-connection
 reads all streams (RMS-normed, flattened) through one linear map (`hc_*_fn`, `_base`,
@@ -34,7 +35,8 @@ from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
 from runtime.worker.models.deepseek_v4_attention import V4Attention
 from runtime.worker.models.deepseek_v4_checkpoint import transformers_name
 from runtime.worker.models.deepseek_v4_moe import CHECKPOINT_EXPERT_NAMES, V4MoE
-from runtime.worker.models.deepseek_v4_state import layer_widths, seq_steps
+from runtime.worker.models.deepseek_v4_partial import RowStarts, prefix_rule
+from runtime.worker.models.deepseek_v4_state import SeqStep, layer_widths, seq_steps, write_slots
 from runtime.worker.models.sparse_moe import expert_pieces
 from runtime.worker.ops import TorchOps, ops_for
 from runtime.worker.quant.scheme import QuantScheme
@@ -115,15 +117,16 @@ class V4DecoderLayer(nn.Module):
             comb.to(dtype).transpose(-1, -2), h)  # [T, hc, D]
 
     def forward(self, h: torch.Tensor, fb: ForwardBatch, rows: torch.Tensor,
-                seqs, ops: TorchOps) -> torch.Tensor:
+                seqs: list[SeqStep], out_slots: torch.Tensor, ops: TorchOps) -> torch.Tensor:
         h = self._block(h, "attn", self.attn_norm,
-                        lambda x: self.attn(x, fb.positions, rows, fb.out_slots, seqs))
+                        lambda x: self.attn(x, fb.positions, rows, out_slots, seqs))
         return self._block(h, "ffn", self.ffn_norm, lambda x: self.ffn(x, fb.input_ids, ops))
 
 
 class DeepseekV4ForCausalLM(CausalLM):
     """DeepseekV4ForCausalLM checkpoints. The KV pool it needs: one row a token and layer,
-    of that layer's width (`kv_layout`)."""
+    of that layer's width (`kv_layout`); beside it, the partial blocks of each request row
+    (`allocate_rows`), and the rule its prefix hits follow (`prefix_rule`)."""
 
     MODEL_TYPES = ("deepseek_v4",)
     ARCH = DeepseekV4Arch
@@ -136,22 +139,41 @@ class DeepseekV4ForCausalLM(CausalLM):
         super().__init__(arch, tp, quantization)
         self.model.hc_head = HyperHead(arch)
         self.row_widths = layer_widths(arch)
+        self.starts: RowStarts | None = None  # set by `allocate_rows`
 
     def kv_layout(self) -> tuple[int, int, tuple[int, ...]]:
         """(planes, kv heads, each layer's head dim) of the pool: one row a token and layer."""
         return 1, 1, self.row_widths
+
+    def prefix_rule(self) -> tuple[int, int]:
+        """(align, replay) of prefix hits (`deepseek_v4_partial.prefix_rule`)."""
+        return prefix_rule(self.arch)
+
+    def allocate_rows(self, rows: int, dtype: torch.dtype) -> int:
+        """The partial blocks of `rows` request rows, on the model's device: their bytes."""
+        device = next(self.parameters()).device
+        compressors = [c for layer in self.model.layers for c in layer.attn.compressors()]
+        for c in compressors:
+            c.allocate(rows, dtype, device)
+        self.starts = RowStarts(rows, self.prefix_rule()[1])
+        return sum(c.ring.nbytes for c in compressors)
+
+    def bind_rows(self, rows: list[int]) -> None:
+        """Rows `rows` serve new requests: their partial blocks are forgotten."""
+        self.starts.bind(rows)
 
     def decoder_layer(self, layer_id: int) -> nn.Module:
         return V4DecoderLayer(self.arch, layer_id, self.quant)
 
     def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         m = self.model
-        seqs = seq_steps(fb)
+        seqs = seq_steps(fb, self.starts)
+        out_slots = write_slots(fb, seqs)  # [T]
         x = m.embed_tokens(fb.input_ids)  # [T, D]
         h = x[:, None, :].expand(-1, self.arch.hc_mult, -1).contiguous()  # [T, hc, D]
         for i, layer in enumerate(m.layers):
             rows = attn.pool.k[i].view(attn.pool.num_slots, -1)  # [slots, layer i's width]
-            h = layer(h, fb, rows, seqs, m.ops)
+            h = layer(h, fb, rows, seqs, out_slots, m.ops)
         x = m.hc_head(h)
         return F.rms_norm(x.float(), (x.shape[-1],), m.norm.weight.float(),
                           m.norm.eps).to(x.dtype)  # [T, D]

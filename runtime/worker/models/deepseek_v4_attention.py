@@ -75,6 +75,12 @@ class V4Attention(nn.Module):
                                           a.index_n_heads * a.index_head_dim))
         self.freqs: tuple[torch.Tensor, float] | None = None  # set by the model's init_buffers
 
+    def compressors(self) -> list[Compressor]:
+        """The layer's compressors: none (sliding window), its own (HCA), its own and the
+        indexer's (CSA)."""
+        own = [] if self.compressor is None else [self.compressor]
+        return own + ([] if self.indexer is None else [self.indexer.compressor])
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
                 out_slots: torch.Tensor, seqs: list[SeqStep]) -> torch.Tensor:
         """`x` `[T, hidden]` (normed) of the new tokens at `positions` `[T]`, stored at
@@ -89,14 +95,12 @@ class V4Attention(nn.Module):
         kv = self.wkv(x)
         kv = F.rms_norm(kv.float(), (self.head_dim,), self.norm.weight.float(), self.eps)
         part(rows, L.kv)[out_slots] = apply_rope(kv.to(x.dtype), positions, freqs).to(rows.dtype)
-        if self.compressor is not None:
-            self.compressor.store_inputs(x, rows, out_slots, L.comp_kv, L.comp_gate)
-        if self.indexer is not None:
-            self.indexer.compressor.store_inputs(x, rows, out_slots, L.idx_kv, L.idx_gate)
+        inputs = [c.project(x) for c in self.compressors()]  # [T, width] kv and gate each
         out = torch.empty_like(q)  # [T, H, d]
         for seq in seqs:
-            out[seq.q0 : seq.q1] = self.attend(q[seq.q0 : seq.q1], x[seq.q0 : seq.q1],
-                                               q_lora[seq.q0 : seq.q1], rows, seq)
+            new = slice(seq.q0, seq.q1)
+            out[new] = self.attend(q[new], x[new], q_lora[new], rows, seq,
+                                   [(kv[new], gate[new]) for kv, gate in inputs])
         out = apply_rope(out, positions, freqs, inverse=True)  # [T, H, d]
         mixed = self.grouped_output(out.view(tokens, self.groups, -1))  # [T, g, r]
         return self.wo_b(mixed.reshape(tokens, -1))  # [T, hidden]
@@ -114,8 +118,10 @@ class V4Attention(nn.Module):
         return torch.bmm(grouped.transpose(0, 1), w_a.transpose(1, 2)).transpose(0, 1)
 
     def attend(self, q: torch.Tensor, x: torch.Tensor, q_lora: torch.Tensor,
-               rows: torch.Tensor, seq: SeqStep) -> torch.Tensor:
-        """One sequence's new queries `[Q, H, d]` over its window rows and entries."""
+               rows: torch.Tensor, seq: SeqStep,
+               inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """One sequence's new queries `[Q, H, d]` over its window rows and entries;
+        `inputs`: its new tokens' kv and gate logits of each of `compressors()`."""
         L, pos = self.layout, torch.arange(seq.p0, seq.p1, device=q.device)  # [Q]
         lo = max(seq.p0 - self.window + 1, 0)
         keys = part(rows, L.kv)[seq.slots[lo : seq.p1]]  # [K, d]
@@ -123,15 +129,15 @@ class V4Attention(nn.Module):
         allowed = (key_pos[None, :] <= pos[:, None]) & (key_pos[None, :] > pos[:, None] -
                                                           self.window)  # [Q, K]
         if self.compressor is not None:
-            at = {"kv": L.comp_kv, "gate": L.comp_gate, "entry": L.entry}
-            self.compressor.close_windows(rows, seq, at, self.freqs)
+            self.compressor.close_windows(*inputs[0], seq, rows, L.entry, self.freqs)
             entries = closed_entries(rows, seq, self.rate, L.entry)  # [n, d]
             seen = visible(pos, entries.shape[0], self.rate)  # [Q, n]
-            if self.indexer is not None and entries.shape[0]:
-                at = {"kv": L.idx_kv, "gate": L.idx_gate, "entry": L.idx_key}
-                self.indexer.compressor.close_windows(rows, seq, at, self.freqs)
-                index_keys = closed_entries(rows, seq, self.rate, L.idx_key)  # [n, di]
-                seen = self.indexer.select(x, q_lora, pos, index_keys, self.freqs)
+            if self.indexer is not None:
+                self.indexer.compressor.close_windows(*inputs[1], seq, rows, L.idx_key,
+                                                      self.freqs)
+                if entries.shape[0]:
+                    index_keys = closed_entries(rows, seq, self.rate, L.idx_key)  # [n, di]
+                    seen = self.indexer.select(x, q_lora, pos, index_keys, self.freqs)
             keys = torch.cat([keys, entries])  # [K + n, d]
             allowed = torch.cat([allowed, seen], dim=1)  # [Q, K + n]
         keys = keys.to(q.dtype)

@@ -1,5 +1,6 @@
-"""DeepSeek-V4's compressors and Lightning Indexer, over the token rows of the pool
-(`deepseek_v4_state`).
+"""DeepSeek-V4's compressors and Lightning Indexer: their entries in the token rows of the
+pool (`deepseek_v4_state`), their inputs of open windows in rings per request row
+(`deepseek_v4_partial`).
 
 A compressor turns each closed window of `rate` tokens into one entry: the softmax over
 the window's tokens (per channel) of their gate logits plus a learned bias per window
@@ -20,6 +21,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.worker.models.causal_lm import RMSNorm
+from runtime.worker.models.deepseek_v4_partial import (
+    InputRing,
+    first_window,
+    inputs_start,
+    ring_length,
+)
 from runtime.worker.models.deepseek_v4_rope import apply_rope
 from runtime.worker.models.deepseek_v4_state import SeqStep, part
 
@@ -36,28 +43,47 @@ class Compressor(nn.Module):
         self.wgate = nn.Linear(hidden, width, bias=False)
         self.ape = nn.Parameter(torch.empty(rate, width))
         self.norm = RMSNorm(dim, eps)
+        self.ring: InputRing | None = None  # set by `allocate`
 
-    def store_inputs(self, x: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
-                     kv_at: tuple[int, int], gate_at: tuple[int, int]) -> None:
-        """Write the new tokens' projected kv and gate logits (`x` `[T, hidden]`) into
-        their rows at `slots` `[T]`."""
-        part(rows, kv_at)[slots] = self.wkv(x).to(rows.dtype)  # [T, width]
-        part(rows, gate_at)[slots] = self.wgate(x).to(rows.dtype)  # [T, width]
+    def allocate(self, rows: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        """The ring of each request row's partial block (`deepseek_v4_partial`)."""
+        self.ring = InputRing(rows, ring_length(self.rate, self.overlap),
+                              self.wkv.out_features, dtype, device)
 
-    def close_windows(self, rows: torch.Tensor, seq: SeqStep, at: dict[str, tuple[int, int]],
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The new tokens' (`x` `[T, hidden]`) projected kv and gate logits `[T, width]`,
+        in the ring's dtype (an entry reads every input so rounded, new or kept)."""
+        dtype = self.ring.kv.dtype
+        return self.wkv(x).to(dtype), self.wgate(x).to(dtype)
+
+    def close_windows(self, kv_new: torch.Tensor, gate_new: torch.Tensor, seq: SeqStep,
+                      rows: torch.Tensor, entry_at: tuple[int, int],
                       freqs: tuple[torch.Tensor, float]) -> None:
-        """Compute the entries of the windows `seq`'s new tokens close, from the inputs in
-        the pool, and write each into the row of the token closing it. `at`: the offsets of
-        "kv", "gate" and "entry" in the row."""
+        """Compute the entries of the windows `seq`'s new tokens (inputs `kv_new`,
+        `gate_new` `[Q, width]`) close, from them and the row's ring, and write each into
+        the pool row (`entry_at`) of the token closing it; then keep in the ring what the
+        next windows read. Windows whose inputs start before `seq.start` are the cached
+        prefix's: their entries are in the pool already."""
+        m, p0, ring = self.rate, seq.p0, self.ring
+        first = max(seq.p0 // m, first_window(seq.start, m, self.overlap))
+        end = seq.p1 // m  # windows closing at positions in [p0, p1)
+        if first < end:
+            lo = inputs_start(first, m, self.overlap)
+            kept_kv, kept_gate = ring.read(seq.row, lo, max(lo, p0))  # [p0 - lo, width]
+            new = slice(max(lo, p0) - p0, end * m - p0)
+            kv = torch.cat([kept_kv, kv_new[new]]).float()  # [n' * m, width]
+            gate = torch.cat([kept_gate, gate_new[new]]).float()
+            self._entries(kv, gate, first, end, rows, seq, entry_at, freqs)
+        keep = max(inputs_start(end, m, self.overlap), p0)
+        ring.write(seq.row, keep, kv_new[keep - p0 :], gate_new[keep - p0 :])
+
+    def _entries(self, kv: torch.Tensor, gate: torch.Tensor, first: int, end: int,
+                 rows: torch.Tensor, seq: SeqStep, entry_at: tuple[int, int],
+                 freqs: tuple[torch.Tensor, float]) -> None:
+        """Entries of windows `[first, end)` from their inputs `[n' * m, width]` fp32 (and
+        the previous window's, CSA), into the rows of their closing tokens."""
         m = self.rate
-        first, end = seq.p0 // m, seq.p1 // m  # windows closing at positions in [p0, p1)
-        if first == end:
-            return
-        lo = max(first - 1, 0) * m if self.overlap else first * m
-        src = seq.slots[lo : end * m]
-        kv = part(rows, at["kv"])[src].float()  # [n' * m, width]
-        gate = part(rows, at["gate"])[src].float()
-        n_src = src.shape[0] // m
+        n_src = kv.shape[0] // m
         kv = kv.view(n_src, m, -1)
         gate = gate.view(n_src, m, -1) + self.ape.float()  # [n', m, width]
         if self.overlap:
@@ -74,7 +100,7 @@ class Compressor(nn.Module):
         starts = torch.arange(first, end, device=rows.device) * m  # [n]
         entries = apply_rope(entries, starts, freqs)  # [n, d]
         closing = seq.slots[starts + m - 1]  # [n]
-        part(rows, at["entry"])[closing] = entries.to(rows.dtype)
+        part(rows, entry_at)[closing] = entries.to(rows.dtype)
 
 
 def closed_entries(rows: torch.Tensor, seq: SeqStep, rate: int,

@@ -1,35 +1,37 @@
 """Where DeepSeek-V4's KV state lives: one row per token and layer in the token-granular
 pool (a latent-style pool: `planes=1`, one head of `RowLayout.width` values, each layer's
-row as wide as its own layer type needs: `layer_widths`).
+row as wide as its own layer type needs: `layer_widths`), and the partial blocks in rings
+per request row beside it (`deepseek_v4_partial`).
 
 A layer's row for the token at position p holds, at the offsets of `RowLayout`:
 
 - `kv`: the token's K=V row (normed, rotated), which the sliding window reads;
-- CSA / HCA layers: `comp_kv`, `comp_gate`: the compressor's inputs for this token (its
-  projected kv and gate logits; CSA projects two series, so twice `head_dim`);
-- `entry`: the compressed entry of the window this token closes, when `(p + 1) % rate == 0`
-  (written once that token is computed; unused in other rows);
-- CSA layers: `idx_kv`, `idx_gate`, `idx_key`: the same three for the Lightning Indexer.
+- CSA / HCA layers: `entry`: the compressed entry of the window this token closes, when
+  `(p + 1) % rate == 0` (written once that token is computed; unused in other rows);
+- CSA layers: `idx_key`: the same for the Lightning Indexer's compressed key.
 
-Every part of the state is a pure function of the tokens' rows: the window ring is the
-last `window` rows, the compressed entries sit in the rows of the tokens closing their
-windows, and the partial block (tokens after the last closed window, plus the previous
-window's overlap half in CSA) is the compressor inputs of those rows. So the state needs no
-side storage and follows the pool's slot ownership everywhere:
+The compressor inputs (projected kv and gate logits, compressor's and indexer's) are not
+in the rows: a request keeps those its next entries read, the tokens since its last
+closed window and in CSA the overlap window before them, in its row's ring. So:
 
-- a **prefix hit** (radix cache) of P tokens reuses every part the prefix computed: its
-  window rows, every entry whose window closed inside it, and its trailing partial block's
-  inputs; the first new token closing a window reads them from the pool;
-- chunked prefill, the token / paged / contiguous KV modes and decode read the same rows
-  through the page table;
-- a **retraction** frees the rows and recomputes them on re-admission; a host-tier
-  write-back copies whole rows (`KVPool.layer_tensors`), partial block included.
+- a **prefix hit** (radix cache or paged blocks) reuses the window rows and every entry
+  and indexer key of the prefix, never its inputs: the scheduler rounds hits down to a
+  multiple of every compression rate (`prefix_rule`: no window is open at the hit's end)
+  and computes its last CSA window again (`replay` tokens), whose inputs the next window's
+  entry mixes in; those tokens' rows and entries are the prefix's and are not rewritten
+  (`write_slots` sends them to the padding sink);
+- chunked prefill and decode carry the ring from step to step; the token / paged /
+  contiguous KV modes read the rows through the page table;
+- a **retraction** frees the rows and recomputes them on re-admission (a prefix hit on
+  what was cached); a host-tier write-back or swap copies whole rows
+  (`KVPool.layer_tensors`), and needs nothing for the partial block: a hit loaded back is
+  aligned and replayed like any other.
 
-The price of this layout: every token keeps, in every layer, its compressor inputs and a
-slot for an entry (a sliding-window layer's row is `head_dim` values, an HCA layer's
-`4 * head_dim`, a CSA layer's `6 * head_dim + 5 * index_head_dim`), so the pool holds more
-bytes a token than the compressed design needs (`bench.studies.dsv4_memory` counts both).
-fp8 / int8 pools are refused: one scale a row would mix kv, gate logits and entries.
+Still per token: every token keeps, in every compressed layer, a slot for an entry
+(a sliding-window layer's row is `head_dim` values, an HCA layer's `2 * head_dim`, a CSA
+layer's `2 * head_dim + index_head_dim`), and every token's window row stays in the pool
+after it left the window; `bench.studies.dsv4_memory` counts this beside the compressed
+design. fp8 / int8 pools are refused: one scale a row would mix kv and entries.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import torch
 from kernels.kv.paging import expand_pages
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.models.deepseek_v4_arch import CSA, SWA, DeepseekV4Arch
+from runtime.worker.models.deepseek_v4_partial import RowStarts
 
 
 @dataclass(frozen=True)
@@ -48,11 +51,7 @@ class RowLayout:
     """Offsets of a layer's parts in its pool row (`(start, width)` each; width 0: absent)."""
 
     kv: tuple[int, int]
-    comp_kv: tuple[int, int] = (0, 0)
-    comp_gate: tuple[int, int] = (0, 0)
     entry: tuple[int, int] = (0, 0)
-    idx_kv: tuple[int, int] = (0, 0)
-    idx_gate: tuple[int, int] = (0, 0)
     idx_key: tuple[int, int] = (0, 0)
 
     @property
@@ -64,16 +63,9 @@ class RowLayout:
         kind, d, di = arch.layer_types[layer_id], arch.head_dim, arch.index_head_dim
         if kind == SWA:
             return cls(kv=(0, d))
-        cw = 2 * d if kind == CSA else d  # CSA's two overlapping series
-        parts, start = {}, 0
-        names = ["kv", "comp_kv", "comp_gate", "entry"]
-        widths = [d, cw, cw, d]
         if kind == CSA:
-            names += ["idx_kv", "idx_gate", "idx_key"]
-            widths += [2 * di, 2 * di, di]
-        for name, width in zip(names, widths):
-            parts[name], start = (start, width), start + width
-        return cls(**parts)
+            return cls(kv=(0, d), entry=(d, d), idx_key=(2 * d, di))
+        return cls(kv=(0, d), entry=(d, d))
 
 
 def layer_widths(arch: DeepseekV4Arch) -> tuple[int, ...]:
@@ -89,21 +81,43 @@ def part(rows: torch.Tensor, where: tuple[int, int]) -> torch.Tensor:
 @dataclass(frozen=True)
 class SeqStep:
     """One sequence of a step: new tokens `[q0, q1)` of the batch at positions `[p0, p1)`,
-    and the pool slot of every position `[0, p1)`."""
+    the pool slot of every position `[0, p1)`, and its request's row with the first
+    position whose compressor inputs the request computed (`start`) and the end of the
+    positions whose rows and entries were in the pool before it computed them (`cached`:
+    the replayed tokens of a prefix hit; `RowStarts`)."""
 
     q0: int
     q1: int
     p0: int
     p1: int
     slots: torch.Tensor  # [p1] int64
+    row: int
+    start: int
+    cached: int
 
 
-def seq_steps(fb: ForwardBatch) -> list[SeqStep]:
+def seq_steps(fb: ForwardBatch, starts: RowStarts) -> list[SeqStep]:
     """The sequences of `fb`, their slots read from its page table."""
     out, q0 = [], 0
-    starts = fb.kv_indptr.tolist()  # one device read for the step, not one a sequence
+    indptr = fb.kv_indptr.tolist()  # one device read for the step, not one a sequence
+    rows = fb.rows_cpu
     for i, (n, prefix) in enumerate(zip(fb.seq_lens_cpu, fb.prefix_lens_cpu)):
-        pages = fb.kv_indices[starts[i] :]
-        out.append(SeqStep(q0, q0 + n - prefix, prefix, n, expand_pages(pages, n, fb.page_size)))
+        pages = fb.kv_indices[indptr[i] :]
+        start, cached = starts.begin(rows[i], prefix)
+        out.append(SeqStep(q0, q0 + n - prefix, prefix, n, expand_pages(pages, n, fb.page_size),
+                           rows[i], start, cached))
         q0 += n - prefix
+    return out
+
+
+def write_slots(fb: ForwardBatch, seqs: list[SeqStep]) -> torch.Tensor:
+    """The slots the step's new rows go to: `fb.out_slots`, but the padding sink for the
+    replayed tokens, whose rows the pool holds already (a cached prefix is never
+    rewritten): `[T]` int64."""
+    out = fb.out_slots
+    for seq in seqs:
+        if seq.p0 < seq.cached:
+            if out is fb.out_slots:
+                out = out.clone()
+            out[seq.q0 : seq.q0 + min(seq.cached, seq.p1) - seq.p0] = 0
     return out

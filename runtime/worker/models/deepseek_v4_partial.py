@@ -1,0 +1,122 @@
+"""DeepSeek-V4's partial blocks, out of the pool: the compressor inputs (projected kv and
+gate logits) a request's next entries still need, in a ring per request row.
+
+A compressor of rate m closing window w reads the inputs of the window's tokens, and a CSA
+one (`overlap`) also those of window w - 1. So once a step ends at position p1, a request
+needs the inputs of its tokens from `inputs_start(p1 // m)` on: at most m - 1 tokens
+(HCA), or 2m - 1 (CSA). `InputRing` keeps them per row of the worker's request table,
+position p at `p % length` (length m, or 2m), in the model's dtype, as the pool rows kept
+them before. Nothing of it is shared between requests, cached, written back or loaded.
+
+So a request's partial block is rebuilt from its own tokens: a prefix hit of P tokens
+lands where the pool's rows hold everything the next tokens read but the overlap inputs
+of the last CSA window before P. `prefix_rule` gives the scheduler the alignment of hits
+(P a multiple of every rate: no window is open at P) and the tokens it computes again
+before P (the largest CSA rate: the overlap window's inputs). Those `replay` tokens
+recompute their inputs only; their rows and the entries they close are the prefix's own,
+in the pool (`RowStarts`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from runtime.worker.models.deepseek_v4_arch import CSA, DeepseekV4Arch
+
+
+def prefix_rule(arch: DeepseekV4Arch) -> tuple[int, int]:
+    """(align, replay): prefix hits are rounded down to a multiple of `align` (every
+    compression rate), then the last `replay` tokens of the hit (the largest CSA rate, 0
+    without CSA layers) are computed again."""
+    rates = [arch.rate(i) for i in range(arch.num_layers)]  # 0: sliding window only
+    csa = [r for r, kind in zip(rates, arch.layer_types) if kind == CSA]
+    return math.lcm(1, *(r for r in rates if r)), max(csa, default=0)
+
+
+def ring_length(rate: int, overlap: bool) -> int:
+    """Positions a compressor's ring keeps: what the next entry may read (m - 1 open
+    tokens, plus in CSA the m of the overlap window), rounded up to whole windows."""
+    return 2 * rate if overlap else rate
+
+
+def ring_values(arch: DeepseekV4Arch) -> int:
+    """Values one request row's rings hold, all layers: each compressor's kv and gate
+    logits (CSA: two series of `head_dim`, and the indexer's two of `index_head_dim`; HCA:
+    one of `head_dim`) over its ring's positions."""
+    total = 0
+    for i, kind in enumerate(arch.layer_types):
+        rate = arch.rate(i)
+        if rate == 0:
+            continue
+        if kind == CSA:
+            total += ring_length(rate, True) * 2 * (2 * arch.head_dim + 2 * arch.index_head_dim)
+        else:
+            total += ring_length(rate, False) * 2 * arch.head_dim
+    return total
+
+
+def inputs_start(window: int, rate: int, overlap: bool) -> int:
+    """The first position whose inputs the entry of `window` reads."""
+    return max(window - 1, 0) * rate if overlap else window * rate
+
+
+def first_window(start: int, rate: int, overlap: bool) -> int:
+    """The first window whose inputs all lie at or after position `start`."""
+    if start == 0:
+        return 0
+    return -(-start // rate) + (1 if overlap else 0)
+
+
+class InputRing:
+    """One compressor's inputs of each row's last `length` positions: kv and gate logits
+    `[rows, length, width]`."""
+
+    def __init__(self, rows: int, length: int, width: int, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        self.length = length
+        self.kv = torch.zeros(rows, length, width, dtype=dtype, device=device)
+        self.gate = torch.zeros(rows, length, width, dtype=dtype, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes + self.gate.nbytes
+
+    def read(self, row: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row `row`'s inputs of positions `[lo, hi)`: kv, gate `[hi - lo, width]`."""
+        assert hi - lo <= self.length, (lo, hi, self.length)
+        at = torch.arange(lo, hi, device=self.kv.device) % self.length
+        return self.kv[row, at], self.gate[row, at]
+
+    def write(self, row: int, lo: int, kv: torch.Tensor, gate: torch.Tensor) -> None:
+        """Keep the inputs `[n, width]` of positions `[lo, lo + n)` in row `row`."""
+        n = kv.shape[0]
+        assert n <= self.length, (n, self.length)
+        at = torch.arange(lo, lo + n, device=self.kv.device) % self.length
+        self.kv[row, at] = kv
+        self.gate[row, at] = gate
+
+
+class RowStarts:
+    """Per request row, the first position whose inputs its request computed itself (None:
+    the row was bound to a new request and has computed nothing yet). Its first step sets
+    it: 0, or after a prefix hit the start of the replayed tokens, whose rows and entries
+    are the prefix's (`replay` tokens, written nowhere)."""
+
+    def __init__(self, rows: int, replay: int) -> None:
+        self.starts: list[int | None] = [None] * rows
+        self.replay = replay
+
+    def bind(self, rows: list[int]) -> None:
+        """Rows `rows` now serve new requests: their partial blocks are gone."""
+        for row in rows:
+            self.starts[row] = None
+
+    def begin(self, row: int, p0: int) -> tuple[int, int]:
+        """For a step of `row` from position `p0`: (the request's first computed
+        position, the end of the positions the pool already holds for it)."""
+        start = self.starts[row]
+        if start is None:
+            start = self.starts[row] = p0
+        return start, start + self.replay if start > 0 else 0

@@ -1,0 +1,53 @@
+"""A model's prefix rule (`WorkerReady.prefix_align` / `prefix_replay`, DeepSeek-V4's
+partial blocks): prefix hits are rounded down to a multiple of the alignment in the token
+and paged layouts, the first step of a hit computes the hit's last `replay` positions
+again on the prefix's own pages, and the fake worker's outputs (every position read back
+through the page table) stay the reference's."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.scheduler.fake_worker import drive, make_req
+from tests.scheduler.kv_modes import build_mode
+from tests.scheduler.test_scheduler import check_against_reference, collect
+
+ALIGN, REPLAY = 8, 4
+
+
+@pytest.mark.parametrize("kv,options", [
+    ("token", {}),
+    ("paged", dict(block_size=4)),  # hits of whole blocks, then of whole pairs of blocks
+    ("paged", dict(block_size=16)),  # every block is aligned
+])  # fmt: skip
+def test_hits_are_aligned_and_their_last_positions_computed_again(kv, options):
+    sched, worker = build_mode(kv, chunk_size=64, prefix_rule=(ALIGN, REPLAY), **options)
+    shared = [random.Random(3).randrange(1, 97) for _ in range(50)]
+    plans = []
+    run = worker.run
+    worker.run = lambda plan: plans.append(plan) or run(plan)
+    outs: dict = {}
+    first = make_req("first", shared, 6)
+    sched.add(first)
+    drive(sched, worker, on_step=collect(sched, outs))
+    cuts = [13, 17, 24, 37]
+    reqs = [make_req(f"hit{k}", shared[:k] + [90 + i], 5) for i, k in enumerate(cuts)]
+    for req in reqs:
+        sched.add(req)
+    plans.clear()
+    drive(sched, worker, on_step=collect(sched, outs))
+    check_against_reference([first, *reqs], outs)
+    unit = ALIGN if kv == "token" else max(ALIGN, options["block_size"])
+    hits = [k - k % unit for k in cuts]
+    assert sched.kv.stats().prefix_hit_tokens == sum(hits)
+    first_steps = {}  # each request's first step: (prefix_len, extend_len, its input ids)
+    for plan in plans:
+        at = 0
+        for row, pre, ext in zip(plan.rows, plan.prefix_lens, plan.extend_lens):
+            first_steps.setdefault(row, (pre, ext, plan.input_ids[at : at + ext]))
+            at += ext
+    for (pre, ext, ids), req, hit in zip(first_steps.values(), reqs, hits):
+        assert pre == (hit - REPLAY if hit else 0)  # the replayed positions, then the new
+        assert ids == req.input_ids[pre:] and ext == len(ids)
