@@ -2,7 +2,8 @@
 the Triton kernels on a GPU.
 
 The model calls `ops.rmsnorm`, `ops.add_rmsnorm` (residual add fused with the norm),
-`ops.rope`, `ops.silu_mul` and `ops.fused_moe` (routed experts); `TorchOps` calls each
+`ops.rope`, `ops.silu_mul`, `ops.fused_moe` (routed experts) and `ops.sparse` (DeepSeek-V4's
+sparse attention: `SparseAttention`); `TorchOps` calls each
 kernel's `*_ref` (the CPU correctness reference, equal to transformers in float32),
 `TritonOps` launches the kernels in `kernels/`. Both take the RoPE table of
 `kernels.rope.rope_cos_sin_cache`.
@@ -11,6 +12,7 @@ kernel's `*_ref` (the CPU correctness reference, equal to transformers in float3
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -18,8 +20,20 @@ from kernels.moe import fused_moe, fused_moe_ref
 from kernels.norm_rope.activation import silu_and_mul, silu_and_mul_ref
 from kernels.norm_rope.rmsnorm import rmsnorm, rmsnorm_ref
 from kernels.norm_rope.rope import apply_rope, apply_rope_ref
+from kernels.sparse.indexer_scores import indexer_scores, indexer_scores_ref
+from kernels.sparse.sparse_mqa import sparse_mqa_attention, sparse_mqa_attention_ref
 
 GateAct = Callable[[torch.Tensor], torch.Tensor]  # `Ops.silu_mul`: [T, 2I] gate|up -> [T, I]
+
+
+class SparseAttention(NamedTuple):
+    """The sparse attention over per-query key lists (`kernels.sparse`), kernels or their
+    references: `mqa(q, kv, indices, sink, scale, entry_kv=, entry_indices=)` attends each
+    query over the pool rows its lists name; `indexer_scores(q_idx, weights, keys,
+    visible_upto)` scores queries against the Lightning Indexer's keys."""
+
+    mqa: Callable[..., torch.Tensor]
+    indexer_scores: Callable[..., torch.Tensor]
 
 
 def _add_rmsnorm_ref(
@@ -48,13 +62,15 @@ class TorchOps:
       halves, as HF Llama) by the table `cos_sin_cache` `[max_pos, D]` fp32;
     - `silu_mul(x)`: silu(gate) * up of x `[T, 2 * inter]` (gate first);
     - `fused_moe(x, w13, w2, weights, ids)`: the routed experts of x `[T, H]`, w13
-      `[E, 2I, H]`, w2 `[E, H, I]`, picks `[T, k]`.
+      `[E, 2I, H]`, w2 `[E, H, I]`, picks `[T, k]`;
+    - `sparse`: the sparse attention's two (`SparseAttention`).
     """
 
     rmsnorm = staticmethod(rmsnorm_ref)
     add_rmsnorm = staticmethod(_add_rmsnorm_ref)
     silu_mul = staticmethod(silu_and_mul_ref)
     fused_moe = staticmethod(fused_moe_ref)
+    sparse = SparseAttention(sparse_mqa_attention_ref, indexer_scores_ref)
 
     def __init__(self, cos_sin_cache: torch.Tensor) -> None:
         self.cos_sin_cache = cos_sin_cache  # [max_pos, D] fp32
@@ -72,6 +88,7 @@ class TritonOps(TorchOps):
     add_rmsnorm = staticmethod(_add_rmsnorm)
     silu_mul = staticmethod(silu_and_mul)
     fused_moe = staticmethod(fused_moe)
+    sparse = SparseAttention(sparse_mqa_attention, indexer_scores)
 
     def rope(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor

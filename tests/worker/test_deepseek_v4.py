@@ -2,8 +2,9 @@
 on the CPU: logits of every position with prompts longer than the sliding window and than
 several compression blocks of each rate, fed in chunks (each later chunk reads the earlier
 ones' window rows, entries and partial blocks back from the pool, as a prefix-cache hit or
-chunked prefill does), in the token, paged and contiguous layouts; and the config fields
-it does not implement, refused by name."""
+chunked prefill does), in the token, paged and contiguous layouts, through the torch
+references of the ops and (interpreted) through the Triton kernels a GPU runs; and the
+config fields it does not implement, refused by name."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from runtime.worker.models.deepseek_v4 import DeepseekV4ForCausalLM
 from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
 from runtime.worker.models.deepseek_v4_partial import prefix_rule, ring_values
 from runtime.worker.models.deepseek_v4_state import layer_widths
+from runtime.worker.ops import TritonOps
 from tests.worker.batching import Chunk, make_batch
 from tests.worker.dsv4_checkpoints import CSA, HCA, SWA, tiny_v4, tiny_v4_config
 from tests.worker.test_deepseek import LAYOUTS, run
@@ -47,11 +49,27 @@ def test_matches_transformers(variant, tmp_path):
     widths = layer_widths(arch)
     assert [k.shape for k in runner.kv_pool.k] == [(513, 1, w) for w in widths]
     assert runner.kv_pool.v == [] and runner.kv_bytes_per_token == sum(widths) * 4
+    check_layouts(runner, hf, LAYOUTS)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="test_deepseek_v4_gpu runs them on CUDA")
+def test_triton_kernels_match_transformers(tmp_path):
+    """The ops a GPU runs (the sparse attention, the indexer's scores and the experts as
+    Triton kernels, here interpreted) in place of their torch references."""
+    hf = tiny_v4(tmp_path)
+    runner = ModelRunner(resolve_model(str(tmp_path)), "cpu", torch.float32, kv_slots=512,
+                         max_rows=4)
+    runner.model.model.ops = TritonOps(None)
+    check_layouts(runner, hf, LAYOUTS[1:2])
+
+
+def check_layouts(runner: ModelRunner, hf, layouts) -> None:
+    """`runner`'s logits of SCHEDULE's prompts, in each of `layouts`, are transformers'."""
     gen = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, 256, (sum(s),), generator=gen).tolist() for s in SCHEDULE]
     with torch.no_grad():
         want = [hf(torch.tensor([s])).logits[0] for s in seqs]  # [n, V] each
-    for name, page_size, per_slot in LAYOUTS:
+    for name, page_size, per_slot in layouts:
         got = run(runner, seqs, page_size, per_slot, SCHEDULE)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=name)

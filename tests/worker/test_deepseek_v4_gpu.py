@@ -1,6 +1,7 @@
-"""A tiny DeepSeek-V4 checkpoint on a CUDA device (the torch path the model runs there,
-outside CUDA graphs), fp32 against transformers on the CPU: a prompt longer than the
-window and several blocks in two chunks, the second reading the first's state back."""
+"""A tiny DeepSeek-V4 checkpoint on a CUDA device (its sparse attention, indexer scores and
+experts through the Triton kernels, outside CUDA graphs), fp32 against transformers on the
+CPU: a prompt longer than the window and several blocks in two chunks, the second reading
+the first's state back."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def test_cuda_matches_transformers(tmp_path):
     hf = tiny_v4(tmp_path)
     runner = ModelRunner(resolve_model(str(tmp_path)), "cuda", torch.float32, kv_slots=512,
                          max_rows=2)
-    assert runner.graphs is None  # the model attends in torch, outside graphs
+    assert runner.graphs is None  # the model attends by itself, outside graphs
     ids = torch.randint(0, 256, (37,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.no_grad():
         want = hf(torch.tensor([ids])).logits[0]  # [37, V]

@@ -17,7 +17,8 @@ Parameter names follow the checkpoints transformers writes (`model.layers.N.attn
 checkpoints' names are read through `deepseek_v4_checkpoint`, their MTP layer skipped.
 Weights in 16 bits or fp32, or block fp8 as released (e8m0 scales; the projections stay
 fp8, the routed experts, fp8 or packed fp4, are dequantized at load). One device only
-(`--tp 1`); the attention and experts run in torch, outside CUDA graphs.
+(`--tp 1`), outside CUDA graphs: the attention and experts run through the ops (Triton
+kernels on CUDA, their torch references elsewhere), the compressors sequence by sequence.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from runtime.worker.models.deepseek_v4_attention import V4Attention
 from runtime.worker.models.deepseek_v4_checkpoint import transformers_name
 from runtime.worker.models.deepseek_v4_moe import CHECKPOINT_EXPERT_NAMES, V4MoE
 from runtime.worker.models.deepseek_v4_partial import RowStarts, prefix_rule
-from runtime.worker.models.deepseek_v4_state import SeqStep, layer_widths, seq_steps, write_slots
+from runtime.worker.models.deepseek_v4_state import V4Step, layer_widths
 from runtime.worker.models.sparse_moe import expert_pieces
 from runtime.worker.ops import TorchOps, ops_for
 from runtime.worker.quant.scheme import QuantScheme
@@ -116,10 +117,9 @@ class V4DecoderLayer(nn.Module):
         return post.to(dtype)[..., None] * out[:, None, :] + torch.matmul(
             comb.to(dtype).transpose(-1, -2), h)  # [T, hc, D]
 
-    def forward(self, h: torch.Tensor, fb: ForwardBatch, rows: torch.Tensor,
-                seqs: list[SeqStep], out_slots: torch.Tensor, ops: TorchOps) -> torch.Tensor:
-        h = self._block(h, "attn", self.attn_norm,
-                        lambda x: self.attn(x, fb.positions, rows, out_slots, seqs))
+    def forward(self, h: torch.Tensor, fb: ForwardBatch, rows: torch.Tensor, step: V4Step,
+                ops: TorchOps) -> torch.Tensor:
+        h = self._block(h, "attn", self.attn_norm, lambda x: self.attn(x, step, rows, ops))
         return self._block(h, "ffn", self.ffn_norm, lambda x: self.ffn(x, fb.input_ids, ops))
 
 
@@ -167,13 +167,12 @@ class DeepseekV4ForCausalLM(CausalLM):
 
     def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         m = self.model
-        seqs = seq_steps(fb, self.starts)
-        out_slots = write_slots(fb, seqs)  # [T]
+        step = V4Step.of(fb, self.starts, self.arch.window)
         x = m.embed_tokens(fb.input_ids)  # [T, D]
         h = x[:, None, :].expand(-1, self.arch.hc_mult, -1).contiguous()  # [T, hc, D]
         for i, layer in enumerate(m.layers):
             rows = attn.pool.k[i].view(attn.pool.num_slots, -1)  # [slots, layer i's width]
-            h = layer(h, fb, rows, seqs, out_slots, m.ops)
+            h = layer(h, fb, rows, step, m.ops)
         x = m.hc_head(h)
         return F.rms_norm(x.float(), (x.shape[-1],), m.norm.weight.float(),
                           m.norm.eps).to(x.dtype)  # [T, D]

@@ -5,7 +5,9 @@ and the grouped output projection.
 Per query at position t the keys are the K=V rows of positions (t - window, t] and the
 entries closed by t (HCA: all of them; CSA: the indexer's picks among them), in one softmax
 whose denominator also holds the head's sink `exp(attn_sink)`. Values are the same rows,
-so they carry the keys' rotation: the output's rope values are rotated back at t. The
+so they carry the keys' rotation: the output's rope values are rotated back at t. All the
+step's queries attend in one `ops.sparse.mqa` over key lists of pool slots (`V4Step`):
+each one's window, and its entries (every visible one, or the indexer's picks). The
 output heads form `o_groups` groups, each projected to `o_lora_rank` (`wo_a`, block
 diagonal), then mixed to the hidden size (`wo_b`).
 
@@ -23,15 +25,11 @@ from torch import nn
 
 from runtime.worker.models.causal_lm import RMSNorm
 from runtime.worker.models.deepseek_v4_arch import CSA, SWA, DeepseekV4Arch
-from runtime.worker.models.deepseek_v4_compressor import (
-    Compressor,
-    Indexer,
-    closed_entries,
-    visible,
-)
+from runtime.worker.models.deepseek_v4_compressor import Compressor, Indexer
 from runtime.worker.models.deepseek_v4_rope import apply_rope
-from runtime.worker.models.deepseek_v4_state import RowLayout, SeqStep, part
+from runtime.worker.models.deepseek_v4_state import RowLayout, V4Step, part
 from runtime.worker.models.parallel import column_linear
+from runtime.worker.ops import TorchOps
 from runtime.worker.quant.block_fp8_linear import BlockFp8Linear, block_fp8_linear
 from runtime.worker.quant.scheme import QuantScheme
 
@@ -81,11 +79,11 @@ class V4Attention(nn.Module):
         own = [] if self.compressor is None else [self.compressor]
         return own + ([] if self.indexer is None else [self.indexer.compressor])
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
-                out_slots: torch.Tensor, seqs: list[SeqStep]) -> torch.Tensor:
-        """`x` `[T, hidden]` (normed) of the new tokens at `positions` `[T]`, stored at
-        `out_slots` of this layer's pool `rows` `[slots, width]`: `[T, hidden]`."""
-        L, freqs, tokens = self.layout, self.freqs, x.shape[0]
+    def forward(self, x: torch.Tensor, step: V4Step, rows: torch.Tensor,
+                ops: TorchOps) -> torch.Tensor:
+        """`x` `[T, hidden]` (normed) of the step's new tokens, stored at `step.out_slots` of
+        this layer's pool `rows` `[slots, width]`: `[T, hidden]`."""
+        L, freqs, tokens, positions = self.layout, self.freqs, x.shape[0], step.positions
         q_lora = self.wq_a(x)
         q_lora = F.rms_norm(q_lora.float(), (q_lora.shape[-1],), self.q_norm.weight.float(),
                             self.eps).to(x.dtype)  # [T, rank]
@@ -94,16 +92,32 @@ class V4Attention(nn.Module):
         q = apply_rope(q, positions, freqs)
         kv = self.wkv(x)
         kv = F.rms_norm(kv.float(), (self.head_dim,), self.norm.weight.float(), self.eps)
-        part(rows, L.kv)[out_slots] = apply_rope(kv.to(x.dtype), positions, freqs).to(rows.dtype)
-        inputs = [c.project(x) for c in self.compressors()]  # [T, width] kv and gate each
-        out = torch.empty_like(q)  # [T, H, d]
-        for seq in seqs:
-            new = slice(seq.q0, seq.q1)
-            out[new] = self.attend(q[new], x[new], q_lora[new], rows, seq,
-                                   [(kv[new], gate[new]) for kv, gate in inputs])
+        part(rows, L.kv)[step.out_slots] = apply_rope(kv.to(x.dtype), positions,
+                                                      freqs).to(rows.dtype)
+        entries = {}
+        if self.compressor is not None:
+            self.close_windows(x, step, rows)
+            picks = (None if self.indexer is None else
+                     self.indexer.pick(x, q_lora, step, rows, L.idx_key, freqs, ops))
+            entries = dict(entry_kv=part(rows, L.entry),
+                           entry_indices=step.visible_slots(self.rate) if picks is None
+                           else step.entry_slots(picks, self.rate))  # [T, n] / [T, topk]
+        out = ops.sparse.mqa(q, part(rows, L.kv), step.window, self.attn_sink,
+                             self.head_dim**-0.5, **entries)  # [T, H, d]
         out = apply_rope(out, positions, freqs, inverse=True)  # [T, H, d]
         mixed = self.grouped_output(out.view(tokens, self.groups, -1))  # [T, g, r]
         return self.wo_b(mixed.reshape(tokens, -1))  # [T, hidden]
+
+    def close_windows(self, x: torch.Tensor, step: V4Step, rows: torch.Tensor) -> None:
+        """Each compressor's entries of the windows the step's new tokens (`x` `[T, hidden]`)
+        close, into the pool `rows`, sequence by sequence (each from its own ring), before
+        any token reads them."""
+        at = (self.layout.entry, self.layout.idx_key)
+        for c, where, (kv, gate) in zip(self.compressors(), at,
+                                        [c.project(x) for c in self.compressors()]):
+            for seq in step.seqs:
+                new = slice(seq.q0, seq.q1)
+                c.close_windows(kv[new], gate[new], seq, rows, where, self.freqs)
 
     def grouped_output(self, grouped: torch.Tensor) -> torch.Tensor:
         """Each head group `[T, g, H * d / g]` through its own rows of `wo_a`: `[T, g, r]`."""
@@ -116,33 +130,3 @@ class V4Attention(nn.Module):
                 for i in range(self.groups)], dim=1)  # fmt: skip
         w_a = w.weight.view(self.groups, r, -1)  # [g, r, H * d / g]
         return torch.bmm(grouped.transpose(0, 1), w_a.transpose(1, 2)).transpose(0, 1)
-
-    def attend(self, q: torch.Tensor, x: torch.Tensor, q_lora: torch.Tensor,
-               rows: torch.Tensor, seq: SeqStep,
-               inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """One sequence's new queries `[Q, H, d]` over its window rows and entries;
-        `inputs`: its new tokens' kv and gate logits of each of `compressors()`."""
-        L, pos = self.layout, torch.arange(seq.p0, seq.p1, device=q.device)  # [Q]
-        lo = max(seq.p0 - self.window + 1, 0)
-        keys = part(rows, L.kv)[seq.slots[lo : seq.p1]]  # [K, d]
-        key_pos = torch.arange(lo, seq.p1, device=q.device)  # [K]
-        allowed = (key_pos[None, :] <= pos[:, None]) & (key_pos[None, :] > pos[:, None] -
-                                                          self.window)  # [Q, K]
-        if self.compressor is not None:
-            self.compressor.close_windows(*inputs[0], seq, rows, L.entry, self.freqs)
-            entries = closed_entries(rows, seq, self.rate, L.entry)  # [n, d]
-            seen = visible(pos, entries.shape[0], self.rate)  # [Q, n]
-            if self.indexer is not None:
-                self.indexer.compressor.close_windows(*inputs[1], seq, rows, L.idx_key,
-                                                      self.freqs)
-                if entries.shape[0]:
-                    index_keys = closed_entries(rows, seq, self.rate, L.idx_key)  # [n, di]
-                    seen = self.indexer.select(x, q_lora, pos, index_keys, self.freqs)
-            keys = torch.cat([keys, entries])  # [K + n, d]
-            allowed = torch.cat([allowed, seen], dim=1)  # [Q, K + n]
-        keys = keys.to(q.dtype)
-        scores = torch.einsum("qhd,kd->qhk", q, keys) * self.head_dim**-0.5  # [Q, H, K']
-        scores = scores.masked_fill(~allowed[:, None, :], float("-inf"))
-        sink = self.attn_sink.to(scores.dtype)[None, :, None].expand(q.shape[0], -1, 1)
-        probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]  # [Q, H, K']
-        return torch.einsum("qhk,kd->qhd", probs, keys)  # [Q, H, d]

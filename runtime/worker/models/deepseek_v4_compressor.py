@@ -10,8 +10,8 @@ first position. A CSA compressor projects two series per token: the current wind
 own window's second series and the previous window's first (none before window 0).
 
 The indexer has its own compressor (at `index_head_dim`) and scores each query against the
-compressed keys: `sum_h w_h(x) * relu(q_h . k)`; a query keeps the `index_topk` best of the
-entries closed at or before it.
+compressed keys: `sum_h w_h(x) * relu(q_h . k)` (`ops.sparse.indexer_scores`); a query
+keeps the `index_topk` best of the entries closed at or before it (`top_entries`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.sparse.index_lists import top_entries
 from runtime.worker.models.causal_lm import RMSNorm
 from runtime.worker.models.deepseek_v4_partial import (
     InputRing,
@@ -28,7 +29,8 @@ from runtime.worker.models.deepseek_v4_partial import (
     ring_length,
 )
 from runtime.worker.models.deepseek_v4_rope import apply_rope
-from runtime.worker.models.deepseek_v4_state import SeqStep, part
+from runtime.worker.models.deepseek_v4_state import SeqStep, V4Step, part
+from runtime.worker.ops import TorchOps
 
 
 class Compressor(nn.Module):
@@ -110,13 +112,6 @@ def closed_entries(rows: torch.Tensor, seq: SeqStep, rate: int,
     return part(rows, entry_at)[seq.slots[rate - 1 : n * rate : rate]]
 
 
-def visible(positions: torch.Tensor, n: int, rate: int) -> torch.Tensor:
-    """`[Q, n]` bool: entry w is visible to the query at position t once its window closed,
-    `(w + 1) * rate <= t + 1`."""
-    w = torch.arange(n, device=positions.device)
-    return w[None, :] < ((positions + 1) // rate)[:, None]
-
-
 class Indexer(nn.Module):
     """The Lightning Indexer of a CSA layer: query heads from the query LoRA (`wq_b`, the
     `[q_lora_rank -> heads * dim]` projection given), per-head weights from the hidden state
@@ -130,18 +125,21 @@ class Indexer(nn.Module):
         self.weights_proj = nn.Linear(hidden, heads, bias=False)
         self.compressor = Compressor(hidden, dim, rate, True, eps)
 
-    def select(self, x: torch.Tensor, q_lora: torch.Tensor, positions: torch.Tensor,
-               keys: torch.Tensor, freqs: tuple[torch.Tensor, float]) -> torch.Tensor:
-        """`[Q, n]` bool: the entries each query (`x` `[Q, hidden]`, `q_lora` `[Q, rank]` at
-        `positions` `[Q]`) attends: its `topk` best-scored visible ones (`keys` `[n, dim]`)."""
-        q = self.wq_b(q_lora).view(-1, self.heads, self.dim)  # [Q, h, di]
-        q = apply_rope(q, positions, freqs).float()
-        scores = torch.relu(torch.einsum("qhd,nd->qhn", q, keys.float())) * self.dim**-0.5
-        weights = self.weights_proj(x).float() * self.heads**-0.5  # [Q, h]
-        scores = (scores * weights[:, :, None]).sum(dim=1)  # [Q, n]
-        seen = visible(positions, keys.shape[0], self.compressor.rate)
-        scores = scores.masked_fill(~seen, float("-inf"))
-        k = min(self.topk, keys.shape[0])
-        picked = torch.zeros_like(seen)
-        picked.scatter_(1, scores.topk(k, dim=-1).indices, True)
-        return picked & seen
+    def pick(self, x: torch.Tensor, q_lora: torch.Tensor, step: V4Step, rows: torch.Tensor,
+             key_at: tuple[int, int], freqs: tuple[torch.Tensor, float],
+             ops: TorchOps) -> torch.Tensor:
+        """`[T, topk]` int64 entry numbers: the `topk` best-scored entries each new token
+        (`x` `[T, hidden]`, `q_lora` `[T, rank]`) sees among its sequence's closed ones,
+        whose keys are at `key_at` of the pool `rows`; -1 past the entries it sees. One
+        scoring a sequence: each scores its own keys."""
+        q = self.wq_b(q_lora).view(-1, self.heads, self.dim)  # [T, h, di]
+        q = apply_rope(q, step.positions, freqs).float()
+        weights = self.weights_proj(x).float() * self.heads**-0.5  # [T, h]
+        rate, picks = self.compressor.rate, []
+        for seq in step.seqs:
+            new = slice(seq.q0, seq.q1)
+            keys = closed_entries(rows, seq, rate, key_at)  # [n, di]
+            upto = (step.positions[new] + 1) // rate  # [Q]: entries closed by each token
+            scores = ops.sparse.indexer_scores(q[new], weights[new], keys, upto)  # [Q, n]
+            picks.append(top_entries(scores, self.topk))
+        return torch.cat(picks)  # [T, topk]

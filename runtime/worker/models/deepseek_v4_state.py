@@ -36,11 +36,17 @@ design. fp8 / int8 pools are refused: one scale a row would mix kv and entries.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from kernels.kv.paging import expand_pages
+from kernels.sparse.index_lists import (
+    entry_indices,
+    query_seqs,
+    visible_entries,
+    window_indices,
+)
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.models.deepseek_v4_arch import CSA, SWA, DeepseekV4Arch
 from runtime.worker.models.deepseek_v4_partial import RowStarts
@@ -121,3 +127,41 @@ def write_slots(fb: ForwardBatch, seqs: list[SeqStep]) -> torch.Tensor:
                 out = out.clone()
             out[seq.q0 : seq.q0 + min(seq.cached, seq.p1) - seq.p0] = 0
     return out
+
+
+@dataclass
+class V4Step:
+    """What one step's layers read and write the pool through, built once a step: its
+    sequences (`seq_steps`), the slots its new rows go to (`write_slots`), and the key
+    lists of its new tokens (`kernels.sparse.index_lists`): the slots of each one's window,
+    and of entries by number in its own sequence's rows (`entry_slots`). A replayed
+    token's lists name the prefix's rows, which hold what it would write."""
+
+    seqs: list[SeqStep]
+    out_slots: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    table: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]  # seq of each token, page table
+    window: torch.Tensor  # [T, window] int32 slots, -1 before position 0
+    max_len: int  # positions of the longest sequence
+    visible: dict[int, torch.Tensor] = field(default_factory=dict)  # `visible_slots` by rate
+
+    @classmethod
+    def of(cls, fb: ForwardBatch, starts: RowStarts, window: int) -> V4Step:
+        seqs = seq_steps(fb, starts)
+        table = (query_seqs(fb.qo_indptr, fb.num_tokens), fb.kv_indptr, fb.kv_indices,
+                 fb.page_size)
+        return cls(seqs, write_slots(fb, seqs), fb.positions, table,
+                   window_indices(fb.positions, *table, window), max(fb.seq_lens_cpu, default=0))
+
+    def entry_slots(self, picks: torch.Tensor, rate: int) -> torch.Tensor:
+        """`[T, k]` int32: the slots of the entries numbered `picks` `[T, k]` (-1: none) in
+        each token's sequence, entries of `rate` tokens."""
+        return entry_indices(picks, *self.table, rate)
+
+    def visible_slots(self, rate: int) -> torch.Tensor:
+        """`[T, n]` int32: the slots of every entry of `rate` tokens each new token sees
+        (-1 past them), built once a step for all layers of that rate."""
+        if rate not in self.visible:
+            seen = visible_entries(self.positions, rate, self.max_len // rate)  # [T, n]
+            self.visible[rate] = self.entry_slots(seen, rate)
+        return self.visible[rate]
