@@ -32,6 +32,18 @@ Still per token: every token keeps, in every compressed layer, a slot for an ent
 layer's `2 * head_dim + index_head_dim`), and every token's window row stays in the pool
 after it left the window; `bench.studies.dsv4_memory` counts this beside the compressed
 design. fp8 / int8 pools are refused: one scale a row would mix kv and entries.
+
+The entry store this wants (not built): token-granular slots admit no entry index that is
+a function of the slot, so the ids are handed out. Per compression rate m, a pool of
+entry rows (entry and indexer key) of about `num_slots / m` ids, and per request row an
+entry table `req_to_entry[row, w]` (window w's id: a page table of page size m), filled
+from ids the scheduler hands out with the slot of each window's closing token. What owns
+that slot owns its id: radix nodes and paged blocks keep ids beside their slots (none for
+tokens closing nothing; a split keeps them aligned), eviction, retraction and release
+free both, admission counts both (evicting when either runs short), and the host tier
+writes back and loads entry rows with their slots. With blocks a multiple of m, an id is
+`block * (block_size / m) + offset // m`: no allocator. `entry_indices` then reads
+`req_to_entry`, and `sparse_mqa`'s second view is that pool.
 """
 
 from __future__ import annotations
