@@ -97,11 +97,12 @@ class V4Attention(nn.Module):
         entries = {}
         if self.compressor is not None:
             self.close_windows(x, step, rows)
-            picks = (None if self.indexer is None else
-                     self.indexer.pick(x, q_lora, step, rows, L.idx_key, freqs, ops))
-            entries = dict(entry_kv=part(rows, L.entry),
-                           entry_indices=step.visible_slots(self.rate) if picks is None
-                           else step.entry_slots(picks, self.rate))  # [T, n] / [T, topk]
+            if self.indexer is None:  # HCA: every entry closed by the token
+                listed = step.visible_slots(self.rate)  # [T, n]
+            else:  # CSA: the indexer's picks
+                picks = self.indexer.pick(x, q_lora, step, rows, L.idx_key, freqs, ops)
+                listed = step.entry_slots(picks, self.rate)  # [T, topk]
+            entries = dict(entry_kv=part(rows, L.entry), entry_indices=listed)
         out = ops.sparse.mqa(q, part(rows, L.kv), step.window, self.attn_sink,
                              self.head_dim**-0.5, **entries)  # [T, H, d]
         out = apply_rope(out, positions, freqs, inverse=True)  # [T, H, d]
@@ -112,9 +113,8 @@ class V4Attention(nn.Module):
         """Each compressor's entries of the windows the step's new tokens (`x` `[T, hidden]`)
         close, into the pool `rows`, sequence by sequence (each from its own ring), before
         any token reads them."""
-        at = (self.layout.entry, self.layout.idx_key)
-        for c, where, (kv, gate) in zip(self.compressors(), at,
-                                        [c.project(x) for c in self.compressors()]):
+        for c, where in zip(self.compressors(), (self.layout.entry, self.layout.idx_key)):
+            kv, gate = c.project(x)  # [T, width] each
             for seq in step.seqs:
                 new = slice(seq.q0, seq.q1)
                 c.close_windows(kv[new], gate[new], seq, rows, where, self.freqs)
