@@ -168,23 +168,33 @@ def parse_bytes(text: str) -> int:
 
 
 def preset_bytes(model: str, dtype: str, kv_dtype: str = "auto") -> tuple[int, int]:
-    """(weight bytes, KV bytes per token) of a model (a Llama or a DeepSeek MLA preset) in
-    `dtype`, its KV as the worker's pool stores it in `kv_dtype` (`runtime/worker/kv_pool.py`,
-    one rank): Llama K and V of every KV head, DeepSeek one latent row (kv_lora_rank +
-    qk_rope_head_dim values) a layer, each row with a float32 scale when quantized (but
-    for "fp8_e4m3")."""
+    """(weight bytes, KV bytes per token) of a model (a Llama, DeepSeek MLA or DeepSeek-V4
+    preset) in `dtype`, its KV as the worker's pool stores it in `kv_dtype`
+    (`runtime/worker/kv_pool.py`, one rank): Llama K and V of every KV head, DeepSeek one
+    latent row (kv_lora_rank + qk_rope_head_dim values) a layer, each row with a float32
+    scale when quantized (but for "fp8_e4m3"); DeepSeek-V4 each layer's row of its layer
+    type (`deepseek_v4_state.layer_widths`)."""
     import torch
 
     from bench.roofline import ModelBytes
     from runtime.model_config import resolve_model
-    from runtime.worker.kv_pool import kv_bytes_per_token, kv_dtype_scaled, kv_storage_dtype
+    from runtime.worker.kv_pool import (
+        kv_bytes_per_token,
+        kv_dtype_scaled,
+        kv_storage_dtype,
+        pool_bytes_per_token,
+    )
+    from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
+    from runtime.worker.models.deepseek_v4_state import layer_widths
     from runtime.worker.models.registry import model_class
 
     dt = getattr(torch, dtype)
     config = resolve_model(model).hf_config()
     stored = kv_storage_dtype(kv_dtype, dt)
     a = model_class(config).ARCH.from_hf(config)
-    if hasattr(a, "latent_dim"):  # MLA: one latent row a layer
+    if isinstance(a, DeepseekV4Arch):  # one row a layer, as wide as its layer type needs
+        kv = pool_bytes_per_token(layer_widths(a), 1, stored, planes=1)
+    elif hasattr(a, "latent_dim"):  # MLA: one latent row a layer
         kv = kv_bytes_per_token(a.num_layers, 1, a.latent_dim, stored, planes=1)
     else:
         kv = kv_bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim, stored,
@@ -192,12 +202,31 @@ def preset_bytes(model: str, dtype: str, kv_dtype: str = "auto") -> tuple[int, i
     return ModelBytes.of(model, dt).params, kv
 
 
+def row_state_bytes(model: str, dtype: str, rows: int) -> int:
+    """Bytes a model keeps per request row beside the pool, for `rows` rows: DeepSeek-V4's
+    partial-block rings (`deepseek_v4_partial.ring_values`), 0 for the others."""
+    import torch
+
+    from runtime.model_config import resolve_model
+    from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
+    from runtime.worker.models.deepseek_v4_partial import ring_values
+    from runtime.worker.models.registry import model_class
+
+    config = resolve_model(model).hf_config()
+    a = model_class(config).ARCH.from_hf(config)
+    if not isinstance(a, DeepseekV4Arch):
+        return 0
+    return rows * ring_values(a) * getattr(torch, dtype).itemsize
+
+
 def budget_kv_slots(p: Profile, budget: int, kv_dtype: str = "auto") -> dict:
-    """KV slots that fit `budget` bytes of GPU memory beside the weights and a reserve, for a
-    pool of `kv_dtype`."""
+    """KV slots that fit `budget` bytes of GPU memory beside the weights and a reserve (and
+    what the model keeps per request row), for a pool of `kv_dtype`."""
     weights, kv_per_token = preset_bytes(p.model, p.dtype, kv_dtype)
-    logits = 8 * (p.max_running + ROW_SLACK) * p.vocab * 4  # fp32 logits + sampler temporaries
-    reserve = ACTIVATION_RESERVE + CONTEXT_RESERVE + logits
+    rows = p.max_running + ROW_SLACK
+    logits = 8 * rows * p.vocab * 4  # fp32 logits + sampler temporaries
+    reserve = (ACTIVATION_RESERVE + CONTEXT_RESERVE + logits
+               + row_state_bytes(p.model, p.dtype, rows))
     slots = max(0, (budget - weights - reserve) // kv_per_token)
     return {"budget_bytes": budget, "weight_bytes": weights, "reserve_bytes": reserve,
             "kv_bytes_per_token": kv_per_token, "kv_slots": int(slots), "kv_dtype": kv_dtype,

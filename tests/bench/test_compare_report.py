@@ -10,7 +10,17 @@ import pytest
 from bench.serving.driver import LoadRun
 from bench.serving.metrics import RequestResult, finite
 from bench.studies.claims import claims, derived, seeds_rows, star_rows
-from bench.studies.matrix import FULL, budget_kv_slots, customize, mode_kv_dtype, parse_bytes
+from bench.studies.matrix import (
+    ACTIVATION_RESERVE,
+    CONTEXT_RESERVE,
+    FULL,
+    ROW_SLACK,
+    budget_kv_slots,
+    customize,
+    mode_kv_dtype,
+    parse_bytes,
+    row_state_bytes,
+)
 from bench.studies.plots import write_plots
 from bench.studies.report import _header, write_markdown
 
@@ -133,6 +143,20 @@ def test_pool_bytes_follow_the_kv_dtype_and_the_model():
     assert 750 < bf16["kv_slots"] // 2048 < 850  # ~800 sequences of 2048 tokens under 80 GiB
     assert mode_kv_dtype("sglang-fp8") == "fp8" and mode_kv_dtype("paged") == "auto"
     assert mode_kv_dtype("sglang-fp8-e4m3") == "fp8_e4m3"
+
+
+def test_deepseek_v4_budget_counts_its_rows_and_its_rings():
+    """The cut Flash preset (6 layers: 2 sliding-window, 2 CSA, 2 HCA at head_dim 512): a
+    token's rows (512, 512 + 512 + 128, 512 + 512 values a layer), and every request row's
+    partial-block rings, out of the budget before the pool."""
+    v4 = customize(FULL, "dummy:deepseek-v4-flash", "bfloat16", 64, "50")
+    b = budget_kv_slots(v4, 130 * GiB)
+    assert b["kv_bytes_per_token"] == 10_752
+    rings = row_state_bytes("dummy:deepseek-v4-flash", "bfloat16", 64 + ROW_SLACK)
+    assert rings == (64 + ROW_SLACK) * 606_208
+    assert b["kv_slots"] == (130 * GiB - b["weight_bytes"] - b["reserve_bytes"]) // 10_752
+    logits = 8 * (64 + ROW_SLACK) * v4.vocab * 4
+    assert b["reserve_bytes"] == ACTIVATION_RESERVE + CONTEXT_RESERVE + logits + rings
 
 
 def test_report_names_each_pool():
