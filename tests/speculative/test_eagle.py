@@ -106,7 +106,7 @@ def test_greedy_outputs_are_plain_decodings(target, heads, kv, overlap):
         assert sched.spec.verify_steps > 0, name
         assert sched.kv.stats().used == 0, name  # every slot back, the head's included
         assert sched.kv.stats().prefix_hit_tokens > 0, name
-        assert worker.eagle.pool.num_slots == worker.runner.kv_pool.num_slots
+        assert worker.drafter.pool.num_slots == worker.runner.kv_pool.num_slots
 
 
 def test_seeded_samples_and_retraction_are_plain_decodings(target, heads):

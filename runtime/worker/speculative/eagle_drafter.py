@@ -33,7 +33,7 @@ from runtime.wire.worker_channel import BatchPlan
 from runtime.worker.batch_builder import BatchBuilder, exclusive_cumsum
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.kv_pool import KVPool
-from runtime.worker.model_runner import make_attention
+from runtime.worker.model_runner import ModelRunner, make_attention
 from runtime.worker.models.causal_lm import CausalLM
 from runtime.worker.speculative.draft_batch import (
     DraftForward,
@@ -47,18 +47,34 @@ from runtime.worker.staging import Staging
 
 
 class EagleDrafter:
-    """A loaded head over the target `target`, with its KV pool and feature buffer over
-    the target's `kv_slots` slots (and the padding slot 0)."""
+    """A loaded head (a `Drafter`); once `allocate`d, its KV pool and feature buffer over
+    the target's slots (and the padding slot 0)."""
 
-    def __init__(self, head: EagleHead, target: CausalLM, kv_slots: int,
-                 attention_backend: str, device: torch.device, dtype: torch.dtype) -> None:
-        self.head, self.target = head, target
-        a = head.layout.arch
-        self.pool = KVPool(1, kv_slots + 1, a.num_kv_heads, a.head_dim, dtype, device)
-        self.attn = make_attention(attention_backend, self.pool, device)
-        self.features = torch.zeros(kv_slots + 1, a.hidden_size, dtype=dtype,
-                                    device=device)  # [slots, hidden]
+    def __init__(self, head: EagleHead, device: torch.device, dtype: torch.dtype) -> None:
+        self.head, self.device, self.dtype = head, device, dtype
+        self.capture = head.layout.capture  # the target's features the head reads
+        self.kv_bytes_per_token = head.layout.bytes_per_token(dtype)
         self.staging = Staging(device)  # its own: the target's step tensors stay valid
+        self.target: CausalLM | None = None
+        self.pool: KVPool | None = None
+
+    def allocate(self, runner: ModelRunner, attention_backend: str) -> None:
+        """The head's pool and feature buffer over the slots of `runner`'s pool."""
+        a, slots = self.head.layout.arch, runner.kv_slots + 1
+        self.target = runner.model
+        self.pool = KVPool(1, slots, a.num_kv_heads, a.head_dim, self.dtype, self.device)
+        self.attn = make_attention(attention_backend, self.pool, self.device)
+        self.features = torch.zeros(slots, a.hidden_size, dtype=self.dtype,
+                                    device=self.device)  # [slots, hidden]
+
+    def step(self, plan: BatchPlan, fb: ForwardBatch, builder: BatchBuilder,
+             runner: ModelRunner) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft (`propose`), run the target's forward, take its features (`absorb`):
+        (the target's logits [S + L, V] float32, the drafts [D] or None)."""
+        drafts = self.propose(plan, fb, builder)
+        logits, features = runner.forward_features(fb)  # [S + L, V], [T, w]
+        self.absorb(plan, fb, features, builder)
+        return logits, drafts
 
     def _step(self, fb: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
         """One head forward over `fb` after the hidden states `hidden` [T, h]: its
