@@ -1,13 +1,14 @@
 """`Drafter`: the worker's part of speculative decoding, for the algorithms that draft
-with a model on the device (`--speculative-algorithm draft|eagle`); `load_drafter` picks
-and loads it.
+with a model on the device (`--speculative-algorithm draft|eagle|mtp`); `load_drafter`
+picks and loads it.
 
 A drafter's weights load before the target's KV pool is sized, which counts the bytes a
 slot costs in the drafter's own pools (`kv_bytes_per_token`); once the target's runner
 exists the drafter `allocate`s those pools over the target's slot numbering. Each step it
 wraps the target's forward (`step`): a draft model drafts its verify requests' tokens and
-writes the draft KV of its other requests before it (`DraftModel`); an EAGLE head drafts
-before it and takes the target's hidden states after it (`EagleDrafter`). Either way the
+writes the draft KV of its other requests before it (`DraftModel`); an EAGLE head, or the
+target checkpoint's MTP layer, drafts before it and takes the target's hidden states after
+it (`HeadDrafter`). Either way the
 drafts are written over the plan's placeholder ids in the target's input, and the target's
 samples decide what is kept.
 """
@@ -26,9 +27,10 @@ from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.model_check import check_draft_model
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.speculative.draft_model import DraftModel
-from runtime.worker.speculative.eagle_drafter import EagleDrafter
 from runtime.worker.speculative.eagle_head import EagleHead
 from runtime.worker.speculative.eagle_layout import read_layout
+from runtime.worker.speculative.head_drafter import HeadDrafter
+from runtime.worker.speculative.mtp_head import MtpHead
 
 
 class Drafter(Protocol):
@@ -60,7 +62,9 @@ def load_drafter(cfg: ServerConfig, spec: ModelSpec, device: torch.device,
         return DraftModel(draft_spec, device, dtype, cfg.seed)
     if algo == "eagle":
         layout = read_layout(cfg.speculative_draft_model, spec.hf_config())
-        return EagleDrafter(EagleHead.load(layout, device, dtype), device, dtype)
+        return HeadDrafter(EagleHead.load(layout, device, dtype), device, dtype)
+    if algo == "mtp":
+        return HeadDrafter(MtpHead.load(spec, device, dtype, cfg.quantization), device, dtype)
     return None
 
 
