@@ -27,7 +27,8 @@ class SpeculativeOptions:
     distribution."""
     speculative_draft_model: str = ""
     """draft: the draft model, named as `model` is; its vocabulary must be the target's.
-    eagle: the local folder of an EAGLE head trained for the target."""
+    eagle: the local folder of an EAGLE head trained for the target. (mtp reads the
+    target's own checkpoint: not set.)"""
     speculative_num_draft_tokens: int = 4
     """Speculative decoding: draft tokens a request's verify step checks (k; the step
     yields 1 to k + 1 tokens)."""

@@ -6,7 +6,7 @@ next step's mask (see `grammar_rows`). After each batch it records an event and 
 the step's results (`StepOutput`: sampled ids, and any logprobs and top alternatives) to
 pinned host memory without blocking; a sender thread waits on that event and sends the
 StepResult. On the CPU the event is a no-op and the same code path runs synchronously.
-With a drafter on the device (`--speculative-algorithm draft|eagle`) the drafter runs
+With a drafter on the device (`--speculative-algorithm draft|eagle|mtp`) the drafter runs
 the step's forward, its drafting around the target's (`Drafter`).
 
 Nor does it wait for a grammar compile: the scheduler asks for one ahead
@@ -94,7 +94,7 @@ class Worker:
         self.max_rows = cfg.max_running + ROW_SLACK
         self.page_size = cfg.kv_mode.page_size
         dtype = resolve_dtype(cfg.dtype, self.device)
-        # --speculative-algorithm draft|eagle: loaded first, the pool is sized after it
+        # --speculative-algorithm draft|eagle|mtp: loaded first, the pool is sized after it
         self.drafter: Drafter | None = load_drafter(cfg, spec, self.device, dtype)
         drafter = self.drafter
         self.runner = ModelRunner(spec, self.device, dtype,
