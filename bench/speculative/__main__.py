@@ -1,6 +1,6 @@
 """Speculative decoding: acceptance length and output tokens/s, with and without it.
 
-    python -m bench.speculative [--algorithm ngram|draft] [--model smollm2]
+    python -m bench.speculative [--algorithm ngram|draft|eagle|mtp] [--model smollm2]
                                 [--draft-model M] [--device cpu|cuda]
                                 [--batches 1,4,16,64] [--max-tokens 96]
                                 [--draft-tokens 4] [--out PREFIX]
@@ -13,20 +13,22 @@ nothing spent proposing: the verify step's own efficiency). Each speculative run
 checked to give the plain run's tokens. A `dummy:` model (random weights, no tokenizer)
 gets prompts of random ids and only the plain and oracle rows: the verify step's cost at
 that shape. Results go to PREFIX.json / PREFIX.md.
-`--algorithm draft` runs the draft-model rows instead (`draft_rows.py`).
+`--algorithm draft` runs the draft-model rows instead (`draft_rows.py`), `--algorithm
+eagle|mtp` the rows of a head over the target's hidden states (`head_rows.py`).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer
 
 from bench.outputs import write_outputs
 from bench.serving.server_proc import device_name
-from bench.speculative import draft_rows
+from bench.speculative import draft_rows, head_rows
 from bench.speculative.draft_rows import MEM_FRACTION, random_prompts
 from bench.speculative.generate import generate, time_steps
 from bench.speculative.workload import edit_prompts
@@ -35,6 +37,7 @@ from runtime.model_config import resolve_model
 from runtime.worker.worker import Worker
 
 OUT = "bench/results/speculative/{date}-{algorithm}-{model}-{device}"
+ROWS = {"draft": draft_rows, "eagle": head_rows, "mtp": head_rows}  # rows of their own
 
 
 def run(args) -> dict:
@@ -132,31 +135,38 @@ def report(res: dict, command: str, date: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="",
-                    help="target (default: smollm2; with --algorithm draft dummy:spec-target)")
+                    help="target (default: smollm2; with --algorithm draft or eagle "
+                         "dummy:spec-target; --algorithm mtp needs a checkpoint with an MTP "
+                         "layer)")
     ap.add_argument("--draft-model", default="",
-                    help="the small draft of --algorithm draft (default dummy:spec-draft)")
+                    help="the small draft of --algorithm draft (default dummy:spec-draft); "
+                         "the EAGLE head folder of --algorithm eagle (default: a random head "
+                         "of the target's shape)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--draft-tokens", type=int, default=4)
-    ap.add_argument("--algorithm", choices=("ngram", "draft"), default="ngram")
+    ap.add_argument("--algorithm", choices=("ngram", *ROWS), default="ngram")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
-    rows = draft_rows if args.algorithm == "draft" else None
+    rows = ROWS.get(args.algorithm)
+    if args.algorithm == "mtp" and not args.model:
+        ap.error("--algorithm mtp needs --model: a checkpoint with an MTP layer")
     args.model = args.model or (draft_rows.TARGET if rows else "smollm2")
-    args.draft_model = args.draft_model or draft_rows.SMALL_DRAFT
+    if args.algorithm == "draft":
+        args.draft_model = args.draft_model or draft_rows.SMALL_DRAFT
     now = datetime.datetime.now(datetime.timezone.utc)
     device = "cpu" if args.device == "cpu" else device_name()
     res = rows.run(args) if rows else run(args)
     command = (f"python -m bench.speculative --algorithm {args.algorithm} --model {args.model}"
-               + (f" --draft-model {args.draft_model}" if rows else "")
+               + (f" --draft-model {args.draft_model}" if args.draft_model else "")
                + f" --device {args.device} --batches " + ",".join(map(str, args.batches))
                + f" --max-tokens {args.max_tokens} --draft-tokens {args.draft_tokens}")
     res.update(command=command, date=now.isoformat(timespec="seconds"), device=device)
     when = now.strftime("%Y-%m-%d %H:%M:%S +0000")
     text = rows.report(res, command, when) if rows else report(res, command, when)
-    slug = args.model.removeprefix("dummy:")
+    slug = Path(args.model.removeprefix("dummy:")).name
     out = OUT.format(date=now.strftime("%Y-%m-%d"), algorithm=args.algorithm, model=slug,
                      device=device.split(",")[0].split()[-1].lower())
     write_outputs(args.out or out, res, text)

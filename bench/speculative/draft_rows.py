@@ -59,21 +59,24 @@ def _entry(r: dict, tokens: int, plain: dict | None) -> dict:
     return entry
 
 
-def run(args) -> dict:
-    base = ServerConfig(model=args.model, device=args.device, max_running=max(args.batches),
+def base_config(args) -> ServerConfig:
+    """The plain run's config; a speculative row's replaces its algorithm fields."""
+    return ServerConfig(model=args.model, device=args.device, max_running=max(args.batches),
                         mem_fraction=MEM_FRACTION,
                         speculative_num_draft_tokens=args.draft_tokens,
                         speculative_off_window=0, log_level="warning")
+
+
+def measure(args, base: ServerConfig, variants: list[tuple[str, str, ServerConfig]],
+            ) -> list[dict]:
+    """Rows of each (row name, drafter label, config) of `variants` at every batch size:
+    the plain run and the speculative one, greedy, on random prompts."""
     spec = resolve_model(args.model)
     time_steps()
     plain_worker = Worker(base, spec)
     vocab = plain_worker.runner.vocab_size
     rows = []
-    target_params = _params(args.model)
-    share = _params(args.draft_model) / target_params
-    small = f"iv: {share:.0%} draft"
-    for name, draft in (("iii: draft = target", args.model), (small, args.draft_model)):
-        cfg = base.replace(speculative_algorithm="draft", speculative_draft_model=draft)
+    for name, draft, cfg in variants:
         worker = Worker(cfg, spec)
         for w, c in ((plain_worker, base), (worker, cfg)):  # warm-up
             generate(w, c, random_prompts(2, vocab), 4)
@@ -89,6 +92,17 @@ def run(args) -> dict:
                    "identical": same}
             rows.append(row)
             print(row, flush=True)
+    return rows
+
+
+def run(args) -> dict:
+    base = base_config(args)
+    target_params = _params(args.model)
+    share = _params(args.draft_model) / target_params
+    small = f"iv: {share:.0%} draft"
+    rows = measure(args, base, [
+        (name, draft, base.replace(speculative_algorithm="draft", speculative_draft_model=draft))
+        for name, draft in (("iii: draft = target", args.model), (small, args.draft_model))])
     return {"model": args.model, "draft_model": args.draft_model,
             "draft_share": round(share, 3), "params_b": round(target_params / 1e9, 3),
             "draft_tokens": args.draft_tokens, "max_tokens": args.max_tokens,
@@ -128,15 +142,22 @@ def report(res: dict, command: str, date: str) -> str:
         "Idle: the device's idle share between steps (step timing events; host clock on "
         "the CPU).",
         "",
+    ]
+    return "\n".join(lines + table(res["rows"]))
+
+
+def table(rows: list[dict]) -> list[str]:
+    """The markdown table of `measure`'s rows."""
+    lines = [
         "| row | batch | out tokens | plain tok/s | plain ms/step | plain idle % | draft tok/s "
         "| speedup | ms/step | idle % | accept len | break-even len |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in res["rows"]:
+    for r in rows:
         p, d = r["plain"], r["draft_model"]
         lines.append(f"| {r['row']} (`{r['draft']}`) | {r['batch']} | {r['output_tokens']} | "
                      f"{p['out_tok_per_s']} | {p['ms_per_step']} | {p['idle_pct']} | "
                      f"{d['out_tok_per_s']} | {d['speedup']}x | {d['ms_per_step']} | "
                      f"{d['idle_pct']} | {d['accept_length']} | "
                      f"{d['break_even']} |")
-    return "\n".join(lines)
+    return lines

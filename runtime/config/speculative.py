@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from runtime.config.checks import ConfigError, require_at_least
 
-SPECULATIVE_ALGORITHMS = ("none", "ngram", "draft", "eagle")
-SPECULATIVE_PLANNED = ("mtp",)  # named by the flag's help, not built yet
-WORKER_DRAFTERS = ("draft", "eagle")  # drafted by the worker from `speculative_draft_model`
+SPECULATIVE_ALGORITHMS = ("none", "ngram", "draft", "eagle", "mtp")
+WORKER_DRAFTERS = ("draft", "eagle", "mtp")  # drafted by the worker, on the device
+DRAFT_MODEL_DRAFTERS = ("draft", "eagle")  # their weights: `speculative_draft_model`
 
 
 @dataclass(frozen=True)
@@ -19,13 +19,16 @@ class SpeculativeOptions:
     """Speculative decoding: `none`, `ngram` (prompt lookup: draft the tokens that
     followed the latest earlier occurrence of the sequence's last few tokens; no second
     model), `draft` (a smaller model with the same vocabulary, `speculative_draft_model`,
-    drafts greedily in the worker) or `eagle` (a released EAGLE or EAGLE-3 head for the
+    drafts greedily in the worker), `eagle` (a released EAGLE or EAGLE-3 head for the
     target, `speculative_draft_model`, drafts greedily in the worker from the target's
-    hidden states). The target verifies every draft exactly: greedy outputs are the same
-    tokens, sampled outputs keep its distribution. `mtp` is not implemented yet."""
+    hidden states) or `mtp` (the multi-token-prediction layer of the target's own
+    checkpoint, DeepSeek-V3 family, drafts as an EAGLE head does). The target verifies
+    every draft exactly: greedy outputs are the same tokens, sampled outputs keep its
+    distribution."""
     speculative_draft_model: str = ""
     """draft: the draft model, named as `model` is; its vocabulary must be the target's.
-    eagle: the local folder of an EAGLE head trained for the target."""
+    eagle: the local folder of an EAGLE head trained for the target. (mtp reads the
+    target's own checkpoint: not set.)"""
     speculative_num_draft_tokens: int = 4
     """Speculative decoding: draft tokens a request's verify step checks (k; the step
     yields 1 to k + 1 tokens)."""
@@ -44,9 +47,6 @@ class SpeculativeOptions:
     def check_speculative(self) -> None:
         """A known algorithm and sane draft sizes (the KV layout: `ServerConfig`)."""
         algo = self.speculative_algorithm
-        if algo in SPECULATIVE_PLANNED:
-            raise ConfigError(f"speculative_algorithm {algo!r} is not implemented yet "
-                              f"(one of {SPECULATIVE_ALGORITHMS})")
         if algo not in SPECULATIVE_ALGORITHMS:
             raise ConfigError(f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS}, "
                               f"got {algo!r}")
@@ -59,7 +59,7 @@ class SpeculativeOptions:
             raise ConfigError(f"speculative_off_window and speculative_off_accept must be "
                               f">= 0, got {self.speculative_off_window} and "
                               f"{self.speculative_off_accept}")
-        if (algo in WORKER_DRAFTERS) != bool(self.speculative_draft_model):
+        if (algo in DRAFT_MODEL_DRAFTERS) != bool(self.speculative_draft_model):
             raise ConfigError("speculative_draft_model is set exactly when "
-                              f"speculative_algorithm is one of {WORKER_DRAFTERS} (got "
+                              f"speculative_algorithm is one of {DRAFT_MODEL_DRAFTERS} (got "
                               f"{algo!r} and {self.speculative_draft_model!r})")

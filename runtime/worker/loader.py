@@ -27,6 +27,7 @@ from contextlib import closing
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from kernels.gemm.fp8_quant import FP8
 from runtime.model_config import ModelSpec
@@ -90,12 +91,19 @@ def empty_model(config, device: torch.device | str, dtype: torch.dtype,
     if model.quant.shipped:
         check_fp8_support(torch.device(device), what="an fp8 checkpoint",
                           instead="serve a 16-bit checkpoint of the model")
-    model.to(dtype=dtype)  # still meta: no memory touched
-    for module in model.modules():
-        if isinstance(module, Fp8Weights):
-            module.restore_storage()
-    model.to_empty(device=device)  # one uninitialized allocation per parameter
-    return model.requires_grad_(False)
+    return materialize(model, device, dtype)
+
+
+def materialize(module: nn.Module, device: torch.device | str,
+                dtype: torch.dtype) -> nn.Module:
+    """`module`, built on the meta device, with its parameters allocated on `device` (fp8
+    weights in fp8 with float32 scales, the rest in `dtype`) and not initialized."""
+    module.to(dtype=dtype)  # still meta: no memory touched
+    for m in module.modules():
+        if isinstance(m, Fp8Weights):
+            m.restore_storage()
+    module.to_empty(device=device)  # one uninitialized allocation per parameter
+    return module.requires_grad_(False)
 
 
 def init_dummy(model: CausalLM, seed: int) -> None:
@@ -137,7 +145,10 @@ class ShardLoader:
     TP like its weight; static `<module>.input_scale`s are read and dropped). An fp8 (or
     packed fp4) weight bound for a 16-bit parameter is held until its scale is in, then
     dequantized. Block-scaled
-    layers are checked at construction: fused parts and TP shares must be whole blocks."""
+    layers are checked at construction: fused parts and TP shares must be whole blocks.
+    `model` is a `CausalLM`, or a module with its checkpoint interface (`tp`, `quant`,
+    `checkpoint_targets`, `tp_split_dim`; for `load_hf_folder` also `checkpoint_name` and
+    `arch.tie_word_embeddings`): a part of a checkpoint loaded on its own (`MtpHead`)."""
 
     def __init__(self, model: CausalLM) -> None:
         self.tp = model.tp

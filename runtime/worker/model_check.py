@@ -20,6 +20,7 @@ from runtime.model_errors import MODEL_ERRORS
 from runtime.worker.loader import WeightLoadError, build_model
 from runtime.worker.speculative.eagle_head import EagleHead
 from runtime.worker.speculative.eagle_layout import EagleHeadMismatch, read_layout
+from runtime.worker.speculative.mtp_head import MtpHead, MtpUnavailable
 from runtime.worker.tp import TPGroup
 
 
@@ -29,13 +30,14 @@ class UnsupportedModel(ValueError):
 
 # MODEL_ERRORS, and what building or loading the model raises for a checkpoint that does not fit
 LOAD_ERRORS = (*MODEL_ERRORS, UnsupportedModel, WeightLoadError, NotImplementedError,
-               torch.OutOfMemoryError, EagleHeadMismatch)
+               torch.OutOfMemoryError, EagleHeadMismatch, MtpUnavailable)
 
 
 def prepare_model(cfg: ServerConfig) -> ModelSpec:
     """The server's model, resolved before its processes start (a Hub id's files fetched, a
     GGUF converted, once) and checked as `check_model` does, and so is its draft model
-    (`check_draft_model`) or EAGLE head (`check_eagle_head`); raises one of LOAD_ERRORS."""
+    (`check_draft_model`), EAGLE head (`check_eagle_head`) or MTP layer (`MtpHead.check`);
+    raises one of LOAD_ERRORS."""
     spec = spec_for(cfg, offline=False)
     check_model(spec, cfg.quantization, cfg.tp)
     if cfg.speculative_algorithm == "draft":
@@ -44,6 +46,8 @@ def prepare_model(cfg: ServerConfig) -> ModelSpec:
         check_draft_model(spec, draft)
     if cfg.speculative_algorithm == "eagle":
         check_eagle_head(spec, cfg.speculative_draft_model)
+    if cfg.speculative_algorithm == "mtp":
+        MtpHead.check(spec, cfg.quantization)
     return spec
 
 

@@ -6,10 +6,8 @@ next step's mask (see `grammar_rows`). After each batch it records an event and 
 the step's results (`StepOutput`: sampled ids, and any logprobs and top alternatives) to
 pinned host memory without blocking; a sender thread waits on that event and sends the
 StepResult. On the CPU the event is a no-op and the same code path runs synchronously.
-With a draft model (`--speculative-algorithm draft`) a step first drafts its verify
-requests' tokens and writes the draft KV of its other requests (`DraftModel`); with an
-EAGLE head (`--speculative-algorithm eagle`) the head drafts before the target's forward
-and takes the target's hidden states after it (`EagleDrafter`).
+With a drafter on the device (`--speculative-algorithm draft|eagle|mtp`) the drafter runs
+the step's forward, its drafting around the target's (`Drafter`).
 
 Nor does it wait for a grammar compile: the scheduler asks for one ahead
 (`GrammarCacheUpdate`), a background thread compiles it, and the sender thread reports it
@@ -28,7 +26,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -36,7 +33,7 @@ import zmq
 
 from runtime.config.server import ServerConfig
 from runtime.grammar import GrammarCompiler
-from runtime.model_config import ModelSpec, resolve_model, spec_for
+from runtime.model_config import ModelSpec, spec_for
 from runtime.procutil import error_text, freeze_startup_heap, setup_logging, startup_failure
 from runtime.wire.ipc import PullQueue, PushQueue
 from runtime.wire.lifecycle import Ready, Shutdown
@@ -46,7 +43,6 @@ from runtime.wire.worker_channel import (
     GrammarCacheUpdate,
     GrammarCompiled,
     RowInit,
-    StepResult,
     WorkerFailed,
     WorkerInput,
     WorkerReady,
@@ -55,14 +51,12 @@ from runtime.worker.batch_builder import BatchBuilder, SampleInputs
 from runtime.worker.cpu_threads import ThreadTuner
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.grammar_rows import GrammarRows
-from runtime.worker.kv_transfer import CopyTiming, KVTransfer, host_slots_for
+from runtime.worker.in_flight import InFlight, send_results
+from runtime.worker.kv_transfer import KVTransfer, host_slots_for
 from runtime.worker.lora.manager import LoraOptions
-from runtime.worker.model_check import LOAD_ERRORS, check_draft_model
+from runtime.worker.model_check import LOAD_ERRORS
 from runtime.worker.model_runner import ModelRunner
-from runtime.worker.speculative.draft_model import DraftModel
-from runtime.worker.speculative.eagle_drafter import EagleDrafter
-from runtime.worker.speculative.eagle_head import EagleHead
-from runtime.worker.speculative.eagle_layout import read_layout
+from runtime.worker.speculative.drafters import Drafter, graph_rows, load_drafter
 from runtime.worker.step_output import StepOutput, gather_top_logprobs, top_positions
 from runtime.worker.step_timing import StepTimer, StepTiming
 from runtime.worker.tp import TPGroup, init_tp
@@ -89,32 +83,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
-class _HostEvent:
-    """Stands in for a CUDA event on the CPU, where work is already complete."""
-
-    def synchronize(self) -> None:
-        pass
-
-
-@dataclass
-class InFlight:
-    """A launched batch: its results are valid in host memory once `event` completes."""
-
-    batch_id: int
-    output: StepOutput  # copied to the host (pinned on CUDA)
-    event: object
-    timing: StepTiming | None = None  # only under SLUICE_STEP_TIMING
-    copies: CopyTiming | None = None  # the plan's host-tier copies, which the step waited for
-
-    def result(self) -> StepResult:
-        self.event.synchronize()
-        res = self.output.result(self.batch_id)
-        if self.copies is not None:
-            res.writeback_s, res.load_s = (self.copies.seconds("writeback"),
-                                           self.copies.seconds("load"))
-        return res
-
-
 class Worker:
     """Model, KV pool, sampler and token table of one device."""
 
@@ -126,17 +94,9 @@ class Worker:
         self.max_rows = cfg.max_running + ROW_SLACK
         self.page_size = cfg.kv_mode.page_size
         dtype = resolve_dtype(cfg.dtype, self.device)
-        self.draft: DraftModel | None = None  # --speculative-algorithm draft
-        if cfg.speculative_algorithm == "draft":
-            draft_spec = resolve_model(cfg.speculative_draft_model)
-            check_draft_model(spec, draft_spec)
-            self.draft = DraftModel(draft_spec, self.device, dtype, cfg.seed)
-        head = None  # --speculative-algorithm eagle: checked as it loads
-        if cfg.speculative_algorithm == "eagle":
-            head = EagleHead.load(read_layout(cfg.speculative_draft_model, spec.hf_config()),
-                                  self.device, dtype)
-        extra = (self.draft.kv_bytes_per_token if self.draft
-                 else head.layout.bytes_per_token(dtype) if head else 0)
+        # --speculative-algorithm draft|eagle|mtp: loaded first, the pool is sized after it
+        self.drafter: Drafter | None = load_drafter(cfg, spec, self.device, dtype)
+        drafter = self.drafter
         self.runner = ModelRunner(spec, self.device, dtype,
                                   kv_slots=cfg.kv_slots, max_rows=self.max_rows, seed=cfg.seed,
                                   mem_fraction=cfg.mem_fraction, cuda_graph=cfg.cuda_graph,
@@ -144,12 +104,11 @@ class Worker:
                                   attention_backend=cfg.attention_backend,
                                   quantization=cfg.quantization,
                                   lora=LoraOptions.from_config(cfg),
-                                  kv_bytes_extra=extra, graph_rows=self._graph_rows(cfg),
-                                  capture=head.layout.capture if head else None)
-        if self.draft is not None:
-            self.draft.allocate(self.runner.kv_slots, cfg.attention_backend)
-        self.eagle = head and EagleDrafter(head, self.runner.model, self.runner.kv_slots,
-                                           cfg.attention_backend, self.device, dtype)
+                                  kv_bytes_extra=drafter.kv_bytes_per_token if drafter else 0,
+                                  graph_rows=graph_rows(cfg, self.max_rows),
+                                  capture=drafter.capture if drafter else None)
+        if drafter is not None:
+            drafter.allocate(self.runner, cfg.attention_backend)
         self.builder = BatchBuilder(self.max_rows, self.runner.max_context, self.device,
                                     self.page_size,
                                     self.runner.lora.num_slots if self.runner.lora else 0,
@@ -165,13 +124,6 @@ class Worker:
         if cfg.host_kv_gib:
             slots = host_slots_for(cfg.host_kv_gib, self.runner.kv_bytes_per_token, cfg.tp)
             self.transfer = KVTransfer(self.runner.kv_pool, self.tp.min_int(slots))
-
-    def _graph_rows(self, cfg: ServerConfig) -> int:
-        """Rows of the largest decode graph: a verify step is a decode batch of one row a
-        token, up to 1 + `speculative_num_draft_tokens` a request."""
-        if cfg.speculative_algorithm == "none":
-            return self.max_rows
-        return self.max_rows * (1 + cfg.speculative_num_draft_tokens)
 
     def warm_up(self) -> None:
         """Run one prefill (chunked in two) through the whole step path before serving, so
@@ -220,15 +172,10 @@ class Worker:
         if plan.lora_loads:
             self.runner.lora.load_slots(plan.lora_loads)
         fb, inputs = self.builder.build(plan)
-        drafts = None
-        if self.draft is not None:
-            drafts = self.draft.run_step(plan, fb, self.builder)  # [D] or None
-        if self.eagle is not None:
-            drafts = self.eagle.propose(plan, fb, self.builder)  # [D] or None
-            logits, features = self.runner.forward_features(fb)  # [S + L, vocab], [T, w]
-            self.eagle.absorb(plan, fb, features, self.builder)
-        else:
-            logits = self.runner.forward(fb)  # [S + L, vocab] float32
+        if self.drafter is None:
+            logits, drafts = self.runner.forward(fb), None  # [S + L, vocab] float32
+        else:  # the drafts [D] or None
+            logits, drafts = self.drafter.step(plan, fb, self.builder, self.runner)
         n = len(inputs.rows)
         out = StepOutput(torch.zeros(0, dtype=torch.int64, device=self.device),
                          input_logprobs=self._input_logprobs(logits[n:], inputs),  # [L]
@@ -241,14 +188,7 @@ class Worker:
             self.builder.record(*inputs.last_samples(out.next_ids))
             self.grammar.advance(inputs.rows, out.next_ids)
         self._top_logprobs(out, logits, plan, inputs)
-        on_cuda = self.device.type == "cuda"
-        out.to_host(pinned=on_cuda)
-        timing = self._timing(start, fb)
-        if not on_cuda:
-            return InFlight(plan.batch_id, out, _HostEvent(), timing, copies)
-        event = torch.cuda.Event()
-        event.record()
-        return InFlight(plan.batch_id, out, event, timing, copies)
+        return InFlight.launch(plan.batch_id, out, self.device, self._timing(start, fb), copies)
 
     def _top_logprobs(self, out: StepOutput, logits: torch.Tensor, plan: BatchPlan,
                       inputs: SampleInputs) -> None:
@@ -278,24 +218,6 @@ class Worker:
         mark, host_start = start
         return StepTiming(mark, self.timer.mark(), fb.batch_size, fb.num_tokens, fb.is_decode,
                           host_ms=(time.perf_counter() - host_start) * 1e3)
-
-
-def _send_results(out: PushQueue, pending: queue.Queue, timer: StepTimer | None,
-                  report_steps: bool) -> None:
-    """Sender thread: wait for each launched batch in order and send its result, and
-    send each `GrammarCompiled` queued by the compile thread. Only rank 0 reports steps
-    (`report_steps`): the other ranks only wait, so their buffers retire in order."""
-    while True:
-        item = pending.get()
-        if item is None:
-            return
-        if isinstance(item, InFlight):
-            result = item.result()
-            if item.timing is not None:  # the batch completed: its marks can be read
-                timer.log(item.batch_id, item.timing)
-            item = result
-        if report_steps or isinstance(item, GrammarCompiled):
-            out.put(item)
 
 
 def worker_name(rank: int) -> str:
@@ -331,7 +253,7 @@ def run_worker(cfg: ServerConfig, rank: int = 0) -> None:
     freeze_startup_heap()
     ready.put(Ready(name))
     pending: queue.Queue = queue.Queue()
-    sender = threading.Thread(target=_send_results,
+    sender = threading.Thread(target=send_results,
                               args=(out, pending, worker.timer, rank == 0), daemon=True)
     sender.start()
     compiled = lambda key, error: pending.put(GrammarCompiled(key, rank, error))

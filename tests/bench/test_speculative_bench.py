@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.speculative.mtp_layers import MtpReference
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -38,3 +40,20 @@ def test_draft_rows(tmp_path):
     assert set(rows) == {("iii", 1), ("iii", 3), ("iv", 1), ("iv", 3)}
     for batch in (1, 3):  # the target drafting for itself: every draft kept
         assert rows["iii", batch]["accepted"] == rows["iii", batch]["drafted"] > 0
+
+
+def test_eagle_rows_with_a_random_head(tmp_path):
+    """A `dummy:` target gets a random EAGLE head of its shape: it drafts, and the outputs
+    are plain decoding's."""
+    res = _bench(tmp_path, "--algorithm", "eagle")
+    assert res["random_head"] and [r["batch"] for r in res["rows"]] == [1, 3]
+    for row in res["rows"]:
+        assert row["identical"] and row["draft_model"]["drafted"] > 0
+
+
+def test_mtp_rows(tmp_path):
+    MtpReference(tmp_path / "target")
+    res = _bench(tmp_path, "--algorithm", "mtp", "--model", str(tmp_path / "target"))
+    assert [r["batch"] for r in res["rows"]] == [1, 3]
+    for row in res["rows"]:
+        assert row["identical"] and row["draft_model"]["drafted"] > 0

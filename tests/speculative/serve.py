@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from runtime.config.server import ServerConfig
@@ -37,6 +39,23 @@ def serve(cfg: ServerConfig, prompts: list[list[int]], params: list[SamplingPara
     sched, outs = start(cfg, worker, prompts, params, spec)
     run_to_end(sched, worker, outs)
     return [outs[f"r{i}"] for i in range(len(prompts))], sched, worker
+
+
+def step_drafts(cfg: ServerConfig, worker: Worker, prompts: list[list[int]],
+                params: list[SamplingParams]) -> Iterator[tuple[list[int], list[int]]]:
+    """Serve the requests to their end, step by step, yielding (the request's tokens so
+    far, its drafts) for each verify request of every step."""
+    sched, _ = start(cfg, worker, prompts, params)
+    while sched.has_work:
+        plan = sched.plan()
+        by_row = {r.row: r for r in sched.running}
+        res = worker.launch(plan).result()
+        drafts = iter(res.draft_ids)
+        for row, d in zip(plan.rows, plan.draft_lens):
+            if d:
+                yield list(by_row[row].token_ids), [next(drafts) for _ in range(d)]
+        sched.on_result(res)
+        sched.take_outputs()
 
 
 def greedy_case(cfg: ServerConfig, prompts: list[list[int]], max_tokens: tuple[int, ...],

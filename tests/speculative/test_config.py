@@ -8,11 +8,6 @@ from runtime.config.checks import ConfigError
 from runtime.config.server import ServerConfig
 
 
-def test_planned_algorithms_are_refused_as_not_implemented():
-    with pytest.raises(ConfigError, match="not implemented yet"):
-        ServerConfig(speculative_algorithm="mtp")
-
-
 @pytest.mark.parametrize("changes, field", [
     ({"speculative_algorithm": "medusa"}, "speculative_algorithm"),
     ({"speculative_num_draft_tokens": 0}, "speculative_num_draft_tokens"),

@@ -33,7 +33,7 @@ PARAMS = [SamplingParams(max_tokens=1 + n * (K + 1), temperature=0.0) for n in (
 def noisy_worker(cfg) -> Worker:
     """A worker whose draft pool holds large noise where nothing was written."""
     worker = Worker(cfg, resolve_model(cfg.model))
-    fill_with_noise(worker.draft.pool)
+    fill_with_noise(worker.drafter.pool)
     return worker
 
 
@@ -66,7 +66,7 @@ def test_a_verify_step_costs_the_draft_k_forwards(kv):
     cfg = SELF.replace(kv=kv)
     worker = noisy_worker(cfg)
     forwards = []
-    worker.draft.model.register_forward_hook(lambda *_: forwards.append(1))
+    worker.drafter.model.register_forward_hook(lambda *_: forwards.append(1))
     outs = {f"r{i}": [] for i in range(len(PROMPTS))}
     _, sched, _ = serve(cfg, [], [], worker=worker)
     for i, (prompt, p) in enumerate(zip(PROMPTS, PARAMS)):

@@ -34,7 +34,7 @@ def test_greedy_outputs_are_plain_decodings(greedy_case, kv, overlap):
         spec = sched.spec
         assert outs == ref, draft
         assert sched.kv.stats().used == 0, draft  # both pools: the same slots came back
-        assert worker.draft.pool.num_slots == worker.runner.kv_pool.num_slots
+        assert worker.drafter.pool.num_slots == worker.runner.kv_pool.num_slots
         if draft == "dummy:tiny":  # the target drafting for itself: nothing rejected
             assert spec.accepted == spec.drafted > 0
             # the prefill samples the first token, each verify step k + 1 (the last fewer)

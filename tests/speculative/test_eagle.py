@@ -22,7 +22,7 @@ from tests.speculative.eagle_heads import (
     target_features,
     write_head,
 )
-from tests.speculative.serve import serve, start
+from tests.speculative.serve import serve, step_drafts
 
 K = 3
 HEADS = {  # name: (EAGLE-3, write_head options)
@@ -73,23 +73,11 @@ def test_drafts_are_the_heads_reference_forward(target, heads, name):
     cfg = config(target, folder, max_running=2)
     prompts, params = prompts_and_params()
     worker = Worker(cfg, resolve_model(cfg.model))
-    sched, _ = start(cfg, worker, prompts[:3], params[:3])
     checked = 0
-    while sched.has_work:
-        plan = sched.plan()
-        by_row = {r.row: r for r in sched.running}
-        res = worker.launch(plan).result()
-        drafts = iter(res.draft_ids)
-        for row, d in zip(plan.rows, plan.draft_lens):
-            if not d:
-                continue
-            tokens = by_row[row].token_ids
-            features = target_features(target[1], tokens[:-1], eagle3)  # [P, w]
-            got = [next(drafts) for _ in range(d)]
-            assert got == reference_drafts(weights, eagle3, target[1], tokens, features, d)
-            checked += 1
-        sched.on_result(res)
-        sched.take_outputs()
+    for tokens, got in step_drafts(cfg, worker, prompts[:3], params[:3]):
+        features = target_features(target[1], tokens[:-1], eagle3)  # [P, w]
+        assert got == reference_drafts(weights, eagle3, target[1], tokens, features, len(got))
+        checked += 1
     assert checked >= 10
 
 
@@ -106,7 +94,7 @@ def test_greedy_outputs_are_plain_decodings(target, heads, kv, overlap):
         assert sched.spec.verify_steps > 0, name
         assert sched.kv.stats().used == 0, name  # every slot back, the head's included
         assert sched.kv.stats().prefix_hit_tokens > 0, name
-        assert worker.eagle.pool.num_slots == worker.runner.kv_pool.num_slots
+        assert worker.drafter.pool.num_slots == worker.runner.kv_pool.num_slots
 
 
 def test_seeded_samples_and_retraction_are_plain_decodings(target, heads):

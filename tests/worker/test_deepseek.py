@@ -39,19 +39,27 @@ LAYOUTS = [("token", 1, False), ("paged", 4, False), ("contiguous", 64, True)]
 SCHEDULE = [[9, 6, 1, 1, 1], [5, 2, 1, 1, 1]]  # tokens per step of each sequence
 
 
-def tiny_deepseek(family: str, folder) -> torch.nn.Module:
-    """Save a random tiny DeepSeek checkpoint to `folder`; return it (fp32, eval)."""
+def random_deepseek(family: str, **changes) -> torch.nn.Module:
+    """A random tiny DeepSeek of `family` (fields `changes` of BASE changed), fp32, eval;
+    norms near 1, everything else small."""
     config_cls, extra = FAMILIES[family]
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config_cls(**BASE, **extra), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config_cls(**{**BASE, **changes}, **extra),
+                                             dtype=torch.float32)
     with torch.no_grad():
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
             if "inv_freq" in name:
                 continue
             noise = torch.randn(t.shape)
             t.copy_(1 + 0.1 * noise if "norm" in name else 0.1 * noise)
-    model.save_pretrained(folder)
     return model.eval()
+
+
+def tiny_deepseek(family: str, folder) -> torch.nn.Module:
+    """Save a random tiny DeepSeek checkpoint to `folder`; return it (fp32, eval)."""
+    torch.manual_seed(0)
+    model = random_deepseek(family)
+    model.save_pretrained(folder)
+    return model
 
 
 def slot_table(fb):

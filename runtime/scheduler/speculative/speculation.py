@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from runtime.config.speculative import WORKER_DRAFTERS
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.req import Req
 from runtime.scheduler.speculative.ngram import NgramDrafter
@@ -102,7 +103,7 @@ class Speculation:
         if algo == "ngram":
             lo, hi = cfg.speculative_ngram_min, cfg.speculative_ngram_max
             new_drafter = lambda req: NgramDrafter(lo, hi)  # noqa: E731
-        elif algo in ("draft", "eagle"):
+        elif algo in WORKER_DRAFTERS:
             drafts = ModelDrafts()
             new_drafter = lambda req: drafts  # noqa: E731
         else:

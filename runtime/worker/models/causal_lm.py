@@ -12,6 +12,7 @@ checkpoint names to parameter rows) lives here once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -28,6 +29,8 @@ from runtime.worker.tp import TPGroup
 Ops = TorchOps | TritonOps
 # (checkpoint tensor name relative to the parameter's parent module, first row, row count)
 Piece = tuple[str, int, int]
+# (our parameter name, first row, row count) a checkpoint tensor fills
+Target = tuple[str, int, int]
 
 
 class RMSNorm(nn.Module):
@@ -199,21 +202,29 @@ class CausalLM(nn.Module):
             return [(f"gate_proj.{leaf}", 0, rows // 2), (f"up_proj.{leaf}", rows // 2, rows // 2)]
         return [(f"{module}.{leaf}", 0, rows)]
 
-    def checkpoint_targets(self) -> dict[str, tuple[str, int, int]]:
+    def checkpoint_targets(self) -> dict[str, Target]:
         """Every tensor a transformers checkpoint must provide, by its name there:
         (our parameter name, first row, row count) along dim 0 of that parameter. Under TP
         the rows are this rank's share of the tensor cut by `tp_split_dim`."""
-        renames = dict(self.MODULE_RENAMES)
-        targets: dict[str, tuple[str, int, int]] = {}
-        for name, param in self.named_parameters():
-            *parent, module, leaf = name.split(".")
-            prefix = ".".join(renames.get(p, p) for p in parent)
-            for hf_name, start, rows in self.checkpoint_pieces(module, leaf, param):
-                targets[f"{prefix}.{hf_name}" if prefix else hf_name] = (name, start, rows)
-        return targets
+        return checkpoint_targets(self, self.checkpoint_pieces, self.MODULE_RENAMES)
 
     def checkpoint_name(self, name: str) -> str | None:
         """The name of checkpoint tensor `name` in the layout `checkpoint_targets` speaks, or
         None for a tensor the model does not use. Families whose releases name their
         tensors otherwise override it."""
         return name
+
+
+def checkpoint_targets(module: nn.Module, pieces: Callable[[str, str, torch.Tensor], list[Piece]],
+                       renames: tuple[tuple[str, str], ...] = ()) -> dict[str, Target]:
+    """`CausalLM.checkpoint_targets` of any module: each of its parameters filled from the
+    checkpoint tensors `pieces(module, leaf, param)` names, under its parents' names
+    (`renames`: ours -> the checkpoint's, for whole path components)."""
+    renamed = dict(renames)
+    targets: dict[str, Target] = {}
+    for name, param in module.named_parameters():
+        *parent, leaf_module, leaf = name.split(".")
+        prefix = ".".join(renamed.get(p, p) for p in parent)
+        for hf_name, start, rows in pieces(leaf_module, leaf, param):
+            targets[f"{prefix}.{hf_name}" if prefix else hf_name] = (name, start, rows)
+    return targets

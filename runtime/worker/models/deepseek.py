@@ -77,6 +77,13 @@ class DeepseekAttention(nn.Module):
         """The projection whose output rows are the per-head queries: [H * qk, in]."""
         return self.q_proj if self.arch.q_lora_rank is None else self.q_b_proj
 
+    def after_load(self) -> None:
+        """Once the weights are in: the rope rows permuted to halves (interleaved
+        checkpoints), then W_UK / W_UV split out. Call it once."""
+        if self.arch.rope_interleave:
+            self.deinterleave_rope()
+        self.absorb()
+
     @torch.no_grad()
     def absorb(self) -> None:
         """Split kv_b_proj into W_UK and W_UV (once the weights are in)."""
@@ -156,9 +163,15 @@ class DeepseekForCausalLM(CausalLM):
         interleaved checkpoints) the rope rows permuted to halves. Call it once."""
         super().init_buffers()
         for layer in self.model.layers:
-            if self.arch.rope_interleave:
-                layer.self_attn.deinterleave_rope()
-            layer.self_attn.absorb()
+            layer.self_attn.after_load()
+
+    def checkpoint_name(self, name: str) -> str | None:
+        """The layers past `num_hidden_layers` (DeepSeek-V3's multi-token-prediction layer)
+        are a drafter's (`MtpHead`), not the decoder's: None."""
+        parts = name.split(".")
+        if parts[:2] == ["model", "layers"] and int(parts[2]) >= self.arch.num_layers:
+            return None
+        return name
 
     def checkpoint_pieces(self, module: str, leaf: str, param: torch.Tensor) -> list[Piece]:
         """The stacked routed experts take each expert's gate, up and down tensors."""

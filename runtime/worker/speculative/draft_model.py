@@ -40,7 +40,7 @@ from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.kv_pool import KVPool, kv_bytes_per_token
 from runtime.worker.loader import load_model
 from runtime.worker.model_check import UnsupportedModel
-from runtime.worker.model_runner import make_attention
+from runtime.worker.model_runner import ModelRunner, make_attention
 from runtime.worker.models.deepseek import DeepseekForCausalLM
 from runtime.worker.speculative.draft_batch import (
     DraftForward,
@@ -53,7 +53,9 @@ from runtime.worker.staging import Staging
 
 class DraftModel:
     """The draft's weights (loaded first, so the target's pool is sized after them) and,
-    once `allocate`d, its KV pool over the target's slots."""
+    once `allocate`d, its KV pool over the target's slots: a `Drafter`."""
+
+    capture = None  # it reads nothing of the target's forward but the logits
 
     def __init__(self, spec: ModelSpec, device: torch.device, dtype: torch.dtype,
                  seed: int = 0) -> None:
@@ -69,12 +71,19 @@ class DraftModel:
         self.pool: KVPool | None = None
         self.attn = None
 
-    def allocate(self, kv_slots: int, attention_backend: str) -> None:
-        """The draft's pool: `kv_slots` + the padding slot 0, as the target's."""
+    def allocate(self, runner: ModelRunner, attention_backend: str) -> None:
+        """The draft's pool over the target's slots (and the padding slot 0)."""
         arch = self.model.arch
-        self.pool = KVPool(arch.num_layers, kv_slots + 1, arch.num_kv_heads, arch.head_dim,
-                           self.dtype, self.device)
+        self.pool = KVPool(arch.num_layers, runner.kv_slots + 1, arch.num_kv_heads,
+                           arch.head_dim, self.dtype, self.device)
         self.attn = make_attention(attention_backend, self.pool, self.device)
+
+    def step(self, plan: BatchPlan, fb: ForwardBatch, builder: BatchBuilder,
+             runner: ModelRunner) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The draft's part of the step (`run_step`), then the target's forward: (its
+        logits [S + L, V] float32, the drafts [D] or None)."""
+        drafts = self.run_step(plan, fb, builder)
+        return runner.forward(fb), drafts
 
     @torch.inference_mode()
     def run_step(self, plan: BatchPlan, fb: ForwardBatch,

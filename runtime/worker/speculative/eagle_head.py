@@ -1,4 +1,5 @@
-"""`EagleHead`: the module of a released EAGLE head (`EagleLayout`) and its loading.
+"""`EagleHead`: the module of a released EAGLE head (`EagleLayout`) and its loading; a
+`DraftHead` (`HeadDrafter`).
 
 A head step maps the embeddings of tokens [T, h] and the hidden states they follow
 [T, h] (the target's features at the previous position, projected by `project`, or the
@@ -15,6 +16,8 @@ from torch import nn
 from kernels.norm_rope.rope import rope_cos_sin_cache
 from runtime.worker.attention import AttentionBackend
 from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.kv_pool import KVPool
+from runtime.worker.model_runner import make_attention
 from runtime.worker.models.causal_lm import CausalLM, RMSNorm
 from runtime.worker.models.llama import LlamaAttention, LlamaMLP
 from runtime.worker.ops import TorchOps, TritonOps
@@ -108,6 +111,24 @@ class EagleHead(nn.Module):
             if shapes[name] != want:
                 raise EagleHeadMismatch(f"{self.layout.folder}: tensor {name} has shape "
                                         f"{shapes[name]}, the head's config needs {want}")
+
+    @property
+    def capture(self) -> tuple[int, ...]:
+        return self.layout.capture
+
+    @property
+    def hidden_size(self) -> int:
+        return self.layout.arch.hidden_size
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        return self.layout.bytes_per_token(dtype)
+
+    def attention(self, slots: int, backend: str, dtype: torch.dtype,
+                  device: torch.device) -> AttentionBackend:
+        """Attention over a new pool of one layer of the head's K/V heads."""
+        a = self.layout.arch
+        return make_attention(backend, KVPool(1, slots, a.num_kv_heads, a.head_dim, dtype,
+                                              device), device)
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """The target's features [T, w] as the hidden states a head step reads [T, h]."""

@@ -67,7 +67,7 @@ class EagleLayout:
 
     def bytes_per_token(self, dtype: torch.dtype) -> int:
         """Memory a KV slot costs with this head: its one layer's K/V and the slot's row
-        of the feature buffer (`EagleDrafter`), one hidden state."""
+        of the feature buffer (`HeadDrafter`), one hidden state."""
         a = self.arch
         return (kv_bytes_per_token(1, a.num_kv_heads, a.head_dim, dtype)
                 + a.hidden_size * dtype.itemsize)

@@ -1,12 +1,15 @@
-"""`EagleDrafter`: an EAGLE head's part of every step (`--speculative-algorithm eagle`).
+"""`HeadDrafter`: the part of every step of a one-layer head that drafts from the
+target's hidden states (`DraftHead`): an EAGLE head (`--speculative-algorithm eagle`,
+`EagleHead`) or a checkpoint's multi-token-prediction layer (`mtp`, `MtpHead`).
 
 The head reads the target's hidden states. The target's forward returns each new token's
 features (`ModelRunner.forward_features`: its final hidden state, or the three residual
 streams of EAGLE-3), and the drafter keeps them, projected to one hidden state
-(`EagleHead.project`), in a feature buffer indexed by KV slot: row s holds the target's
+(`DraftHead.project`), in a feature buffer indexed by KV slot: row s holds the target's
 hidden state of the token at slot s. The row lives exactly as long as the slot's KV (the
 scheduler's slot) and is written whenever the target computes that slot, so a prefix
-shared from the cache, or the kept positions of a verify step, have theirs.
+shared from the cache, or the kept positions of a verify step, have theirs. The head's
+KV pool has one layer of the head's own kind (K/V heads, or a latent row under MLA).
 
 After the target's forward (`absorb`), the head runs over the step's tokens at positions
 q >= 1, each with the feature row of position q - 1, and stores its KV in the slots of q
@@ -26,14 +29,17 @@ for the device.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 import torch
 
 from runtime.wire.worker_channel import BatchPlan
+from runtime.worker.attention import AttentionBackend
 from runtime.worker.batch_builder import BatchBuilder, exclusive_cumsum
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.kv_pool import KVPool
-from runtime.worker.model_runner import make_attention
+from runtime.worker.model_runner import ModelRunner
 from runtime.worker.models.causal_lm import CausalLM
 from runtime.worker.speculative.draft_batch import (
     DraftForward,
@@ -42,23 +48,63 @@ from runtime.worker.speculative.draft_batch import (
     token_sources,
 )
 from runtime.worker.speculative.eagle_forward import HeadForward
-from runtime.worker.speculative.eagle_head import EagleHead
 from runtime.worker.staging import Staging
 
 
-class EagleDrafter:
-    """A loaded head over the target `target`, with its KV pool and feature buffer over
-    the target's `kv_slots` slots (and the padding slot 0)."""
+class DraftHead(Protocol):
+    """A one-layer head over the target's hidden states (see the module docstring)."""
 
-    def __init__(self, head: EagleHead, target: CausalLM, kv_slots: int,
-                 attention_backend: str, device: torch.device, dtype: torch.dtype) -> None:
-        self.head, self.target = head, target
-        a = head.layout.arch
-        self.pool = KVPool(1, kv_slots + 1, a.num_kv_heads, a.head_dim, dtype, device)
-        self.attn = make_attention(attention_backend, self.pool, device)
-        self.features = torch.zeros(kv_slots + 1, a.hidden_size, dtype=dtype,
-                                    device=device)  # [slots, hidden]
+    capture: tuple[int, ...]  # the target's features it reads (`Decoder.run`); ()
+    hidden_size: int  # of the hidden states a step reads and writes
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        """Memory a KV slot costs with this head: its pool's row and a feature row."""
+
+    def attention(self, slots: int, backend: str, dtype: torch.dtype,
+                  device: torch.device) -> AttentionBackend:
+        """Attention backend `backend` over a new one-layer pool of `slots` slots."""
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features [T, w] as the hidden states a head step reads [T, h]."""
+
+    def __call__(self, embeds: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch,
+                 attn: AttentionBackend) -> torch.Tensor:
+        """One step over `fb`'s tokens, storing the head's KV: embeddings [T, h] and the
+        hidden states they follow [T, h] -> the hidden states the next step reads [T, h]."""
+
+    def draft_ids(self, out: torch.Tensor, target: CausalLM) -> torch.Tensor:
+        """Greedy target token ids [T] int64 of a step's outputs `out` [T, h]."""
+
+
+class HeadDrafter:
+    """A loaded head (a `Drafter`); once `allocate`d, its KV pool and feature buffer over
+    the target's slots (and the padding slot 0)."""
+
+    def __init__(self, head: DraftHead, device: torch.device, dtype: torch.dtype) -> None:
+        self.head, self.device, self.dtype = head, device, dtype
+        self.capture = head.capture
+        self.kv_bytes_per_token = head.bytes_per_token(dtype)
         self.staging = Staging(device)  # its own: the target's step tensors stay valid
+        self.target: CausalLM | None = None
+        self.pool: KVPool | None = None
+
+    def allocate(self, runner: ModelRunner, attention_backend: str) -> None:
+        """The head's pool and feature buffer over the slots of `runner`'s pool."""
+        slots = runner.kv_slots + 1
+        self.target = runner.model
+        self.attn = self.head.attention(slots, attention_backend, self.dtype, self.device)
+        self.pool = self.attn.pool
+        self.features = torch.zeros(slots, self.head.hidden_size, dtype=self.dtype,
+                                    device=self.device)  # [slots, hidden]
+
+    def step(self, plan: BatchPlan, fb: ForwardBatch, builder: BatchBuilder,
+             runner: ModelRunner) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft (`propose`), run the target's forward, take its features (`absorb`):
+        (the target's logits [S + L, V] float32, the drafts [D] or None)."""
+        drafts = self.propose(plan, fb, builder)
+        logits, features = runner.forward_features(fb)  # [S + L, V], [T, w]
+        self.absorb(plan, fb, features, builder)
+        return logits, drafts
 
     def _step(self, fb: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
         """One head forward over `fb` after the hidden states `hidden` [T, h]: its

@@ -1,0 +1,76 @@
+"""`Drafter`: the worker's part of speculative decoding, for the algorithms that draft
+with a model on the device (`--speculative-algorithm draft|eagle|mtp`); `load_drafter`
+picks and loads it.
+
+A drafter's weights load before the target's KV pool is sized, which counts the bytes a
+slot costs in the drafter's own pools (`kv_bytes_per_token`); once the target's runner
+exists the drafter `allocate`s those pools over the target's slot numbering. Each step it
+wraps the target's forward (`step`): a draft model drafts its verify requests' tokens and
+writes the draft KV of its other requests before it (`DraftModel`); an EAGLE head, or the
+target checkpoint's MTP layer, drafts before it and takes the target's hidden states after
+it (`HeadDrafter`). Either way the
+drafts are written over the plan's placeholder ids in the target's input, and the target's
+samples decide what is kept.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from runtime.config.server import ServerConfig
+from runtime.model_config import ModelSpec, resolve_model
+from runtime.wire.worker_channel import BatchPlan
+from runtime.worker.batch_builder import BatchBuilder
+from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.model_check import check_draft_model
+from runtime.worker.model_runner import ModelRunner
+from runtime.worker.speculative.draft_model import DraftModel
+from runtime.worker.speculative.eagle_head import EagleHead
+from runtime.worker.speculative.eagle_layout import read_layout
+from runtime.worker.speculative.head_drafter import HeadDrafter
+from runtime.worker.speculative.mtp_head import MtpHead
+
+
+class Drafter(Protocol):
+    """A drafter on the device, beside the target (see the module docstring)."""
+
+    kv_bytes_per_token: int  # what a KV slot costs in the drafter's own pools
+    # the features the target's forward returns besides its logits (`ModelRunner`'s
+    # `capture`); None: none
+    capture: tuple[int, ...] | None
+
+    def allocate(self, runner: ModelRunner, attention_backend: str) -> None:
+        """The drafter's pools over the slots of the target's pool (`runner`)."""
+
+    def step(self, plan: BatchPlan, fb: ForwardBatch, builder: BatchBuilder,
+             runner: ModelRunner) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Step `plan` (built: `fb`) with its drafts: (the target's logits [S + L, V]
+        float32, the verify requests' drafts [D] int64 in order, None when it verifies
+        nothing)."""
+
+
+def load_drafter(cfg: ServerConfig, spec: ModelSpec, device: torch.device,
+                 dtype: torch.dtype) -> Drafter | None:
+    """The drafter `cfg.speculative_algorithm` asks for, its weights loaded and checked
+    against the target `spec`; None for an algorithm without one on the device."""
+    algo = cfg.speculative_algorithm
+    if algo == "draft":
+        draft_spec = resolve_model(cfg.speculative_draft_model)
+        check_draft_model(spec, draft_spec)
+        return DraftModel(draft_spec, device, dtype, cfg.seed)
+    if algo == "eagle":
+        layout = read_layout(cfg.speculative_draft_model, spec.hf_config())
+        return HeadDrafter(EagleHead.load(layout, device, dtype), device, dtype)
+    if algo == "mtp":
+        return HeadDrafter(MtpHead.load(spec, device, dtype, cfg.quantization), device, dtype)
+    return None
+
+
+def graph_rows(cfg: ServerConfig, max_rows: int) -> int:
+    """Rows of the largest decode graph for `max_rows` request rows: a verify step is a
+    decode batch of one row a token, up to 1 + `speculative_num_draft_tokens` a request."""
+    if cfg.speculative_algorithm == "none":
+        return max_rows
+    return max_rows * (1 + cfg.speculative_num_draft_tokens)
