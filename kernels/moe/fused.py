@@ -162,15 +162,8 @@ def fused_moe(
     return out.view(T, top_k, H).sum(dim=1)
 
 
-def fused_moe_ref(
-    x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    weights: torch.Tensor,
-    ids: torch.Tensor,
-    *,
-    swiglu_limit: float = 0.0,
-) -> torch.Tensor:
+def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+                  ids: torch.Tensor, *, swiglu_limit: float = 0.0) -> torch.Tensor:
     """Torch reference of `fused_moe`, in float32 with one pass per expert that is hit
     (it syncs with the host to find them: not for CUDA graphs)."""
     T, H = x.shape
