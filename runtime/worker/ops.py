@@ -30,7 +30,7 @@ class SparseAttention(NamedTuple):
     """The sparse attention over per-query key lists (`kernels.sparse`), kernels or their
     references: `mqa(q, kv, indices, sink, scale, entry_kv=, entry_indices=)` attends each
     query over the pool rows its lists name; `indexer_scores(q_idx, weights, keys,
-    visible_upto)` scores queries against the Lightning Indexer's keys."""
+    key_indices)` scores queries against the Lightning Indexer's keys its lists name."""
 
     mqa: Callable[..., torch.Tensor]
     indexer_scores: Callable[..., torch.Tensor]

@@ -18,7 +18,7 @@ checkpoints' names are read through `deepseek_v4_checkpoint`, their MTP layer sk
 Weights in 16 bits or fp32, or block fp8 as released (e8m0 scales; the projections stay
 fp8, the routed experts, fp8 or packed fp4, are dequantized at load). One device only
 (`--tp 1`), outside CUDA graphs: the attention and experts run through the ops (Triton
-kernels on CUDA, their torch references elsewhere), the compressors sequence by sequence.
+kernels on CUDA, their torch references elsewhere), the compressors sequence by sequence, the indexer over the whole step.
 """
 
 from __future__ import annotations

@@ -105,13 +105,6 @@ class Compressor(nn.Module):
         part(rows, entry_at)[closing] = entries.to(rows.dtype)
 
 
-def closed_entries(rows: torch.Tensor, seq: SeqStep, rate: int,
-                   entry_at: tuple[int, int]) -> torch.Tensor:
-    """The entries of every window closed by the end of `seq`'s step: `[p1 // rate, width]`."""
-    n = seq.p1 // rate
-    return part(rows, entry_at)[seq.slots[rate - 1 : n * rate : rate]]
-
-
 class Indexer(nn.Module):
     """The Lightning Indexer of a CSA layer: query heads from the query LoRA (`wq_b`, the
     `[q_lora_rank -> heads * dim]` projection given), per-head weights from the hidden state
@@ -131,15 +124,10 @@ class Indexer(nn.Module):
         """`[T, topk]` int64 entry numbers: the `topk` best-scored entries each new token
         (`x` `[T, hidden]`, `q_lora` `[T, rank]`) sees among its sequence's closed ones,
         whose keys are at `key_at` of the pool `rows`; -1 past the entries it sees. One
-        scoring a sequence: each scores its own keys."""
+        scoring for the step: each token's list names its own sequence's visible keys."""
         q = self.wq_b(q_lora).view(-1, self.heads, self.dim)  # [T, h, di]
         q = apply_rope(q, step.positions, freqs).float()
         weights = self.weights_proj(x).float() * self.heads**-0.5  # [T, h]
-        rate, picks = self.compressor.rate, []
-        for seq in step.seqs:
-            new = slice(seq.q0, seq.q1)
-            keys = closed_entries(rows, seq, rate, key_at)  # [n, di]
-            upto = (step.positions[new] + 1) // rate  # [Q]: entries closed by each token
-            scores = ops.sparse.indexer_scores(q[new], weights[new], keys, upto)  # [Q, n]
-            picks.append(top_entries(scores, self.topk))
-        return torch.cat(picks)  # [T, topk]
+        listed = step.visible_slots(self.compressor.rate)  # [T, n]: column w is entry w
+        scores = ops.sparse.indexer_scores(q, weights, part(rows, key_at), listed)  # [T, n]
+        return top_entries(scores, self.topk)  # [T, topk]
