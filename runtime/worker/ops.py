@@ -22,6 +22,7 @@ from kernels.norm_rope.rmsnorm import rmsnorm, rmsnorm_ref
 from kernels.norm_rope.rope import apply_rope, apply_rope_ref
 from kernels.sparse.indexer_scores import indexer_scores, indexer_scores_ref
 from kernels.sparse.sparse_mqa import sparse_mqa_attention, sparse_mqa_attention_ref
+from kernels.sparse.window_pool import window_pool, window_pool_ref
 
 GateAct = Callable[[torch.Tensor], torch.Tensor]  # `Ops.silu_mul`: [T, 2I] gate|up -> [T, I]
 
@@ -30,10 +31,13 @@ class SparseAttention(NamedTuple):
     """The sparse attention over per-query key lists (`kernels.sparse`), kernels or their
     references: `mqa(q, kv, indices, sink, scale, entry_kv=, entry_indices=)` attends each
     query over the pool rows its lists name; `indexer_scores(q_idx, weights, keys,
-    visible_upto)` scores queries against the Lightning Indexer's keys."""
+    key_indices)` scores queries against the Lightning Indexer's keys its lists name;
+    `window_pool(new_kv, new_gate, kept_kv, kept_gate, index, series, bias)` pools the
+    compression windows' inputs into entries."""
 
     mqa: Callable[..., torch.Tensor]
     indexer_scores: Callable[..., torch.Tensor]
+    window_pool: Callable[..., torch.Tensor]
 
 
 def _add_rmsnorm_ref(
@@ -70,7 +74,7 @@ class TorchOps:
     add_rmsnorm = staticmethod(_add_rmsnorm_ref)
     silu_mul = staticmethod(silu_and_mul_ref)
     fused_moe = staticmethod(fused_moe_ref)
-    sparse = SparseAttention(sparse_mqa_attention_ref, indexer_scores_ref)
+    sparse = SparseAttention(sparse_mqa_attention_ref, indexer_scores_ref, window_pool_ref)
 
     def __init__(self, cos_sin_cache: torch.Tensor) -> None:
         self.cos_sin_cache = cos_sin_cache  # [max_pos, D] fp32
@@ -88,7 +92,7 @@ class TritonOps(TorchOps):
     add_rmsnorm = staticmethod(_add_rmsnorm)
     silu_mul = staticmethod(silu_and_mul)
     fused_moe = staticmethod(fused_moe)
-    sparse = SparseAttention(sparse_mqa_attention, indexer_scores)
+    sparse = SparseAttention(sparse_mqa_attention, indexer_scores, window_pool)
 
     def rope(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor

@@ -1,23 +1,25 @@
 import pytest
 import torch
 
-from kernels.sparse.index_lists import top_entries
+from kernels.sparse.index_lists import entry_indices, query_seqs, top_entries, visible_entries
 from kernels.sparse.indexer_scores import indexer_scores, indexer_scores_ref
-from tests.kernels.cases import DEVICE, DTYPES, randn
+from tests.kernels.cases import DEVICE, DTYPES, page_table, randn
 
 # the scores sum h products of di terms: an absolute bound per dtype of q_idx and the keys
 SCORE_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
-def make_inputs(Q, h, di, n, dtype, seed=0):
-    """(q_idx, weights, keys, visible_upto): keys a column range of wider rows, visible_upto
-    from 0 (nothing visible) to past n."""
+def make_inputs(Q, h, di, n, dtype, slots=50, seed=0):
+    """(q_idx, weights, keys, key_indices): keys a column range of wider rows, each query's
+    list of n slots random, -1 anywhere (a row of none among them)."""
     gen = torch.Generator().manual_seed(seed)
     q_idx = randn(Q, h, di, dtype=dtype, gen=gen)  # [Q, h, di]
     weights = randn(Q, h, gen=gen) * h**-0.5  # [Q, h] float32
-    keys = randn(n, di + 6, dtype=dtype, gen=gen)[:, 2 : 2 + di]  # [n, di]
-    visible_upto = torch.randint(0, n + 4, (Q,), generator=gen).to(DEVICE)  # [Q]
-    return q_idx, weights, keys, visible_upto
+    keys = randn(slots, di + 6, dtype=dtype, gen=gen)[:, 2 : 2 + di]  # [slots, di]
+    listed = torch.randint(0, slots, (Q, n), generator=gen)
+    listed[torch.rand(Q, n, generator=gen) < 0.3] = -1
+    listed[Q // 2 : Q // 2 + 1] = -1
+    return q_idx, weights, keys, listed.to(DEVICE)
 
 
 def check(args, dtype):
@@ -33,33 +35,54 @@ def check(args, dtype):
 @pytest.mark.parametrize("Q, h, n", [(1, 16, 45), (3, 3, 130), (37, 19, 7)], ids=str)
 def test_matches_reference(Q, h, n, di, dtype):
     # 3 and 19 heads leave a partial 16-head block; 130 keys a partial 64-key tile
-    check(make_inputs(Q, h, di, n, dtype, seed=Q), dtype)
+    out = check(make_inputs(Q, h, di, n, dtype, seed=Q), dtype)
+    assert (out[Q // 2] == float("-inf")).all()
 
 
-def test_masking():
-    q_idx, weights, keys, _ = make_inputs(3, 4, 64, 70, torch.float32, seed=1)
-    upto = torch.tensor([0, 5, 70], device=DEVICE)
-    out = check((q_idx, weights, keys, upto), torch.float32)
-    assert (out[0] == float("-inf")).all()
-    assert out[1, :5].isfinite().all() and (out[1, 5:] == float("-inf")).all()
-    assert out[2].isfinite().all()
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_step_of_sequences_scores_its_own_keys(dtype):
+    """One call over a step's queries: sequences of 37, 3 (no entry yet) and 130 positions
+    in shuffled pages, entries of 4 tokens (9, 0 and 32 of them), each query's scores those
+    of its own sequence's keys alone, as one call a sequence on its own keys would give."""
+    rate, page, lens, new = 4, 4, [37, 3, 130], [5, 3, 70]
+    gen = torch.Generator().manual_seed(3)
+    kv_indptr, kv_indices, num_slots = page_table(lens, page, gen)
+    q_idx, weights, _, _ = make_inputs(sum(new), 5, 64, 1, dtype, seed=4)
+    keys = randn(num_slots, 64, dtype=dtype, gen=gen)  # [slots, di]
+    qo_indptr = torch.tensor([0, *new], device=DEVICE).cumsum(0).int()
+    positions = torch.cat([torch.arange(n - q, n) for n, q in zip(lens, new)]).to(DEVICE)
+    seqs = query_seqs(qo_indptr, positions.shape[0])
+    seen = visible_entries(positions, rate, max(lens) // rate)  # [T, 32]
+    listed = entry_indices(seen, seqs, kv_indptr, kv_indices, page, rate)
+    out = check((q_idx, weights, keys, listed), dtype)
+    for b, (lo, hi) in enumerate(zip(qo_indptr[:-1].tolist(), qo_indptr[1:].tolist())):
+        ends = torch.arange(lens[b] // rate, device=DEVICE) * rate + rate - 1  # closing
+        own = kv_indices[kv_indptr[b] + ends // page].long() * page + ends % page  # [n_b]
+        upto = ((positions[lo:hi] + 1) // rate)[:, None]
+        alone = torch.where(torch.arange(own.shape[0], device=DEVICE) < upto, own, -1)
+        want = indexer_scores_ref(q_idx[lo:hi], weights[lo:hi], keys, alone)
+        tol = SCORE_TOL[dtype]
+        torch.testing.assert_close(out[lo:hi, : own.shape[0]], want, atol=tol, rtol=tol)
+        assert (out[lo:hi, own.shape[0] :] == float("-inf")).all()
+    assert (out[5:8] == float("-inf")).all()  # the 3-token sequence sees no entry
 
 
 def test_relu_per_head():
     # a head whose products are all negative adds nothing: scores are the other head's
-    keys = torch.eye(2, 16, device=DEVICE)  # [2, 16]
+    keys = torch.eye(3, 16, device=DEVICE)  # [3, 16]
     q_idx = torch.zeros(1, 2, 16, device=DEVICE)
     q_idx[0, 0, 0], q_idx[0, 1, 0], q_idx[0, 1, 1] = 3.0, -5.0, 2.0
     weights = torch.tensor([[0.5, 2.0]], device=DEVICE)
-    out = indexer_scores(q_idx, weights, keys, torch.tensor([2], device=DEVICE), scale=1.0)
-    assert out.tolist() == [[1.5, 4.0]]
+    listed = torch.tensor([[1, -1, 0, 2]], device=DEVICE)
+    out = indexer_scores(q_idx, weights, keys, listed, scale=1.0)
+    assert out.tolist() == [[4.0, float("-inf"), 1.5, 0.0]]
 
 
 def test_empty():
-    q_idx, weights, keys, upto = make_inputs(3, 4, 64, 0, torch.float32)
-    assert indexer_scores(q_idx, weights, keys, upto).shape == (3, 0)
-    q_idx, weights, keys, upto = make_inputs(0, 4, 64, 9, torch.float32)
-    assert indexer_scores(q_idx, weights, keys, upto).shape == (0, 9)
+    q_idx, weights, keys, listed = make_inputs(3, 4, 64, 0, torch.float32)
+    assert indexer_scores(q_idx, weights, keys, listed).shape == (3, 0)
+    q_idx, weights, keys, listed = make_inputs(0, 4, 64, 9, torch.float32)
+    assert indexer_scores(q_idx, weights, keys, listed).shape == (0, 9)
 
 
 def test_top_entries():
@@ -71,10 +94,12 @@ def test_top_entries():
 
 
 def test_rejects_bad_inputs():
-    q_idx, weights, keys, upto = make_inputs(2, 4, 64, 9, torch.float32)
-    with pytest.raises(AssertionError, match=r"keys must be \[n, 64\]"):
-        indexer_scores(q_idx, weights, keys[:, :32], upto)
+    q_idx, weights, keys, listed = make_inputs(2, 4, 64, 9, torch.float32)
+    with pytest.raises(AssertionError, match=r"keys must be \[slots, 64\]"):
+        indexer_scores(q_idx, weights, keys[:, :32], listed)
     with pytest.raises(AssertionError, match=r"weights must be a float \[2, 4\]"):
-        indexer_scores(q_idx, weights[:, :3], keys, upto)
-    with pytest.raises(AssertionError, match="visible_upto must be int32/int64"):
-        indexer_scores(q_idx, weights, keys, upto.float())
+        indexer_scores(q_idx, weights[:, :3], keys, listed)
+    with pytest.raises(AssertionError, match="key_indices must be int32/int64"):
+        indexer_scores(q_idx, weights, keys, listed.float())
+    with pytest.raises(AssertionError, match=r"key_indices must be int32/int64 \[2, n\]"):
+        indexer_scores(q_idx, weights, keys, listed[:1])

@@ -97,7 +97,7 @@ def test_matches_v4_attention(csa, dtype):
     seqs = query_seqs(qo_indptr, T)
     table = (seqs, kv_indptr, kv_indices, PAGE)
     win = window_indices(positions, *table, WINDOW)
-    want, picks = [], []
+    want = []
     for b, (p0, p1) in enumerate(zip(prefix, lens)):
         lo, hi = int(qo_indptr[b]), int(qo_indptr[b + 1])
         slots = expand_pages(kv_indices[int(kv_indptr[b]) :], p1, PAGE)  # [p1]
@@ -106,10 +106,11 @@ def test_matches_v4_attention(csa, dtype):
             pos = positions[lo:hi]
             index_keys = index_key[slots[RATE - 1 : p1 // RATE * RATE : RATE]].float()  # [n, di]
             picked = dense_picks(q_idx[lo:hi], weights[lo:hi], index_keys, pos)
-            scores = indexer_scores(q_idx[lo:hi], weights[lo:hi], index_keys, (pos + 1) // RATE)
-            picks.append(top_entries(scores, TOPK))
         want.append(dense_v4_attention(q[lo:hi], kv, entry, slots, p0, p1, sink, picked))
-    chosen = torch.cat(picks) if csa else visible_entries(positions, RATE, max(lens) // RATE)
+    chosen = visible_entries(positions, RATE, max(lens) // RATE)  # [T, n]
+    if csa:  # the indexer over every sequence's entries at once
+        scores = indexer_scores(q_idx, weights, index_key, entry_indices(chosen, *table, RATE))
+        chosen = top_entries(scores, TOPK)
     ent = entry_indices(chosen, *table, RATE)
     out = sparse_mqa_attention(q, kv, win, sink, D**-0.5, entry_kv=entry, entry_indices=ent)
     tol = ATTN_TOL[dtype]

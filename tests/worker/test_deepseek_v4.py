@@ -89,7 +89,8 @@ def test_each_layer_row_holds_its_own_state():
     rows, fp32 = 3, 4
     csa = 2 * 4 * (2 * 2 * 32 + 2 * 2 * 16)
     hca = 8 * 2 * 32
-    assert model.allocate_rows(rows, torch.float32) == rows * fp32 * (2 * csa + hca)
+    # the rows' rings and one sink row beside them
+    assert model.allocate_rows(rows, torch.float32) == (rows + 1) * fp32 * (2 * csa + hca)
     assert ring_values(arch) == 2 * csa + hca  # what bench.studies.dsv4_memory counts
     no_csa = DeepseekV4Arch.from_hf(tiny_v4_config(layer_types=[SWA, HCA, HCA, SWA]))
     assert prefix_rule(no_csa) == (8, 0)

@@ -18,7 +18,8 @@ checkpoints' names are read through `deepseek_v4_checkpoint`, their MTP layer sk
 Weights in 16 bits or fp32, or block fp8 as released (e8m0 scales; the projections stay
 fp8, the routed experts, fp8 or packed fp4, are dequantized at load). One device only
 (`--tp 1`), outside CUDA graphs: the attention and experts run through the ops (Triton
-kernels on CUDA, their torch references elsewhere), the compressors sequence by sequence.
+kernels on CUDA, their torch references elsewhere), the compressors and the indexer over
+the whole step at once.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ class DeepseekV4ForCausalLM(CausalLM):
         compressors = [c for layer in self.model.layers for c in layer.attn.compressors()]
         for c in compressors:
             c.allocate(rows, dtype, device)
-        self.starts = RowStarts(rows, self.prefix_rule()[1])
+        self.starts = RowStarts(rows, self.prefix_rule()[1], device)
         return sum(c.ring.nbytes for c in compressors)
 
     def bind_rows(self, rows: list[int]) -> None:

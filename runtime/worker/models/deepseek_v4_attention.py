@@ -28,6 +28,7 @@ from runtime.worker.models.deepseek_v4_arch import CSA, SWA, DeepseekV4Arch
 from runtime.worker.models.deepseek_v4_compressor import Compressor, Indexer
 from runtime.worker.models.deepseek_v4_rope import apply_rope
 from runtime.worker.models.deepseek_v4_state import RowLayout, V4Step, part
+from runtime.worker.models.deepseek_v4_windows import closing_of
 from runtime.worker.models.parallel import column_linear
 from runtime.worker.ops import TorchOps
 from runtime.worker.quant.block_fp8_linear import BlockFp8Linear, block_fp8_linear
@@ -96,7 +97,7 @@ class V4Attention(nn.Module):
                                                       freqs).to(rows.dtype)
         entries = {}
         if self.compressor is not None:
-            self.close_windows(x, step, rows)
+            self.close_windows(x, step, rows, ops)
             if self.indexer is None:  # HCA: every entry closed by the token
                 listed = step.visible_slots(self.rate)  # [T, n]
             else:  # CSA: the indexer's picks
@@ -109,15 +110,15 @@ class V4Attention(nn.Module):
         mixed = self.grouped_output(out.view(tokens, self.groups, -1))  # [T, g, r]
         return self.wo_b(mixed.reshape(tokens, -1))  # [T, hidden]
 
-    def close_windows(self, x: torch.Tensor, step: V4Step, rows: torch.Tensor) -> None:
+    def close_windows(self, x: torch.Tensor, step: V4Step, rows: torch.Tensor,
+                      ops: TorchOps) -> None:
         """Each compressor's entries of the windows the step's new tokens (`x` `[T, hidden]`)
-        close, into the pool `rows`, sequence by sequence (each from its own ring), before
-        any token reads them."""
+        close, every sequence at once (`closing_of`), into the pool `rows`, before any token
+        reads them."""
         for c, where in zip(self.compressors(), (self.layout.entry, self.layout.idx_key)):
             kv, gate = c.project(x)  # [T, width] each
-            for seq in step.seqs:
-                new = slice(seq.q0, seq.q1)
-                c.close_windows(kv[new], gate[new], seq, rows, where, self.freqs)
+            closing = closing_of(step, c.rate, c.overlap, c.ring)
+            c.close_windows(kv, gate, closing, rows, where, self.freqs, ops)
 
     def grouped_output(self, grouped: torch.Tensor) -> torch.Tensor:
         """Each head group `[T, g, H * d / g]` through its own rows of `wo_a`: `[T, g, r]`."""

@@ -7,7 +7,9 @@ the window's tokens (per channel) of their gate logits plus a learned bias per w
 slot (`ape`) weights their projected kv; the sum is RMS-normed and rotated at the window's
 first position. A CSA compressor projects two series per token: the current window's
 (`[..., d:]`) and the next one's (`[..., :d]`), so an entry mixes `2 * rate` tokens, its
-own window's second series and the previous window's first (none before window 0).
+own window's second series and the previous window's first (none before window 0). The
+step's windows are pooled all at once (`ops.sparse.window_pool` over the lists of
+`deepseek_v4_windows`).
 
 The indexer has its own compressor (at `index_head_dim`) and scores each query against the
 compressed keys: `sum_h w_h(x) * relu(q_h . k)` (`ops.sparse.indexer_scores`); a query
@@ -22,14 +24,10 @@ from torch import nn
 
 from kernels.sparse.index_lists import top_entries
 from runtime.worker.models.causal_lm import RMSNorm
-from runtime.worker.models.deepseek_v4_partial import (
-    InputRing,
-    first_window,
-    inputs_start,
-    ring_length,
-)
+from runtime.worker.models.deepseek_v4_partial import InputRing, ring_length
 from runtime.worker.models.deepseek_v4_rope import apply_rope
-from runtime.worker.models.deepseek_v4_state import SeqStep, V4Step, part
+from runtime.worker.models.deepseek_v4_state import V4Step, part
+from runtime.worker.models.deepseek_v4_windows import Closing
 from runtime.worker.ops import TorchOps
 
 
@@ -58,58 +56,24 @@ class Compressor(nn.Module):
         dtype = self.ring.kv.dtype
         return self.wkv(x).to(dtype), self.wgate(x).to(dtype)
 
-    def close_windows(self, kv_new: torch.Tensor, gate_new: torch.Tensor, seq: SeqStep,
+    def close_windows(self, kv_new: torch.Tensor, gate_new: torch.Tensor, closing: Closing,
                       rows: torch.Tensor, entry_at: tuple[int, int],
-                      freqs: tuple[torch.Tensor, float]) -> None:
-        """Compute the entries of the windows `seq`'s new tokens (inputs `kv_new`,
-        `gate_new` `[Q, width]`) close, from them and the row's ring, and write each into
-        the pool row (`entry_at`) of the token closing it; then keep in the ring what the
-        next windows read. Windows whose inputs start before `seq.start` are the cached
-        prefix's: their entries are in the pool already."""
-        m, p0, ring = self.rate, seq.p0, self.ring
-        first = max(seq.p0 // m, first_window(seq.start, m, self.overlap))
-        end = seq.p1 // m  # windows closing at positions in [p0, p1)
-        if first < end:
-            lo = inputs_start(first, m, self.overlap)
-            kept_kv, kept_gate = ring.read(seq.row, lo, max(lo, p0))  # [p0 - lo, width]
-            new = slice(max(lo, p0) - p0, end * m - p0)
-            kv = torch.cat([kept_kv, kv_new[new]]).float()  # [n' * m, width]
-            gate = torch.cat([kept_gate, gate_new[new]]).float()
-            self._entries(kv, gate, first, end, rows, seq, entry_at, freqs)
-        keep = max(inputs_start(end, m, self.overlap), p0)
-        ring.write(seq.row, keep, kv_new[keep - p0 :], gate_new[keep - p0 :])
-
-    def _entries(self, kv: torch.Tensor, gate: torch.Tensor, first: int, end: int,
-                 rows: torch.Tensor, seq: SeqStep, entry_at: tuple[int, int],
-                 freqs: tuple[torch.Tensor, float]) -> None:
-        """Entries of windows `[first, end)` from their inputs `[n' * m, width]` fp32 (and
-        the previous window's, CSA), into the rows of their closing tokens."""
-        m = self.rate
-        n_src = kv.shape[0] // m
-        kv = kv.view(n_src, m, -1)
-        gate = gate.view(n_src, m, -1) + self.ape.float()  # [n', m, width]
-        if self.overlap:
-            d, n = self.dim, end - first
-            cur_kv, cur_gate = kv[-n:, :, d:], gate[-n:, :, d:]  # [n, m, d]
-            prev_kv = torch.zeros_like(cur_kv)
-            prev_gate = torch.full_like(cur_gate, float("-inf"))  # window 0: nothing before
-            skip = 1 if first == 0 else 0
-            prev_kv[skip:], prev_gate[skip:] = kv[: n_src - 1, :, :d], gate[: n_src - 1, :, :d]
-            kv = torch.cat([prev_kv, cur_kv], dim=1)  # [n, 2m, d]
-            gate = torch.cat([prev_gate, cur_gate], dim=1)
-        pooled = (kv * gate.softmax(dim=1)).sum(dim=1)  # [n, d]
-        entries = F.rms_norm(pooled, (self.dim,), self.norm.weight.float(), self.norm.eps)
-        starts = torch.arange(first, end, device=rows.device) * m  # [n]
-        entries = apply_rope(entries, starts, freqs)  # [n, d]
-        closing = seq.slots[starts + m - 1]  # [n]
-        part(rows, entry_at)[closing] = entries.to(rows.dtype)
-
-
-def closed_entries(rows: torch.Tensor, seq: SeqStep, rate: int,
-                   entry_at: tuple[int, int]) -> torch.Tensor:
-    """The entries of every window closed by the end of `seq`'s step: `[p1 // rate, width]`."""
-    n = seq.p1 // rate
-    return part(rows, entry_at)[seq.slots[rate - 1 : n * rate : rate]]
+                      freqs: tuple[torch.Tensor, float], ops: TorchOps) -> None:
+        """Compute the entries of the windows the step's new tokens (inputs `kv_new`,
+        `gate_new` `[T, width]`) close (`closing`), from them and the rows' rings, and
+        write each into the pool row (`entry_at`) of the token closing it; then keep in
+        the rings what the next windows read."""
+        series, d, ring, T = 1 + self.overlap, self.dim, self.ring, kv_new.shape[0]
+        kept_kv, kept_gate = ring.cells()  # [cells, width] each
+        pooled = ops.sparse.window_pool(
+            kv_new.view(T, series, d), gate_new.view(T, series, d),
+            kept_kv.view(-1, series, d), kept_gate.view(-1, series, d), closing.sources,
+            closing.series, self.ape.float().view(self.rate, series, d))  # [E, d] fp32
+        entries = F.rms_norm(pooled, (d,), self.norm.weight.float(), self.norm.eps)
+        entries = apply_rope(entries, closing.starts, freqs)  # [E, d]
+        part(rows, entry_at)[closing.slots] = entries.to(rows.dtype)
+        kept_kv[closing.cells] = kv_new
+        kept_gate[closing.cells] = gate_new
 
 
 class Indexer(nn.Module):
@@ -131,15 +95,10 @@ class Indexer(nn.Module):
         """`[T, topk]` int64 entry numbers: the `topk` best-scored entries each new token
         (`x` `[T, hidden]`, `q_lora` `[T, rank]`) sees among its sequence's closed ones,
         whose keys are at `key_at` of the pool `rows`; -1 past the entries it sees. One
-        scoring a sequence: each scores its own keys."""
+        scoring for the step: each token's list names its own sequence's visible keys."""
         q = self.wq_b(q_lora).view(-1, self.heads, self.dim)  # [T, h, di]
         q = apply_rope(q, step.positions, freqs).float()
         weights = self.weights_proj(x).float() * self.heads**-0.5  # [T, h]
-        rate, picks = self.compressor.rate, []
-        for seq in step.seqs:
-            new = slice(seq.q0, seq.q1)
-            keys = closed_entries(rows, seq, rate, key_at)  # [n, di]
-            upto = (step.positions[new] + 1) // rate  # [Q]: entries closed by each token
-            scores = ops.sparse.indexer_scores(q[new], weights[new], keys, upto)  # [Q, n]
-            picks.append(top_entries(scores, self.topk))
-        return torch.cat(picks)  # [T, topk]
+        listed = step.visible_slots(self.compressor.rate)  # [T, n]: column w is entry w
+        scores = ops.sparse.indexer_scores(q, weights, part(rows, key_at), listed)  # [T, n]
+        return top_entries(scores, self.topk)  # [T, topk]

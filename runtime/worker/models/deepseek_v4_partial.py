@@ -57,66 +57,57 @@ def ring_values(arch: DeepseekV4Arch) -> int:
     return total
 
 
-def inputs_start(window: int, rate: int, overlap: bool) -> int:
-    """The first position whose inputs the entry of `window` reads."""
-    return max(window - 1, 0) * rate if overlap else window * rate
+def inputs_start(window: torch.Tensor, rate: int, overlap: bool) -> torch.Tensor:
+    """The first position whose inputs the entry of `window` reads (per element)."""
+    return (window - 1).clamp(min=0) * rate if overlap else window * rate
 
 
-def first_window(start: int, rate: int, overlap: bool) -> int:
-    """The first window whose inputs all lie at or after position `start`."""
-    if start == 0:
-        return 0
-    return -(-start // rate) + (1 if overlap else 0)
+def first_window(start: torch.Tensor, rate: int, overlap: bool) -> torch.Tensor:
+    """The first window whose inputs all lie at or after position `start` (per element)."""
+    return torch.where(start == 0, 0, -(-start // rate) + int(overlap))
 
 
 class InputRing:
     """One compressor's inputs of each row's last `length` positions: kv and gate logits
-    `[rows, length, width]`."""
+    `[rows + 1, length, width]`, position p of row r in cell `r * length + p % length` of
+    the flat view (`cells`); the last row is a sink that writes of nothing go to (the
+    pool's slot 0 likewise), so that a step writes its tokens' inputs in one scatter."""
 
     def __init__(self, rows: int, length: int, width: int, dtype: torch.dtype,
                  device: torch.device | str) -> None:
-        self.length = length
-        self.kv = torch.zeros(rows, length, width, dtype=dtype, device=device)
-        self.gate = torch.zeros(rows, length, width, dtype=dtype, device=device)
+        self.length, self.sink = length, rows * length
+        self.kv = torch.zeros(rows + 1, length, width, dtype=dtype, device=device)
+        self.gate = torch.zeros(rows + 1, length, width, dtype=dtype, device=device)
 
     @property
     def nbytes(self) -> int:
         return self.kv.nbytes + self.gate.nbytes
 
-    def read(self, row: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row `row`'s inputs of positions `[lo, hi)`: kv, gate `[hi - lo, width]`."""
-        assert hi - lo <= self.length, (lo, hi, self.length)
-        at = torch.arange(lo, hi, device=self.kv.device) % self.length
-        return self.kv[row, at], self.gate[row, at]
-
-    def write(self, row: int, lo: int, kv: torch.Tensor, gate: torch.Tensor) -> None:
-        """Keep the inputs `[n, width]` of positions `[lo, lo + n)` in row `row`."""
-        n = kv.shape[0]
-        assert n <= self.length, (n, self.length)
-        at = torch.arange(lo, lo + n, device=self.kv.device) % self.length
-        self.kv[row, at] = kv
-        self.gate[row, at] = gate
+    def cells(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The flat views kv, gate `[(rows + 1) * length, width]`."""
+        width = self.kv.shape[-1]
+        return self.kv.view(-1, width), self.gate.view(-1, width)
 
 
 class RowStarts:
-    """Per request row, the first position whose inputs its request computed itself (None:
-    the row was bound to a new request and has computed nothing yet). Its first step sets
-    it: 0, or after a prefix hit the start of the replayed tokens, whose rows and entries
-    are the prefix's (`replay` tokens, written nowhere)."""
+    """Per request row, the first position whose inputs its request computed itself (-1:
+    the row was bound to a new request and has computed nothing yet), on the device. Its
+    first step sets it: 0, or after a prefix hit the start of the replayed tokens, whose
+    rows and entries are the prefix's (`replay` tokens, written nowhere)."""
 
-    def __init__(self, rows: int, replay: int) -> None:
-        self.starts: list[int | None] = [None] * rows
+    def __init__(self, rows: int, replay: int, device: torch.device | str) -> None:
+        self.starts = torch.full((rows,), -1, dtype=torch.int64, device=device)
         self.replay = replay
 
     def bind(self, rows: list[int]) -> None:
         """Rows `rows` now serve new requests: their partial blocks are gone."""
-        for row in rows:
-            self.starts[row] = None
+        self.starts[torch.tensor(rows, dtype=torch.int64, device=self.starts.device)] = -1
 
-    def begin(self, row: int, p0: int) -> tuple[int, int]:
-        """For a step of `row` from position `p0`: (the request's first computed
-        position, the end of the positions the pool already holds for it)."""
-        start = self.starts[row]
-        if start is None:
-            start = self.starts[row] = p0
-        return start, start + self.replay if start > 0 else 0
+    def begin(self, rows: torch.Tensor, p0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For a step of the sequences on `rows` `[B]` (distinct) from positions `p0` `[B]`:
+        (each one's request's first computed position, the end of the positions the pool
+        already holds for it) `[B]` int64 each."""
+        kept = self.starts[rows]  # [B]
+        start = torch.where(kept < 0, p0.long(), kept)
+        self.starts[rows] = start
+        return start, torch.where(start > 0, start + self.replay, 0)

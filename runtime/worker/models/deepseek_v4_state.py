@@ -19,7 +19,7 @@ closed window and in CSA the overlap window before them, in its row's ring. So:
   multiple of every compression rate (`prefix_rule`: no window is open at the hit's end)
   and computes its last CSA window again (`replay` tokens), whose inputs the next window's
   entry mixes in; those tokens' rows and entries are the prefix's and are not rewritten
-  (`write_slots` sends them to the padding sink);
+  (`V4Step.out_slots` sends them to the padding sink);
 - chunked prefill and decode carry the ring from step to step; the token / paged /
   contiguous KV modes read the rows through the page table;
 - a **retraction** frees the rows and recomputes them on re-admission (a prefix hit on
@@ -52,7 +52,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.kv.paging import expand_pages
 from kernels.sparse.index_lists import (
     entry_indices,
     query_seqs,
@@ -96,75 +95,43 @@ def part(rows: torch.Tensor, where: tuple[int, int]) -> torch.Tensor:
     return rows[:, where[0] : where[0] + where[1]]
 
 
-@dataclass(frozen=True)
-class SeqStep:
-    """One sequence of a step: new tokens `[q0, q1)` of the batch at positions `[p0, p1)`,
-    the pool slot of every position `[0, p1)`, and its request's row with the first
-    position whose compressor inputs the request computed (`start`) and the end of the
-    positions whose rows and entries were in the pool before it computed them (`cached`:
-    the replayed tokens of a prefix hit; `RowStarts`)."""
-
-    q0: int
-    q1: int
-    p0: int
-    p1: int
-    slots: torch.Tensor  # [p1] int64
-    row: int
-    start: int
-    cached: int
-
-
-def seq_steps(fb: ForwardBatch, starts: RowStarts) -> list[SeqStep]:
-    """The sequences of `fb`, their slots read from its page table."""
-    out, q0 = [], 0
-    indptr = fb.kv_indptr.tolist()  # one device read for the step, not one a sequence
-    rows = fb.rows_cpu
-    for i, (n, prefix) in enumerate(zip(fb.seq_lens_cpu, fb.prefix_lens_cpu)):
-        pages = fb.kv_indices[indptr[i] :]
-        start, cached = starts.begin(rows[i], prefix)
-        out.append(SeqStep(q0, q0 + n - prefix, prefix, n, expand_pages(pages, n, fb.page_size),
-                           rows[i], start, cached))
-        q0 += n - prefix
-    return out
-
-
-def write_slots(fb: ForwardBatch, seqs: list[SeqStep]) -> torch.Tensor:
-    """The slots the step's new rows go to: `fb.out_slots`, but the padding sink for the
-    replayed tokens, whose rows the pool holds already (a cached prefix is never
-    rewritten): `[T]` int64."""
-    out = fb.out_slots
-    for seq in seqs:
-        if seq.p0 < seq.cached:
-            if out is fb.out_slots:
-                out = out.clone()
-            out[seq.q0 : seq.q0 + min(seq.cached, seq.p1) - seq.p0] = 0
-    return out
-
-
 @dataclass
 class V4Step:
-    """What one step's layers read and write the pool through, built once a step: its
-    sequences (`seq_steps`), the slots its new rows go to (`write_slots`), and the key
-    lists of its new tokens (`kernels.sparse.index_lists`): the slots of each one's window,
-    and of entries by number in its own sequence's rows (`entry_slots`). A replayed
-    token's lists name the prefix's rows, which hold what it would write."""
+    """What one step's layers read and write the pool through, built once a step on the
+    device (no host read, no loop a sequence): each new token's sequence, request row
+    (`rows`), its sequence's first new position (`p0`) and end (`p1`), and the first
+    position whose compressor inputs its request computed (`start`, `RowStarts`); the slots
+    its new rows go to (`fb.out_slots`, but the padding sink for replayed tokens, whose
+    rows the pool holds already: a cached prefix is never rewritten); and its key lists
+    (`kernels.sparse.index_lists`): the slots of its window, and of entries by number in
+    its own sequence's rows (`entry_slots`). A replayed token's lists name the prefix's
+    rows, which hold what it would write."""
 
-    seqs: list[SeqStep]
-    out_slots: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
     table: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]  # seq of each token, page table
+    rows: torch.Tensor  # [T] int64
+    p0: torch.Tensor  # [T] int64
+    p1: torch.Tensor  # [T] int64
+    start: torch.Tensor  # [T] int64
+    out_slots: torch.Tensor  # [T] int64
     window: torch.Tensor  # [T, window] int32 slots, -1 before position 0
+    num_seqs: int
     max_len: int  # positions of the longest sequence
     visible: dict[int, torch.Tensor] = field(default_factory=dict)  # `visible_slots` by rate
+    closing: dict[tuple[int, bool], object] = field(default_factory=dict)  # by rate, overlap
 
     @classmethod
     def of(cls, fb: ForwardBatch, starts: RowStarts, window: int) -> V4Step:
-        seqs = seq_steps(fb, starts)
-        table = (query_seqs(fb.qo_indptr, fb.num_tokens), fb.kv_indptr, fb.kv_indices,
-                 fb.page_size)
-        return cls(seqs, write_slots(fb, seqs), fb.positions, table,
-                   window_indices(fb.positions, *table, window), max(fb.seq_lens_cpu, default=0))
-
+        seqs = query_seqs(fb.qo_indptr, fb.num_tokens)  # [T]
+        table = (seqs, fb.kv_indptr, fb.kv_indices, fb.page_size)
+        rows = torch.tensor(fb.rows_cpu, dtype=torch.int64, device=fb.positions.device)
+        start, cached = starts.begin(rows, fb.prefix_lens)  # [B] each
+        positions = fb.positions
+        out_slots = torch.where(positions < cached[seqs], 0, fb.out_slots)
+        return cls(positions, table, rows[seqs], fb.prefix_lens[seqs].long(),
+                   fb.seq_lens[seqs].long(), start[seqs], out_slots,
+                   window_indices(positions, *table, window), fb.batch_size,
+                   max(fb.seq_lens_cpu, default=0))
     def entry_slots(self, picks: torch.Tensor, rate: int) -> torch.Tensor:
         """`[T, k]` int32: the slots of the entries numbered `picks` `[T, k]` (-1: none) in
         each token's sequence, entries of `rate` tokens."""

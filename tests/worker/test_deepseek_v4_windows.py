@@ -1,0 +1,50 @@
+"""The compression windows a DeepSeek-V4 step closes, exactly, for a step of three
+sequences at once: a chunk across a window boundary, a decode closing window 0 (no window
+before it), and a prefix hit's replayed tokens (whose window is the prefix's)."""
+
+import torch
+
+from runtime.worker.models.deepseek_v4_partial import InputRing
+from runtime.worker.models.deepseek_v4_state import V4Step
+from runtime.worker.models.deepseek_v4_windows import closing_of
+
+
+def test_closing_lists_of_a_step():
+    # (row, p0, p1, start): positions 5..9 on row 2; 3 on row 0; a hit replaying 4..8 on row 1
+    seqs = [(2, 5, 10, 0), (0, 3, 4, 0), (1, 4, 9, 4)]
+    per_token = [(b, *s) for b, s in enumerate(seqs) for _ in range(s[2] - s[1])]
+    b, rows, p0, p1, start = (torch.tensor(v) for v in zip(*per_token))
+    positions = torch.cat([torch.arange(s[1], s[2]) for s in seqs])
+    T = positions.shape[0]  # 11
+    step = V4Step(positions, (b, None, None, 1), rows, p0, p1, start, 100 + torch.arange(T),
+                  torch.empty(T, 0), len(seqs), 10)
+    ring = InputRing(3, 8, 2, torch.float32, "cpu")  # CSA rate 4: 8 positions a row
+    closing = closing_of(step, 4, True, ring)
+    assert closing_of(step, 4, True, ring) is closing  # built once a step
+    # bound min(11, 11 // 4 + 3) = 5 rows: position 7 of seq 0 closes window 1 (ring cells
+    # 16..20 of row 2 for positions 0..4, then its new tokens 0..2), position 3 of seq 1
+    # window 0 (nothing before position 0, ring cells 0..2, itself); the replayed
+    # position 7 of seq 2 closes the prefix's window 1: nothing; then padding
+    assert closing.sources.tolist() == [
+        [T + 16, T + 17, T + 18, T + 19, T + 20, 0, 1, 2],
+        [-1, -1, -1, -1, T + 0, T + 1, T + 2, 5],
+    ] + [[-1] * 8] * 3
+    assert closing.series.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert closing.starts[:2].tolist() == [4, 0]
+    assert closing.slots.tolist() == [102, 105, 0, 0, 0]
+    # every new token is read by its request's next windows: row * 8 + position % 8
+    assert closing.cells.tolist() == [21, 22, 23, 16, 17, 3, 12, 13, 14, 15, 8]
+
+
+def test_inputs_no_later_window_reads_go_to_the_sink():
+    # HCA rate 4, one sequence at positions 0..9 on row 1: windows 0 and 1 close, and the
+    # inputs of positions 8, 9 (window 2, open) are kept; the others go to the sink, 3 * 4
+    positions = torch.arange(10)
+    ones = torch.ones(10, dtype=torch.int64)
+    step = V4Step(positions, (0 * ones, None, None, 1), ones, 0 * ones, 10 * ones, 0 * ones,
+                  positions + 50, torch.empty(10, 0), 1, 10)
+    ring = InputRing(3, 4, 2, torch.float32, "cpu")
+    closing = closing_of(step, 4, False, ring)
+    assert closing.sources.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [-1] * 4]
+    assert closing.slots.tolist() == [53, 57, 0]
+    assert closing.cells.tolist() == [12] * 8 + [4, 5]
