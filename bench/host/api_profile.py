@@ -11,8 +11,8 @@ import pstats
 # their callers. "admission" is per request, not per token, and is left out of the split.
 ADMISSION = "admission"
 CATEGORIES = [("tokenizer_manager:open", ADMISSION), ("tokenizer_manager:_prepare", ADMISSION),
-              ("tokenizer_manager:wait_limits", ADMISSION), ("http/server:_serve", ADMISSION),
-              ("http/server:completions", ADMISSION), ("http/server:guard", ADMISSION),
+              ("tokenizer_manager:wait_limits", ADMISSION), ("http/app:_serve", ADMISSION),
+              ("http/app:completions", ADMISSION), ("http/disconnect:guard", ADMISSION),
               ("openai/serving:completions", ADMISSION), ("openai/serving:_run", ADMISSION),
               ("runtime/api/openai/protocol", ADMISSION), ("streams:start_streams", ADMISSION),
               ("streams:__init__", ADMISSION), ("rpc/server:_handle", ADMISSION),
@@ -25,6 +25,8 @@ CATEGORIES = [("tokenizer_manager:open", ADMISSION), ("tokenizer_manager:_prepar
               ("runtime/api/dispatch", "chunk building"),
               ("runtime/api/monitoring/metrics", "chunk building"),
               ("runtime/api/openai", "SSE encoding"), ("runtime/api/http/generate", "SSE encoding"),
+              ("runtime/api/http/app", "SSE encoding"),
+              ("runtime/api/http/disconnect", "SSE encoding"),
               ("runtime/api/http/server", "SSE encoding"), ("runtime/api/sse", "SSE encoding"),
               ("starlette/", "SSE encoding"), ("anyio/", "SSE encoding"),
               ("runtime/api/rpc", "RPC encoding"), ("runtime/api/aio_queue", "receive"),
