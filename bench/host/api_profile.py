@@ -11,7 +11,7 @@ import pstats
 # their callers. "admission" is per request, not per token, and is left out of the split.
 ADMISSION = "admission"
 CATEGORIES = [("tokenizer_manager:open", ADMISSION), ("tokenizer_manager:_prepare", ADMISSION),
-              ("tokenizer_manager:wait_limits", ADMISSION), ("http/app:_serve", ADMISSION),
+              ("engine_state:wait_limits", ADMISSION), ("http/app:_serve", ADMISSION),
               ("http/app:completions", ADMISSION), ("http/disconnect:guard", ADMISSION),
               ("openai/serving:completions", ADMISSION), ("openai/serving:_run", ADMISSION),
               ("runtime/api/openai/protocol", ADMISSION), ("streams:start_streams", ADMISSION),
@@ -21,6 +21,7 @@ CATEGORIES = [("tokenizer_manager:open", ADMISSION), ("tokenizer_manager:_prepar
               ("runtime/api/req_state", "chunk building"),
               ("runtime/wire/request_output:join", "chunk building"),
               ("runtime/api/tokenizer_manager", "chunk building"),
+              ("runtime/api/engine_state", "chunk building"),
               ("runtime/api/streams", "chunk building"), ("runtime/api/timing", "chunk building"),
               ("runtime/api/dispatch", "chunk building"),
               ("runtime/api/monitoring/metrics", "chunk building"),
