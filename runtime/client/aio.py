@@ -12,15 +12,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from runtime.client.core import (
-    DEFAULT_ADDR,
-    RpcClientCore,
-    build_request,
-    dealer,
-    decode_reply,
-    rejected,
-    unbatch,
-)
+from runtime.client.core import DEFAULT_ADDR, RpcClientCore, decode_reply, rejected, unbatch
 from runtime.wire.errors import ServerError, ServerTimeout
 from runtime.wire.model_info import ModelInfo
 from runtime.wire.request_output import RequestOutput
@@ -34,7 +26,7 @@ class AsyncClient(RpcClientCore):
                  api_key: str | None = None) -> None:
         super().__init__(addr, timeout, api_key)
         self._ctx = zmq.asyncio.Context()
-        self._sock = dealer(self._ctx, addr)
+        self._sock = self._dealer(self._ctx)
         self._inbox: dict[str, asyncio.Queue[RpcOutput | ServerError]] = {}
         self._reader: asyncio.Task | None = None
         self._asking = asyncio.Lock()  # one model-info request for concurrent first requests
@@ -42,7 +34,7 @@ class AsyncClient(RpcClientCore):
     async def generate(self, prompt: str | list[int], *, stream: bool = False,
                        **sampling: Any) -> RequestOutput | AsyncIterator[RequestOutput]:
         """Like `Client.generate`; with stream=True, `async for d in await generate(...)`."""
-        deltas = self._stream(build_request(prompt, sampling, self.api_key))
+        deltas = self._stream(self._request(prompt, sampling))
         return deltas if stream else RequestOutput.join([d async for d in deltas])
 
     async def model_info(self) -> ModelInfo:

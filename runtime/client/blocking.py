@@ -10,15 +10,7 @@ from typing import Any
 
 import zmq
 
-from runtime.client.core import (
-    DEFAULT_ADDR,
-    RpcClientCore,
-    build_request,
-    dealer,
-    decode_reply,
-    rejected,
-    unbatch,
-)
+from runtime.client.core import DEFAULT_ADDR, RpcClientCore, decode_reply, rejected, unbatch
 from runtime.wire.errors import ServerTimeout
 from runtime.wire.model_info import ModelInfo
 from runtime.wire.request_output import RequestOutput
@@ -33,7 +25,7 @@ class Client(RpcClientCore):
                  api_key: str | None = None) -> None:
         super().__init__(addr, timeout, api_key)
         self._ctx = zmq.Context()
-        self._sock = dealer(self._ctx, addr)
+        self._sock = self._dealer(self._ctx)
         self._sock.setsockopt(zmq.SNDTIMEO, -1 if timeout is None else int(timeout * 1000))
         self._inbox: dict[str, deque[RpcOutput]] = {}  # open requests' unread messages
 
@@ -45,7 +37,7 @@ class Client(RpcClientCore):
         `finish_reason` on the last; leaving it early aborts the request. Raises
         `InvalidRequest` or `ServerError` (`ServerTimeout`).
         """
-        deltas = self._stream(build_request(prompt, sampling, self.api_key))
+        deltas = self._stream(self._request(prompt, sampling))
         return deltas if stream else RequestOutput.join(list(deltas))
 
     def model_info(self) -> ModelInfo:

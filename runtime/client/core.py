@@ -1,5 +1,5 @@
-"""`RpcClientCore`: what `Client` and `AsyncClient` share, with no socket of its own: the
-codec, the server's message limit, the requests still running, requests built and checked
+"""`RpcClientCore`: what `Client` and `AsyncClient` share: the codec, the server's message
+limit, the requests still running, the DEALER socket's set-up, requests built and checked
 client-side, and replies turned into outputs or typed errors."""
 
 from __future__ import annotations
@@ -47,6 +47,31 @@ class RpcClientCore:
         self._max_message_bytes: int | None = None  # the server's, once asked
         self._running: set[str] = set()  # requests sent and not finished: aborted if left
 
+    def _dealer(self, ctx: zmq.Context) -> zmq.Socket:
+        """A DEALER socket of `ctx` connected to the server, dropping unsent messages on
+        close."""
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.addr)
+        return sock
+
+    def _request(self, prompt: str | list[int], sampling: dict[str, Any]) -> RpcGenerate:
+        """Build and validate a request client-side (the server checks again)."""
+        try:
+            params = SamplingParams(**sampling)
+        except TypeError as e:
+            raise InvalidRequest(f"bad sampling parameter: {e}") from None
+        params.validate()
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequest("prompt is empty")
+        elif not isinstance(prompt, list) or not prompt:
+            raise InvalidRequest("prompt must be a non-empty string or list of token ids")
+        elif not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise InvalidRequest("prompt token ids must be ints")
+        return RpcGenerate(uuid.uuid4().hex, prompt, params, stream=True,
+                           api_key=self.api_key)
+
     def _payload(self, req: RpcGenerate) -> bytes:
         """`req` encoded (`MessageTooLarge` over the server's limit); it counts as running
         from here until its last output or `_abort_frame`."""
@@ -85,32 +110,6 @@ class RpcClientCore:
 def api_key_or_env(api_key: str | None) -> str:
     """`api_key`, or the SLUICE_API_KEY environment variable when it is None."""
     return api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")
-
-
-def dealer(ctx: zmq.Context, addr: str) -> zmq.Socket:
-    """A DEALER socket of `ctx` connected to `addr`, dropping unsent messages on close."""
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(addr)
-    return sock
-
-
-def build_request(prompt: str | list[int], sampling: dict[str, Any],
-                  api_key: str) -> RpcGenerate:
-    """Build and validate a request client-side (the server checks again)."""
-    try:
-        params = SamplingParams(**sampling)
-    except TypeError as e:
-        raise InvalidRequest(f"bad sampling parameter: {e}") from None
-    params.validate()
-    if isinstance(prompt, str):
-        if not prompt:
-            raise InvalidRequest("prompt is empty")
-    elif not isinstance(prompt, list) or not prompt:
-        raise InvalidRequest("prompt must be a non-empty string or list of token ids")
-    elif not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        raise InvalidRequest("prompt token ids must be ints")
-    return RpcGenerate(uuid.uuid4().hex, prompt, params, stream=True, api_key=api_key)
 
 
 def check_size(payload: bytes, limit: int) -> None:
