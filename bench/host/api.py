@@ -173,7 +173,7 @@ def _free_port() -> int:
 
 async def _scenario(n: int, tokens: int, step_s: float, profile: cProfile.Profile | None,
                     tok, ids: list[int]) -> dict:
-    from runtime.api.http.server import build_app
+    from runtime.api.http.app import build_app
     from runtime.api.monitoring.monitor import Monitor
     from runtime.api.rpc.server import RpcServer
     from runtime.api.tokenizer_manager import TokenizerManager

@@ -10,7 +10,7 @@ import httpx
 import msgspec
 
 from frontend.backends.base import Backend, OnText, PerThread, follow
-from runtime.client import api_key_or_env
+from runtime.client.core import api_key_or_env
 from runtime.wire.errors import InvalidRequest, Unauthorized
 from runtime.wire.model_info import ModelInfo
 from runtime.wire.request_output import FinishReason, RequestOutput

@@ -1,11 +1,12 @@
 """`TokenizerManager`: tokenize, send to the scheduler, stream detokenized output back.
 
 It lives on one asyncio loop: uvloop in the api process, or a background loop thread in
-the offline `Engine` (see `runtime.api.loop_thread`). Its `SchedulerLink` reads the
-scheduler's `BatchOut`s, each fed to the requests' `ReqState`s; `generate` streams from
-that state. Stop strings end a request here (the scheduler only knows stop token ids),
-so this side tells the scheduler to finish it (`FinishReq`); a consumer that goes away
-aborts it (`AbortReq`).
+the offline `Engine` (see `runtime.api.loop_thread`). What it knows of the engine (its
+limits, whether it died) comes from `EngineState` (`engine_state.py`), whose
+`SchedulerLink` reads the scheduler's `BatchOut`s, each fed to the requests' `ReqState`s;
+`generate` streams from that state. Stop strings end a request here (the scheduler only
+knows stop token ids), so this side tells the scheduler to finish it (`FinishReq`); a
+consumer that goes away aborts it (`AbortReq`).
 The scheduler knows a request by a key unique in this process, not by the caller's rid,
 which may be reused once released here, while the scheduler may still be freeing it.
 """
@@ -23,28 +24,28 @@ from runtime.api.admission import check_admission
 from runtime.api.chat_template import chat_prompt_text, conversation_chars, role_markers
 from runtime.api.detokenize import IncrementalDetokenizer
 from runtime.api.dispatch import apply_batch
+from runtime.api.engine_state import EngineState
 from runtime.api.openai.protocol import ChatMessage
 from runtime.api.prompt import check_lora, prepare_prompt
 from runtime.api.prompt_tokenizer import PromptTokenizer
 from runtime.api.req_state import ReqState
 from runtime.api.rid import check_rid
 from runtime.api.sampling_defaults import SamplingDefaults
-from runtime.api.scheduler_link import SchedulerLink
 from runtime.api.timing import RequestTimings
 from runtime.config.server import ServerConfig
 from runtime.model_config import ModelSpec
-from runtime.wire.api_input import BatchOut, CacheFlushed, Limits, SchedulerStats
+from runtime.wire.api_input import BatchOut, Limits
 from runtime.wire.errors import EngineDeadError, InvalidRequest
 from runtime.wire.model_info import ModelInfo
 from runtime.wire.request_output import FinishReason, RequestOutput
 from runtime.wire.sampling import SamplingParams
-from runtime.wire.scheduler_input import AbortReq, FlushCache, GenerateReq, GetStats
+from runtime.wire.scheduler_input import AbortReq, GenerateReq
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.02  # how often `drain` looks whether the requests in flight have ended
 
 
-class TokenizerManager:
+class TokenizerManager(EngineState):
     """The api process's request front: validation, tokenization, per-request streams.
 
     Build it anywhere, then `await start()` on the loop that will run it; every other
@@ -52,7 +53,8 @@ class TokenizerManager:
     """
 
     def __init__(self, cfg: ServerConfig, spec: ModelSpec) -> None:
-        self.cfg = cfg
+        # `_dispatch` is looked up at each batch (a benchmark may wrap it)
+        super().__init__(cfg, lambda batch: self._dispatch(batch), self._fail_all)
         self.spec = spec
         self.lora_names = tuple(cfg.lora_adapters)  # the LoRA adapters a request may pick
         self.tokenizer = spec.load_tokenizer()  # TokenizerError: it does not fit the model
@@ -65,53 +67,12 @@ class TokenizerManager:
         self._reqs: dict[str, ReqState] = {}  # by the key the scheduler knows it by
         self._by_rid: dict[str, ReqState] = {}  # by the caller's rid
         self._keys = itertools.count()
-        self._refusing: EngineDeadError | None = None  # draining: no new requests
         self.timings = RequestTimings()  # per-request timings; listeners get each record
         self._model_info: tuple[Limits, ModelInfo] | None = None  # and the limits it holds
-        # `_dispatch` is looked up at each batch (a benchmark may wrap it)
-        self._link = SchedulerLink(cfg, lambda batch: self._dispatch(batch), self._fail_all)
-
-    async def start(self) -> None:
-        """Connect to the scheduler and start receiving from it."""
-        await self._link.start()
-
-    @property
-    def limits(self) -> Limits | None:
-        """The scheduler's limits, after every cap (see `Limits`); None until they came."""
-        return self._link.limits
-
-    async def wait_limits(self, timeout: float | None = None) -> Limits:
-        """Wait for the scheduler's `Limits` (sent once at its start-up); raise
-        `EngineDeadError` if the engine dies first, `TimeoutError` after `timeout` s."""
-        if self.limits is None:
-            await self._link.wait_limits(timeout)
-            self._check_alive()
-            if self.limits is None:
-                raise TimeoutError(f"the scheduler sent no limits within {timeout} s")
-        return self.limits
-
-    @property
-    def context_len(self) -> int:
-        """The longest prompt + output a request may have (`Limits.max_context`)."""
-        return self._known_limits().max_context
-
-    @property
-    def max_request_bytes(self) -> int:
-        """The largest HTTP body or RPC message a request may take (from the context)."""
-        return self.cfg.request_bytes_limit(self._known_limits().max_context)
 
     @property
     def num_inflight(self) -> int:
         return len(self._reqs)
-
-    @property
-    def dead(self) -> EngineDeadError | None:
-        """The error every request now fails with, once the engine died or was closed."""
-        return self._link.dead
-
-    async def wait_dead(self) -> EngineDeadError:
-        """Wait until the engine dies (or `close` is called); return why."""
-        return await self._link.wait_dead()
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
                        rid: str | None = None, *, stream: bool = True,
@@ -238,16 +199,6 @@ class TokenizerManager:
             self._model_info = (limits, info)
         return self._model_info[1]
 
-    async def scheduler_stats(self) -> SchedulerStats:
-        """Ask the scheduler for a snapshot of its queues and KV pool."""
-        self._check_alive()
-        return await self._link.ask(GetStats)
-
-    async def flush_cache(self) -> CacheFlushed:
-        """Have the scheduler drop every cached prefix (refused while requests run)."""
-        self._check_alive()
-        return await self._link.ask(FlushCache)
-
     def abort(self, rid: str) -> None:
         """Stop a request: the scheduler frees it; its output ends with finish reason ABORT."""
         state = self._by_rid.get(rid)
@@ -286,19 +237,6 @@ class TokenizerManager:
             self._prompts.close()
 
     # ------------------------------------------------------------ internals
-    def _check_alive(self) -> None:
-        if self.dead is not None:
-            raise self.dead
-        if self._refusing is not None:
-            raise self._refusing
-        if not self._link.started:
-            raise RuntimeError("TokenizerManager.start() was not awaited")
-
-    def _known_limits(self) -> Limits:
-        if self.limits is None:
-            raise RuntimeError("the scheduler has not sent its limits yet (see wait_limits)")
-        return self.limits
-
     def _stop_ids(self, params: SamplingParams) -> list[int]:
         ids = list(params.stop_token_ids)
         # under a grammar, EOS is only allowed once the match is complete: it always ends it

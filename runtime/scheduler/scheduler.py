@@ -4,7 +4,9 @@ Pure state machine, no sockets: `add`/`abort`/`finish` take requests, `plan` bui
 `on_result` consumes the oldest step's sampled tokens, `take_batch` drains what the api
 must stream. A request with a grammar (regex or JSON schema) waits in `grammars` until
 the workers compiled it: `take_grammar_update` says what they must compile,
-`on_grammar_compiled` takes their answers.
+`on_grammar_compiled` takes their answers. Arrivals and the degraded mode are
+`Admission`'s (`admission.py`), a request's end and its KV's delayed release `Release`'s
+(`release.py`), the outputs `Outbox`'s (`outbox.py`).
 The process loop (`loop.py`) and in-process tests drive it the same way.
 """
 
@@ -15,20 +17,21 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from runtime.scheduler.admission import Admission
 from runtime.scheduler.batch import Batch, split_top
 from runtime.scheduler.grammar_gate import GrammarGate
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.lora_slots import LoraSlots
 from runtime.scheduler.outbox import Outbox
 from runtime.scheduler.policy import PrefillAdder, retract_order
-from runtime.scheduler.req import Req, ReqStatus
+from runtime.scheduler.release import Release
+from runtime.scheduler.req import Req
 from runtime.scheduler.speculative.speculation import Speculation
 from runtime.wire.request_output import FinishReason
-from runtime.wire.scheduler_input import GenerateReq
 from runtime.wire.worker_channel import BatchPlan, GrammarCacheUpdate, GrammarCompiled, StepResult
 
 
-class Scheduler(Outbox):
+class Scheduler(Admission, Release, Outbox):
     """Owns every request's KV metadata; never touches tensors."""
 
     def __init__(self, kv: KVManager, *, chunk_size: int, max_running: int, max_context: int,
@@ -38,12 +41,10 @@ class Scheduler(Outbox):
                  swap: bool = False) -> None:
         self.kv = kv
         self.chunk_size = chunk_size
-        self.base_max_running = max_running
-        # degraded mode (off while degrade_waiting == 0): see `degraded`
-        self.degrade_waiting = degrade_waiting
-        self.degrade_max_tokens = degrade_max_tokens
-        self.degrade_max_running = degrade_max_running
-        self.max_context = max_context
+        Admission.__init__(self, max_running=max_running, max_context=max_context,
+                           degrade_waiting=degrade_waiting,
+                           degrade_max_tokens=degrade_max_tokens,
+                           degrade_max_running=degrade_max_running)
         self.max_in_flight = max_in_flight
         self.retract_headroom = retract_headroom
         self.retract_key = retract_key  # sorts victims, first retracted first
@@ -53,10 +54,9 @@ class Scheduler(Outbox):
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
         self.in_flight: deque[Batch] = deque()
-        self.deferred: list[Req] = []  # finished, KV still read by a batch in flight
+        Release.__init__(self)
         Outbox.__init__(self)
         self.next_batch_id = 0
-        self.completed_batch_id = -1
         self.adder = PrefillAdder()
         self.grammars = GrammarGate()
         self.loras = LoraSlots()  # the LoRA adapters' device slots (none by default)
@@ -67,58 +67,7 @@ class Scheduler(Outbox):
         self.writeback_seconds = 0.0  # device time of the host tier's copies so far
         self.load_seconds = 0.0
 
-    # ------------------------------------------------------------------ input
-    def add(self, msg: GenerateReq) -> None:
-        req = Req(msg)
-        if msg.rid in self.reqs:
-            self._emit_error(req, f"duplicate request id {msg.rid!r}")
-            return
-        refusal = "empty prompt" if not req.prompt_ids else self.loras.refusal(req)
-        if refusal is not None:
-            self._emit_error(req, refusal)
-            return
-        need = len(req.prompt_ids) + req.params.max_tokens
-        if need > self.max_context or len(req.prompt_ids) + 1 > self.kv.total:
-            self._emit_error(req, f"prompt ({len(req.prompt_ids)}) + max_tokens "
-                                  f"({req.params.max_tokens}) exceeds the limit of "
-                                  f"{min(self.max_context, self.kv.total)} tokens")
-            return
-        if self.degraded:
-            req.params.max_tokens = min(req.params.max_tokens, self.degrade_max_tokens)
-        if self.spec is not None:
-            self.spec.attach(req)
-        self.reqs[req.rid] = req
-        if self.grammars.admissible(req):
-            self.waiting.append(req)  # max_tokens == 0 too: prefill only (cache, input logprobs)
-
-    def abort(self, rid: str, reason: FinishReason = FinishReason.ABORT) -> None:
-        """End a request now with `reason` (ABORT, or ERROR: its KV is not cached); the
-        api gets that finish reason."""
-        self._end(rid, reason, silent=False)
-
-    def finish(self, rid: str) -> None:
-        """End a request the api finished itself (a stop string matched) as a normal stop;
-        the api, which already answered its client, gets no finish reason."""
-        self._end(rid, FinishReason.STOP, silent=True)
-
-    def _end(self, rid: str, reason: FinishReason, silent: bool) -> None:
-        req = self.reqs.get(rid)
-        if req is None or req.finished:
-            return
-        if req.status is ReqStatus.WAITING:
-            if not self.grammars.release(req):
-                self.waiting.remove(req)
-            if req.row is not None:  # never the case: waiting requests hold no KV
-                self.kv.release(req, cache=False)
-            self.kv.forget(req)  # but a swapped-out one holds host slots
-            req.finish(reason, silent=silent)
-            self._emit(req)
-            self._drop(req)
-            return
-        req.finish(reason, silent=silent)
-        self._emit(req)
-        self._finish_running(req)
-
+    # ------------------------------------------------------------------ cache
     def flush_cache(self) -> tuple[bool, str, int]:
         """Drop every cached prefix, unless requests wait or run (as SGLang refuses):
         `(ok, message, slots freed)`. Flushing needs no batch in flight, so that finished
@@ -147,24 +96,6 @@ class Scheduler(Outbox):
             req.finish(FinishReason.ERROR)
             self._emit(req, error=error)
             self._drop(req)
-
-    # ------------------------------------------------------------------ load
-    @property
-    def num_waiting(self) -> int:
-        """Requests waiting for admission, their grammar's compile included."""
-        return len(self.waiting) + len(self.grammars.held)
-
-    @property
-    def degraded(self) -> bool:
-        """Overloaded: requests arriving now get max_tokens capped, the batch size is capped."""
-        return 0 < self.degrade_waiting <= self.num_waiting
-
-    @property
-    def max_running(self) -> int:
-        """The admission limit on running requests (lower while degraded)."""
-        if self.degrade_max_running and self.degraded:
-            return min(self.base_max_running, self.degrade_max_running)
-        return self.base_max_running
 
     # ------------------------------------------------------------------ planning
     @property
@@ -330,32 +261,6 @@ class Scheduler(Outbox):
                 self._emit(req, error=message)
                 self._finish_running(req)
         self._release_deferred()
-
-    def _finish_running(self, req: Req) -> None:
-        if req in self.running:
-            self.running.remove(req)
-        self.deferred.append(req)
-        self._release_deferred()
-
-    def _release_deferred(self) -> None:
-        keep = []
-        for req in self.deferred:
-            if req.last_batch_id <= self.completed_batch_id:
-                if req.draft_kv_owed:  # a draft model never wrote its last position's KV
-                    self.kv.truncate(req, req.kv_len - 1)
-                    req.draft_kv_owed = False
-                # cache only KV that was surely written: never after a failed batch
-                ok = req.finish_reason != FinishReason.ERROR and 0 < req.kv_len <= req.known_len
-                self.kv.release(req, cache=ok)
-                self.loras.release(req)
-                req.row = None
-                self._drop(req)
-            else:
-                keep.append(req)
-        self.deferred = keep
-
-    def _drop(self, req: Req) -> None:
-        self.reqs.pop(req.rid, None)
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:

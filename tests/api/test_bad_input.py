@@ -12,7 +12,7 @@ import msgspec
 import pytest
 import zmq
 
-from runtime.api.http.server import build_app
+from runtime.api.http.app import build_app
 from runtime.api.loop_thread import LoopThread
 from runtime.api.monitoring.monitor import Monitor
 from runtime.api.tokenizer_manager import TokenizerManager

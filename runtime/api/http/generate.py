@@ -35,10 +35,10 @@ import msgspec
 
 from runtime.api.http.sampling_json import params_from_json
 from runtime.api.openai.protocol import ApiError, api_error
-from runtime.api.openai.serving import DONE, sse
 from runtime.api.rid import loggable
 from runtime.api.sglang.request import is_sglang_form, parse_sglang
 from runtime.api.sglang.serving import SglangServing
+from runtime.api.sse import DONE, sse
 from runtime.api.streams import EventStream, Guard, MergedStreams, collect, start_streams
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.wire.request_output import RequestOutput

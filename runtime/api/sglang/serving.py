@@ -31,9 +31,9 @@ import msgspec
 import msgspec.structs
 
 from runtime.api.openai.protocol import ApiError, api_error
-from runtime.api.openai.serving import DONE, sse
 from runtime.api.sglang.reply import SglOutput
 from runtime.api.sglang.request import SglRequest
+from runtime.api.sse import DONE, sse
 from runtime.api.streams import EventStream, Guard, MergedStreams, collect, start_streams
 from runtime.api.tokenizer_manager import TokenizerManager
 from runtime.config.server import ServerConfig
