@@ -69,7 +69,7 @@ class Scheduler(Admission, Release, Outbox):
 
     # ------------------------------------------------------------------ cache
     def flush_cache(self) -> tuple[bool, str, int]:
-        """Drop every cached prefix, unless requests wait or run (as SGLang refuses):
+        """Drop every cached prefix, unless requests wait or run:
         `(ok, message, slots freed)`. Flushing needs no batch in flight, so that finished
         requests have given their KV back to the cache first."""
         if self.has_work or self.grammars.held:
