@@ -58,10 +58,10 @@ class ServerConfig(MonitoringOptions, ScaleOutOptions, SpeculativeOptions, Sched
                 and self.block_size == "dynamic"):
             raise ConfigError("speculative decoding needs kv token, contiguous or paged with a "
                               "fixed block size")
-        if self.speculative_algorithm in WORKER_DRAFTERS and (self.tp > 1 or self.host_kv_gib):
+        if self.speculative_algorithm in WORKER_DRAFTERS and self.host_kv_gib:
             raise ConfigError(f"speculative_algorithm {self.speculative_algorithm} does not "
-                              "support tp > 1 or host_kv_gib yet (the host tier keeps only "
-                              "the target's KV)")
+                              "support host_kv_gib yet (the host tier keeps only the target's "
+                              "KV)")
         if self.dp > 1 and self.port == 0:
             raise ConfigError(f"dp {self.dp} needs a port (the replicas take the ports after "
                               f"it), not 0")

@@ -95,7 +95,7 @@ class Worker:
         self.page_size = cfg.kv_mode.page_size
         dtype = resolve_dtype(cfg.dtype, self.device)
         # --speculative-algorithm draft|eagle|mtp: loaded first, the pool is sized after it
-        self.drafter: Drafter | None = load_drafter(cfg, spec, self.device, dtype)
+        self.drafter: Drafter | None = load_drafter(cfg, spec, self.device, dtype, self.tp)
         drafter = self.drafter
         self.runner = ModelRunner(spec, self.device, dtype,
                                   kv_slots=cfg.kv_slots, max_rows=self.max_rows, seed=cfg.seed,
