@@ -161,9 +161,6 @@ def test_an_eagle3_head_fc_must_read_three_hidden_states(target, tmp_path):
 def test_the_eagle_flags_go_together(tmp_path):
     with pytest.raises(ValueError, match="speculative_draft_model"):
         ServerConfig(speculative_algorithm="eagle")
-    with pytest.raises(ValueError, match="does not support host_kv_gib"):
-        ServerConfig(speculative_algorithm="eagle", speculative_draft_model=str(tmp_path),
-                     kv="token", host_kv_gib=1.0)
     with pytest.raises(EagleHeadMismatch, match="no config.json"):
         prepare_model(ServerConfig(model="dummy:tiny", speculative_algorithm="eagle",
                                    speculative_draft_model=str(tmp_path)))

@@ -4,7 +4,8 @@ picks and loads it.
 
 A drafter's weights load before the target's KV pool is sized, which counts the bytes a
 slot costs in the drafter's own pools (`kv_bytes_per_token`); once the target's runner
-exists the drafter `allocate`s those pools over the target's slot numbering. Each step it
+exists the drafter `allocate`s those pools over the target's slot numbering (and the
+host tier, `--host-kv-gib`, copies them with the target's KV: `slot_tensors`). Each step it
 wraps the target's forward (`step`): a draft model drafts its verify requests' tokens and
 writes the draft KV of its other requests before it (`DraftModel`); an EAGLE head, or the
 target checkpoint's MTP layer, drafts before it and takes the target's hidden states after
@@ -52,6 +53,10 @@ class Drafter(Protocol):
 
     def allocate(self, runner: ModelRunner, attention_backend: str) -> None:
         """The drafter's pools over the slots of the target's pool (`runner`)."""
+
+    def slot_tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the drafter indexed by the target's slots, `[slots, ...]` (once
+        allocated): what the host tier copies with the target's KV."""
 
     def step(self, plan: BatchPlan, fb: ForwardBatch, builder: BatchBuilder,
              runner: ModelRunner) -> tuple[torch.Tensor, torch.Tensor | None]:
