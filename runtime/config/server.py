@@ -25,7 +25,7 @@ from runtime.config.model import ModelOptions
 from runtime.config.monitoring import MonitoringOptions
 from runtime.config.scale_out import ScaleOutOptions
 from runtime.config.scheduling import SchedulingOptions
-from runtime.config.speculative import WORKER_DRAFTERS, SpeculativeOptions
+from runtime.config.speculative import SpeculativeOptions
 
 
 # a dataclass takes its bases' fields last base first: the flags list the model first
@@ -58,10 +58,6 @@ class ServerConfig(MonitoringOptions, ScaleOutOptions, SpeculativeOptions, Sched
                 and self.block_size == "dynamic"):
             raise ConfigError("speculative decoding needs kv token, contiguous or paged with a "
                               "fixed block size")
-        if self.speculative_algorithm in WORKER_DRAFTERS and (self.tp > 1 or self.host_kv_gib):
-            raise ConfigError(f"speculative_algorithm {self.speculative_algorithm} does not "
-                              "support tp > 1 or host_kv_gib yet (the host tier keeps only "
-                              "the target's KV)")
         if self.dp > 1 and self.port == 0:
             raise ConfigError(f"dp {self.dp} needs a port (the replicas take the ports after "
                               f"it), not 0")

@@ -2,7 +2,8 @@
 and the device pool.
 
 The host pool mirrors the device pool's tensors: those of `KVPool.layer_tensors()`
-(every layer's K, then every layer's V, then a quantized pool's scales) are grouped by
+(every layer's K, then every layer's V, then a quantized pool's scales), and any other
+tensors indexed by the same slots (a drafter's pools and feature rows), are grouped by
 shape and dtype, and each group has one host tensor `[host_slots + 1, members, ...]`,
 slot-major, so that a slot's rows of every member are one contiguous run of whole lines
 (the kernel writes short rows, the scales, as such runs: see `kernels.kv.copy_slots`).
@@ -43,6 +44,7 @@ import contextlib
 import mmap
 import time
 import weakref
+from collections.abc import Sequence
 
 import torch
 
@@ -104,15 +106,17 @@ class CopyTiming:
 
 
 class KVTransfer:
-    """A host pool of `num_slots` slots (plus the padding slot 0) mirroring `pool`."""
+    """A host pool of `num_slots` slots (plus the padding slot 0) mirroring `pool` and
+    the tensors `extra` indexed by its slots (`[pool slots, ...]` each)."""
 
-    def __init__(self, pool: KVPool, num_slots: int) -> None:
+    def __init__(self, pool: KVPool, num_slots: int,
+                 extra: Sequence[torch.Tensor] = ()) -> None:
         if num_slots < 1:
             raise ValueError(f"the host tier needs at least 1 slot, got {num_slots}")
         self.num_slots = num_slots
         self.device = pool.k[0].device
         self.cuda = self.device.type == "cuda"
-        dev = pool.layer_tensors()  # [T] of [num_slots, kv_heads(, head_dim)]
+        dev = [*pool.layer_tensors(), *extra]  # [T] of [num_slots, ...]
         groups: dict[tuple, list[torch.Tensor]] = {}
         for t in dev:
             groups.setdefault((tuple(t.shape[1:]), t.dtype), []).append(t)

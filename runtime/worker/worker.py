@@ -95,8 +95,9 @@ class Worker:
         self.page_size = cfg.kv_mode.page_size
         dtype = resolve_dtype(cfg.dtype, self.device)
         # --speculative-algorithm draft|eagle|mtp: loaded first, the pool is sized after it
-        self.drafter: Drafter | None = load_drafter(cfg, spec, self.device, dtype)
+        self.drafter: Drafter | None = load_drafter(cfg, spec, self.device, dtype, self.tp)
         drafter = self.drafter
+        extra = drafter.kv_bytes_per_token if drafter else 0  # a slot's in its pools
         self.runner = ModelRunner(spec, self.device, dtype,
                                   kv_slots=cfg.kv_slots, max_rows=self.max_rows, seed=cfg.seed,
                                   mem_fraction=cfg.mem_fraction, cuda_graph=cfg.cuda_graph,
@@ -104,11 +105,13 @@ class Worker:
                                   attention_backend=cfg.attention_backend,
                                   quantization=cfg.quantization,
                                   lora=LoraOptions.from_config(cfg),
-                                  kv_bytes_extra=drafter.kv_bytes_per_token if drafter else 0,
+                                  kv_bytes_extra=extra,
                                   graph_rows=graph_rows(cfg, self.max_rows),
                                   capture=drafter.capture if drafter else None)
         if drafter is not None:
             drafter.allocate(self.runner, cfg.attention_backend)
+        # what a slot holds on this rank: the target's KV share and the drafter's rows
+        self.slot_bytes = self.runner.kv_bytes_per_token + extra
         self.builder = BatchBuilder(self.max_rows, self.runner.max_context, self.device,
                                     self.page_size,
                                     self.runner.lora.num_slots if self.runner.lora else 0,
@@ -122,8 +125,9 @@ class Worker:
         self.timer = StepTimer.from_env(self.device)  # None unless SLUICE_STEP_TIMING is set
         self.transfer: KVTransfer | None = None  # the host tier, with --host-kv-gib
         if cfg.host_kv_gib:
-            slots = host_slots_for(cfg.host_kv_gib, self.runner.kv_bytes_per_token, cfg.tp)
-            self.transfer = KVTransfer(self.runner.kv_pool, self.tp.min_int(slots))
+            slots = host_slots_for(cfg.host_kv_gib, self.slot_bytes, cfg.tp)
+            self.transfer = KVTransfer(self.runner.kv_pool, self.tp.min_int(slots),
+                                       drafter.slot_tensors() if drafter else ())
 
     def warm_up(self) -> None:
         """Run one prefill (chunked in two) through the whole step path before serving, so
@@ -152,7 +156,7 @@ class Worker:
         r = self.runner
         return WorkerReady(kv_slots=r.kv_slots, max_rows=self.max_rows,
                            max_context=r.max_context,
-                           kv_bytes_per_token=r.kv_bytes_per_token * self.tp.size,
+                           kv_bytes_per_token=self.slot_bytes * self.tp.size,
                            device=str(self.device), kv_dtype=r.kv_dtype,
                            quantization=r.quantization,
                            host_kv_slots=self.transfer.num_slots if self.transfer else 0,

@@ -67,6 +67,18 @@ def write_head(folder: Path, eagle3: bool, *, input_norm: bool = True, fc_bias: 
     return w
 
 
+def write_copy_head(folder: Path) -> None:
+    """Save an EAGLE head whose output is the hidden state it reads (attention and MLP
+    outputs zero): it drafts the token the target predicted one position earlier, so its
+    drafts are accepted where the target repeats a token."""
+    w = write_head(folder, False, fc_bias=False)
+    h = w["fc.weight"].shape[0]
+    w["fc.weight"] = torch.cat([torch.zeros(h, h), torch.eye(h)], dim=1)
+    w["layers.0.self_attn.o_proj.weight"].zero_()
+    w["layers.0.mlp.down_proj.weight"].zero_()
+    save_file(w, str(folder / "model.safetensors"))
+
+
 def _rms(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6) -> torch.Tensor:
     if weight is None:
         return x

@@ -72,6 +72,3 @@ def test_the_draft_flags_go_together():
         ServerConfig(speculative_algorithm="draft")
     with pytest.raises(ValueError, match="speculative_draft_model"):
         ServerConfig(speculative_draft_model="dummy:tiny")
-    with pytest.raises(ValueError, match="tp > 1 or host_kv_gib"):
-        ServerConfig(speculative_algorithm="draft", speculative_draft_model="dummy:tiny",
-                     kv="token", host_kv_gib=1.0)

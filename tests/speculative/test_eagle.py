@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
@@ -20,6 +19,7 @@ from tests.speculative.eagle_heads import (
     reference_drafts,
     target_checkpoint,
     target_features,
+    write_copy_head,
     write_head,
 )
 from tests.speculative.serve import serve, step_drafts
@@ -117,12 +117,7 @@ def test_a_head_that_copies_the_target_gets_drafts_accepted(target, tmp_path):
     predicted one position earlier: accepted where the target repeats a token, so the
     kept drafts' hidden states and head entries are exercised too."""
     folder = tmp_path / "copy"
-    w = write_head(folder, False, fc_bias=False)
-    h = w["fc.weight"].shape[0]
-    w["fc.weight"] = torch.cat([torch.zeros(h, h), torch.eye(h)], dim=1)
-    w["layers.0.self_attn.o_proj.weight"].zero_()
-    w["layers.0.mlp.down_proj.weight"].zero_()
-    save_file(w, str(folder / "model.safetensors"))
+    write_copy_head(folder)
     prompts = [[7] * 6 + [11] * 6, [3, 4] * 5]
     params = [SamplingParams(max_tokens=24, temperature=0.0)] * 2
     ref, _, _ = serve(config(target), prompts, params)
@@ -166,9 +161,6 @@ def test_an_eagle3_head_fc_must_read_three_hidden_states(target, tmp_path):
 def test_the_eagle_flags_go_together(tmp_path):
     with pytest.raises(ValueError, match="speculative_draft_model"):
         ServerConfig(speculative_algorithm="eagle")
-    with pytest.raises(ValueError, match="tp > 1 or host_kv_gib"):
-        ServerConfig(speculative_algorithm="eagle", speculative_draft_model=str(tmp_path),
-                     kv="token", host_kv_gib=1.0)
     with pytest.raises(EagleHeadMismatch, match="no config.json"):
         prepare_model(ServerConfig(model="dummy:tiny", speculative_algorithm="eagle",
                                    speculative_draft_model=str(tmp_path)))

@@ -105,5 +105,3 @@ def test_other_families_and_flags_are_refused():
         prepare_model(config("dummy:deepseek-v4-tiny"))
     with pytest.raises(ConfigError, match="speculative_draft_model"):
         ServerConfig(speculative_algorithm="mtp", speculative_draft_model="x")
-    with pytest.raises(ConfigError, match="tp > 1 or host_kv_gib"):
-        ServerConfig(speculative_algorithm="mtp", kv="token", host_kv_gib=1.0)

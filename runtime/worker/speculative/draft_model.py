@@ -78,6 +78,9 @@ class DraftModel:
                            arch.head_dim, self.dtype, self.device)
         self.attn = make_attention(attention_backend, self.pool, self.device)
 
+    def slot_tensors(self) -> list[torch.Tensor]:
+        return self.pool.layer_tensors()
+
     def step(self, plan: BatchPlan, fb: ForwardBatch, builder: BatchBuilder,
              runner: ModelRunner) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The draft's part of the step (`run_step`), then the target's forward: (its

@@ -4,13 +4,22 @@ picks and loads it.
 
 A drafter's weights load before the target's KV pool is sized, which counts the bytes a
 slot costs in the drafter's own pools (`kv_bytes_per_token`); once the target's runner
-exists the drafter `allocate`s those pools over the target's slot numbering. Each step it
+exists the drafter `allocate`s those pools over the target's slot numbering (and the
+host tier, `--host-kv-gib`, copies them with the target's KV: `slot_tensors`). Each step it
 wraps the target's forward (`step`): a draft model drafts its verify requests' tokens and
 writes the draft KV of its other requests before it (`DraftModel`); an EAGLE head, or the
 target checkpoint's MTP layer, drafts before it and takes the target's hidden states after
-it (`HeadDrafter`). Either way the
-drafts are written over the plan's placeholder ids in the target's input, and the target's
-samples decide what is kept.
+it (`HeadDrafter`). Either way the drafts are written over the plan's placeholder ids in
+the target's input, and the target's samples decide what is kept.
+
+Under tensor parallelism every rank runs the whole drafter over the same plan, so every
+rank writes the same drafts into its input with no exchange of its own. A draft model and
+an EAGLE head are replicated (small, and their draft steps are latency-bound: no
+collective inside them); they use the target's embedding and, for EAGLE v1/v2, its LM
+head, whose vocab-parallel collectives every rank calls in the same order. The MTP layer,
+one of the target's own layers and as large, is cut over the group as those are.
+Everything a rank keeps for the drafter a slot (the draft KV, a head's pool row and
+whole-width feature row) counts in that rank's pool sizing.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from runtime.worker.speculative.eagle_head import EagleHead
 from runtime.worker.speculative.eagle_layout import read_layout
 from runtime.worker.speculative.head_drafter import HeadDrafter
 from runtime.worker.speculative.mtp_head import MtpHead
+from runtime.worker.tp import TPGroup
 
 
 class Drafter(Protocol):
@@ -44,6 +54,10 @@ class Drafter(Protocol):
     def allocate(self, runner: ModelRunner, attention_backend: str) -> None:
         """The drafter's pools over the slots of the target's pool (`runner`)."""
 
+    def slot_tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the drafter indexed by the target's slots, `[slots, ...]` (once
+        allocated): what the host tier copies with the target's KV."""
+
     def step(self, plan: BatchPlan, fb: ForwardBatch, builder: BatchBuilder,
              runner: ModelRunner) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Step `plan` (built: `fb`) with its drafts: (the target's logits [S + L, V]
@@ -52,9 +66,10 @@ class Drafter(Protocol):
 
 
 def load_drafter(cfg: ServerConfig, spec: ModelSpec, device: torch.device,
-                 dtype: torch.dtype) -> Drafter | None:
+                 dtype: torch.dtype, tp: TPGroup | None = None) -> Drafter | None:
     """The drafter `cfg.speculative_algorithm` asks for, its weights loaded and checked
-    against the target `spec`; None for an algorithm without one on the device."""
+    against the target `spec` (the MTP layer: this rank's shard under `tp`); None for an
+    algorithm without one on the device."""
     algo = cfg.speculative_algorithm
     if algo == "draft":
         draft_spec = resolve_model(cfg.speculative_draft_model)
@@ -64,7 +79,7 @@ def load_drafter(cfg: ServerConfig, spec: ModelSpec, device: torch.device,
         layout = read_layout(cfg.speculative_draft_model, spec.hf_config())
         return HeadDrafter(EagleHead.load(layout, device, dtype), device, dtype)
     if algo == "mtp":
-        return HeadDrafter(MtpHead.load(spec, device, dtype, cfg.quantization), device, dtype)
+        return HeadDrafter(MtpHead.load(spec, device, dtype, cfg.quantization, tp), device, dtype)
     return None
 
 

@@ -97,6 +97,10 @@ class HeadDrafter:
         self.features = torch.zeros(slots, self.head.hidden_size, dtype=self.dtype,
                                     device=self.device)  # [slots, hidden]
 
+    def slot_tensors(self) -> list[torch.Tensor]:
+        """The head's pool and its feature rows."""
+        return [*self.pool.layer_tensors(), self.features]
+
     def step(self, plan: BatchPlan, fb: ForwardBatch, builder: BatchBuilder,
              runner: ModelRunner) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft (`propose`), run the target's forward, take its features (`absorb`):

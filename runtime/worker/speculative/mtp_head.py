@@ -14,7 +14,11 @@ follows to
 where h is the target's final-normed hidden state at t (the one its LM head reads), or
 for a later draft step the previous step's `out` (the one the head's LM head reads). Its
 entries live in a one-layer latent pool (one [L + Dr] row a slot) over the target's
-slots. The weights load as the target's do (`ShardLoader`: fp8 checkpoints included).
+slots. The weights load as the target's do (`ShardLoader`: fp8 checkpoints included),
+and under tensor parallelism the layer is cut as the target's layers are (this rank's
+heads and share of every FFN's width, all-reduced; eh_proj, the norms and
+`shared_head.head` whole on every rank), so each rank runs its part of every draft step
+in lockstep and all get the same drafts.
 
 DeepSeek-V4's MTP layer (`mtp.*`, over hyper-connection streams) is not supported.
 """
@@ -80,10 +84,12 @@ class MtpHead(DecoderLayer):
         return f"model.layers.{self.index}."
 
     @classmethod
-    def check(cls, spec: ModelSpec, quantization: str = "none") -> MtpHead:
-        """The head on the meta device, once `spec`'s config and checkpoint are checked to
-        hold an MTP layer this worker runs: raises `MtpUnavailable` naming the field, or
-        the first tensor of the layer missing from the checkpoint."""
+    def check(cls, spec: ModelSpec, quantization: str = "none",
+              tp: TPGroup | None = None) -> MtpHead:
+        """The head on the meta device (this rank's shard under `tp`), once `spec`'s config
+        and checkpoint are checked to hold an MTP layer this worker runs: raises
+        `MtpUnavailable` naming the field, or the first tensor of the layer missing from
+        the checkpoint."""
         config, source = spec.hf_config(), spec.config_source
         kind = getattr(config, "model_type", "")
         if kind not in MTP_TYPES:
@@ -97,7 +103,7 @@ class MtpHead(DecoderLayer):
         folder = Path(spec.path)
         names = {n for path in checkpoint_files(folder) for n in tensor_spans(path)}
         with torch.device("meta"):
-            family = build_model(config, TPGroup(), quantization)
+            family = build_model(config, tp, quantization)
             head_name = f"model.layers.{family.arch.num_layers}.shared_head.head.weight"
             head = cls(family, own_head=head_name in names)
         missing = sorted(set(head.checkpoint_targets()) - names)
@@ -108,10 +114,11 @@ class MtpHead(DecoderLayer):
 
     @classmethod
     def load(cls, spec: ModelSpec, device: torch.device, dtype: torch.dtype,
-             quantization: str = "none") -> MtpHead:
+             quantization: str = "none", tp: TPGroup | None = None) -> MtpHead:
         """The head with its weights from `spec`'s checkpoint, in `dtype` on `device`
-        (checked as `check` does)."""
-        head = materialize(cls.check(spec, quantization), device, dtype)
+        (checked as `check` does); under `tp` this rank's shard, cut as the target's
+        layers are."""
+        head = materialize(cls.check(spec, quantization, tp), device, dtype)
         load_hf_folder(head, Path(spec.path))
         head.self_attn.after_load()
         head.ops = ops_for(device, head._rope_table(device))
