@@ -123,14 +123,8 @@ def report(res: dict, command: str, date: str) -> str:
         f"{self_row.get('speedup')}x plain decoding's tokens/s (ideal 1.0x); with the "
         f"{res['draft_share']:.0%} draft a verify step costs {small.get('break_even')} "
         "plain steps, the tokens it "
-        "must yield to break even (random weights: no acceptance to measure). Outputs are "
-        + ("token-identical. " if all(r["identical"] for r in res["rows"]) else
-           "NOT all token-identical (16-bit near-ties part on a GPU). ")
-        + ("CPU, loaded (2 cores shared with other jobs): ratios, not absolute speeds."
-           if res["device"] == "cpu" else ""),
-        "",
-        f"`{command}`, {date}; {res['device']} ({platform.machine()}), torch "
-        f"{torch.__version__}, {res['torch_threads']} threads.",
+        "must yield to break even (random weights: no acceptance to measure). "
+        + outputs_and_run(res, command, date),
         "",
         f"Target `{res['model']}` ({res['params_b']}B parameters, random weights), draft "
         f"`{res['draft_model']}` ({res['draft_share']:.0%} of it), prompts of "
@@ -144,6 +138,18 @@ def report(res: dict, command: str, date: str) -> str:
         "",
     ]
     return "\n".join(lines + table(res["rows"]))
+
+
+def outputs_and_run(res: dict, command: str, date: str) -> str:
+    """The end of a report's answer (whether outputs are plain decoding's, what a CPU
+    figure means), a blank line and the line saying how and where it ran."""
+    identical = ("token-identical. " if all(r["identical"] for r in res["rows"]) else
+                 "NOT all token-identical (16-bit near-ties part on a GPU). ")
+    cpu = ("CPU, loaded (2 cores shared with other jobs): ratios, not absolute speeds."
+           if res["device"] == "cpu" else "")
+    return (f"Outputs are {identical}{cpu}\n\n`{command}`, {date}; {res['device']} "
+            f"({platform.machine()}), torch {torch.__version__}, {res['torch_threads']} "
+            "threads.")
 
 
 def table(rows: list[dict]) -> list[str]:

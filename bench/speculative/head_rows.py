@@ -17,14 +17,19 @@ ids:
 from __future__ import annotations
 
 import json
-import platform
 import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from bench.speculative.draft_rows import PROMPT_LEN, base_config, measure, table
+from bench.speculative.draft_rows import (
+    PROMPT_LEN,
+    base_config,
+    measure,
+    outputs_and_run,
+    table,
+)
 from runtime.model_config import resolve_model
 from runtime.worker.speculative.eagle_head import EagleHead
 from runtime.worker.speculative.eagle_layout import read_layout
@@ -93,14 +98,7 @@ def report(res: dict, command: str, date: str) -> str:
         f"yields {first['accept_length']} tokens, {first['speedup']}x plain decoding's "
         "tokens/s"
         + (" (random head weights: a cost, not an acceptance rate)" if random else "")
-        + ". Outputs are "
-        + ("token-identical. " if all(r["identical"] for r in res["rows"]) else
-           "NOT all token-identical (16-bit near-ties part on a GPU). ")
-        + ("CPU, loaded (2 cores shared with other jobs): ratios, not absolute speeds."
-           if res["device"] == "cpu" else ""),
-        "",
-        f"`{command}`, {date}; {res['device']} ({platform.machine()}), torch "
-        f"{torch.__version__}, {res['torch_threads']} threads.",
+        + ". " + outputs_and_run(res, command, date),
         "",
         f"Target `{res['model']}`, prompts of {res['prompt_len']} random ids, greedy, up to "
         f"{res['max_tokens']} output tokens, {res['draft_tokens']} draft tokens per verify "

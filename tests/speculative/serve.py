@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pytest
 import torch
 
 from runtime.config.server import ServerConfig
@@ -14,6 +15,7 @@ from runtime.scheduler.scheduler import Scheduler
 from runtime.scheduler.speculative.speculation import Speculation
 from runtime.wire.sampling import SamplingParams
 from runtime.wire.scheduler_input import GenerateReq
+from runtime.worker.model_check import prepare_model
 from runtime.worker.worker import Worker
 from tests.worker.in_process import run_to_end
 
@@ -75,3 +77,12 @@ def retraction_case() -> tuple[list[list[int]], list[SamplingParams]]:
     params = [SamplingParams(max_tokens=m, temperature=0.0)
               for m in torch.randint(4, 33, (16,), generator=gen).tolist()]
     return prompts, params
+
+
+def refused_at_start_up(cfg: ServerConfig, error: type[Exception], match: str) -> None:
+    """Both start-up checks refuse `cfg` with `error` matching `match`: the command's
+    (`prepare_model`, before any process starts) and the worker's."""
+    with pytest.raises(error, match=match):
+        prepare_model(cfg)
+    with pytest.raises(error, match=match):
+        Worker(cfg, resolve_model(cfg.model))

@@ -8,11 +8,9 @@ from __future__ import annotations
 import pytest
 
 from runtime.config.server import ServerConfig
-from runtime.model_config import resolve_model
 from runtime.wire.sampling import SamplingParams
-from runtime.worker.model_check import UnsupportedModel, prepare_model
-from runtime.worker.worker import Worker
-from tests.speculative.serve import greedy_case, serve
+from runtime.worker.model_check import UnsupportedModel
+from tests.speculative.serve import greedy_case, refused_at_start_up, serve
 from tests.speculative.test_exact import CFG, K, repetitive_prompts
 
 DRAFT = CFG.replace(speculative_algorithm="draft", speculative_draft_model="dummy:tiny",
@@ -61,10 +59,7 @@ def test_a_vocabulary_mismatch_is_refused_at_start_up():
     cfg = DRAFT.replace(speculative_draft_model="dummy:spec-draft")  # 8192 ids, not 1024
     want = r"^dummy:spec-draft: the draft model's vocabulary has 8192 ids, the target's " \
            r"\(dummy:tiny\) 1024$"
-    with pytest.raises(UnsupportedModel, match=want):
-        prepare_model(cfg)
-    with pytest.raises(UnsupportedModel, match=want):
-        Worker(cfg, resolve_model(cfg.model))
+    refused_at_start_up(cfg, UnsupportedModel, want)
 
 
 def test_the_draft_flags_go_together():

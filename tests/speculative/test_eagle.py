@@ -22,7 +22,7 @@ from tests.speculative.eagle_heads import (
     write_copy_head,
     write_head,
 )
-from tests.speculative.serve import serve, step_drafts
+from tests.speculative.serve import refused_at_start_up, serve, step_drafts
 
 K = 3
 HEADS = {  # name: (EAGLE-3, write_head options)
@@ -145,10 +145,7 @@ def test_a_head_that_does_not_fit_is_refused_naming_the_field(target, tmp_path, 
                                                               changes, named):
     write_head(tmp_path / "head", eagle3, **changes)
     cfg = config(target, tmp_path / "head")
-    with pytest.raises(EagleHeadMismatch, match=named):
-        prepare_model(cfg)
-    with pytest.raises(EagleHeadMismatch, match=named):
-        Worker(cfg, resolve_model(cfg.model))
+    refused_at_start_up(cfg, EagleHeadMismatch, named)
 
 
 def test_an_eagle3_head_fc_must_read_three_hidden_states(target, tmp_path):

@@ -16,7 +16,7 @@ from runtime.worker.model_check import prepare_model
 from runtime.worker.speculative.mtp_head import MtpUnavailable
 from runtime.worker.worker import Worker
 from tests.speculative.mtp_layers import L, MtpReference
-from tests.speculative.serve import serve, step_drafts
+from tests.speculative.serve import refused_at_start_up, serve, step_drafts
 from tests.speculative.test_eagle import prompts_and_params
 
 K = 3
@@ -92,10 +92,7 @@ def test_a_layer_that_copies_the_target_gets_drafts_accepted(tmp_path):
 def test_a_checkpoint_without_the_layer_is_refused_naming_it(tmp_path, changes, named):
     MtpReference(tmp_path, **changes)
     cfg = config(tmp_path)
-    with pytest.raises(MtpUnavailable, match=named):
-        prepare_model(cfg)
-    with pytest.raises(MtpUnavailable, match=named):
-        Worker(cfg, resolve_model(cfg.model))
+    refused_at_start_up(cfg, MtpUnavailable, named)
 
 
 def test_other_families_and_flags_are_refused():
