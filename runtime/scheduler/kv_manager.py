@@ -155,8 +155,11 @@ class KVManager(ABC, Generic[Table]):
         """Drop whatever a waiting `req` still holds in the host tier (it ended)."""
 
     def aligned(self, tokens: int) -> int:
-        """The longest prefix hit of at most `tokens` tokens the model's rule allows."""
-        return tokens - tokens % self.prefix_align
+        """The longest prefix hit of at most `tokens` tokens the model's rule allows: a
+        multiple of `prefix_align`, and none (0) if all of it would be replayed (its first
+        step would start at position 0, as a new request's does)."""
+        hit = tokens - tokens % self.prefix_align
+        return hit if hit > self.prefix_replay else 0
 
     # ------------------------------------------------------------------ capacity
     def can_admit(

@@ -99,7 +99,7 @@ class PagedKV(KVManager[BlockTable]):
     def _aligned_blocks(self, n: int) -> int:
         """The most blocks, at most `n`, whose tokens are an `aligned` prefix hit."""
         step = self.prefix_align // math.gcd(self.prefix_align, self.block_size)
-        return n - n % step
+        return self.aligned((n - n % step) * self.block_size) // self.block_size
 
     def swap_out(self, req: Req) -> bool:
         """Copy its full, computed blocks to the host, then free them (they stay cached

@@ -201,11 +201,6 @@ class Scheduler(Admission, Release, Outbox):
         self.num_retractions += 1
         self.adder.on_retract()
 
-    @property
-    def needs_drain(self) -> bool:
-        """Planning is blocked until the batches in flight complete."""
-        return bool(self.in_flight) and self.has_work
-
     # ------------------------------------------------------------------ results
     def on_result(self, res: StepResult) -> None:
         batch = self.in_flight.popleft()

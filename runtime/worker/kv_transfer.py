@@ -149,10 +149,6 @@ class KVTransfer:
             weakref.finalize(self, _unregister, self.stream, raw.data_ptr(), buf).atexit = False
         return tensors
 
-    @property
-    def num_bytes(self) -> int:
-        return sum(h.numel() * h.element_size() for h in self.hosts)
-
     def run(self, plan: BatchPlan) -> CopyTiming | None:
         """Issue `plan`'s copies; the compute stream waits for them. None: no copies."""
         if not plan.writeback_dev and not plan.load_dev:

@@ -67,7 +67,8 @@ class TorchOps:
     - `silu_mul(x)`: silu(gate) * up of x `[T, 2 * inter]` (gate first);
     - `fused_moe(x, w13, w2, weights, ids)`: the routed experts of x `[T, H]`, w13
       `[E, 2I, H]`, w2 `[E, H, I]`, picks `[T, k]`;
-    - `sparse`: the sparse attention's two (`SparseAttention`).
+    - `sparse`: DeepSeek-V4's sparse attention, indexer scores and window pooling
+      (`SparseAttention`).
     """
 
     rmsnorm = staticmethod(rmsnorm_ref)

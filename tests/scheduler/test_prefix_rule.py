@@ -51,3 +51,25 @@ def test_hits_are_aligned_and_their_last_positions_computed_again(kv, options):
     for (pre, ext, ids), req, hit in zip(first_steps.values(), reqs, hits):
         assert pre == (hit - REPLAY if hit else 0)  # the replayed positions, then the new
         assert ids == req.input_ids[pre:] and ext == len(ids)
+
+
+@pytest.mark.parametrize("kv,options", [("token", {}), ("paged", dict(block_size=4))])
+def test_a_hit_no_longer_than_its_replay_is_not_taken(kv, options):
+    """A hit of `replay` tokens would be computed again whole: its first step starts at
+    position 0, as a new request's does, so the worker could not tell it from one and
+    would rewrite the prefix's rows. No hit is taken; the outputs are the reference's."""
+    sched, worker = build_mode(kv, chunk_size=64, prefix_rule=(REPLAY, REPLAY), **options)
+    shared = [random.Random(5).randrange(1, 97) for _ in range(REPLAY)]
+    outs: dict = {}
+    first = make_req("first", shared + [7], 3)
+    sched.add(first)
+    drive(sched, worker, on_step=collect(sched, outs))
+    plans = []
+    run = worker.run
+    worker.run = lambda plan: plans.append(plan) or run(plan)
+    second = make_req("second", shared + [8, 9], 3)
+    sched.add(second)
+    drive(sched, worker, on_step=collect(sched, outs))
+    check_against_reference([first, second], outs)
+    assert sched.kv.stats().prefix_hit_tokens == 0
+    assert plans[0].prefix_writes == [] and plans[0].prefix_lens == [0]

@@ -20,7 +20,7 @@ from runtime.worker.kv_pool import KVPool
 from runtime.worker.model_runner import make_attention
 from runtime.worker.models.causal_lm import CausalLM, RMSNorm
 from runtime.worker.models.llama import LlamaAttention, LlamaMLP
-from runtime.worker.ops import TorchOps, TritonOps
+from runtime.worker.ops import TorchOps, ops_for
 from runtime.worker.quant.scheme import QuantScheme
 from runtime.worker.safetensors_reader import checkpoint_files, read_slices
 from runtime.worker.speculative.eagle_layout import (
@@ -53,7 +53,7 @@ class EagleHead(nn.Module):
             self.lm_head = nn.Linear(h, layout.draft_vocab, bias=False)
             if layout.draft_vocab < layout.target_vocab:
                 self.register_buffer("d2t", torch.zeros(layout.draft_vocab, dtype=torch.int64))
-        self.ops: TorchOps | TritonOps | None = None
+        self.ops: TorchOps | None = None
 
     @classmethod
     def check(cls, layout: EagleLayout) -> EagleHead:
@@ -78,7 +78,7 @@ class EagleHead(nn.Module):
         a = layout.arch
         table = rope_cos_sin_cache(a.head_dim, layout.max_position, a.rope["rope_theta"],
                                    a.rope, device)
-        head.ops = TritonOps(table) if device.type == "cuda" else TorchOps(table)
+        head.ops = ops_for(device, table)
         return head.eval()
 
     def checkpoint_targets(self) -> dict[str, Target]:
