@@ -83,9 +83,11 @@ class PrefillAdder:
             if not kv.admit(req):
                 loras.release(req)
                 return
-            n = min(budget, req.known_len - req.kv_len)
+            # a prefix hit's replayed tokens are computed in its first step too
+            n = min(budget - req.replay, req.known_len - req.kv_len)
             others = [r for r in running if not r.finished]
-            if not kv.can_admit(req, n, self._growth(others + [req]) if others else (), self.ratio):
+            if n <= 0 or not kv.can_admit(req, n, self._growth(others + [req]) if others else (),
+                                          self.ratio):
                 kv.release(req, cache=False)
                 loras.release(req)
                 req.unadmit()
@@ -93,5 +95,5 @@ class PrefillAdder:
             waiting.pop(i)
             req.status = ReqStatus.RUNNING
             running.append(req)
-            budget -= n
+            budget -= n + req.replay
             yield req, n

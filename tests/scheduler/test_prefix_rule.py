@@ -73,3 +73,25 @@ def test_a_hit_no_longer_than_its_replay_is_not_taken(kv, options):
     check_against_reference([first, second], outs)
     assert sched.kv.stats().prefix_hit_tokens == 0
     assert plans[0].prefix_writes == [] and plans[0].prefix_lens == [0]
+
+
+def test_replayed_tokens_count_against_the_chunk_budget():
+    """Steps of several hits admitted together compute no more than `chunk_size` tokens,
+    the hits' replayed positions included; the outputs are the reference's."""
+    chunk = 20
+    sched, worker = build_mode("token", chunk_size=chunk, prefix_rule=(ALIGN, REPLAY))
+    shared = [random.Random(7).randrange(1, 97) for _ in range(40)]
+    outs: dict = {}
+    first = make_req("first", shared, 3)
+    sched.add(first)
+    drive(sched, worker, on_step=collect(sched, outs))
+    plans = []
+    run = worker.run
+    worker.run = lambda plan: plans.append(plan) or run(plan)
+    reqs = [make_req(f"hit{i}", shared[:32] + [90 + i] * 3, 3) for i in range(4)]
+    for req in reqs:
+        sched.add(req)
+    drive(sched, worker, on_step=collect(sched, outs))
+    check_against_reference([first, *reqs], outs)
+    assert max(sum(plan.extend_lens) for plan in plans) <= chunk
+    assert sched.kv.stats().prefix_hit_tokens == 4 * 32
