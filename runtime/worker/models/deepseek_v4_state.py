@@ -129,7 +129,7 @@ class V4Step:
     out_slots: torch.Tensor  # [T] int64
     window: torch.Tensor  # [T, window] int32 slots, -1 before position 0
     num_seqs: int
-    max_len: int  # positions of the longest sequence
+    max_len: int  # positions of the longest sequence (a decode graph: its context)
     visible: dict[int, torch.Tensor] = field(default_factory=dict)  # `visible_slots` by rate
     closing: dict[tuple[int, bool], object] = field(default_factory=dict)  # by rate, overlap
 
