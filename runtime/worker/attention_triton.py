@@ -119,7 +119,9 @@ class TritonAttention(AttentionBackend):
         self.max_context = max_context
         self.graph_seq_lens = torch.zeros(max_bs, dtype=torch.int32, device=device)  # [N]
         self.graph_kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=device)  # [N+1]
-        pages = max_bs * -(-max_context // page_size)  # every row at full context
+        # every row at full context, and one page id past them, where the padding rows' lists
+        # start: a read of their position 0 stays in the buffer
+        pages = max_bs * -(-max_context // page_size) + 1
         self.graph_kv_indices = torch.zeros(pages, dtype=torch.int64, device=device)  # [pages]
 
     def prepare_capture(self, fb: ForwardBatch) -> None:

@@ -144,7 +144,7 @@ class BatchBuilder:
             qo_indptr=d["qo_indptr"], kv_indptr=d["kv_indptr"], kv_indices=kv_indices,
             seq_lens=d["seq"], prefix_lens=d["pre"], sample_idx=d["logit_rows"],
             is_decode=decode, seq_lens_cpu=a_seq.tolist(), prefix_lens_cpu=a_pre_cpu,
-            extend_lens_cpu=a_ext, page_size=ps, rows_cpu=a_rows.tolist())
+            extend_lens_cpu=a_ext, page_size=ps, rows=d["rows"])
         if lora is not None:
             fb.lora = LoraBatch(d["lora_order"], d["lora_indptr"], lora[1].tolist(), lora[2])
         inputs = SampleInputs(rows=np.repeat(rows, counts), rows_dev=d["s_rows"],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -44,8 +44,8 @@ class ForwardBatch:
     page_size: int = 1  # slots per page of kv_indices
     attn_meta: object = None  # the attention backend's metadata of this step, once prepared
     lora: LoraBatch | None = None  # the tokens' LoRA adapter slots; None: no adapter
-    # the request row of each sequence (host; a model keeping state per request reads it)
-    rows_cpu: list[int] = field(default_factory=list)
+    # [B] int64: the request row of each sequence (a model keeping state per request reads it)
+    rows: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -6,7 +6,10 @@ model's inputs are copied into static buffers here, the page table and lengths i
 attention backend's (`AttentionBackend.prepare_replay`); padded rows read nothing
 (sequence length 0) and write their K/V into slot 0, the padding sink. The logits of the
 first B rows are returned, and with `capture` the features a draft head reads
-(`CausalLM.forward_features`) of those rows. With LoRA adapters the graphs read the
+(`CausalLM.forward_features`) of those rows. A model keeping state per request row reads
+the batch's rows (`ForwardBatch.rows`) from a static buffer too, padding rows naming its
+`sink_row`; what it sizes by the host lengths it sizes at capture for `max_context`, the
+longest sequence a replay may hold (`can_run`). With LoRA adapters the graphs read the
 step's adapter segments from static buffers too (`LoraBatch.static`), sized for every
 row of the graph.
 """
@@ -41,8 +44,10 @@ class GraphRunner:
         page_size: int = 1,
         lora: LoraManager | None = None,
         capture: tuple[int, ...] | None = None,
+        sink_row: int = 0,
     ) -> None:
         self.model, self.attn, self.device = model, attn, device
+        self.max_context, self.sink_row = max_context, sink_row
         self.lora = lora
         self.capture = capture
         self.page_size = page_size
@@ -53,6 +58,7 @@ class GraphRunner:
         self.input_ids = torch.zeros(n, **i64)  # [N]
         self.positions = torch.zeros(n, **i64)  # [N]
         self.out_slots = torch.zeros(n, **i64)  # [N] padding rows write slot 0
+        self.rows = torch.full((n,), sink_row, **i64)  # [N] request rows
         self.arange = torch.arange(n + 1, dtype=torch.int32, device=device)  # qo_indptr, rows
         self.zeros = torch.zeros(n + 1, dtype=torch.int32, device=device)  # empty sequences
         self.no_pages = torch.zeros(0, **i64)  # [0]
@@ -62,16 +68,17 @@ class GraphRunner:
         self.pool = None
 
     def _batch(self, bs: int) -> ForwardBatch:
-        """The batch a graph of `bs` rows is captured with: `bs` empty sequences, the
-        backend's metadata pointing at its static buffers."""
+        """The batch a graph of `bs` rows is captured with: `bs` empty sequences (on the
+        host as long as the longest replay, `max_context`), the backend's metadata
+        pointing at its static buffers."""
         fb = ForwardBatch(
             input_ids=self.input_ids[:bs], positions=self.positions[:bs],
             out_slots=self.out_slots[:bs], qo_indptr=self.arange[: bs + 1],
             kv_indptr=self.zeros[: bs + 1], kv_indices=self.no_pages,
             seq_lens=self.zeros[:bs], prefix_lens=self.zeros[:bs],
             sample_idx=self.arange[:bs].long(), is_decode=True,
-            seq_lens_cpu=[0] * bs, prefix_lens_cpu=[0] * bs, extend_lens_cpu=[1] * bs,
-            page_size=self.page_size,
+            seq_lens_cpu=[self.max_context] * bs, prefix_lens_cpu=[0] * bs,
+            extend_lens_cpu=[1] * bs, page_size=self.page_size, rows=self.rows[:bs],
         )  # fmt: skip
         self.attn.prepare_capture(fb)
         return fb
@@ -112,22 +119,33 @@ class GraphRunner:
         log.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
     def can_run(self, fb: ForwardBatch) -> bool:
-        return fb.is_decode and fb.batch_size <= self.sizes[-1] and fb.page_size == self.page_size
+        return (fb.is_decode and fb.batch_size <= self.sizes[-1]
+                and fb.page_size == self.page_size
+                and max(fb.seq_lens_cpu, default=0) <= self.max_context)
 
     def replay(self, fb: ForwardBatch) -> tuple[torch.Tensor, ...]:
         """Run a decode batch through its graph: (logits [B, vocab] fp32), with `capture`
         (logits, features [B, w])."""
+        padded = self.load(fb)
+        self.graphs[padded].replay()
+        return tuple(out[: fb.batch_size] for out in self.outputs[padded])
+
+    def load(self, fb: ForwardBatch) -> int:
+        """Copy the decode batch `fb` into the static buffers of the smallest captured size
+        that holds it, the rows past it padding; that size."""
         bs = fb.batch_size
         padded = self.sizes[bisect.bisect_left(self.sizes, bs)]
         self.input_ids[:bs].copy_(fb.input_ids, non_blocking=True)
         self.positions[:bs].copy_(fb.positions, non_blocking=True)
         self.out_slots[:bs].copy_(fb.out_slots, non_blocking=True)
-        if padded > bs:  # padding rows: empty sequences writing into the sink
+        if fb.rows is not None:
+            self.rows[:bs].copy_(fb.rows, non_blocking=True)
+        if padded > bs:  # padding rows: empty sequences writing into the sinks
             self.input_ids[bs:padded].zero_()
             self.positions[bs:padded].zero_()
             self.out_slots[bs:padded].zero_()
+            self.rows[bs:padded].fill_(self.sink_row)
         if self.lora_batch is not None:
             self.lora_batch.fill(fb.lora)
         self.attn.prepare_replay(fb, padded)
-        self.graphs[padded].replay()
-        return tuple(out[:bs] for out in self.outputs[padded])
+        return padded

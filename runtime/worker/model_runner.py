@@ -29,6 +29,7 @@ from runtime.worker.loader import load_model
 from runtime.worker.lora.manager import LoraManager, LoraOptions
 from runtime.worker.models.deepseek import DeepseekForCausalLM
 from runtime.worker.models.deepseek_v4 import DeepseekV4ForCausalLM
+from runtime.worker.models.deepseek_v4_state import graph_context
 from runtime.worker.quant.fp8_linear import check_fp8_support
 from runtime.worker.sampler import Sampler
 from runtime.worker.tp import TPGroup
@@ -83,9 +84,12 @@ class ModelRunner:
     the KV heads (`kv_bytes_per_token` is this rank's share); the logits are whole.
     A latent-attention (MLA) model gets a latent pool: one `[L + Dr]` row a token and layer;
     DeepSeek-V4 a pool of its own rows, each layer's as wide as its state (`kv_layout`),
-    attended by the model itself outside CUDA graphs, 16-bit only, and its partial blocks
-    per request row (`row_state_bytes`), allocated before the pool is sized; its prefix
-    hits follow `prefix_align` / `prefix_replay` (`CausalLM.prefix_rule`).
+    attended by the model itself (the backend gives it the page table, and in CUDA graphs
+    its static copy: decode graphs up to its `graph_context`, padding rows on its
+    sink request row; a capture that fails logs why and leaves decode eager), 16-bit
+    only, and its partial blocks per request row (`row_state_bytes`), allocated before the
+    pool is sized; its prefix hits follow `prefix_align` / `prefix_replay`
+    (`CausalLM.prefix_rule`).
     `quantization="fp8"` holds the projections' weights in fp8 (`Fp8Linear`); a device
     without fp8 matmul raises `QuantizationError` before anything is loaded.
     With `lora`, the adapters are read and their device slots allocated (`LoraManager`)
@@ -142,7 +146,6 @@ class ModelRunner:
             head_dim = max(layer_dims)
             # before the pool is sized: its partial blocks per request row take memory first
             self.row_state_bytes = self.model.allocate_rows(max_rows, dtype)
-            attention_backend, cuda_graph = "torch", False
         elif mla is None:  # K and V of this rank's KV heads
             planes, kv_heads, head_dim = 2, arch.num_kv_heads // tp.size, arch.head_dim
         else:  # one latent row a token
@@ -175,15 +178,33 @@ class ModelRunner:
         self.graphs: GraphRunner | None = None
         if self.device.type == "cuda" and cuda_graph:
             if self.attn.supports_graphs:
-                self.graphs = GraphRunner(
-                    self.model, self.attn, graph_rows or max_rows, self.max_context,
-                    self.device, page_size, self.lora, capture,
-                )
-                self.graphs.capture()
+                self.graphs = self._capture_graphs(graph_rows or max_rows, max_rows,
+                                                   page_size)
             else:
                 log.warning(
                     "no CUDA graphs: the %s backend does not run in them", type(self.attn).__name__
                 )
+
+    def _capture_graphs(self, rows: int, max_rows: int, page_size: int) -> GraphRunner | None:
+        """The decode graphs of up to `rows` rows. A model attending by itself gets graphs
+        up to its `graph_context`, padding rows on its sink request row (`max_rows`), and
+        where its capture fails, the reason in the log and no graphs (eager decode)."""
+        own = self.own_attention
+        context = (graph_context(self.model.arch, rows, self.max_context) if own
+                   else self.max_context)
+        graphs = GraphRunner(self.model, self.attn, rows, context, self.device, page_size,
+                             self.lora, self.capture, sink_row=max_rows if own else 0)
+        if not own:
+            graphs.capture()
+            return graphs
+        try:
+            graphs.capture()
+        except Exception as err:  # any failure leaves decode eager, and says why
+            log.warning("no CUDA graphs for %s decode: capture failed: %s: %s",
+                        type(self.model).__name__, type(err).__name__, err)
+            torch.cuda.empty_cache()
+            return None
+        return graphs
 
     @property
     def max_decode_rows(self) -> int:

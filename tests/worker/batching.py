@@ -79,7 +79,7 @@ def make_batch(
         prefix_lens_cpu=list(prefix_lens),
         extend_lens_cpu=ext,
         page_size=page_size,
-        rows_cpu=[c.seq for c in chunks],
+        rows=tensor([c.seq for c in chunks]),
     )
 
 

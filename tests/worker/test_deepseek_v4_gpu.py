@@ -1,7 +1,8 @@
 """A tiny DeepSeek-V4 checkpoint on a CUDA device (its sparse attention, indexer scores and
-experts through the Triton kernels, outside CUDA graphs), fp32 against transformers on the
-CPU: a prompt longer than the window and several blocks in two chunks, the second reading
-the first's state back."""
+experts through the Triton kernels), fp32: eagerly against transformers on the CPU, a
+prompt longer than the window and several blocks in two chunks, the second reading the
+first's state back; and decode through CUDA graphs (three sequences in the graph of four
+rows) against the same steps eagerly, across window and block boundaries."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from runtime.model_config import resolve_model
 from runtime.worker.model_runner import ModelRunner
-from tests.worker.batching import Chunk, make_batch
+from tests.worker.batching import Chunk, greedy, make_batch
 from tests.worker.dsv4_checkpoints import tiny_v4
 
 pytestmark = pytest.mark.gpu
@@ -19,11 +20,24 @@ pytestmark = pytest.mark.gpu
 def test_cuda_matches_transformers(tmp_path):
     hf = tiny_v4(tmp_path)
     runner = ModelRunner(resolve_model(str(tmp_path)), "cuda", torch.float32, kv_slots=512,
-                         max_rows=2)
-    assert runner.graphs is None  # the model attends by itself, outside graphs
+                         max_rows=2, cuda_graph=False)
     ids = torch.randint(0, 256, (37,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.no_grad():
         want = hf(torch.tensor([ids])).logits[0]  # [37, V]
     first = runner.forward(make_batch([Chunk(0, ids[:21])], [0], 1, True, "cuda"))
     rest = runner.forward(make_batch([Chunk(0, ids[21:])], [21], 1, True, "cuda"))
     torch.testing.assert_close(torch.cat([first, rest]).cpu(), want, atol=1e-3, rtol=1e-3)
+
+
+def test_graph_replay_matches_eager_decode(tmp_path):
+    tiny_v4(tmp_path)
+    spec = resolve_model(str(tmp_path))
+    graphs, eager = (ModelRunner(spec, "cuda", torch.float32, kv_slots=512, max_rows=4,
+                                 cuda_graph=on) for on in (True, False))
+    assert graphs.graphs is not None and graphs.graphs.sizes == [1, 2, 4]
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (13, 6, 9)]
+    want_ids, want = greedy(eager, prompts, 14)
+    got_ids, got = greedy(graphs, prompts, 14, forced=want_ids)
+    assert got_ids == want_ids
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -17,9 +17,12 @@ Parameter names follow the checkpoints transformers writes (`model.layers.N.attn
 checkpoints' names are read through `deepseek_v4_checkpoint`, their MTP layer skipped.
 Weights in 16 bits or fp32, or block fp8 as released (e8m0 scales; the projections stay
 fp8, the routed experts, fp8 or packed fp4, are dequantized at load). One device only
-(`--tp 1`), outside CUDA graphs: the attention and experts run through the ops (Triton
-kernels on CUDA, their torch references elsewhere), the compressors and the indexer over
-the whole step at once.
+(`--tp 1`): the attention and experts run through the ops (Triton kernels on CUDA, their
+torch references elsewhere), the compressors and the indexer over the whole step at once.
+A decode step reads nothing on the host but what a CUDA graph fixes at capture
+(`V4Step.of`), so decode runs in graphs (`GraphRunner`), whose padding rows name the sink
+request row and slot; their visible-entry lists are as wide as the graphs' context, which
+`deepseek_v4_state.graph_context` caps.
 """
 
 from __future__ import annotations
@@ -168,7 +171,7 @@ class DeepseekV4ForCausalLM(CausalLM):
 
     def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         m = self.model
-        step = V4Step.of(fb, self.starts, self.arch.window)
+        step = V4Step.of(fb, attn.page_table(fb)[:2], self.starts, self.arch.window)
         x = m.embed_tokens(fb.input_ids)  # [T, D]
         h = x[:, None, :].expand(-1, self.arch.hc_mult, -1).contiguous()  # [T, hc, D]
         for i, layer in enumerate(m.layers):

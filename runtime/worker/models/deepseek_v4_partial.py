@@ -93,10 +93,11 @@ class RowStarts:
     """Per request row, the first position whose inputs its request computed itself (-1:
     the row was bound to a new request and has computed nothing yet), on the device. Its
     first step sets it: 0, or after a prefix hit the start of the replayed tokens, whose
-    rows and entries are the prefix's (`replay` tokens, written nowhere)."""
+    rows and entries are the prefix's (`replay` tokens, written nowhere). Row `rows` is a
+    sink, as the rings' last row: the padding rows of a decode graph name it."""
 
     def __init__(self, rows: int, replay: int, device: torch.device | str) -> None:
-        self.starts = torch.full((rows,), -1, dtype=torch.int64, device=device)
+        self.starts = torch.full((rows + 1,), -1, dtype=torch.int64, device=device)
         self.replay = replay
 
     def bind(self, rows: list[int]) -> None:

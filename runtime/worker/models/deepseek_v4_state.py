@@ -62,6 +62,8 @@ from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.models.deepseek_v4_arch import CSA, SWA, DeepseekV4Arch
 from runtime.worker.models.deepseek_v4_partial import RowStarts
 
+GRAPH_LIST_BYTES = 32 * 2**20  # the widest visible-entry list a decode graph holds
+
 
 @dataclass(frozen=True)
 class RowLayout:
@@ -90,6 +92,17 @@ def layer_widths(arch: DeepseekV4Arch) -> tuple[int, ...]:
     return tuple(RowLayout.of(arch, i).width for i in range(arch.num_layers))
 
 
+def graph_context(arch: DeepseekV4Arch, rows: int, max_context: int) -> int:
+    """The longest sequence decode graphs of up to `rows` rows serve: `max_context`, or
+    less where the visible-entry list of the smallest compression rate, built at the
+    graphs' full width (`[rows, context // rate]` int32, a few int64 temporaries of that
+    shape beside it), would pass `GRAPH_LIST_BYTES`."""
+    rates = [r for r in map(arch.rate, range(arch.num_layers)) if r]
+    if not rates:
+        return max_context
+    return min(max_context, GRAPH_LIST_BYTES // (4 * rows) * min(rates))
+
+
 def part(rows: torch.Tensor, where: tuple[int, int]) -> torch.Tensor:
     """The columns of one part of `rows` `[N, row_width]`: `[N, width]`."""
     return rows[:, where[0] : where[0] + where[1]]
@@ -116,22 +129,30 @@ class V4Step:
     out_slots: torch.Tensor  # [T] int64
     window: torch.Tensor  # [T, window] int32 slots, -1 before position 0
     num_seqs: int
-    max_len: int  # positions of the longest sequence
+    max_len: int  # positions of the longest sequence (a decode graph: its context)
     visible: dict[int, torch.Tensor] = field(default_factory=dict)  # `visible_slots` by rate
     closing: dict[tuple[int, bool], object] = field(default_factory=dict)  # by rate, overlap
 
     @classmethod
-    def of(cls, fb: ForwardBatch, starts: RowStarts, window: int) -> V4Step:
+    def of(cls, fb: ForwardBatch, page_table: tuple[torch.Tensor, torch.Tensor],
+           starts: RowStarts, window: int) -> V4Step:
+        """The step of `fb` over `page_table` (kv_indptr, kv_indices: the batch's own, or a
+        decode graph's static copy). Reads device tensors and, on the host, only what a
+        decode graph fixes at capture: the token and sequence counts, the page size and
+        the longest sequence (`fb.seq_lens_cpu`: a capture batch holds the graph's
+        context there), which sizes the visible-entry lists. A decode batch's lengths are
+        its positions' (one new token a sequence), so a graph reads no length buffer."""
         seqs = query_seqs(fb.qo_indptr, fb.num_tokens)  # [T]
-        table = (seqs, fb.kv_indptr, fb.kv_indices, fb.page_size)
-        rows = torch.tensor(fb.rows_cpu, dtype=torch.int64, device=fb.positions.device)
-        start, cached = starts.begin(rows, fb.prefix_lens)  # [B] each
+        table = (seqs, *page_table, fb.page_size)
+        p0 = fb.positions if fb.is_decode else fb.prefix_lens.long()  # [B]
+        p1 = p0 + 1 if fb.is_decode else fb.seq_lens.long()  # [B]
+        start, cached = starts.begin(fb.rows, p0)  # [B] each
         positions = fb.positions
         out_slots = torch.where(positions < cached[seqs], 0, fb.out_slots)
-        return cls(positions, table, rows[seqs], fb.prefix_lens[seqs].long(),
-                   fb.seq_lens[seqs].long(), start[seqs], out_slots,
-                   window_indices(positions, *table, window), fb.batch_size,
+        return cls(positions, table, fb.rows[seqs], p0[seqs], p1[seqs], start[seqs],
+                   out_slots, window_indices(positions, *table, window), fb.batch_size,
                    max(fb.seq_lens_cpu, default=0))
+
     def entry_slots(self, picks: torch.Tensor, rate: int) -> torch.Tensor:
         """`[T, k]` int32: the slots of the entries numbered `picks` `[T, k]` (-1: none) in
         each token's sequence, entries of `rate` tokens."""
