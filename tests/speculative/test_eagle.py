@@ -48,7 +48,7 @@ def heads_fixture(tmp_path_factory):
 def config(target, head=None, **changes) -> ServerConfig:
     cfg = ServerConfig(**{"model": str(target[0]), "device": "cpu", "dtype": "float32",
                           "kv_slots": 511, "max_running": 4, "chunk_size": 16,
-                          "log_level": "warning", **changes})
+                          "log_level": "warning", "torch_threads": 1, **changes})
     if head is None:
         return cfg
     return cfg.replace(speculative_algorithm="eagle", speculative_draft_model=str(head),

@@ -21,7 +21,7 @@ from tests.speculative.serve import greedy_case, retraction_case, serve
 from tests.worker.in_process import run_to_end
 
 CFG = ServerConfig(model="dummy:tiny", device="cpu", dtype="float32", kv_slots=1023,
-                   max_running=8, chunk_size=64, log_level="warning")
+                   max_running=8, chunk_size=64, torch_threads=1, log_level="warning")
 K = 4
 
 

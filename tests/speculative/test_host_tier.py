@@ -14,7 +14,7 @@ from tests.speculative.eagle_heads import target_checkpoint, write_copy_head
 from tests.worker.test_host_tier import serve_turns, serve_with_copies, tier_configs, turns_of
 
 BASE = dict(device="cpu", dtype="float32", kv_slots=4095, max_running=16, chunk_size=64,
-            log_level="warning")
+            torch_threads=1, log_level="warning")
 SPEC = dict(speculative_num_draft_tokens=3, speculative_off_window=0)
 
 

@@ -58,7 +58,7 @@ def serve_waves(cfg: ServerConfig, waves: list[list[list[int]]]):
 
 def config(folder: str, **options) -> ServerConfig:
     base = dict(model=folder, device="cpu", dtype="float32", kv_slots=511, max_running=8,
-                chunk_size=64, log_level="warning")
+                chunk_size=64, torch_threads=1, log_level="warning")
     return ServerConfig(**{**base, **options})
 
 

@@ -133,7 +133,8 @@ def check_tier(device: str, kv_slots: int, dtype: str, model: str = "dummy:tiny"
     enough to keep everything on the device."""
     turns = turns_of(8, 3, seed=7)
     base = ServerConfig(model=model, device=device, dtype=dtype, kv_slots=4095,
-                        max_running=16, chunk_size=64, log_level="warning", **options)
+                        max_running=16, chunk_size=64, torch_threads=1, log_level="warning",
+                        **options)
     ref, _, _ = serve_turns(base, turns, 6)
     for name, cfg in tier_configs(base, kv_slots).items():
         got, sched, _ = serve_with_copies(cfg, turns)
