@@ -17,7 +17,8 @@ from huggingface_hub.errors import StrictDataclassError
 from runtime.config.server import ServerConfig
 from runtime.model_config import ModelSpec, resolve_model, spec_for
 from runtime.model_errors import MODEL_ERRORS
-from runtime.worker.loader import WeightLoadError, build_model
+from runtime.worker.loader import build_model
+from runtime.worker.safetensors_reader import WeightLoadError
 from runtime.worker.speculative.eagle_head import EagleHead
 from runtime.worker.speculative.eagle_layout import EagleHeadMismatch, read_layout
 from runtime.worker.speculative.mtp_head import MtpHead, MtpUnavailable

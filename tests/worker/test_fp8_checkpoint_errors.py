@@ -12,9 +12,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from runtime.model_config import resolve_model
-from runtime.worker.loader import WeightLoadError, load_model
+from runtime.worker.loader import load_model
 from runtime.worker.quant.fp8_linear import QuantizationError
 from runtime.worker.quant.scheme import QuantScheme, UnsupportedQuantization
+from runtime.worker.safetensors_reader import WeightLoadError
 from runtime.worker.tp import TPGroup
 from tests.worker.fp8_checkpoints import (
     DYNAMIC_TOKEN,

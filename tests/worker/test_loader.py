@@ -7,8 +7,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from runtime.model_config import resolve_model
-from runtime.worker.loader import WeightLoadError, checkpoint_files, load_model
+from runtime.worker.loader import checkpoint_files, load_model
 from runtime.worker.models.llama import LlamaArch, LlamaForCausalLM
+from runtime.worker.safetensors_reader import WeightLoadError
 from tests.worker.batching import assert_prefill_matches_hf
 from tests.worker.checkpoints import tiny_checkpoint
 

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from runtime.model_config import resolve_model
-from runtime.worker.loader import WeightLoadError, load_model
-from runtime.worker.safetensors_reader import tensor_spans
+from runtime.worker.loader import load_model
+from runtime.worker.safetensors_reader import WeightLoadError, tensor_spans
 from runtime.worker.tp import TPGroup
 from tests.worker.checkpoints import tiny_checkpoint
 

@@ -12,8 +12,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from runtime.model_config import resolve_model
-from runtime.worker.loader import ShardLoader, checkpoint_files, empty_model, load_model
+from runtime.worker.loader import checkpoint_files, empty_model, load_model
 from runtime.worker.safetensors_reader import rank_part
+from runtime.worker.shard_loader import ShardLoader
 from runtime.worker.tp import TPGroup
 from tests.worker.checkpoints import tiny_checkpoint
 from tests.worker.fp8_checkpoints import write_fp8_pair
