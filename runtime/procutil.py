@@ -1,5 +1,5 @@
-"""Helpers every server process uses: logging setup, errors to text, IPC files removed, and
-the signal its supervisor stops it with."""
+"""Helpers every server process uses: logging setup, errors to text, IPC files removed, the
+signal its supervisor stops it with, and the stop flag a supervisor's signals set."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+import time
 import traceback
 
 # How a supervisor (the launcher, a replica) tells one of its server processes to stop:
@@ -28,6 +29,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class StopSignals:
+    """A stop flag that `signals` set, with `threading.Event`'s `is_set` and `wait` but no
+    lock: a handler that takes one (as `Event.set` does) deadlocks when a second signal
+    lands while the first handler holds it (`kill` twice, or a SIGTERM to the process and
+    to its group at once). `wait` polls, so the main thread stays free to run handlers."""
+
+    POLL_S = 0.1
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
+        self.received: list[int] = []  # appending is atomic: safe in a handler
+        for sig in signals:
+            signal.signal(sig, lambda sig, _frame: self.received.append(sig))
+
+    def is_set(self) -> bool:
+        return bool(self.received)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until a signal came or `timeout` s passed; whether one came."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.received:
+            left = self.POLL_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(left, self.POLL_S))
+        return bool(self.received)
 
 
 def die_with_parent(parent: int, sig: signal.Signals) -> None:

@@ -22,7 +22,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from multiprocessing.connection import wait
@@ -31,7 +30,7 @@ from runtime.config.checks import ConfigError
 from runtime.config.server import ServerConfig
 from runtime.launch.server import run_server
 from runtime.launch.server_process import ServerProcess
-from runtime.procutil import STOP_SIGNAL, die_with_parent, setup_logging
+from runtime.procutil import STOP_SIGNAL, StopSignals, die_with_parent, setup_logging
 
 log = logging.getLogger("sluice.launch")
 STOP_TIMEOUT_S = 15.0  # beyond the drain: a replica stops its own processes meanwhile
@@ -130,7 +129,7 @@ class DataParallel:
         rcfg = self.replicas[name][0]
         return f"http://{rcfg.host}:{rcfg.port}"
 
-    def start(self, stop: threading.Event) -> None:
+    def start(self, stop: StopSignals) -> None:
         """Start the replicas, wait for each one's /health, then start the router and wait
         until it has registered them all. Raises RuntimeError if any of it fails."""
         for name, (_, proc) in self.replicas.items():
@@ -152,7 +151,7 @@ class DataParallel:
         return (isinstance(workers, dict) and len(workers.get("workers", [])) == self.cfg.dp
                 and all(w.get("is_healthy") for w in workers["workers"]))
 
-    def _check_start(self, stop: threading.Event, deadline: float, name: str,
+    def _check_start(self, stop: StopSignals, deadline: float, name: str,
                      code: int | None) -> None:
         if code is not None:
             raise RuntimeError(f"{name} exited with code {code} during start-up")
@@ -161,7 +160,7 @@ class DataParallel:
         if stop.wait(0.25):
             raise RuntimeError("interrupted during start-up")
 
-    def serve(self, stop: threading.Event) -> int:
+    def serve(self, stop: StopSignals) -> int:
         """Until `stop` (exit 0), the router's death or the last replica's (exit 1)."""
         live = {proc.sentinel: name for name, (_, proc) in self.replicas.items()}
         router = os.pidfd_open(self.router.pid)
@@ -221,9 +220,7 @@ def run_dp(cfg: ServerConfig) -> int:
     except (RouterMissing, ConfigError, *LOAD_ERRORS) as exc:
         log.error("%s", exc)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = StopSignals()
     try:
         group.start(stop)
     except RuntimeError as exc:

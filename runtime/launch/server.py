@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
 
 from runtime.config.server import ServerConfig
 from runtime.launch.process_group import ProcessGroup, StartupError
+from runtime.procutil import StopSignals
 
 log = logging.getLogger("sluice.launch")
 
@@ -35,9 +35,7 @@ def run_server(cfg: ServerConfig, signals: tuple[int, ...] = (signal.SIGINT, sig
     if cfg.node_rank == 0:
         targets |= {"scheduler": run_scheduler, "api": run_api}
     group = ProcessGroup(cfg, targets)
-    stop = threading.Event()
-    for sig in signals:
-        signal.signal(sig, lambda *_: stop.set())
+    stop = StopSignals(signals)
     try:
         group.start()
     except StartupError as exc:

@@ -4,11 +4,10 @@ Serve, and serve until SIGINT / SIGTERM; then every replica drains and stops."""
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 
 from runtime.config.checks import ConfigError
+from runtime.procutil import StopSignals
 from runtime.ray_serve.cli import PROG, parse
 
 log = logging.getLogger("sluice.ray_serve")
@@ -36,9 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = StopSignals()
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
     try:
         serve.run(app, name=opts.app_name, route_prefix="/")

@@ -162,3 +162,13 @@ def test_killing_the_launcher_takes_every_process_and_port_with_it(tmp_path):
         for pid in srv.pids.values():
             if process_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_storm_of_sigterms_stops_it_once_and_cleanly(tmp_path):
+    """SIGTERM sent many times back to back (an orchestrator and a shell both stopping it,
+    a process and its group both signalled): one drained stop, exit 0. (A signal landing
+    inside the handler itself: `tests/test_stop_signals.py`.)"""
+    srv = ServerProcess("--chunk-size", "128", "--shutdown-grace", "1", tmpdir=str(tmp_path))
+    for _ in range(50):
+        os.kill(srv.proc.pid, signal.SIGTERM)
+    _assert_stopped_cleanly(srv, tmp_path, 60)
