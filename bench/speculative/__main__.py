@@ -9,7 +9,8 @@ The edit workload (`workload.py`) on real SmolLM2-135M weights, greedy, in one p
 (scheduler and worker stepped as the server steps them). Per batch size it runs the
 requests plainly, then with the n-gram drafter (`--speculative-algorithm ngram`), then
 with the oracle drafter, which replays the plain run's outputs (every draft accepted,
-nothing spent proposing: the verify step's own efficiency). Each speculative run is
+nothing spent proposing: the verify step's own efficiency), on the host and on the device
+(`oracle_dev`, whose verify steps chain behind the step in flight). Each speculative run is
 checked to give the plain run's tokens. A `dummy:` model (random weights, no tokenizer)
 gets prompts of random ids and only the plain and oracle rows: the verify step's cost at
 that shape. Results go to PREFIX.json / PREFIX.md.
@@ -46,7 +47,9 @@ def run(args) -> dict:
                        speculative_num_draft_tokens=args.draft_tokens, log_level="warning")
     spec = resolve_model(cfg.model)
     time_steps()
-    worker = Worker(cfg, spec)
+    # the worker of a speculating server (its decode graphs hold verify steps; n-gram
+    # drafts on the host, so it loads no drafter), serving the plain runs too
+    worker = Worker(cfg.replace(speculative_algorithm="ngram"), spec)
     if spec.tokenizer_path is None:  # random weights: the verify step's cost only
         def make_prompts(n):
             return random_prompts(n, worker.runner.vocab_size)
@@ -66,6 +69,8 @@ def run(args) -> dict:
             runs["ngram"] = generate(worker, cfg.replace(speculative_algorithm="ngram"),
                                      prompts, args.max_tokens)
         runs["oracle"] = generate(worker, cfg, prompts, args.max_tokens, plain["outputs"])
+        runs["oracle_dev"] = generate(worker, cfg, prompts, args.max_tokens, plain["outputs"],
+                                      on_device=True)
         tokens = sum(map(len, plain["outputs"]))
         row = {"batch": batch, "output_tokens": tokens,
                "prompt_tokens": sum(map(len, prompts))}
@@ -89,7 +94,7 @@ def run(args) -> dict:
 
 def report(res: dict, command: str, date: str) -> str:
     b1 = next((r for r in res["rows"] if r["batch"] == 1), res["rows"][0])
-    names = [n for n in ("ngram", "oracle") if n in b1]
+    names = [n for n in ("ngram", "oracle", "oracle_dev") if n in b1]
     said = [f"{n} {b1[n]['accept_length']} tokens per verify step, {b1[n]['speedup']}x the "
             "plain tokens/s" for n in names]
     where = ("CPU, loaded (2 cores shared with other jobs): ratios, not absolute speeds."
@@ -100,7 +105,9 @@ def report(res: dict, command: str, date: str) -> str:
         "",
         "Question: How many tokens does a verify step yield, and how much faster is decoding "
         "with speculation (n-gram prompt lookup on an edit workload that repeats its input; "
-        "an oracle drafter that is always right), by batch size?",
+        "an oracle drafter that is always right, on the host (each verify step waits for "
+        "the previous result) and on the device (`oracle_dev`: chained behind the step in "
+        "flight, as a draft model or EAGLE head is)), by batch size?",
         f"Answer: at batch {b1['batch']}: " + "; ".join(said) + ". Outputs "
         + ("token-identical" if all(r.get(f"{n}_identical", True) for r in res["rows"]
                                     for n in names) else "NOT all token-identical (below)")

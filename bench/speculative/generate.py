@@ -9,6 +9,7 @@ from collections import deque
 from pathlib import Path
 
 from bench.serving.scrape import file_size, step_idle
+from bench.speculative.device_oracle import DeviceOracle, device_oracle_speculation
 from bench.speculative.oracle import oracle_speculation
 from runtime.config.server import ServerConfig
 from runtime.scheduler.loop import build_scheduler
@@ -28,15 +29,24 @@ def time_steps() -> Path:
 
 
 def generate(worker: Worker, cfg: ServerConfig, prompts: list[list[int]], max_tokens: int,
-             oracle: list[list[int]] | None = None) -> dict:
+             oracle: list[list[int]] | None = None, on_device: bool = False) -> dict:
     """Serve `prompts` to their end; outputs, wall seconds, the drafters' counters and,
-    with `time_steps()` set before the worker was built, the device's idle share."""
+    with `time_steps()` set before the worker was built, the device's idle share. With
+    `oracle` (each request's known output) the oracle drafts: on the host
+    (`OracleDrafter`), or `on_device` (`DeviceOracle`, chained behind steps in flight)."""
     log = os.environ.get(STEP_TIMING)
     seen = file_size(log)
     sched = build_scheduler(cfg, worker.ready_message(), worker.runner.max_context)
-    if oracle is not None:
-        sched.spec = oracle_speculation({f"r{i}": o for i, o in enumerate(oracle)},
-                                        cfg.speculative_num_draft_tokens)
+    k = cfg.speculative_num_draft_tokens
+    device_oracle = None
+    if oracle is not None and on_device:
+        sched.spec = device_oracle_speculation(k)
+        device_oracle = DeviceOracle(worker.max_rows, worker.runner.max_context,
+                                     worker.device)
+        worker.drafter = device_oracle
+        whole = {f"r{i}": p + o for i, (p, o) in enumerate(zip(prompts, oracle))}
+    elif oracle is not None:
+        sched.spec = oracle_speculation({f"r{i}": o for i, o in enumerate(oracle)}, k)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     outs: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
     start = time.perf_counter()
@@ -45,6 +55,10 @@ def generate(worker: Worker, cfg: ServerConfig, prompts: list[list[int]], max_to
     in_flight: deque = deque()
     while sched.has_work or in_flight:
         while sched.can_plan() and (plan := sched.plan()) is not None:
+            if device_oracle is not None and plan.inits:
+                rid = {r.row: r.rid for r in sched.running}
+                for init in plan.inits:
+                    device_oracle.bind(init.row, whole[rid[init.row]])
             in_flight.append(worker.launch(plan))
         done = in_flight.popleft()
         sched.on_result(done.result())
@@ -53,6 +67,8 @@ def generate(worker: Worker, cfg: ServerConfig, prompts: list[list[int]], max_to
         for out in sched.take_outputs():
             outs[out.rid] += out.token_ids
     wall = time.perf_counter() - start
+    if device_oracle is not None:
+        worker.drafter = None
     idle = step_idle(log, seen).get("idle_fraction")
     spec = sched.spec
     return {"outputs": [outs[f"r{i}"] for i in range(len(prompts))], "wall_s": wall,

@@ -29,7 +29,8 @@ def _gather_pages_kernel(
 
 def gather_pages(req_to_page: torch.Tensor, rows: torch.Tensor, num_pages: torch.Tensor,
                  kv_indptr: torch.Tensor, total: int) -> torch.Tensor:
-    """Page ids of every sequence, concatenated: `[total]` with `total == sum(num_pages)`.
+    """Page ids of every sequence, concatenated: `[total]` with `total >= sum(num_pages)`
+    (entries past the sum are not written).
 
     req_to_page `[R, M]` (row stride any, unit column stride), rows `[B]`, num_pages `[B]`,
     kv_indptr `[B+1]` or `[B]` (each sequence's start in the output).
@@ -47,8 +48,14 @@ def gather_pages(req_to_page: torch.Tensor, rows: torch.Tensor, num_pages: torch
 
 def gather_pages_ref(req_to_page: torch.Tensor, rows: torch.Tensor, num_pages: torch.Tensor,
                      kv_indptr: torch.Tensor, total: int) -> torch.Tensor:
-    """Torch reference of `gather_pages` (no host sync: `total` is given)."""
-    row = torch.repeat_interleave(rows, num_pages, output_size=total)  # [P]
-    page = torch.arange(total, device=rows.device) - torch.repeat_interleave(
-        kv_indptr[:rows.shape[0]], num_pages, output_size=total)  # [P]
-    return req_to_page[row, page]  # [P]
+    """Torch reference of `gather_pages` (no host sync: `total` is given; entries past
+    `sum(num_pages)` are 0)."""
+    out = torch.zeros(total, dtype=req_to_page.dtype, device=req_to_page.device)  # [P]
+    if rows.shape[0] == 0 or total == 0:
+        return out
+    starts = kv_indptr[:rows.shape[0]].long()  # [B]
+    ends = starts + num_pages  # [B]
+    p = torch.arange(total, device=rows.device)  # [P]
+    seq = torch.searchsorted(ends, p, right=True).clamp(max=rows.shape[0] - 1)  # [P]
+    page = (p - starts[seq]).clamp(0, req_to_page.shape[1] - 1)  # [P]
+    return torch.where(p < ends[seq], req_to_page[rows[seq], page], out)  # [P]

@@ -25,16 +25,19 @@ class Batch:
     logprob_reqs: list[Req] = field(default_factory=list)  # per BatchPlan.input_logprobs entry
     prefilled: list[Req] = field(default_factory=list)  # prefill-only requests done this step
 
-    speculative: bool = False  # holds a request with a drafter: nothing may follow it in flight
+    # holds a request whose drafter needs its step's result: nothing may follow in flight
+    speculative: bool = False
     num_drafts: int = 0  # draft tokens verified: the step samples len(sampled) + this
+    sampled_drafts: list[int] = field(default_factory=list)  # per `sampled`: drafts verified
 
     def add(self, req: Req, n: int) -> None:
         self.extend.append(req)
         self.extend_lens.append(n)
 
     def add_verify(self, req: Req, drafts: list[int]) -> None:
-        """A verify step for a decoding `req` with nothing in flight: its last token and
-        `drafts` as new positions, each sampled (see `Speculation`)."""
+        """A verify step for a decoding `req`: its last token and `drafts` as new
+        positions, each sampled (see `Speculation`); behind a verify step of the request
+        still in flight, planned as if that one kept all its drafts (`chain_back`)."""
         req.drafts = drafts
         self.num_drafts += len(drafts)
         self.add(req, len(drafts) + 1)
@@ -67,8 +70,10 @@ class Batch:
             req.last_batch_id = bid
             req.pending += 1
         self.sampled.extend(self.decode)
+        self.sampled_drafts.extend([0] * len(self.decode))
         sample = [True] * len(self.decode)
         inits, prefix_writes, logprob_targets, draft_lens = [], [], [], []
+        chain_back = [0] * len(self.decode)
         extend_lens, pages = [1] * len(self.decode), [decode_pages.tolist()]
         for i, (req, n) in enumerate(zip(self.extend, self.extend_lens), start=len(self.decode)):
             if req.needs_init:
@@ -87,13 +92,17 @@ class Batch:
             extend_lens.append(back + n)
             pages.append(req.replay_pages)
             req.replay_pages = []
-            known = min(start + n, req.known_len)
+            drafts, req.drafts = req.drafts or [], None
+            body = start + n - len(drafts)  # the positions before the drafts end here
+            known = min(body, req.known_len)
             input_ids.extend(req.tokens(start - back, known))
-            drafts = req.drafts or ()
-            # a position past the known tokens holds a draft, or the token the worker last
-            # sampled
-            input_ids.extend(drafts or [-(req.row + 1)] * (start + n - known))
+            # a position past the known tokens holds the token the worker last sampled
+            input_ids.extend([-(req.row + 1)] * (body - max(known, start - back)))
+            input_ids.extend(drafts)
             draft_lens.append(len(drafts))
+            chain_back.append(len(req.verifies[-1][1]) if drafts and req.verifies else 0)
+            if drafts:
+                req.verifies.append([start, drafts])
             if (targets := req.take_logprob_targets(start, start + n)) is not None:
                 logprob_targets.append((i, *targets))
                 self.logprob_reqs.append(req)
@@ -105,6 +114,7 @@ class Batch:
             if does_sample:
                 req.pending += 1
                 self.sampled.append(req)
+                self.sampled_drafts.append(len(drafts))
             elif complete:
                 self.prefilled.append(req)
             pages.append(extend_pages[i - len(self.decode)].tolist())
@@ -115,6 +125,7 @@ class Batch:
             input_logprobs=logprob_targets,
             draft_lens=[0] * len(self.decode) + draft_lens if any(draft_lens) else [],
             draft_backfill=_spread(owed, len(rows)),
+            chain_back=chain_back if any(chain_back) else [],
         )
 
 

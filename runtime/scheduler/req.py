@@ -67,7 +67,7 @@ class Req:
         self.input_logprobs: list[float] = []
         self.sent_input = 0  # input logprobs already sent to the api
         # speculative decoding: the request's drafter (None: it decodes token by token)
-        # and the drafts of its verify step in flight (None: none in flight)
+        # and the drafts of the verify step being planned (None: none)
         self.drafter = None
         self.drafts: list[int] | None = None
         self.recent_accepts: deque[int] = deque()  # drafts kept by its last drafting steps
@@ -91,6 +91,9 @@ class Req:
         # a draft model never wrote the draft KV of position kv_len - 1 (its last verify
         # step accepted every draft): its next step does (`BatchPlan.draft_backfill`)
         self.draft_kv_owed = False
+        # its verify steps in flight, oldest first: [first position as planned, drafts]
+        # (a step chained behind another starts earlier by the drafts that one rejects)
+        self.verifies: deque[list] = deque()
 
     # ------------------------------------------------------------------ tokens
     @property

@@ -103,8 +103,8 @@ class Scheduler(Admission, Release, Outbox):
         return bool(self.waiting or self.running)
 
     def can_plan(self) -> bool:
-        """Room for another batch in flight (none after one with a speculating request:
-        its result decides where the request's next step starts)."""
+        """Room for another batch in flight (none after one with a request whose drafter
+        needs its result: the tokens it drafts from)."""
         return (len(self.in_flight) < self.max_in_flight and self.has_work
                 and not (self.in_flight and self.in_flight[-1].speculative))
 
@@ -116,7 +116,8 @@ class Scheduler(Admission, Release, Outbox):
             if r.in_prefill:
                 continue
             if r.remaining_tokens > 0:
-                if r.drafter is None or not r.pending:  # a drafter needs the whole sequence
+                # a drafter on the host needs the whole sequence; one on the device chains
+                if r.drafter is None or not r.pending or self.spec.chains:
                     decode.append(r)
             elif r.prefill_only and r.kv_len < r.known_len:
                 # a prefill-only request whose last chunk left one position
@@ -147,7 +148,8 @@ class Scheduler(Admission, Release, Outbox):
             return None
         self.next_batch_id += 1
         self.num_steps += 1
-        batch.speculative = self.spec is not None and any(r.drafter for r in batch.reqs)
+        batch.speculative = (self.spec is not None and not self.spec.chains
+                             and any(r.drafter for r in batch.reqs))
         plan = batch.to_plan(decode_pages, extend_pages)
         plan.lora_slots, plan.lora_loads = self.loras.slots_of(batch.reqs), self.loras.take_loads()
         if (copies := self.kv.take_copies()) is not None:
@@ -226,9 +228,9 @@ class Scheduler(Admission, Release, Outbox):
         tops = split_top(batch.sampled, itertools.repeat(1), res.top_ids, res.top_logprobs,
                          res.top_stride)
         drafted = iter(res.draft_ids)  # a draft model's drafts, in verify order
-        for req, top in zip(batch.sampled, tops):
-            if req.drafts is not None:  # a verify step: one sample per position
-                n = len(req.drafts) + 1
+        for req, top, d in zip(batch.sampled, tops, batch.sampled_drafts):
+            if d:  # a verify step: one sample per position
+                n = d + 1
                 finished = req.finished
                 self.spec.settle(req, [*itertools.islice(ids, n)],
                                  [*itertools.islice(lps, n)], self.kv,

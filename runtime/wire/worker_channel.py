@@ -69,6 +69,12 @@ class BatchPlan(WireRecord):
     # a draft model: per request (in order), the token owed at position prefix_lens[i] - 1
     # or -1, empty when no request of the step owes one
     draft_backfill: list[int] = []
+    # verify steps planned behind a verify step of the same request still in flight: per
+    # request (in order), that step's drafts d (0: not such a step), empty when none. Its
+    # positions are planned as if all d were accepted; the worker moves them back by the
+    # d - m drafts the target rejected there (m: kept, known on the device only), and feeds
+    # a draft model the token at the moved prefix_lens[i] - 1 in front (`ChainedSteps`)
+    chain_back: list[int] = []
 
 
 class GrammarCacheUpdate(WireRecord):

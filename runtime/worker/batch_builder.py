@@ -31,6 +31,12 @@ from kernels.kv.page_gather import gather_pages, gather_pages_ref
 from runtime.wire.worker_channel import BatchPlan
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.lora.batch import LoraBatch, lora_segments
+from runtime.worker.speculative.chained import (
+    VerifyRecord,
+    chained_shift,
+    request_of,
+    shifted_layout,
+)
 from runtime.worker.staging import Staging
 
 
@@ -46,6 +52,8 @@ class SampleInputs:
     # verify steps (BatchPlan.draft_lens): of the S samples, each request's last [R]; None
     # when every sampled request samples once
     last_idx: torch.Tensor | None = None
+    # verify steps: the index arrays of `VerifyRecord.record` on the device
+    verify: dict[str, torch.Tensor] | None = None
 
     def last_samples(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows [R], ids [R]): each sampled request's row and the last of its samples
@@ -53,6 +61,9 @@ class SampleInputs:
         if self.last_idx is None:
             return self.rows_dev, ids
         return self.rows_dev[self.last_idx], ids[self.last_idx]
+
+
+VERIFY_KEYS = ("v_rows", "v_samp", "v_draft", "v_ok", "v_first")
 
 
 def exclusive_cumsum(lens: np.ndarray) -> np.ndarray:
@@ -74,6 +85,7 @@ class BatchBuilder:
         self.req_to_page = torch.zeros(max_rows, -(-max_context // page_size),
                                        dtype=torch.int64, device=device)  # [rows, pages]
         self.last_ids = torch.zeros(max_rows, dtype=torch.int64, device=device)  # [rows]
+        self.verified = VerifyRecord(max_rows, device)  # for steps chained behind a verify
         self._gather = gather_pages if device.type == "cuda" else gather_pages_ref
         self.staging = Staging(device)
 
@@ -131,9 +143,17 @@ class BatchBuilder:
             i64["lora_order"], i32["lora_indptr"] = lora[0], lora[1]
         if plan.draft_lens:
             i64["last_idx"] = s_indptr[1:][sample] - 1
+            i64 |= VerifyRecord.arrays(plan, qo_indptr[:-1], s_indptr)
+        if plan.chain_back:  # each token's, sequence's and sample's request
+            tok_req = request_of(ext)  # [T]
+            i64 |= {"c_rows": rows, "c_back": np.array(plan.chain_back, dtype=np.int64),
+                    "c_tok": tok_req, "c_att": tok_req if decode else np.arange(len(rows)),
+                    "c_s": request_of(counts)}
         d = self.staging.upload(i64=i64, i32=i32)
         if len(w_rows):
             self.req_to_page[d["w_rows"], d["w_cols"]] = d["w_pages"]
+        if plan.chain_back:
+            self._move_chained(d, ps)
         pos_d, tok_rows_d = d["positions"], d["tok_rows"]
         out_slots = self.slots(tok_rows_d, pos_d)  # [T]
         ids = d["ids"]  # [T], negative = future token of row -(id+1)
@@ -150,8 +170,27 @@ class BatchBuilder:
         inputs = SampleInputs(rows=np.repeat(rows, counts), rows_dev=d["s_rows"],
                               positions=d["s_pos"], logprob_targets=d["targets"],
                               logprob_sizes=tuple(len(t) for t in targets),
-                              last_idx=d.get("last_idx"))
+                              last_idx=d.get("last_idx"),
+                              verify={k: d[k] for k in VERIFY_KEYS} if plan.draft_lens else None)
         return fb, inputs
+
+    def _move_chained(self, d: dict[str, torch.Tensor], page_size: int) -> None:
+        """Move the positions of the step's chained requests back by the drafts their
+        previous step rejected (`chained`): the uploaded arrays `d` in place."""
+        shift = chained_shift(self.verified.accepted, d["c_rows"], d["c_back"])  # [B]
+        a_shift = shift[d["c_att"]]  # [A]
+        d["positions"] = d["positions"] + shift[d["c_tok"]]  # [T]
+        d["s_pos"] = d["s_pos"] + shift[d["c_s"]]  # [S]
+        d["pre"], d["seq"], d["pages"], d["kv_indptr"] = shifted_layout(
+            d["pre"], d["seq"], a_shift, page_size)
+        d["kv_starts"] = d["kv_indptr"][:-1].long()  # [A]
+
+    def record_verified(self, inputs: SampleInputs, ids: torch.Tensor,
+                        input_ids: torch.Tensor) -> None:
+        """After sampling `ids` [S] over `input_ids` [T]: what a step chained behind this
+        one's verify requests reads (`VerifyRecord`)."""
+        if inputs.verify is not None:
+            self.verified.record(inputs.verify, ids, input_ids, self.last_ids)
 
     def _decodes(self, plan: BatchPlan, ext: np.ndarray, n_tok: int) -> bool:
         """Whether the step is built as a decode batch (see the module docstring): every

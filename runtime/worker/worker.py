@@ -190,6 +190,7 @@ class Worker:
                 logits[:n], inputs.rows, inputs.positions, allowed, rows_dev=inputs.rows_dev,
                 all_logprobs=False)
             self.builder.record(*inputs.last_samples(out.next_ids))
+            self.builder.record_verified(inputs, out.next_ids, fb.input_ids)
             self.grammar.advance(inputs.rows, out.next_ids)
         self._top_logprobs(out, logits, plan, inputs)
         return InFlight.launch(plan.batch_id, out, self.device, self._timing(start, fb), copies)

@@ -106,9 +106,10 @@ def test_a_request_ending_on_an_accepted_draft_caches_no_unwritten_kv(reference,
 def test_a_request_that_stops_speculating_pays_its_debt(reference, kv):
     """Its drafts all accepted, a request stops speculating (a rule no step meets): the
     mirror of its next plain step writes the owed draft KV, so its whole sequence is
-    cached with complete draft KV."""
+    cached with complete draft KV. One step in flight: with overlap a second verify step
+    would be planned behind the first before its result turns speculation off."""
     cfg = SELF.replace(kv=kv, max_running=1, speculative_off_window=1,
-                       speculative_off_accept=K + 1)
+                       speculative_off_accept=K + 1, overlap=False)
     worker = noisy_worker(cfg)
     outs, sched, _ = serve(cfg, PROMPTS, PARAMS, worker=worker)
     assert outs == reference

@@ -12,19 +12,26 @@ context of kept tokens (for a fixed draft this is rejection sampling with a one-
 distribution: accept with p(draft), else a sample of p without the draft). The slots of
 the positions after the kept ones go back to the pool when the result arrives.
 
-A verify step is planned only once the request's previous step has returned, so the next
-step of a speculating request never overlaps its previous one (the result decides where
-its sequence continues); requests without a drafter keep the overlapped decode path. A
-request whose drafts keep failing loses its drafter (`off_window`, `off_accept`) and
-goes back to that path for good.
+With a drafter on the host (n-gram) a verify step is planned only once the request's
+previous step has returned: the drafts come from the whole sequence. With a drafter on
+the device and overlap (`chains`) the next verify step is planned while the previous one
+runs, as if that one kept all its d drafts (`BatchPlan.chain_back`): the worker moves
+it back by the drafts rejected, which only it knows yet, and the scheduler learns where
+the step began when the previous result arrives (`Req.verifies`), gives back the slots
+the worst case took beyond it, and keeps the request's counts within `max_tokens` by
+drafting at most what remains after the d + 1 tokens in flight. Requests without a
+drafter keep the overlapped decode path. A request whose drafts keep failing loses its
+drafter (`off_window`, `off_accept`) and goes back to that path for good.
 
 With a draft model or an EAGLE head the worker writes the drafts in the verify step
 itself (`ModelDrafts`): the scheduler plans k placeholder positions and learns the drafts
 with the step's result. The draft model's KV of a verify step's last draft is written
 only if the request's next step needs it, when every draft was accepted: the request then
 owes it (`Req.draft_kv_owed`) to its next step, and a request that ends owing it keeps that
-position out of the prefix cache (`Scheduler`). An EAGLE head writes its entries of a
-step's positions after the target's forward of that step, so it never owes one.
+position out of the prefix cache (`Scheduler`); a step chained behind it always feeds
+that position's token, known on the device, so nothing is owed then. An EAGLE head writes
+its entries of a step's positions after the target's forward of that step, so it never
+owes one.
 """
 
 from __future__ import annotations
@@ -95,6 +102,9 @@ class Speculation:
         self.accepted = 0  # of which the target kept
         self.verify_steps = 0
         self.turned_off = 0  # requests that stopped speculating
+        # verify steps are planned behind the request's verify step in flight (a drafter on
+        # the device, with overlap; set by the scheduler's builder)
+        self.chains = False
 
     @classmethod
     def from_config(cls, cfg: ServerConfig) -> Speculation | None:
@@ -118,9 +128,11 @@ class Speculation:
         req.recent_accepts = deque(maxlen=self.off_window)
 
     def drafts(self, req: Req) -> list[int]:
-        """Draft tokens for a request with nothing in flight: at most k, and at most one
-        fewer than the outputs it may still produce (a verify step yields one more)."""
-        k = min(self.num_draft_tokens, req.remaining_tokens - 1)
+        """Draft tokens for a decoding request: at most k, and at most one fewer than the
+        outputs it may still produce (a verify step yields one more) once a verify step in
+        flight yielded all it may (its drafts beyond the one token `pending` counts)."""
+        in_flight = len(req.verifies[-1][1]) if req.verifies else 0
+        k = min(self.num_draft_tokens, req.remaining_tokens - 1 - in_flight)
         if k <= 0:
             return []
         drafts = req.drafter.propose(req.token_ids, k)
@@ -131,7 +143,7 @@ class Speculation:
     def _observe(self, req: Req, accepted: int) -> None:
         """Count a drafting step of `req` that kept `accepted` drafts; turn its
         speculation off when its recent steps kept too few."""
-        if not self.off_window:
+        if not self.off_window or req.drafter is None:  # (off already: a chained step)
             return
         recent = req.recent_accepts
         recent.append(accepted)
@@ -151,33 +163,41 @@ class Speculation:
 
     def take_verifies(self, decode: list[Req], kv: KVManager) -> list[tuple[Req, list[int]]]:
         """Take the requests of `decode` that get drafts out of it, as (request, drafts),
-        when the pool has room for every draft beside the decodes (else none: they all
-        decode token by token this step)."""
+        when the pool has room for every draft beside the decodes (else none: they
+        decode token by token this step, but for those behind a verify step in flight,
+        which leave `decode`: such a request moves on by verify steps alone)."""
         verify = [(r, d) for r in decode if r.drafter is not None and (d := self.drafts(r))]
-        if not verify or not kv.can_decode(
-                decode, sum(len(d) + kv.page_size for _, d in verify)):
-            return []
+        if verify and not kv.can_decode(decode,
+                                        sum(len(d) + kv.page_size for _, d in verify)):
+            verify = []
         chosen = {id(r) for r, _ in verify}
-        decode[:] = [r for r in decode if id(r) not in chosen]
+        decode[:] = [r for r in decode if id(r) not in chosen and not r.verifies]
         return verify
 
     def settle(self, req: Req, samples: list[int], logprobs: list[float],
                kv: KVManager, drafts: list[int] | None = None) -> None:
-        """Apply a verify step's result to `req`: keep the target's samples up to the first
-        that differs from its draft (`drafts`: the draft model's, else those planned;
-        fewer when one ends the request), and give back the slots past the kept tokens'
-        inputs."""
-        drafts, req.drafts = drafts or req.drafts, None
-        start = req.kv_len - len(drafts) - 1  # the step's first position: the last token's
+        """Apply the result of `req`'s oldest verify step in flight: keep the target's
+        samples up to the first that differs from its draft (`drafts`: the drafts the
+        worker wrote, else those planned; fewer when one ends the request), and give back
+        the slots past the kept tokens' inputs, or, with a step chained behind it, past
+        that step's positions, which move back by the drafts rejected here."""
+        start, planned = req.verifies.popleft()  # the step's first position: the last token's
+        drafts = drafts or planned
         if req.finished:  # ended while the step ran: its sequence stops where it was
             req.pending -= 1
-            kv.truncate(req, start + 1)
+            if req.kv_len > start + 1:  # (a chained step behind an ended one: already cut)
+                kv.truncate(req, start + 1)
             return
         m = accepted_prefix(drafts, samples)
         kept = req.append_outputs(samples[:m + 1], logprobs[:m + 1])
+        self.record(len(drafts), m)
+        self._observe(req, m)
+        if req.verifies:  # the next step starts at start + m + 1, not start + len + 1
+            moved = len(drafts) - m
+            req.verifies[0][0] -= moved
+            kv.truncate(req, start + kept if req.finished else req.kv_len - moved)
+            return
         kv.truncate(req, start + kept)
         # the draft model's steps wrote the draft KV of every kept position but the last
         # draft's
         req.draft_kv_owed = self.draft_model and kept == len(drafts) + 1
-        self.record(len(drafts), m)
-        self._observe(req, m)

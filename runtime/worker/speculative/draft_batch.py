@@ -16,6 +16,7 @@ import torch
 
 from runtime.worker.batch_builder import BatchBuilder, exclusive_cumsum
 from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.speculative.chained import request_of, shifted_layout
 
 
 class DraftForward:
@@ -32,6 +33,7 @@ class DraftForward:
         n_tok = int(qo[-1])
         self.i64 = {"rows": rows, "tok_rows": np.repeat(rows, lens),  # [B], [T]
                     "pos": np.repeat(starts - qo[:-1], lens) + np.arange(n_tok),  # [T]
+                    "tok_req": request_of(lens),  # [T]
                     "pages": pages, "kv_starts": kv_indptr[:-1], "last": qo[1:] - 1}  # [B]
         self.i32 = {"qo": qo, "kv_indptr": kv_indptr, "seq": seq, "pre": starts}
         self.seq, self.pre, self.ext = seq.tolist(), starts.tolist(), lens.tolist()
@@ -50,9 +52,15 @@ class DraftForward:
         return i64, i32
 
     def batch(self, dev: dict[str, torch.Tensor], builder: BatchBuilder,
-              input_ids: torch.Tensor) -> ForwardBatch:
-        """The forward over `input_ids` [T] (`dev`: the upload of `stage`)."""
+              input_ids: torch.Tensor, shift: torch.Tensor | None = None) -> ForwardBatch:
+        """The forward over `input_ids` [T] (`dev`: the upload of `stage`), each request's
+        positions moved by `shift` [B] (chained steps, `chained`; None: none)."""
         d = {k: dev[f"{self.name}.{k}"] for k in (*self.i64, *self.i32)}
+        if shift is not None:
+            d["pos"] = d["pos"] + shift[d["tok_req"]]  # [T]
+            d["pre"], d["seq"], d["pages"], d["kv_indptr"] = shifted_layout(
+                d["pre"], d["seq"], shift, self.page_size)
+            d["kv_starts"] = d["kv_indptr"][:-1].long()  # [B]
         return ForwardBatch(
             input_ids=input_ids, positions=d["pos"], out_slots=builder.slots(d["tok_rows"],
                                                                              d["pos"]),

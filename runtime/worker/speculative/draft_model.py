@@ -42,6 +42,7 @@ from runtime.worker.loader import load_model
 from runtime.worker.model_check import UnsupportedModel
 from runtime.worker.model_runner import ModelRunner, make_attention
 from runtime.worker.models.deepseek import DeepseekForCausalLM
+from runtime.worker.speculative.chained import chained_shift
 from runtime.worker.speculative.draft_batch import (
     DraftForward,
     draft_placement,
@@ -105,9 +106,10 @@ class DraftModel:
         pre = np.array(plan.prefix_lens, dtype=np.int64)  # [B]
         ext = np.array(plan.extend_lens, dtype=np.int64)  # [B]
         first = exclusive_cumsum(ext)[:-1]  # [B] each request's first token in fb
+        back = np.array(plan.chain_back or [0] * n, dtype=np.int64)  # [B]
         ps, i64 = builder.page_size, {}
         verify, plain = np.flatnonzero(lens), np.flatnonzero(lens == 0)  # [R], [M]
-        steps = self._draft_steps(verify, lens, owed, rows, pre, first, ps, i64)
+        steps = self._draft_steps(verify, lens, owed, back, rows, pre, first, ps, i64)
         mirror = None
         if len(plain):
             has = (owed[plain] >= 0).astype(np.int64)  # [M]
@@ -117,7 +119,10 @@ class DraftModel:
                     "m_src": token_sources(first[plain], ext[plain], has, fb.num_tokens)}
         forwards = steps + ([mirror] if mirror is not None else [])
         dev = self.staging.upload(*DraftForward.stage(forwards, i64))
-        drafts = self._propose(steps, dev, fb, builder) if steps else None
+        shift = None  # [R] how far each verify request's positions move (`chained`)
+        if plan.chain_back and steps:
+            shift = chained_shift(builder.verified.accepted, dev["v_rows"], dev["v_back"])
+        drafts = self._propose(steps, dev, fb, builder, shift) if steps else None
         if mirror is not None:
             ids = torch.cat([fb.input_ids, dev["m_owed"]])[dev["m_src"]]  # [T_m]
             self._forward(mirror.batch(dev, builder, ids))
@@ -129,20 +134,26 @@ class DraftModel:
         return self.model(fb, self.attn)
 
     @staticmethod
-    def _draft_steps(verify: np.ndarray, lens: np.ndarray, owed: np.ndarray, rows: np.ndarray,
-                     pre: np.ndarray, first: np.ndarray, page_size: int,
+    def _draft_steps(verify: np.ndarray, lens: np.ndarray, owed: np.ndarray, back: np.ndarray,
+                     rows: np.ndarray, pre: np.ndarray, first: np.ndarray, page_size: int,
                      i64: dict[str, np.ndarray]) -> list[DraftForward]:
         """The greedy draft steps of the verify requests `verify` [R] (step j: those with
-        more than j drafts), their index arrays added to `i64`."""
+        more than j drafts), their index arrays added to `i64`. A chained request
+        (`back` > 0) feeds in step 0 the input before its first token, known on the device
+        only (`VerifyRecord.prev_in`): its draft KV is owed when its previous step kept
+        every draft, and rewritten unchanged otherwise."""
         if not len(verify):
             return []
         d = lens[verify]  # [R]
         k = int(d.max())
-        has = (owed[verify] >= 0).astype(np.int64)  # [R] step 0 feeds the owed token too
+        chained = back[verify] > 0  # [R]
+        has = ((owed[verify] >= 0) | chained).astype(np.int64)  # [R] step 0 feeds 2 tokens
         last_pos = pre[verify]  # [R]
         i64 |= draft_placement(first[verify], d)
         i64 |= {"last": first[verify],  # the last token's index among the step's tokens
-                "v_owed": owed[verify][has > 0],
+                "v_rows": rows[verify], "v_back": back[verify],
+                "v_owed": owed[verify][has > 0], "v_owed_rows": rows[verify][has > 0],
+                "v_owed_dev": chained[has > 0].astype(np.int64),
                 "v_src": token_sources(np.arange(len(d)), np.ones_like(d), has, len(d))}
         steps = []
         for j in range(k):
@@ -154,16 +165,20 @@ class DraftModel:
         return steps
 
     def _propose(self, steps: list[DraftForward], dev: dict[str, torch.Tensor],
-                 fb: ForwardBatch, builder: BatchBuilder) -> torch.Tensor:
-        """Run the draft steps: their drafts into `fb.input_ids`, and returned ([D])."""
+                 fb: ForwardBatch, builder: BatchBuilder,
+                 shift: torch.Tensor | None) -> torch.Tensor:
+        """Run the draft steps (each request's positions moved by `shift` [R]): their
+        drafts into `fb.input_ids`, and returned ([D])."""
         k = len(steps)
         current = fb.input_ids[dev["last"]]  # [R] each request's input of the next step
         drafts = torch.zeros(len(current) * k, dtype=torch.int64,
                              device=self.device)  # [R * k]
+        owed = torch.where(dev["v_owed_dev"] > 0,
+                           builder.verified.prev_in[dev["v_owed_rows"]], dev["v_owed"])  # [O]
         for j, step in enumerate(steps):
             sel = dev[f"sel{j}"]  # [R_j]
-            ids = torch.cat([current, dev["v_owed"]])[dev["v_src"]] if j == 0 else current[sel]
-            fwd = step.batch(dev, builder, ids)
+            ids = torch.cat([current, owed])[dev["v_src"]] if j == 0 else current[sel]
+            fwd = step.batch(dev, builder, ids, None if shift is None else shift[sel])
             hidden = self._forward(fwd)  # [T_j, hidden]
             if not fwd.is_decode:  # step 0 with owed tokens: each request's last
                 hidden = hidden[fwd.sample_idx]  # [R_j, hidden]

@@ -17,6 +17,7 @@ import torch
 
 from runtime.worker.batch_builder import BatchBuilder, exclusive_cumsum
 from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.speculative.chained import request_of, shifted_layout
 
 
 class HeadForward:
@@ -33,33 +34,42 @@ class HeadForward:
         n_tok = int(qo[-1])
         self.i64 = {"rows": rows, "tok_rows": np.repeat(rows, lens),  # [B], [T]
                     "pos": np.repeat(starts - qo[:-1], lens) + np.arange(n_tok),  # [T]
-                    "kv_seq": seq, "kv_base": kv_indptr[:-1] - 1,  # [B]
-                    "last": qo[1:] - 1}  # [B]
+                    "tok_req": request_of(lens), "last": qo[1:] - 1}  # [T], [B]
         self.i32 = {"qo": qo, "kv_indptr": kv_indptr, "seq": seq, "pre": starts - 1}
         self.seq, self.pre, self.ext = seq.tolist(), (starts - 1).tolist(), lens.tolist()
         self.n_kv = int(kv_indptr[-1])
 
-    def _dev(self, dev: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: dev[f"{self.name}.{k}"] for k in (*self.i64, *self.i32)}
+    def _dev(self, dev: dict[str, torch.Tensor],
+             shift: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """This forward's arrays of the upload `dev`, each request's positions moved by
+        `shift` [B] (chained steps, `chained`; None: none)."""
+        d = {k: dev[f"{self.name}.{k}"] for k in (*self.i64, *self.i32)}
+        if shift is not None:
+            d["pos"] = d["pos"] + shift[d["tok_req"]]  # [T]
+            d["pre"], d["seq"], _, d["kv_indptr"] = shifted_layout(d["pre"], d["seq"], shift, 1)
+        return d
 
     def batch(self, dev: dict[str, torch.Tensor], builder: BatchBuilder,
-              input_ids: torch.Tensor) -> ForwardBatch:
-        """The forward over `input_ids` [T] (`dev`: the step's upload)."""
-        d = self._dev(dev)
-        n = self.n_kv
-        kv_rows = torch.repeat_interleave(d["rows"], d["kv_seq"], output_size=n)  # [N]
-        kv_pos = (torch.arange(n, device=kv_rows.device)
-                  - torch.repeat_interleave(d["kv_base"], d["kv_seq"], output_size=n))  # [N]
+              input_ids: torch.Tensor, shift: torch.Tensor | None = None) -> ForwardBatch:
+        """The forward over `input_ids` [T] (`dev`: the step's upload; `shift`: `_dev`)."""
+        d = self._dev(dev, shift)
+        n = self.n_kv  # the most entries the forward reads (all, unless moved back)
+        kv_pos = torch.arange(n, device=d["rows"].device)  # [N]
+        seq = torch.searchsorted(d["kv_indptr"][1:].long(), kv_pos, right=True)  # [N]
+        seq = seq.clamp(max=len(d["rows"]) - 1)  # [N]
+        # positions 1.. of each sequence; past the moved-back end: position 1, never read
+        kv_pos = torch.where(kv_pos < d["kv_indptr"][-1], kv_pos - d["kv_indptr"][seq] + 1, 1)
         return ForwardBatch(
             input_ids=input_ids, positions=d["pos"] - 1,
             out_slots=builder.slots(d["tok_rows"], d["pos"]), qo_indptr=d["qo"],
-            kv_indptr=d["kv_indptr"], kv_indices=builder.slots(kv_rows, kv_pos),
+            kv_indptr=d["kv_indptr"], kv_indices=builder.slots(d["rows"][seq], kv_pos),
             seq_lens=d["seq"], prefix_lens=d["pre"], sample_idx=d["last"],
             is_decode=len(self.ext) == sum(self.ext), seq_lens_cpu=self.seq,
             prefix_lens_cpu=self.pre, extend_lens_cpu=self.ext, page_size=1)
 
-    def prev_slots(self, dev: dict[str, torch.Tensor], builder: BatchBuilder) -> torch.Tensor:
+    def prev_slots(self, dev: dict[str, torch.Tensor], builder: BatchBuilder,
+                   shift: torch.Tensor | None = None) -> torch.Tensor:
         """The slots of the positions before this forward's tokens [T]: where the target's
         hidden states they follow are kept."""
-        d = self._dev(dev)
+        d = self._dev(dev, shift)
         return builder.slots(d["tok_rows"], d["pos"] - 1)

@@ -41,6 +41,7 @@ from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.kv_pool import KVPool
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.models.causal_lm import CausalLM
+from runtime.worker.speculative.chained import chained_shift
 from runtime.worker.speculative.draft_batch import (
     DraftForward,
     draft_placement,
@@ -132,7 +133,8 @@ class HeadDrafter:
         first = exclusive_cumsum(np.array(plan.extend_lens, dtype=np.int64))[verify]  # [R]
         d = lens[verify]  # [R]
         k = int(d.max())
-        i64 = draft_placement(first, d) | {"last": first, "v_rows": rows,
+        back = np.array(plan.chain_back or [0] * len(lens), dtype=np.int64)[verify]  # [R]
+        i64 = draft_placement(first, d) | {"last": first, "v_rows": rows, "v_back": back,
                                            "prev_pos": last_pos - 1}
         steps = []
         for j in range(k):
@@ -141,12 +143,15 @@ class HeadDrafter:
                                      np.ones_like(sel)))
             i64[f"sel{j}"] = sel
         dev = self.staging.upload(*DraftForward.stage(steps, i64))
+        shift = self._shift(plan, builder, dev["v_rows"], dev["v_back"])  # [R] or None
+        prev_pos = dev["prev_pos"] if shift is None else dev["prev_pos"] + shift  # [R]
         current = fb.input_ids[dev["last"]]  # [R] each request's input of the next step
-        hidden = self.features[builder.slots(dev["v_rows"], dev["prev_pos"])]  # [R, h]
+        hidden = self.features[builder.slots(dev["v_rows"], prev_pos)]  # [R, h]
         grid = torch.zeros(len(d) * k, dtype=torch.int64, device=current.device)  # [R * k]
         for j, step in enumerate(steps):
             sel = dev[f"sel{j}"]  # [R_j]
-            out = self._step(step.batch(dev, builder, current[sel]), hidden[sel])  # [R_j, h]
+            fwd = step.batch(dev, builder, current[sel], None if shift is None else shift[sel])
+            out = self._step(fwd, hidden[sel])  # [R_j, h]
             ids = self.head.draft_ids(out, self.target)  # [R_j]
             current[sel], hidden[sel] = ids, out
             grid[sel * k + j] = ids
@@ -169,6 +174,17 @@ class HeadDrafter:
         fwd = HeadForward("absorb", rows[keep], pre[keep] + skip[keep], lens)
         first = exclusive_cumsum(ext)[keep] + skip[keep]  # [B'] their first head token in fb
         src = token_sources(first, lens, np.zeros_like(lens), fb.num_tokens)  # [T']
-        dev = self.staging.upload(*DraftForward.stage([fwd], {"src": src}))
-        hidden = self.features[fwd.prev_slots(dev, builder)]  # [T', h]
-        self._step(fwd.batch(dev, builder, fb.input_ids[dev["src"]]), hidden)
+        back = np.array(plan.chain_back or [0] * len(rows), dtype=np.int64)[keep]  # [B']
+        dev = self.staging.upload(*DraftForward.stage([fwd], {"src": src, "back": back}))
+        shift = self._shift(plan, builder, dev["absorb.rows"], dev["back"])  # [B'] or None
+        hidden = self.features[fwd.prev_slots(dev, builder, shift)]  # [T', h]
+        self._step(fwd.batch(dev, builder, fb.input_ids[dev["src"]], shift), hidden)
+
+    @staticmethod
+    def _shift(plan: BatchPlan, builder: BatchBuilder, rows: torch.Tensor,
+               back: torch.Tensor) -> torch.Tensor | None:
+        """How far the positions of requests `rows` [R] move (`chained`), None when the
+        step chains none."""
+        if not plan.chain_back:
+            return None
+        return chained_shift(builder.verified.accepted, rows, back)  # [R]
