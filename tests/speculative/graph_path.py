@@ -1,11 +1,11 @@
-"""Test helper: a draft model's decode graphs on the CPU, and two workers stepped over the
-same plans.
+"""Test helper: a drafter's decode graphs on the CPU (a draft model's or a head's), and
+two workers stepped over the same plans.
 
 `EagerReplays` is a `GraphRunner` whose replay runs what the captured graph runs, without
 the graph: the batch copied into the static buffers (`load`), then the capture batch of
 that size run eagerly, its attention reading the static page table. `TorchGraphAttention`
 is that static page table (`TritonAttention`'s buffers) over the kernels' torch
-references, so the path runs in plain torch.
+references, so the path runs in plain torch (`TorchGraphMLAAttention` over a latent pool).
 """
 
 from __future__ import annotations
@@ -17,14 +17,19 @@ import torch
 
 from kernels.attention.decode import decode_attention_ref
 from kernels.attention.extend_ref import extend_attention_ref
+from kernels.attention.mla_decode import mla_decode_ref
+from kernels.attention.mla_extend import mla_extend_ref
 from kernels.kv.store import store_kv_ref
 from runtime.config.server import ServerConfig
 from runtime.wire.sampling import SamplingParams
 from runtime.wire.worker_channel import BatchPlan, StepResult
+from runtime.worker.attention_mla import LatentAttention
 from runtime.worker.attention_triton import TritonAttention
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.graph_runner import GraphRunner
 from runtime.worker.kv_pool import LayerKV
+from runtime.worker.speculative.draft_model import DraftModel
+from runtime.worker.speculative.head_graphs import HeadGraphs
 from runtime.worker.worker import Worker
 from tests.speculative.serve import start
 
@@ -49,6 +54,13 @@ class TorchGraphAttention(TritonAttention):
         return {}
 
 
+class TorchGraphMLAAttention(LatentAttention, TorchGraphAttention):
+    """`TorchGraphAttention` over a latent pool: the MLA references."""
+
+    decode_kernel = staticmethod(mla_decode_ref)
+    extend_kernel = staticmethod(mla_extend_ref)
+
+
 class EagerReplays(GraphRunner):
     """Replays without graphs (see the module docstring); `replays` holds (rows, graph
     size) of each."""
@@ -63,14 +75,25 @@ class EagerReplays(GraphRunner):
         return tuple(out[: fb.batch_size] for out in self._forward(self._batch(padded)))
 
 
+class EagerHeadReplays(EagerReplays, HeadGraphs):
+    """A head's graphs (`HeadGraphs`) replayed without graphs."""
+
+
 def graph_path(worker: Worker, rows: int, attn: TritonAttention | None = None) -> EagerReplays:
-    """Give `worker`'s draft model decode graphs of up to `rows` rows run by `EagerReplays`
-    over `attn` (None: a `TorchGraphAttention` of its pool), which its eager forwards
-    use too; those graphs."""
-    drafter = worker.drafter
-    drafter.attn = attn or TorchGraphAttention(drafter.pool)
-    drafter.graphs = EagerReplays(drafter.model, drafter.attn, rows, worker.runner.max_context,
-                                  drafter.device, worker.page_size, greedy=True)
+    """Give `worker`'s drafter (a draft model, or a head) decode graphs of up to `rows`
+    rows run by `EagerReplays` over `attn` (None: a `TorchGraphAttention` of its pool, or
+    `TorchGraphMLAAttention`), which its eager forwards use too; those graphs."""
+    drafter, context = worker.drafter, worker.runner.max_context
+    if isinstance(drafter, DraftModel):
+        drafter.attn = attn or TorchGraphAttention(drafter.pool)
+        drafter.graphs = EagerReplays(drafter.model, drafter.attn, rows, context,
+                                      drafter.device, worker.page_size, greedy=True)
+        return drafter.graphs
+    mla = getattr(drafter.head, "mla", None)
+    drafter.attn = attn or (TorchGraphMLAAttention(drafter.pool, mla) if mla is not None
+                            else TorchGraphAttention(drafter.pool))
+    drafter.graphs = EagerHeadReplays(drafter.head, drafter.target, drafter.attn, rows, context,
+                                      drafter.device, drafter.dtype)
     return drafter.graphs
 
 
@@ -86,6 +109,15 @@ def lockstep(cfg: ServerConfig, workers: tuple[Worker, Worker], prompts: list[li
         yield plan, got[0], got[1]
         sched.on_result(got[0])
         sched.take_outputs()
+
+
+def head_decode_forwards(plan: BatchPlan) -> list[int]:
+    """The rows of each forward of a head in `plan` that feeds one token a request, in
+    order: every draft step, then `absorb` when each request computes one position >= 1."""
+    d = [x for x in plan.draft_lens if x]
+    steps = [sum(x > j for x in d) for j in range(max(d, default=0))]
+    lens = [e - (p == 0) for p, e in zip(plan.prefix_lens, plan.extend_lens) if e > (p == 0)]
+    return steps + ([len(lens)] if lens and set(lens) == {1} else [])
 
 
 def decode_forwards(plan: BatchPlan) -> list[int]:
