@@ -13,7 +13,8 @@ longest sequence a replay may hold (`can_run`). With LoRA adapters the graphs re
 step's adapter segments from static buffers too (`LoraBatch.static`), sized for every
 row of the graph. With `greedy` a graph returns each row's greedy token id instead of its
 logits (a draft model's steps, `DraftModel`): the logits stay inside the graph's memory
-pool, which the smaller sizes reuse, and only `[B]` ids are kept a size.
+pool, which the smaller sizes reuse, and only `[B]` ids are kept a size. A subclass may
+capture another step over the same batch by its `_outputs` (a draft head's, `HeadGraphs`).
 """
 
 from __future__ import annotations
