@@ -79,11 +79,13 @@ class EagerHeadReplays(EagerReplays, HeadGraphs):
     """A head's graphs (`HeadGraphs`) replayed without graphs."""
 
 
-def graph_path(worker: Worker, rows: int, attn: TritonAttention | None = None) -> EagerReplays:
+def graph_path(worker: Worker, rows: int, attn: TritonAttention | None = None,
+               context: int = 0) -> EagerReplays:
     """Give `worker`'s drafter (a draft model, or a head) decode graphs of up to `rows`
-    rows run by `EagerReplays` over `attn` (None: a `TorchGraphAttention` of its pool, or
-    `TorchGraphMLAAttention`), which its eager forwards use too; those graphs."""
-    drafter, context = worker.drafter, worker.runner.max_context
+    rows and `context` tokens (0: the target's) run by `EagerReplays` over `attn` (None: a
+    `TorchGraphAttention` of its pool, or `TorchGraphMLAAttention`), which its eager
+    forwards use too; those graphs."""
+    drafter, context = worker.drafter, context or worker.runner.max_context
     if isinstance(drafter, DraftModel):
         drafter.attn = attn or TorchGraphAttention(drafter.pool)
         drafter.graphs = EagerReplays(drafter.model, drafter.attn, rows, context,

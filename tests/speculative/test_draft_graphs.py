@@ -4,9 +4,9 @@ On the CPU, through what a replay runs (`EagerReplays`: the static buffers fille
 `load`, the capture batch run eagerly over the static page table): every forward of the
 draft that feeds one token a request goes through it, its drafts and draft KV are the
 eager path's (steps of three requests padded to the graph of four rows included), greedy
-outputs are plain decoding's with steps of more rows than the largest graph running
-eagerly beside them, and the captured step reads no tensor's values on the host. On a GPU,
-the captured graphs draft as the eager path does.
+outputs are plain decoding's with steps of more rows than the largest graph, or longer
+contexts, running eagerly beside them, and the captured step reads no tensor's values on
+the host. On a GPU, the captured graphs draft as the eager path does.
 """
 
 from __future__ import annotations
@@ -89,6 +89,21 @@ def test_greedy_outputs_are_plain_decodings(five, kv, draft):
     assert sched.kv.stats().used == 0
     assert sched.spec.verify_steps > 0
     assert (3, 4) in graphs.replays and 5 in decodes  # five rows: eagerly
+
+
+def test_contexts_past_the_graphs_run_eagerly(five):
+    """Graphs of up to 24 tokens: longer sequences' steps run eagerly."""
+    prompts, params, ref = five
+    cfg = DRAFT.replace(speculative_draft_model="dummy:tiny-draft")
+    worker = Worker(cfg, resolve_model(cfg.model))
+    graphs = graph_path(worker, 8, context=24)
+    longest = []  # the longest sequence of each decode forward of the draft
+    worker.drafter.model.register_forward_pre_hook(
+        lambda _, args: longest.append(max(args[0].seq_lens_cpu)) if args[0].is_decode
+        else None)
+    outs, _, _ = serve(cfg, prompts, params, worker=worker)
+    assert outs == ref
+    assert graphs.replays and max(longest) > 24
 
 
 def test_the_captured_step_reads_nothing_on_the_host():
