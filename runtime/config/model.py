@@ -58,7 +58,8 @@ class ModelOptions:
     `torch` (the kernels' torch references; no CUDA graphs), or `auto` (triton on a GPU,
     torch on the CPU)."""
     cuda_graph: bool = True
-    """Capture decode CUDA graphs at start-up (GPU, triton attention only)."""
+    """Capture decode CUDA graphs at start-up (GPU, triton attention only): the target's,
+    and a drafter's (`--speculative-algorithm draft|eagle|mtp`)."""
     lora_paths: tuple[str, ...] = ()
     """LoRA adapters to serve, as `name=path` (a PEFT folder: adapter_config.json and
     adapter_model.safetensors); a request picks one by name (OpenAI `model`, SGLang

@@ -11,7 +11,10 @@ the batch's rows (`ForwardBatch.rows`) from a static buffer too, padding rows na
 `sink_row`; what it sizes by the host lengths it sizes at capture for `max_context`, the
 longest sequence a replay may hold (`can_run`). With LoRA adapters the graphs read the
 step's adapter segments from static buffers too (`LoraBatch.static`), sized for every
-row of the graph.
+row of the graph. With `greedy` a graph returns each row's greedy token id instead of its
+logits (a draft model's steps, `DraftModel`): the logits stay inside the graph's memory
+pool, which the smaller sizes reuse, and only `[B]` ids are kept a size. A subclass may
+capture another step over the same batch by its `_outputs` (a draft head's, `HeadGraphs`).
 """
 
 from __future__ import annotations
@@ -45,8 +48,10 @@ class GraphRunner:
         lora: LoraManager | None = None,
         capture: tuple[int, ...] | None = None,
         sink_row: int = 0,
+        greedy: bool = False,
     ) -> None:
         self.model, self.attn, self.device = model, attn, device
+        self.greedy = greedy
         self.max_context, self.sink_row = max_context, sink_row
         self.lora = lora
         self.capture = capture
@@ -64,7 +69,7 @@ class GraphRunner:
         self.no_pages = torch.zeros(0, **i64)  # [0]
         self.lora_batch = LoraBatch.static(n, lora.num_slots, device) if lora else None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, tuple[torch.Tensor, ...]] = {}  # logits (and features)
+        self.outputs: dict[int, tuple[torch.Tensor, ...]] = {}  # logits or ids (features)
         self.pool = None
 
     def _batch(self, bs: int) -> ForwardBatch:
@@ -84,7 +89,8 @@ class GraphRunner:
         return fb
 
     def _forward(self, fb: ForwardBatch) -> tuple[torch.Tensor, ...]:
-        """(logits [B, vocab]) or, with `capture`, (logits, features [B, w])."""
+        """(logits [B, vocab]) or, with `capture`, (logits, features [B, w]); with
+        `greedy`, (ids [B] int64)."""
         if self.lora is None:
             return self._outputs(fb)
         # the LoRA kernels' grids cover this graph's rows
@@ -95,7 +101,8 @@ class GraphRunner:
 
     def _outputs(self, fb: ForwardBatch) -> tuple[torch.Tensor, ...]:
         if self.capture is None:
-            return (self.model.compute_logits(self.model(fb, self.attn)),)  # [B, vocab]
+            logits = self.model.compute_logits(self.model(fb, self.attn))  # [B, vocab]
+            return (logits.argmax(dim=-1),) if self.greedy else (logits,)  # [B] or [B, V]
         hidden, features = self.model.forward_features(fb, self.attn, self.capture)
         return self.model.compute_logits(hidden), features  # [B, vocab], [B, w]
 
@@ -125,7 +132,8 @@ class GraphRunner:
 
     def replay(self, fb: ForwardBatch) -> tuple[torch.Tensor, ...]:
         """Run a decode batch through its graph: (logits [B, vocab] fp32), with `capture`
-        (logits, features [B, w])."""
+        (logits, features [B, w]), with `greedy` (ids [B] int64). The outputs are views of
+        the graph's static buffers, valid until its next replay."""
         padded = self.load(fb)
         self.graphs[padded].replay()
         return tuple(out[: fb.batch_size] for out in self.outputs[padded])

@@ -26,6 +26,14 @@ read again (by the request's next step, or from the prefix cache, which never ge
 owed position) has its draft KV. The draft runs before the target's forward, its verify
 requests' steps first: a prefix hit in the same step may read a position owed until
 then. Nothing waits for the device.
+
+A forward of the draft that feeds one token a request (a decode batch: draft steps
+j >= 1, step 0 when none of its requests owes a token, a mirror of plain decodes) replays
+a CUDA graph of the draft (`GraphRunner`, `greedy`: its ids), captured once the draft's
+pool exists when the target has graphs (a CUDA device, `--cuda-graph`, a backend that
+runs in them), for as many rows, as long a context and the same page size as the
+target's; padding rows write the draft pool's slot 0. The other forwards (an owed token
+in front, more rows than the largest graph, a longer context) run eagerly.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from runtime.model_config import ModelSpec
 from runtime.wire.worker_channel import BatchPlan
 from runtime.worker.batch_builder import BatchBuilder, exclusive_cumsum
 from runtime.worker.forward_batch import ForwardBatch
+from runtime.worker.graph_runner import GraphRunner
 from runtime.worker.kv_pool import KVPool, kv_bytes_per_token
 from runtime.worker.loader import load_model
 from runtime.worker.model_check import UnsupportedModel
@@ -71,13 +80,26 @@ class DraftModel:
         self.staging = Staging(device)  # its own: the target's step tensors stay valid
         self.pool: KVPool | None = None
         self.attn = None
+        self.graphs: GraphRunner | None = None
 
     def allocate(self, runner: ModelRunner, attention_backend: str) -> None:
-        """The draft's pool over the target's slots (and the padding slot 0)."""
+        """The draft's pool over the target's slots (and the padding slot 0), then its
+        decode graphs where the target has some."""
         arch = self.model.arch
         self.pool = KVPool(arch.num_layers, runner.kv_slots + 1, arch.num_kv_heads,
                            arch.head_dim, self.dtype, self.device)
         self.attn = make_attention(attention_backend, self.pool, self.device)
+        target = runner.graphs
+        if target is not None and self.attn.supports_graphs:
+            self.graphs = self.graph_runner(target.sizes[-1], target.max_context,
+                                            target.page_size)
+            self.graphs.capture()
+
+    def graph_runner(self, rows: int, max_context: int, page_size: int) -> GraphRunner:
+        """The draft's decode graphs of up to `rows` rows (not yet captured): each
+        returns its rows' greedy ids."""
+        return GraphRunner(self.model, self.attn, rows, max_context, self.device, page_size,
+                           greedy=True)
 
     def slot_tensors(self) -> list[torch.Tensor]:
         return self.pool.layer_tensors()
@@ -128,10 +150,24 @@ class DraftModel:
             self._forward(mirror.batch(dev, builder, ids))
         return drafts
 
-    def _forward(self, fb: ForwardBatch) -> torch.Tensor:
-        """Run the draft over `fb`, storing its KV: the hidden states [T, hidden]."""
+    def _forward(self, fb: ForwardBatch) -> None:
+        """Run the draft over `fb`, storing its KV."""
+        if self.graphs is not None and self.graphs.can_run(fb):
+            self.graphs.replay(fb)
+            return
         self.attn.prepare(fb)
-        return self.model(fb, self.attn)
+        self.model(fb, self.attn)
+
+    def _greedy(self, fb: ForwardBatch) -> torch.Tensor:
+        """Run the draft over `fb`, storing its KV: each request's greedy next token [B]
+        (a view of the graph's output when replayed)."""
+        if self.graphs is not None and self.graphs.can_run(fb):
+            return self.graphs.replay(fb)[0]  # [B]
+        self.attn.prepare(fb)
+        hidden = self.model(fb, self.attn)  # [T, hidden]
+        if not fb.is_decode:  # step 0 with owed tokens: each request's last
+            hidden = hidden[fb.sample_idx]  # [B, hidden]
+        return self.model.compute_logits(hidden).argmax(dim=-1)  # [B]
 
     @staticmethod
     def _draft_steps(verify: np.ndarray, lens: np.ndarray, owed: np.ndarray, back: np.ndarray,
@@ -179,10 +215,7 @@ class DraftModel:
             sel = dev[f"sel{j}"]  # [R_j]
             ids = torch.cat([current, owed])[dev["v_src"]] if j == 0 else current[sel]
             fwd = step.batch(dev, builder, ids, None if shift is None else shift[sel])
-            hidden = self._forward(fwd)  # [T_j, hidden]
-            if not fwd.is_decode:  # step 0 with owed tokens: each request's last
-                hidden = hidden[fwd.sample_idx]  # [R_j, hidden]
-            ids = self.model.compute_logits(hidden).argmax(dim=-1)  # [R_j]
+            ids = self._greedy(fwd)  # [R_j]
             current[sel] = ids
             drafts[sel * k + j] = ids
         return place_drafts(drafts, dev, fb)

@@ -10,7 +10,9 @@ wraps the target's forward (`step`): a draft model drafts its verify requests' t
 writes the draft KV of its other requests before it (`DraftModel`); an EAGLE head, or the
 target checkpoint's MTP layer, drafts before it and takes the target's hidden states after
 it (`HeadDrafter`). Either way the drafts are written over the plan's placeholder ids in
-the target's input, and the target's samples decide what is kept.
+the target's input, and the target's samples decide what is kept. Where the target has
+decode CUDA graphs, `allocate` captures the drafter's too, as large as the target's, and
+its forwards of one token a request replay them (`DraftModel`, `HeadGraphs`).
 
 Under tensor parallelism every rank runs the whole drafter over the same plan, so every
 rank writes the same drafts into its input with no exchange of its own. A draft model and
@@ -52,7 +54,8 @@ class Drafter(Protocol):
     capture: tuple[int, ...] | None
 
     def allocate(self, runner: ModelRunner, attention_backend: str) -> None:
-        """The drafter's pools over the slots of the target's pool (`runner`)."""
+        """The drafter's pools over the slots of the target's pool (`runner`), then its
+        CUDA graphs where the target has some (`runner.graphs`)."""
 
     def slot_tensors(self) -> list[torch.Tensor]:
         """Every tensor of the drafter indexed by the target's slots, `[slots, ...]` (once

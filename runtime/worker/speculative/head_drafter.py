@@ -25,6 +25,12 @@ of P..P + d - 1 that `absorb` rewrites from the target's hidden states in the sa
 The drafts replace the plan's placeholders in the target's input, and the target's samples
 decide what is kept (`Speculation`), so outputs never depend on the head. Nothing waits
 for the device.
+
+A head forward over one token a request (every draft step; `absorb` of a step of plain
+decodes) replays a CUDA graph of the head (`HeadGraphs`), captured once the head's pool
+exists when the target has graphs (a CUDA device, `--cuda-graph`, a backend that runs in
+them), for as many rows and as long a context as the target's; the others (more rows
+than the largest graph, a longer context, several tokens a request) run eagerly.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from runtime.worker.speculative.draft_batch import (
     token_sources,
 )
 from runtime.worker.speculative.eagle_forward import HeadForward
+from runtime.worker.speculative.head_graphs import HeadGraphs
 from runtime.worker.staging import Staging
 
 
@@ -88,15 +95,22 @@ class HeadDrafter:
         self.staging = Staging(device)  # its own: the target's step tensors stay valid
         self.target: CausalLM | None = None
         self.pool: KVPool | None = None
+        self.graphs: HeadGraphs | None = None
 
     def allocate(self, runner: ModelRunner, attention_backend: str) -> None:
-        """The head's pool and feature buffer over the slots of `runner`'s pool."""
+        """The head's pool and feature buffer over the slots of `runner`'s pool, then its
+        decode graphs where the target has some."""
         slots = runner.kv_slots + 1
         self.target = runner.model
         self.attn = self.head.attention(slots, attention_backend, self.dtype, self.device)
         self.pool = self.attn.pool
         self.features = torch.zeros(slots, self.head.hidden_size, dtype=self.dtype,
                                     device=self.device)  # [slots, hidden]
+        target = runner.graphs
+        if target is not None and self.attn.supports_graphs:
+            self.graphs = HeadGraphs(self.head, self.target, self.attn, target.sizes[-1],
+                                     target.max_context, self.device, self.dtype)
+            self.graphs.capture()
 
     def slot_tensors(self) -> list[torch.Tensor]:
         """The head's pool and its feature rows."""
@@ -111,12 +125,16 @@ class HeadDrafter:
         self.absorb(plan, fb, features, builder)
         return logits, drafts
 
-    def _step(self, fb: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
-        """One head forward over `fb` after the hidden states `hidden` [T, h]: its
-        outputs [T, h], its KV stored."""
+    def _step(self, fb: ForwardBatch, hidden: torch.Tensor,
+              draft: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """One head forward over `fb` after the hidden states `hidden` [T, h], its KV
+        stored: (its greedy ids [T], None eagerly unless `draft`; its outputs [T, h])."""
+        if self.graphs is not None and self.graphs.can_run(fb):
+            return self.graphs.run(fb, hidden)  # [T], [T, h]
         self.attn.prepare(fb)
         embeds = self.target.model.embed_tokens(fb.input_ids)  # [T, h]
-        return self.head(embeds, hidden, fb, self.attn)
+        out = self.head(embeds, hidden, fb, self.attn)  # [T, h]
+        return (self.head.draft_ids(out, self.target) if draft else None), out
 
     @torch.inference_mode()
     def propose(self, plan: BatchPlan, fb: ForwardBatch,
@@ -151,8 +169,7 @@ class HeadDrafter:
         for j, step in enumerate(steps):
             sel = dev[f"sel{j}"]  # [R_j]
             fwd = step.batch(dev, builder, current[sel], None if shift is None else shift[sel])
-            out = self._step(fwd, hidden[sel])  # [R_j, h]
-            ids = self.head.draft_ids(out, self.target)  # [R_j]
+            ids, out = self._step(fwd, hidden[sel], draft=True)  # [R_j], [R_j, h]
             current[sel], hidden[sel] = ids, out
             grid[sel * k + j] = ids
         return place_drafts(grid, dev, fb)
@@ -178,7 +195,8 @@ class HeadDrafter:
         dev = self.staging.upload(*DraftForward.stage([fwd], {"src": src, "back": back}))
         shift = self._shift(plan, builder, dev["absorb.rows"], dev["back"])  # [B'] or None
         hidden = self.features[fwd.prev_slots(dev, builder, shift)]  # [T', h]
-        self._step(fwd.batch(dev, builder, fb.input_ids[dev["src"]], shift), hidden)
+        self._step(fwd.batch(dev, builder, fb.input_ids[dev["src"]], shift), hidden,
+                   draft=False)
 
     @staticmethod
     def _shift(plan: BatchPlan, builder: BatchBuilder, rows: torch.Tensor,
