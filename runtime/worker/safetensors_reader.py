@@ -29,6 +29,7 @@ HEADER_LEN_BYTES = 8  # little-endian u64: the length of the JSON header that fo
 MAX_HEADER_BYTES = 100 * 2**20  # larger than any real header: a corrupt length
 FP8_DTYPE = "F8_E4M3"  # safetensors' name for torch.float8_e4m3fn
 FP4_DTYPE = "I8"  # int8: how checkpoints store packed fp4 pairs
+SAFETENSORS_FILE = "model.safetensors"  # a one-file checkpoint; its index adds .index.json
 
 SplitDim = Callable[[str], int | None]
 
@@ -37,11 +38,12 @@ class WeightLoadError(RuntimeError):
     """A checkpoint does not fit the model built from its config, or cannot be read."""
 
 
-def checkpoint_files(folder: Path) -> list[Path]:
-    """The safetensors files of a HF folder, sharded (via the index) or single. Raises
-    WeightLoadError for a folder without any, or a shard the index lists but the folder
-    lacks."""
-    index = folder / "model.safetensors.index.json"
+def checkpoint_files(folder: Path, single: str = SAFETENSORS_FILE) -> list[Path]:
+    """The weight files of a HF folder saved as `single` (`model.safetensors`, or
+    `pytorch_model.bin`): the shards its index `<single>.index.json` lists, else `single`,
+    else every file of its suffix. Raises WeightLoadError for a folder without any, or a
+    shard the index lists but the folder lacks."""
+    index = folder / f"{single}.index.json"
     if index.exists():
         weight_map = json.loads(index.read_text())["weight_map"]
         files = [folder / name for name in sorted(set(weight_map.values()))]
@@ -50,12 +52,12 @@ def checkpoint_files(folder: Path) -> list[Path]:
             raise WeightLoadError(f"{index}: lists {len(missing)} missing file(s): "
                                   f"{', '.join(missing[:3])}")
         return files
-    single = folder / "model.safetensors"
-    if single.exists():
-        return [single]
-    found = sorted(folder.glob("*.safetensors"))
+    if (folder / single).exists():
+        return [folder / single]
+    suffix = Path(single).suffix
+    found = sorted(folder.glob(f"*{suffix}"))
     if not found:
-        raise WeightLoadError(f"no .safetensors files in {folder}")
+        raise WeightLoadError(f"no {suffix} files in {folder}")
     return found
 
 

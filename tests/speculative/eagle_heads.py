@@ -1,10 +1,12 @@
 """Test helper: a tiny random Llama target and tiny random EAGLE / EAGLE-3 head folders
-in the released key layout (safetensors), and a plain-torch reference of a head's
-forward and greedy drafting."""
+in the released key layout (safetensors, or PyTorch `.bin` files), and a plain-torch
+reference of a head's forward and greedy drafting."""
 
 from __future__ import annotations
 
 import json
+import shutil
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
@@ -65,6 +67,26 @@ def write_head(folder: Path, eagle3: bool, *, input_norm: bool = True, fc_bias: 
     (folder / "config.json").write_text(json.dumps({**cfg, **(config_only or {})}))
     save_file({k: v.contiguous() for k, v in w.items()}, str(folder / "model.safetensors"))
     return w
+
+
+def write_bin_head(folder: Path, source: Path, w: dict[str, torch.Tensor],
+                   shards: int = 1) -> None:
+    """Save head `w` (the tensors `write_head` saved to `source`, whose config.json is
+    copied) to `folder` as PyTorch state dicts: `pytorch_model.bin`, or `shards` files
+    `pytorch_model-0000i-of-0000n.bin` that `pytorch_model.bin.index.json` lists."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source / "config.json", folder / "config.json")
+    names = list(w)
+    files = ["pytorch_model.bin"] if shards == 1 else [
+        f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin" for i in range(shards)]
+    for i, file in enumerate(files):
+        state = OrderedDict((name, w[name]) for name in names[i::shards])
+        state._metadata = OrderedDict({"": {"version": 1}})  # as `Module.state_dict()` has
+        torch.save(state, folder / file)
+    if shards > 1:
+        weight_map = {name: files[i % shards] for i, name in enumerate(names)}
+        (folder / "pytorch_model.bin.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
 def write_copy_head(folder: Path) -> None:

@@ -22,12 +22,12 @@ from runtime.worker.models.causal_lm import CausalLM, RMSNorm
 from runtime.worker.models.llama import LlamaAttention, LlamaMLP
 from runtime.worker.ops import TorchOps, ops_for
 from runtime.worker.quant.scheme import QuantScheme
-from runtime.worker.safetensors_reader import checkpoint_files, read_slices
 from runtime.worker.speculative.eagle_layout import (
     EagleHeadMismatch,
     EagleLayout,
     tensor_shapes,
 )
+from runtime.worker.torch_bin_reader import folder_slices
 from runtime.worker.tp import TPGroup
 
 # (parameter, first row, rows) a checkpoint tensor fills
@@ -71,10 +71,9 @@ class EagleHead(nn.Module):
         head = cls.check(layout)
         head.to(dtype=dtype).to_empty(device=device).requires_grad_(False)
         targets = head.checkpoint_targets()
-        for path in checkpoint_files(layout.folder):
-            for name, sl in read_slices(path, targets.__contains__):
-                param, start, rows = targets[name]
-                param[start:start + rows].copy_(sl[...])
+        for name, sl in folder_slices(layout.folder, targets.__contains__):
+            param, start, rows = targets[name]
+            param[start:start + rows].copy_(sl[...])
         a = layout.arch
         table = rope_cos_sin_cache(a.head_dim, layout.max_position, a.rope["rope_theta"],
                                    a.rope, device)

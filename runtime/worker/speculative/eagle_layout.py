@@ -16,7 +16,9 @@ Two layouts over a Llama-family target of hidden size h:
   draft id's offset to its target id).
 
 Both take the token embedding from the target (an `embed_tokens.weight` in the folder is
-not read).
+not read). The weights are safetensors files or, in a folder without any, PyTorch `.bin`
+files (`pytorch_model.bin`, or shards with `pytorch_model.bin.index.json`) holding a plain
+state dict of tensors.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ import torch
 
 from runtime.worker.kv_pool import kv_bytes_per_token
 from runtime.worker.models.llama import SUPPORTED_TYPES, LlamaArch
-from runtime.worker.safetensors_reader import WeightLoadError, checkpoint_files, read_slices
+from runtime.worker.safetensors_reader import WeightLoadError
+from runtime.worker.torch_bin_reader import folder_slices
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
 
@@ -134,9 +137,9 @@ def _capture(cfg: dict, layers: int, source: Path) -> tuple[int, ...]:
 
 
 def tensor_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
-    """Every tensor of the folder's safetensors files by name: its shape (headers only)."""
+    """Every tensor of the folder's weight files (safetensors, else `.bin`: `folder_slices`)
+    by name: its shape (headers, or the pickled metadata: no tensor data is read)."""
     try:
-        return {name: tuple(sl.get_shape()) for path in checkpoint_files(folder)
-                for name, sl in read_slices(path, lambda _: True)}
+        return {name: tuple(sl.get_shape()) for name, sl in folder_slices(folder, lambda _: True)}
     except WeightLoadError as exc:
         raise EagleHeadMismatch(str(exc)) from None
