@@ -19,6 +19,7 @@ from runtime.config.server import ServerConfig
 from runtime.model_config import spec_for
 from runtime.model_errors import MODEL_ERRORS
 from runtime.procutil import freeze_startup_heap, setup_logging, startup_failure
+from runtime.scheduler.entry_ids import EntryIds
 from runtime.scheduler.grammar_gate import GrammarGate
 from runtime.scheduler.host_tier import HostTier
 from runtime.scheduler.kv_manager import KVManager
@@ -53,12 +54,14 @@ CHECK_INVARIANTS = os.environ.get("SLUICE_CHECK_INVARIANTS", "0") == "1"
 
 def build_kv(mode: KVMode, ready: WorkerReady, max_context: int) -> KVManager:
     """The KV manager of `mode` over the worker's slots (every layout uses the same pool),
-    its prefix hits as the model's rule asks."""
+    its prefix hits as the model's rule asks, handing out the entry ids the worker asks
+    for (`WorkerReady.entry_ids`: the token layout)."""
     host = None
     if ready.host_kv_slots:
         host = HostTier(ready.host_kv_slots, ready.kv_bytes_per_token)
     if mode.kind == "token":
-        kv = TokenKV(ready.kv_slots, ready.max_rows, host)
+        entries = EntryIds(ready.kv_slots, ready.entry_ids) if ready.entry_ids else None
+        kv = TokenKV(ready.kv_slots, ready.max_rows, host, entries)
     elif mode.kind == "paged":
         kv = PagedKV(ready.kv_slots, ready.max_rows, mode.page_size, host)
     else:

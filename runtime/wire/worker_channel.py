@@ -69,6 +69,9 @@ class BatchPlan(WireRecord):
     # a draft model: per request (in order), the token owed at position prefix_lens[i] - 1
     # or -1, empty when no request of the step owes one
     draft_backfill: list[int] = []
+    # compressed-entry ids handed out (`WorkerReady.entry_ids`), run before the forward:
+    # (rate, row, first window w, ids): window w + j of the request on `row` has ids[j]
+    entry_writes: list[tuple[int, int, int, list[int]]] = []
 
 
 class GrammarCacheUpdate(WireRecord):
@@ -94,6 +97,10 @@ class WorkerReady(WireRecord):
     # `prefix_replay` tokens computed again (the model rebuilds state outside the pool)
     prefix_align: int = 1
     prefix_replay: int = 0
+    # by compression rate m: ids 1..n of entries of m tokens (DeepSeek-V4's compressed
+    # windows) the scheduler hands out, one with the slot of each position closing a window
+    # ((p + 1) % m == 0), sent in `BatchPlan.entry_writes`; empty: none to hand out
+    entry_ids: dict[int, int] = {}
 
 
 class StepResult(WireRecord):

@@ -41,6 +41,7 @@ def prepare_model(cfg: ServerConfig) -> ModelSpec:
     raises one of LOAD_ERRORS."""
     spec = spec_for(cfg, offline=False)
     check_model(spec, cfg.quantization, cfg.tp)
+    check_host_tier(spec, cfg.host_kv_gib)
     if cfg.speculative_algorithm == "draft":
         draft = resolve_model(cfg.speculative_draft_model, offline=False)
         check_model(draft)
@@ -82,6 +83,16 @@ def check_model(spec: ModelSpec, quantization: str = "none", tp: int = 1) -> Non
             build_model(config, TPGroup(0, tp), quantization)
     except (NotImplementedError, ValueError) as exc:
         raise UnsupportedModel(f"{source}: {exc}") from None
+
+
+def check_host_tier(spec: ModelSpec, host_kv_gib: float) -> None:
+    """Raise `UnsupportedModel` where a host tier (`--host-kv-gib`) is asked for a model
+    whose KV it cannot carry: DeepSeek-V4 keeps its compressed entries in entry pools
+    beside the token rows, and the tier writes back and loads token rows only."""
+    if host_kv_gib and spec.hf_config().model_type == "deepseek_v4":
+        raise UnsupportedModel("host_kv_gib: deepseek_v4 keeps its compressed entries "
+                               "beside the token rows, which the host tier does not carry; "
+                               "serve it without --host-kv-gib")
 
 
 def _config_problem(spec: ModelSpec, exc: Exception) -> str:

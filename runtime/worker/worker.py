@@ -54,7 +54,7 @@ from runtime.worker.grammar_rows import GrammarRows
 from runtime.worker.in_flight import InFlight, send_results
 from runtime.worker.kv_transfer import KVTransfer, host_slots_for
 from runtime.worker.lora.manager import LoraOptions
-from runtime.worker.model_check import LOAD_ERRORS
+from runtime.worker.model_check import LOAD_ERRORS, check_host_tier
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.speculative.drafters import Drafter, graph_rows, load_drafter
 from runtime.worker.step_output import StepOutput, gather_top_logprobs, top_positions
@@ -87,6 +87,7 @@ class Worker:
     """Model, KV pool, sampler and token table of one device."""
 
     def __init__(self, cfg: ServerConfig, spec: ModelSpec, rank: int = 0) -> None:
+        check_host_tier(spec, cfg.host_kv_gib)
         self.device = resolve_device(cfg.device, rank - cfg.local_ranks.start)
         self.threads = ThreadTuner.for_worker(cfg.torch_threads, self.device,
                                               len(cfg.local_ranks))
@@ -107,7 +108,8 @@ class Worker:
                                   lora=LoraOptions.from_config(cfg),
                                   kv_bytes_extra=extra,
                                   graph_rows=graph_rows(cfg, self.max_rows),
-                                  capture=drafter.capture if drafter else None)
+                                  capture=drafter.capture if drafter else None,
+                                  entry_table=cfg.kv_mode.kind == "token")
         if drafter is not None:
             drafter.allocate(self.runner, cfg.attention_backend)
         # what a slot holds on this rank: the target's KV share and the drafter's rows
@@ -160,7 +162,8 @@ class Worker:
                            device=str(self.device), kv_dtype=r.kv_dtype,
                            quantization=r.quantization,
                            host_kv_slots=self.transfer.num_slots if self.transfer else 0,
-                           prefix_align=r.prefix_align, prefix_replay=r.prefix_replay)
+                           prefix_align=r.prefix_align, prefix_replay=r.prefix_replay,
+                           entry_ids=r.entry_ids)
 
     @torch.inference_mode()
     def launch(self, plan: BatchPlan) -> InFlight:
@@ -172,6 +175,8 @@ class Worker:
             self.grammar.init_row(init.row, init.params.grammar, init.output_ids)
         if plan.inits:
             self.runner.model.bind_rows([init.row for init in plan.inits])
+        if plan.entry_writes:
+            self.runner.model.write_entries(plan.entry_writes)
         copies = self.transfer.run(plan) if self.transfer is not None else None
         if plan.lora_loads:
             self.runner.lora.load_slots(plan.lora_loads)
