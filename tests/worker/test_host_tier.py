@@ -30,6 +30,7 @@ from runtime.wire.sampling import SamplingParams
 from runtime.wire.scheduler_input import GenerateReq
 from runtime.wire.worker_channel import BatchPlan
 from runtime.worker.kv_transfer import KVTransfer
+from runtime.worker.model_check import UnsupportedModel, prepare_model
 from runtime.worker.worker import Worker
 from tests.worker.in_process import run_to_end
 
@@ -127,12 +128,11 @@ def serve_with_copies(cfg: ServerConfig, turns) -> tuple[list, object, CheckedCo
     return got, sched, copies
 
 
-def check_tier(device: str, kv_slots: int, dtype: str, model: str = "dummy:tiny",
-               **options) -> None:
+def check_tier(device: str, kv_slots: int, dtype: str, **options) -> None:
     """Prefixes from the host, and swaps in both layouts, give the tokens of a pool large
     enough to keep everything on the device."""
     turns = turns_of(8, 3, seed=7)
-    base = ServerConfig(model=model, device=device, dtype=dtype, kv_slots=4095,
+    base = ServerConfig(model="dummy:tiny", device=device, dtype=dtype, kv_slots=4095,
                         max_running=16, chunk_size=64, torch_threads=1, log_level="warning",
                         **options)
     ref, _, _ = serve_turns(base, turns, 6)
@@ -148,10 +148,17 @@ def test_host_tier_and_swap_keep_greedy_outputs_on_the_cpu():
     check_tier("cpu", 255, "float32")
 
 
-def test_deepseek_v4_rows_of_every_width_go_to_the_host_and_back():
-    """DeepSeek-V4's pool rows are as wide as each layer type needs: every width's rows
-    (window, compressor inputs, entries, indexer state) are written back and loaded."""
-    check_tier("cpu", 255, "float32", model="dummy:deepseek-v4-tiny")
+def test_deepseek_v4_with_a_host_tier_is_refused_by_field():
+    """DeepSeek-V4 keeps its compressed entries in entry pools beside the token rows, which
+    the host tier does not copy: the worker (and the server, before it starts any process)
+    refuses it in one line naming the field."""
+    cfg = ServerConfig(model="dummy:deepseek-v4-tiny", device="cpu", dtype="float32",
+                       kv_slots=255, host_kv_gib=HOST_GIB, log_level="warning")
+    with pytest.raises(UnsupportedModel, match="^host_kv_gib: deepseek_v4 keeps its "
+                       "compressed entries beside the token rows"):
+        Worker(cfg, resolve_model(cfg.model))
+    with pytest.raises(UnsupportedModel, match="^host_kv_gib: "):
+        prepare_model(cfg)
 
 
 @pytest.mark.gpu
