@@ -91,8 +91,8 @@ class ModelRunner:
     counted in `kv_bytes_per_token`, attended by the model itself (the backend gives it
     the page table, and in CUDA graphs its static copy: decode graphs up to its
     `graph_context`, padding rows on its sink request row; a capture that fails logs why
-    and leaves decode eager), 16-bit only, and its partial blocks per request row
-    (`row_state_bytes`), allocated before the pool is sized; its prefix hits follow
+    and leaves decode eager), 16-bit only, and its partial blocks (and entry tables) per
+    request row (`row_state_bytes`), allocated before the pool is sized; its prefix hits follow
     `prefix_align` / `prefix_replay` (`CausalLM.prefix_rule`).
     `quantization="fp8"` holds the projections' weights in fp8 (`Fp8Linear`); a device
     without fp8 matmul raises `QuantizationError` before anything is loaded.
@@ -152,7 +152,8 @@ class ModelRunner:
             planes, kv_heads, layer_dims = self.model.kv_layout()
             head_dim = max(layer_dims)
             # before the pool is sized: its partial blocks per request row take memory first
-            self.row_state_bytes = self.model.allocate_rows(max_rows, dtype)
+            self.row_state_bytes = self.model.allocate_rows(max_rows, dtype, spec.max_context,
+                                                            entry_table)
             entry_bytes = math.ceil(entry_bytes_per_token(self.model.arch, dtype.itemsize,
                                                           page_size, entry_table))
         elif mla is None:  # K and V of this rank's KV heads
@@ -179,8 +180,7 @@ class ModelRunner:
             layer_dims,
         )
         if rows:
-            store = self.model.allocate_entries(kv_slots + 1, page_size, entry_table, max_rows,
-                                                spec.max_context, dtype)
+            store = self.model.allocate_entries(kv_slots + 1, page_size)
             self.entry_ids = {m: n - 1 for m, n in store.counts.items()} if entry_table else {}
         self.attn = make_attention(attention_backend, self.kv_pool, self.device, mla)
         self.sampler = Sampler(max_rows, self.vocab_size, self.device, seed)

@@ -110,8 +110,12 @@ def test_each_layer_row_holds_its_own_state():
     csa = 2 * 4 * (2 * 2 * 32 + 2 * 2 * 16)
     hca = 8 * 2 * 32
     # the rows' rings and one sink row beside them
-    assert model.allocate_rows(rows, torch.float32) == (rows + 1) * fp32 * (2 * csa + hca)
+    rings = (rows + 1) * fp32 * (2 * csa + hca)
+    assert model.allocate_rows(rows, torch.float32) == rings
     assert ring_values(arch) == 2 * csa + hca  # what bench.studies.dsv4_memory counts
+    # with ids handed out, each row's entry tables too: windows of 4 and 8 over 64 positions
+    tables = (rows + 1) * 8 * ((64 // 4 + 1) + (64 // 8 + 1))
+    assert model.allocate_rows(rows, torch.float32, 64, entry_table=True) == rings + tables
     no_csa = DeepseekV4Arch.from_hf(tiny_v4_config(layer_types=[SWA, HCA, HCA, SWA]))
     assert prefix_rule(no_csa) == (8, 0)
 

@@ -19,7 +19,8 @@ def store(table: bool) -> EntryStore:
     """Entry pools of the tiny model (rates 4, 8) over 200 slots and 3 request rows; in
     the table scheme, window w of row r has id 100 + 10 * r + w."""
     arch = DeepseekV4Arch.from_hf(tiny_v4_config())
-    entries = EntryStore(arch, 200, 1, table, 3, 64, torch.float32, "cpu")
+    entries = EntryStore(arch, 3, 64, table, torch.float32, "cpu")
+    entries.allocate(200, 1)
     if table:
         entries.write([(m, r, 0, [100 + 10 * r + w for w in range(8)])
                        for m in (4, 8) for r in range(3)])

@@ -132,8 +132,9 @@ class V4DecoderLayer(nn.Module):
 class DeepseekV4ForCausalLM(CausalLM):
     """DeepseekV4ForCausalLM checkpoints. The KV pool it needs: one `head_dim` row a token
     and layer (`kv_layout`); beside it, the entry pools (`allocate_entries`, ids written
-    by `write_entries` where the scheduler hands them out), the partial blocks of each
-    request row (`allocate_rows`), and the rule its prefix hits follow (`prefix_rule`)."""
+    by `write_entries` where the scheduler hands them out), the partial blocks and entry
+    tables of each request row (`allocate_rows`), and the rule its prefix hits follow
+    (`prefix_rule`)."""
 
     MODEL_TYPES = ("deepseek_v4",)
     ARCH = DeepseekV4Arch
@@ -146,20 +147,16 @@ class DeepseekV4ForCausalLM(CausalLM):
         super().__init__(arch, tp, quantization)
         self.model.hc_head = HyperHead(arch)
         self.starts: RowStarts | None = None  # set by `allocate_rows`
-        self.entries: EntryStore | None = None  # set by `allocate_entries`
+        self.entries: EntryStore | None = None  # set by `allocate_rows`, its pools later
 
     def kv_layout(self) -> tuple[int, int, tuple[int, ...]]:
         """(planes, kv heads, each layer's head dim) of the pool: one K=V row a token and
         layer."""
         return 1, 1, (self.arch.head_dim,) * self.arch.num_layers
 
-    def allocate_entries(self, num_slots: int, page_size: int, table: bool, rows: int,
-                         max_context: int, dtype: torch.dtype) -> EntryStore:
-        """The entry pools beside a pool of `num_slots` slots (`EntryStore`; `table`: ids
-        handed out by the scheduler, kept per request row of `rows`), on the model's device."""
-        device = next(self.parameters()).device
-        self.entries = EntryStore(self.arch, num_slots, page_size, table, rows, max_context,
-                                  dtype, device)
+    def allocate_entries(self, num_slots: int, page_size: int) -> EntryStore:
+        """The entry pools beside a pool of `num_slots` slots (`EntryStore.allocate`)."""
+        self.entries.allocate(num_slots, page_size)
         return self.entries
 
     def write_entries(self, writes: list[tuple[int, int, int, list[int]]]) -> None:
@@ -170,14 +167,18 @@ class DeepseekV4ForCausalLM(CausalLM):
         """(align, replay) of prefix hits (`deepseek_v4_partial.prefix_rule`)."""
         return prefix_rule(self.arch)
 
-    def allocate_rows(self, rows: int, dtype: torch.dtype) -> int:
-        """The partial blocks of `rows` request rows, on the model's device: their bytes."""
+    def allocate_rows(self, rows: int, dtype: torch.dtype, max_context: int = 0,
+                      entry_table: bool = False) -> int:
+        """The partial blocks of `rows` request rows and, with `entry_table` (entry ids
+        handed out by the scheduler), their entry tables over `max_context` positions, on
+        the model's device: their bytes."""
         device = next(self.parameters()).device
         compressors = [c for layer in self.model.layers for c in layer.attn.compressors()]
         for c in compressors:
             c.allocate(rows, dtype, device)
         self.starts = RowStarts(rows, self.prefix_rule()[1], device)
-        return sum(c.ring.nbytes for c in compressors)
+        self.entries = EntryStore(self.arch, rows, max_context, entry_table, dtype, device)
+        return sum(c.ring.nbytes for c in compressors) + self.entries.table_bytes
 
     def bind_rows(self, rows: list[int]) -> None:
         """Rows `rows` serve new requests: their partial blocks are forgotten."""

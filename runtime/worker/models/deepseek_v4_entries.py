@@ -71,28 +71,36 @@ def entry_bytes_per_token(arch: DeepseekV4Arch, itemsize: int, page_size: int = 
 
 class EntryStore:
     """The entry pools of a model (`entry[layer]` `[ids, head_dim]`, `idx_key[layer]`
-    `[ids, index_head_dim]` for CSA layers), and in the `table` scheme `req_to_entry`."""
+    `[ids, index_head_dim]` for CSA layers, by `allocate`) and, in the `table` scheme, the
+    entry tables `req_to_entry[m]` `[rows + 1, windows]` of `rows` request rows, made at
+    construction (per-row state, taken before the pool is sized): window w's id at column
+    w, the last row the sink row (sink ids)."""
 
-    def __init__(self, arch: DeepseekV4Arch, num_slots: int, page_size: int, table: bool,
-                 rows: int, max_context: int, dtype: torch.dtype,
-                 device: torch.device | str) -> None:
-        self.page_size, self.table = page_size, table
-        rates = sorted({arch.rate(i) for i in range(arch.num_layers)} - {0})
-        self.counts = {m: entry_count(num_slots, m, page_size, table, rows) for m in rates}
+    def __init__(self, arch: DeepseekV4Arch, rows: int, max_context: int, table: bool,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        self.arch, self.rows, self.table, self.dtype, self.device = (
+            arch, rows, table, dtype, device)
+        self.rates = sorted({arch.rate(i) for i in range(arch.num_layers)} - {0})
+        self.req_to_entry = {m: torch.zeros(rows + 1, max_context // m + 1, dtype=torch.int64,
+                                            device=device) for m in self.rates if table}
+        self.counts: dict[int, int] = {}
         self.entry: dict[int, torch.Tensor] = {}
         self.idx_key: dict[int, torch.Tensor] = {}
-        for i in range(arch.num_layers):
-            widths, n = entry_widths(arch, i), self.counts.get(arch.rate(i), 0)
-            for store, width in zip((self.entry, self.idx_key), widths):
-                store[i] = torch.zeros(n, width, dtype=dtype, device=device)
-        # [rows + 1, windows] by rate: the last row is the sink row (all sink ids)
-        self.req_to_entry = {m: torch.zeros(rows + 1, max_context // m + 1, dtype=torch.int64,
-                                            device=device) for m in rates if table}
 
     @property
-    def nbytes(self) -> int:
-        tensors = [*self.entry.values(), *self.idx_key.values(), *self.req_to_entry.values()]
-        return sum(t.nbytes for t in tensors)
+    def table_bytes(self) -> int:
+        return sum(t.nbytes for t in self.req_to_entry.values())
+
+    def allocate(self, num_slots: int, page_size: int) -> None:
+        """The entry pools beside a pool of `num_slots` slots (pages of `page_size` in the
+        `paged` scheme): `entry_count` ids a rate."""
+        a = self.arch
+        self.counts = {m: entry_count(num_slots, m, page_size, self.table, self.rows)
+                       for m in self.rates}
+        for i in range(a.num_layers):
+            widths, n = entry_widths(a, i), self.counts.get(a.rate(i), 0)
+            for pools, width in zip((self.entry, self.idx_key), widths):
+                pools[i] = torch.zeros(n, width, dtype=self.dtype, device=self.device)
 
     def write(self, writes: list[tuple[int, int, int, list[int]]]) -> None:
         """Set `req_to_entry[rate][row, first + j] = ids[j]` for each (rate, row, first,
