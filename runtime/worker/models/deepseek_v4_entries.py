@@ -24,10 +24,12 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import numpy as np
 import torch
 
 from kernels.sparse.index_lists import entry_indices, entry_of_slot, paged_entry_indices
 from runtime.worker.models.deepseek_v4_arch import CSA, SWA, DeepseekV4Arch
+from runtime.worker.staging import Staging
 
 
 def ids_per_page(page_size: int, rate: int) -> int:
@@ -83,6 +85,7 @@ class EntryStore:
         self.rates = sorted({arch.rate(i) for i in range(arch.num_layers)} - {0})
         self.req_to_entry = {m: torch.zeros(rows + 1, max_context // m + 1, dtype=torch.int64,
                                             device=device) for m in self.rates if table}
+        self.staging = Staging(torch.device(device), 1 << 12) if table else None  # `write`
         self.counts: dict[int, int] = {}
         self.entry: dict[int, torch.Tensor] = {}
         self.idx_key: dict[int, torch.Tensor] = {}
@@ -104,16 +107,21 @@ class EntryStore:
 
     def write(self, writes: list[tuple[int, int, int, list[int]]]) -> None:
         """Set `req_to_entry[rate][row, first + j] = ids[j]` for each (rate, row, first,
-        ids) of `writes` (a `BatchPlan.entry_writes`)."""
+        ids) of `writes` (a `BatchPlan.entry_writes`), in one non-blocking copy."""
+        arrays = {}
+        for m in self.req_to_entry:
+            mine = [(row, first, ids) for rate, row, first, ids in writes if rate == m]
+            if mine:
+                arrays[f"row{m}"] = np.concatenate([[row] * len(ids) for row, _, ids in mine])
+                arrays[f"col{m}"] = np.concatenate([np.arange(first, first + len(ids))
+                                                    for _, first, ids in mine])
+                arrays[f"id{m}"] = np.concatenate([ids for _, _, ids in mine])
+        if not arrays:
+            return
+        d = self.staging.upload(i64=arrays, i32={})
         for m, table in self.req_to_entry.items():
-            mine = [(row, first, ids) for rate, row, first, ids in writes if rate == m and ids]
-            if not mine:
-                continue
-            rows = [row for row, _, ids in mine for _ in ids]
-            cols = [first + j for _, first, ids in mine for j in range(len(ids))]
-            ids = [i for _, _, ids in mine for i in ids]
-            index = torch.tensor([rows, cols], dtype=torch.int64).to(table.device)
-            table[index[0], index[1]] = torch.tensor(ids, dtype=torch.int64).to(table.device)
+            if f"row{m}" in d:
+                table[d[f"row{m}"], d[f"col{m}"]] = d[f"id{m}"]
 
     def ids(self, rate: int, entries: torch.Tensor, rows: torch.Tensor,
             page_table: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]) -> torch.Tensor:

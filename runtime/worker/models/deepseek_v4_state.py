@@ -7,12 +7,14 @@ per request row (`deepseek_v4_partial`).
 Per compression rate m, an entry pool holds one row by id in each layer of that rate: the
 window's compressed entry (CSA and HCA layers) and its Lightning Indexer key (CSA). A
 window's id is written when the token closing it, at `(p + 1) % m == 0`, is computed, and
-comes from the request row's entry table `req_to_entry[m][row, w]` (token-granular
-layouts: the scheduler hands ids out with the slot of each closing token,
-`runtime.scheduler.entry_ids`, and what owns that slot owns the id: a running request or
-a radix node; eviction, retraction and release free both, admission counts both) or from
-the page table (`page * ceil(page_size / m) + offset // m`: no allocator). So a token's
-row holds only its `kv`, and an entry takes its bytes once a window, not in every row.
+comes from the request row's entry table `req_to_entry[m][row, w]` (the token layout,
+whose slots admit no id that is a function of the slot: the scheduler hands ids out with
+the slot of each closing token, `runtime.scheduler.entry_ids`, and what owns that slot
+owns the id: a running request or a radix node; eviction, retraction and release free
+both, admission counts both) or from the page table (the paged layout, and at one id a
+slot the contiguous and dynamic ones: `page * ceil(page_size / m) + offset // m`, no
+allocator). So a token's row holds only its `kv`, and an entry takes its bytes once a
+window (once a page where pages are smaller than m), not in every row.
 
 The compressor inputs (projected kv and gate logits, compressor's and indexer's) are not
 in the pool: a request keeps those its next entries read, the tokens since its last
