@@ -126,6 +126,22 @@ class EntryIds:
         assert evictable == self.evictable, f"evictable ids {self.evictable}, {evictable} held"
 
 
+def take(allocator: TokenAllocator, cache: RadixCache, n: int, entries: EntryIds | None = None,
+         needs: dict[int, int] | None = None) -> np.ndarray | None:
+    """`n` slots of `allocator` and room for the ids `needs` of `entries`, evicting the
+    least recently used prefixes of `cache` while either is short; None (nothing taken)
+    if they do not fit even then."""
+
+    def lacking() -> int:  # cached tokens to evict, at least
+        short = n - allocator.available
+        return short if needs is None else max(short, entries.shortfall(needs))
+
+    short = lacking()
+    while short > 0 and cache.evict(short):
+        short = lacking()
+    return None if short > 0 else allocator.alloc(n)
+
+
 class EntryTokenAllocator(TokenAllocator):
     """A `TokenAllocator` whose freed slots give back their entry ids (`EntryIds`)."""
 

@@ -55,12 +55,14 @@ CHECK_INVARIANTS = os.environ.get("SLUICE_CHECK_INVARIANTS", "0") == "1"
 def build_kv(mode: KVMode, ready: WorkerReady, max_context: int) -> KVManager:
     """The KV manager of `mode` over the worker's slots (every layout uses the same pool),
     its prefix hits as the model's rule asks, handing out the entry ids the worker asks
-    for (`WorkerReady.entry_ids`: the token layout)."""
+    for (`WorkerReady.entry_ids`: the token layout; its host tier's `host_entry_ids`)."""
+    entries = EntryIds(ready.kv_slots, ready.entry_ids) if ready.entry_ids else None
     host = None
     if ready.host_kv_slots:
-        host = HostTier(ready.host_kv_slots, ready.kv_bytes_per_token)
+        host_entries = (EntryIds(ready.host_kv_slots, ready.host_entry_ids)
+                        if ready.host_entry_ids else None)
+        host = HostTier(ready.host_kv_slots, ready.kv_bytes_per_token, host_entries, entries)
     if mode.kind == "token":
-        entries = EntryIds(ready.kv_slots, ready.entry_ids) if ready.entry_ids else None
         kv = TokenKV(ready.kv_slots, ready.max_rows, host, entries)
     elif mode.kind == "paged":
         kv = PagedKV(ready.kv_slots, ready.max_rows, mode.page_size, host)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.scheduler.entry_ids import EntryIds, EntryRadixCache, EntryTokenAllocator
+from runtime.scheduler.entry_ids import EntryIds, EntryRadixCache, EntryTokenAllocator, take
 from runtime.scheduler.host_tier import HostTier
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.radix_cache import RadixCache, Space, TreeNode
@@ -31,8 +31,8 @@ class TokenKV(KVManager[TreeNode]):
     With `entries` (a model with compressed entries), each slot of a position closing a
     window holds an entry id of that window's rate, handed out and freed with it; a
     request's ids go to the worker with its next step (`Req.entry_writes`). Growth and
-    admission need both, evicting while either is short. No host tier then (it does not
-    carry entries).
+    admission need both, evicting while either is short; a host tier then carries the
+    ids' entries with their slots (`HostTier` with entries of its own).
     """
 
     prefix_cache = True
@@ -41,15 +41,15 @@ class TokenKV(KVManager[TreeNode]):
                  entries: EntryIds | None = None) -> None:
         super().__init__(num_rows)
         self.host, self.entries = host, entries
+        write_back = host.write_back if host is not None else None
         if entries is not None:
-            if host is not None:
-                raise ValueError("a host tier does not carry compressed entries")
+            if host is not None and host.entries is None:
+                raise ValueError("the host tier must carry the compressed entries too")
             self.allocator = EntryTokenAllocator(num_slots, entries)
-            self.cache = EntryRadixCache(self.allocator)
+            self.cache = EntryRadixCache(self.allocator, write_back)
         else:
             self.allocator = TokenAllocator(num_slots)
-            self.cache = RadixCache(self.allocator,
-                                    host.write_back if host is not None else None)
+            self.cache = RadixCache(self.allocator, write_back)
 
     @property
     def total(self) -> int:
@@ -94,11 +94,14 @@ class TokenKV(KVManager[TreeNode]):
         if not len(host):
             return slots, node
         self.cache.inc_lock(node)  # making room must not evict the device prefix
-        dev = self._take(len(host))
+        needs = None if self.entries is None else self.entries.span(len(slots), len(host))
+        dev = self._take(len(host), needs)
         self.cache.dec_lock(node)
         if dev is None:
             return slots, node
-        self.host.load(host, dev)
+        if self.entries is not None:  # the loaded windows' ids (sent with the prefix's)
+            self.entries.assign_span(dev, len(slots))
+        self.host.load(host, dev, len(slots))
         n = len(slots) + len(dev)
         dup = self.cache.insert(key[:n], np.concatenate([slots, dev]), space)
         assert dup == len(slots), (dup, len(slots))
@@ -136,15 +139,7 @@ class TokenKV(KVManager[TreeNode]):
     def _take(self, n: int, needs: dict[int, int] | None = None) -> np.ndarray | None:
         """`n` slots and room for the entry ids `needs` of each rate (evicting cached
         prefixes while either is short), or None."""
-        short = self._short(n, needs)
-        while short > 0 and self.cache.evict(short):
-            short = self._short(n, needs)
-        return None if short > 0 else self.allocator.alloc(n)
-
-    def _short(self, n: int, needs: dict[int, int] | None) -> int:
-        """Cached tokens to evict, at least, before `n` slots and the ids `needs` are free."""
-        short = n - self.allocator.available
-        return short if needs is None else max(short, self.entries.shortfall(needs))
+        return take(self.allocator, self.cache, n, self.entries, needs)
 
     def _shrink(self, req: Req, node: TreeNode, kv_len: int) -> None:
         self.allocator.free(req.slots[kv_len:req.kv_len])

@@ -59,6 +59,10 @@ class BatchPlan(WireRecord):
     writeback_host: list[int] = []
     load_host: list[int] = []
     load_dev: list[int] = []
+    # and the compressed entries of the slots they copy (`WorkerReady.host_entry_ids`), by
+    # rate: (rate, device ids, host ids) written back, (rate, host ids, device ids) loaded
+    entry_writeback: list[tuple[int, list[int], list[int]]] = []
+    entry_load: list[tuple[int, list[int], list[int]]] = []
     # LoRA: the adapter slot of each request (in order; -1: none), empty when no request
     # has one; `lora_loads` (slot, adapter name) are copied into their slots first
     lora_slots: list[int] = []
@@ -101,6 +105,8 @@ class WorkerReady(WireRecord):
     # windows) the scheduler hands out, one with the slot of each position closing a window
     # ((p + 1) % m == 0), sent in `BatchPlan.entry_writes`; empty: none to hand out
     entry_ids: dict[int, int] = {}
+    # the same for the host tier's slots, whose entries its copies carry
+    host_entry_ids: dict[int, int] = {}
 
 
 class StepResult(WireRecord):

@@ -30,7 +30,7 @@ from runtime.worker.loader import load_model
 from runtime.worker.lora.manager import LoraManager, LoraOptions
 from runtime.worker.models.deepseek import DeepseekForCausalLM
 from runtime.worker.models.deepseek_v4 import DeepseekV4ForCausalLM
-from runtime.worker.models.deepseek_v4_entries import entry_bytes_per_token
+from runtime.worker.models.deepseek_v4_entries import entry_bytes_per_token, entry_count
 from runtime.worker.models.deepseek_v4_state import graph_context
 from runtime.worker.quant.fp8_linear import check_fp8_support
 from runtime.worker.sampler import Sampler
@@ -227,6 +227,14 @@ class ModelRunner:
         if self.own_attention:
             return 0
         return self.graphs.sizes[-1] if self.graphs is not None else EAGER_DECODE_ROWS
+
+    def host_entry_pools(self, host_slots: int) -> dict[int, tuple[list[torch.Tensor], int]]:
+        """For a host tier of `host_slots` slots (`KVTransfer`), by rate: the entry pools
+        whose ids the scheduler hands out, and the host ids they need (one a window of
+        `rate` host slots, the sink included); empty without such ids."""
+        store = self.model.entries if self.entry_ids else None
+        return {m: (store.pools(m), entry_count(host_slots + 1, m, 1, True, 0))
+                for m in (store.rates if store else ())}
 
     def _default_slots(self, max_rows: int, mem_fraction: float, extra: int) -> int:
         per_token = self.kv_bytes_per_token + extra

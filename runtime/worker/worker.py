@@ -87,7 +87,7 @@ class Worker:
     """Model, KV pool, sampler and token table of one device."""
 
     def __init__(self, cfg: ServerConfig, spec: ModelSpec, rank: int = 0) -> None:
-        check_host_tier(spec, cfg.host_kv_gib)
+        check_host_tier(spec, cfg.host_kv_gib, cfg.kv)
         self.device = resolve_device(cfg.device, rank - cfg.local_ranks.start)
         self.threads = ThreadTuner.for_worker(cfg.torch_threads, self.device,
                                               len(cfg.local_ranks))
@@ -126,10 +126,13 @@ class Worker:
                                    self.device)
         self.timer = StepTimer.from_env(self.device)  # None unless SLUICE_STEP_TIMING is set
         self.transfer: KVTransfer | None = None  # the host tier, with --host-kv-gib
+        self.host_entry_ids: dict[int, int] = {}  # host entry ids the scheduler hands out
         if cfg.host_kv_gib:
-            slots = host_slots_for(cfg.host_kv_gib, self.slot_bytes, cfg.tp)
-            self.transfer = KVTransfer(self.runner.kv_pool, self.tp.min_int(slots),
-                                       drafter.slot_tensors() if drafter else ())
+            slots = self.tp.min_int(host_slots_for(cfg.host_kv_gib, self.slot_bytes, cfg.tp))
+            entries = self.runner.host_entry_pools(slots)  # carried with their slots
+            self.host_entry_ids = {m: n - 1 for m, (_, n) in entries.items()}
+            self.transfer = KVTransfer(self.runner.kv_pool, slots,
+                                       drafter.slot_tensors() if drafter else (), entries)
 
     def warm_up(self) -> None:
         """Run one prefill (chunked in two) through the whole step path before serving, so
@@ -163,7 +166,7 @@ class Worker:
                            quantization=r.quantization,
                            host_kv_slots=self.transfer.num_slots if self.transfer else 0,
                            prefix_align=r.prefix_align, prefix_replay=r.prefix_replay,
-                           entry_ids=r.entry_ids)
+                           entry_ids=r.entry_ids, host_entry_ids=self.host_entry_ids)
 
     @torch.inference_mode()
     def launch(self, plan: BatchPlan) -> InFlight:

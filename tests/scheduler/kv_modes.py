@@ -23,7 +23,8 @@ def build_mode(
     """`options` are ServerConfig fields (chunk_size, block_size, overlap, reserve, ...);
     `host_slots` sizes the host tier the worker reports (`host_kv_gib` must be set too);
     `prefix_rule` is the model's (prefix_align, prefix_replay) it reports, `entry_ids` the
-    compressed-entry ids it asks the scheduler to hand out."""
+    compressed-entry ids it asks the scheduler to hand out (and on the host tier, one a
+    window of its slots)."""
     cfg = ServerConfig(kv=kv, ipc_dir=tempfile.gettempdir(), **options)
     ready = WorkerReady(
         kv_slots=num_slots,
@@ -35,6 +36,7 @@ def build_mode(
         prefix_align=prefix_rule[0],
         prefix_replay=prefix_rule[1],
         entry_ids=entry_ids or {},
+        host_entry_ids={m: -(-host_slots // m) for m in entry_ids or {}} if host_slots else {},
     )
     sched = build_scheduler(cfg, ready, max_context)
     return sched, FakeWorker(num_slots, rows, max_context, sched.kv.page_size, host_slots)

@@ -2,8 +2,9 @@
 tokens): handed out with the slots of the positions closing windows and freed with them,
 exactly once, whoever holds the slot; a radix split keeps each id with its slot; ids that
 run short evict cached prefixes (or refuse admission when running requests hold them);
-a prefix hit sends its prefix's ids. Through the scheduler, every window a step's tokens
-read has, in the worker's tables the plans build, the id its closing slot holds."""
+a prefix hit sends its prefix's ids; the host tier copies ids with their slots. Through
+the scheduler, every window a step's tokens read has, in the worker's tables the plans
+build, the id its closing slot holds."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from runtime.scheduler.entry_ids import EntryIds
+from runtime.scheduler.host_tier import HostTier
 from runtime.scheduler.req import Req
 from runtime.scheduler.row_pool import AllocatorError
 from runtime.scheduler.token_kv import TokenKV
@@ -23,8 +25,12 @@ from tests.scheduler.test_scheduler import check_against_reference, collect
 ALIGN, REPLAY = 8, 4  # the tiny V4's prefix rule: rates 4 and 8, its CSA window replayed
 
 
-def token_kv(slots: int = 64, ids: dict[int, int] | None = None) -> TokenKV:
-    kv = TokenKV(slots, 8, entries=EntryIds(slots, ids or {4: 16, 8: 8}))
+def token_kv(slots: int = 64, ids: dict[int, int] | None = None,
+             host: int = 0) -> TokenKV:
+    """A token layout of `slots` slots handing out `ids` (and a host tier of `host`)."""
+    entries = EntryIds(slots, ids or {4: 16, 8: 8})
+    tier = HostTier(host, 0, EntryIds(host, {4: 16, 8: 8}), entries) if host else None
+    kv = TokenKV(slots, 8, tier, entries)
     kv.prefix_align, kv.prefix_replay = ALIGN, REPLAY
     return kv
 
@@ -114,6 +120,25 @@ def test_a_prefix_hit_sends_its_prefixes_ids():
     kv.check_invariants([hit])
 
 
+def test_the_host_tier_carries_ids_with_their_slots():
+    kv = token_kv(host=64)
+    prompt = list(range(1, 18))
+    a = admitted(kv, "a", prompt, 16)
+    kv.release(a, cache=True)
+    assert kv.flush_cache() == 16  # written back: host slots and host ids of each window
+    orders = kv.take_copies()
+    assert {m: (d.tolist(), h.tolist()) for m, (d, h) in orders.entry_writeback.items()} == {
+        4: ([1, 2, 3, 4], [1, 2, 3, 4]), 8: ([1, 2], [1, 2])}
+    assert (kv.entries.pools[4].available, kv.host.entries.pools[4].available) == (16, 12)
+    hit = Req(make_req("hit", prompt[:16] + [90], 4))
+    assert kv.admit(hit) and hit.cached_len == 16  # loaded into fresh slots and ids
+    orders = kv.take_copies()
+    assert {m: (h.tolist(), d.tolist()) for m, (h, d) in orders.entry_load.items()} == {
+        4: ([1, 2, 3, 4], [5, 6, 7, 8]), 8: ([1, 2], [3, 4])}
+    assert hit.entry_writes == [(4, 0, [5, 6, 7, 8]), (8, 0, [3, 4])]
+    kv.check_invariants([hit])
+
+
 def mirror_tables(sched, rates=(4, 8)):
     """A worker's entry tables built from each plan's `entry_writes`; checks every plan's
     requests read, for each window their positions close, the id their closing slot holds
@@ -138,13 +163,18 @@ def mirror_tables(sched, rates=(4, 8)):
     return check
 
 
-@pytest.mark.parametrize("ids,short", [({4: 1000, 8: 1000}, False), ({4: 40, 8: 20}, True)])
-def test_the_plans_ids_are_the_closing_slots_own(ids, short):
+@pytest.mark.parametrize("ids,short,host", [
+    ({4: 1000, 8: 1000}, False, {}),
+    ({4: 40, 8: 20}, True, {}),
+    ({4: 40, 8: 20}, True, dict(host_slots=120, host_kv_gib=1.0)),
+])  # fmt: skip
+def test_the_plans_ids_are_the_closing_slots_own(ids, short, host):
     """Shared prompts through the scheduler, ids plenty or short (cached prefixes evicted
-    for them): every window a step reads has the id its slot holds, the outputs are the
-    reference's, the invariants hold between steps."""
+    for them), with or without a host tier (evicted prefixes written back with their ids,
+    loaded back into fresh ones): every window a step reads has the id its slot holds, the
+    outputs are the reference's, the invariants hold between steps."""
     sched, worker = build_mode("token", num_slots=200, rows=16, chunk_size=16,
-                               prefix_rule=(ALIGN, REPLAY), entry_ids=ids)
+                               prefix_rule=(ALIGN, REPLAY), entry_ids=ids, **host)
     entries, lacking = sched.kv.entries, []
     shortfall = entries.shortfall
     entries.shortfall = lambda needs: lacking.append(shortfall(needs)) or lacking[-1]
@@ -162,3 +192,5 @@ def test_the_plans_ids_are_the_closing_slots_own(ids, short):
     check_against_reference(reqs, outs)
     assert sched.kv.stats().prefix_hit_tokens > 0
     assert any(lacking) == short  # growth found ids short (and evicted for them)
+    if host:
+        assert sched.kv.stats().host.hit_tokens > 0  # prefixes loaded back, ids and all

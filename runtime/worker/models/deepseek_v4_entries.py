@@ -105,6 +105,11 @@ class EntryStore:
             for pools, width in zip((self.entry, self.idx_key), widths):
                 pools[i] = torch.zeros(n, width, dtype=self.dtype, device=self.device)
 
+    def pools(self, rate: int) -> list[torch.Tensor]:
+        """The entry pools `[ids, width]` of every layer of `rate`."""
+        return [pools[i] for pools in (self.entry, self.idx_key) for i in pools
+                if self.arch.rate(i) == rate]
+
     def write(self, writes: list[tuple[int, int, int, list[int]]]) -> None:
         """Set `req_to_entry[rate][row, first + j] = ids[j]` for each (rate, row, first,
         ids) of `writes` (a `BatchPlan.entry_writes`), in one non-blocking copy."""

@@ -30,8 +30,10 @@ closed window and in CSA the overlap window before them, in its row's ring. So:
 - chunked prefill and decode carry the ring from step to step; the token / paged /
   contiguous KV modes read the rows through the page table;
 - a **retraction** frees the rows and entries and recomputes them on re-admission (a
-  prefix hit on what was cached). The host tier (write-back, swap) copies token rows
-  only, so it is refused for this model (`model_check.check_host_tier`).
+  prefix hit on what was cached). The host tier (write-back, swap) copies the rows and,
+  in the token layout, the entry rows of the ids their slots hold, into host ids of the
+  host slots (`HostTier`, `KVTransfer`); it is refused with the other layouts
+  (`model_check.check_host_tier`).
 
 Still per token: every token's window row stays in the pool after it left the window;
 `bench.studies.dsv4_memory` counts this beside the compressed design. fp8 / int8 pools
