@@ -91,6 +91,10 @@ class EntryIds:
         return [(m, int(positions[at[0]]) // m, ids.tolist())
                 for m, at, ids in self.assign(slots, positions)]
 
+    def ids_of(self, rate: int, slots: np.ndarray) -> np.ndarray:
+        """The ids of `rate` that `slots` hold (0: none)."""
+        return self.of_slot[rate][slots]
+
     def release(self, slots: np.ndarray) -> None:
         """Free the ids the freed `slots` held."""
         for m in self.rates:
@@ -124,6 +128,12 @@ class EntryIds:
                 for m, k in self.held(node.value).items():
                     evictable[m] += k
         assert evictable == self.evictable, f"evictable ids {self.evictable}, {evictable} held"
+
+
+def paged_entry_ids(page_size: int, rate: int, slots: np.ndarray) -> np.ndarray:
+    """The ids of `rate` the worker gives the windows closing at `slots` where ids follow
+    pages of `page_size` (`kernels.sparse.index_lists.entry_of_slot`)."""
+    return slots // page_size * -(-page_size // rate) + slots % page_size // rate
 
 
 def take(allocator: TokenAllocator, cache: RadixCache, n: int, entries: EntryIds | None = None,

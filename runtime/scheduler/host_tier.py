@@ -13,10 +13,11 @@ host slots: a prefix may be cached on the device, on the host, or on both.
 - A preempted request's blocks (`PagedKV`, `--preempt swap`) are swapped out to host
   slots it holds outside the tree (`swap_out`) and loaded back when it is re-admitted.
 
-With compressed entries (`EntryIds`, the token layout of DeepSeek-V4), the host slots of
-positions closing windows hold host entry ids as the device's do, handed out and freed
-with them: a write-back copies each such slot's entries from its device id to its host
-id, a load from its host id to the device id its fresh slot got.
+With compressed entries (`EntryIds`, DeepSeek-V4's windows), the host slots of positions
+closing windows hold host entry ids as the device's do in the token layout, handed out
+and freed with them: a write-back or swap copies each such slot's entries from its device
+id (`device_ids`: the id its slot holds, or the one its page gives) to its host id, a load
+from its host id to its fresh device slot's.
 
 The copy orders travel in the next `BatchPlan`, write-backs before loads. The worker runs
 them before that step's forward, in order, on one copy stream that the forward waits
@@ -29,6 +30,7 @@ locked (or, swapped, held) until the plan carrying the load is built (`take_orde
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,13 +72,14 @@ class HostStats:
 class HostTier:
     """Host slots 1..num_slots under a radix tree; collects the copy orders of a step.
     `bytes_per_token` (the pool's, all layers) turns token counts into bytes in `stats`.
-    `entries`: the host entry ids of a model with compressed entries, whose device ids
-    `device` holds."""
+    `entries`: the host entry ids of a model with compressed entries, and `device_ids(m,
+    slots)` the device ids of rate m of device `slots` (those closing windows)."""
 
     def __init__(self, num_slots: int, bytes_per_token: int = 0,
-                 entries: EntryIds | None = None, device: EntryIds | None = None) -> None:
+                 entries: EntryIds | None = None,
+                 device_ids: Callable[[int, np.ndarray], np.ndarray] | None = None) -> None:
         self.bytes_per_token = bytes_per_token
-        self.entries, self.device = entries, device
+        self.entries, self.device_ids = entries, device_ids
         if entries is None:
             self.allocator = TokenAllocator(num_slots)
             self.cache = RadixCache(self.allocator)
@@ -109,13 +112,7 @@ class HostTier:
         self.cache.dec_lock(node)
         if host is None:
             return  # larger than everything the host can free: not kept
-        dev = dev_slots[len(held):]
-        self._writebacks.append((dev, host))
-        if self.entries is not None:
-            positions = np.arange(len(held), len(key))
-            for m, at, host_ids in self.entries.assign(host, positions):
-                pair = (self.device.of_slot[m][dev[at]], host_ids)
-                self._entry_writebacks.setdefault(m, []).append(pair)
+        self._write(dev_slots[len(held):], host, len(held))
         self.writeback_tokens += missing
         dup = self.cache.insert(key, np.concatenate([held, host]), space)
         assert dup == len(held), (dup, len(held))
@@ -141,7 +138,7 @@ class HostTier:
                 at = np.flatnonzero(closing % m == 0)
                 if at.size:
                     pair = (self.entries.of_slot[m][host_slots[at]],
-                            self.device.of_slot[m][dev_slots[at]])
+                            self.device_ids(m, dev_slots[at]))
                     self._entry_loads.setdefault(m, []).append(pair)
         self.hit_tokens += len(host_slots)
         self.load_tokens += len(host_slots)
@@ -152,15 +149,24 @@ class HostTier:
         until `release`; None if the host cannot make room (least recently used cached
         prefixes are evicted for it)."""
         n = len(dev_slots)
-        if self.allocator.available < n:
-            self.cache.evict(n - self.allocator.available)
-        host = self.allocator.alloc(n)
+        needs = None if self.entries is None else self.entries.span(0, n)
+        host = take(self.allocator, self.cache, n, self.entries, needs)
         if host is None:
             return None
-        self._writebacks.append((np.asarray(dev_slots, dtype=np.int32), host))
+        self._write(np.asarray(dev_slots, dtype=np.int32), host, 0)
         self.writeback_tokens += n
         self.swapped += n
         return host
+
+    def _write(self, dev_slots: np.ndarray, host_slots: np.ndarray, start: int) -> None:
+        """Order copies of `dev_slots` (positions from `start` on) into `host_slots`, and
+        with entries, host ids for the slots closing windows and copies of their entries."""
+        self._writebacks.append((dev_slots, host_slots))
+        if self.entries is not None:
+            positions = np.arange(start, start + len(host_slots))
+            for m, at, host_ids in self.entries.assign(host_slots, positions):
+                pair = (self.device_ids(m, dev_slots[at]), host_ids)
+                self._entry_writebacks.setdefault(m, []).append(pair)
 
     def release(self, host_slots: np.ndarray) -> None:
         """Give back swapped-out slots (after `load`ing what is needed of them): free once

@@ -105,7 +105,8 @@ class WorkerReady(WireRecord):
     # windows) the scheduler hands out, one with the slot of each position closing a window
     # ((p + 1) % m == 0), sent in `BatchPlan.entry_writes`; empty: none to hand out
     entry_ids: dict[int, int] = {}
-    # the same for the host tier's slots, whose entries its copies carry
+    # by rate: host entry ids of the host tier's slots (one a window of its slots), whose
+    # entries its copies carry with the slots (any layout); empty: none
     host_entry_ids: dict[int, int] = {}
 
 

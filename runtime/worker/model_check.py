@@ -41,7 +41,6 @@ def prepare_model(cfg: ServerConfig) -> ModelSpec:
     raises one of LOAD_ERRORS."""
     spec = spec_for(cfg, offline=False)
     check_model(spec, cfg.quantization, cfg.tp)
-    check_host_tier(spec, cfg.host_kv_gib, cfg.kv)
     if cfg.speculative_algorithm == "draft":
         draft = resolve_model(cfg.speculative_draft_model, offline=False)
         check_model(draft)
@@ -83,16 +82,6 @@ def check_model(spec: ModelSpec, quantization: str = "none", tp: int = 1) -> Non
             build_model(config, TPGroup(0, tp), quantization)
     except (NotImplementedError, ValueError) as exc:
         raise UnsupportedModel(f"{source}: {exc}") from None
-
-
-def check_host_tier(spec: ModelSpec, host_kv_gib: float, kv: str) -> None:
-    """Raise `UnsupportedModel` where a host tier (`--host-kv-gib`) is asked for a model
-    whose KV it cannot carry in layout `kv`: DeepSeek-V4's compressed entries, in entry
-    pools beside the token rows, go with their slots in the token layout only."""
-    if host_kv_gib and kv != "token" and spec.hf_config().model_type == "deepseek_v4":
-        raise UnsupportedModel(f"host_kv_gib: deepseek_v4's compressed entries go to the "
-                               f"host tier with their slots in the token layout only, "
-                               f"not with --kv {kv}")
 
 
 def _config_problem(spec: ModelSpec, exc: Exception) -> str:

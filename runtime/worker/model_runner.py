@@ -230,9 +230,9 @@ class ModelRunner:
 
     def host_entry_pools(self, host_slots: int) -> dict[int, tuple[list[torch.Tensor], int]]:
         """For a host tier of `host_slots` slots (`KVTransfer`), by rate: the entry pools
-        whose ids the scheduler hands out, and the host ids they need (one a window of
-        `rate` host slots, the sink included); empty without such ids."""
-        store = self.model.entries if self.entry_ids else None
+        (DeepSeek-V4's) and the host ids they need (one a window of `rate` host slots, the
+        sink included); empty for a model without them."""
+        store = self.model.entries if self.own_attention else None
         return {m: (store.pools(m), entry_count(host_slots + 1, m, 1, True, 0))
                 for m in (store.rates if store else ())}
 

@@ -54,7 +54,7 @@ from runtime.worker.grammar_rows import GrammarRows
 from runtime.worker.in_flight import InFlight, send_results
 from runtime.worker.kv_transfer import KVTransfer, host_slots_for
 from runtime.worker.lora.manager import LoraOptions
-from runtime.worker.model_check import LOAD_ERRORS, check_host_tier
+from runtime.worker.model_check import LOAD_ERRORS
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.speculative.drafters import Drafter, graph_rows, load_drafter
 from runtime.worker.step_output import StepOutput, gather_top_logprobs, top_positions
@@ -87,7 +87,6 @@ class Worker:
     """Model, KV pool, sampler and token table of one device."""
 
     def __init__(self, cfg: ServerConfig, spec: ModelSpec, rank: int = 0) -> None:
-        check_host_tier(spec, cfg.host_kv_gib, cfg.kv)
         self.device = resolve_device(cfg.device, rank - cfg.local_ranks.start)
         self.threads = ThreadTuner.for_worker(cfg.torch_threads, self.device,
                                               len(cfg.local_ranks))

@@ -8,13 +8,15 @@ build, the id its closing slot holds."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import numpy as np
 import pytest
 
-from runtime.scheduler.entry_ids import EntryIds
+from runtime.scheduler.entry_ids import EntryIds, paged_entry_ids
 from runtime.scheduler.host_tier import HostTier
+from runtime.scheduler.paged_kv import PagedKV
 from runtime.scheduler.req import Req
 from runtime.scheduler.row_pool import AllocatorError
 from runtime.scheduler.token_kv import TokenKV
@@ -29,7 +31,7 @@ def token_kv(slots: int = 64, ids: dict[int, int] | None = None,
              host: int = 0) -> TokenKV:
     """A token layout of `slots` slots handing out `ids` (and a host tier of `host`)."""
     entries = EntryIds(slots, ids or {4: 16, 8: 8})
-    tier = HostTier(host, 0, EntryIds(host, {4: 16, 8: 8}), entries) if host else None
+    tier = HostTier(host, 0, EntryIds(host, {4: 16, 8: 8}), entries.ids_of) if host else None
     kv = TokenKV(slots, 8, tier, entries)
     kv.prefix_align, kv.prefix_replay = ALIGN, REPLAY
     return kv
@@ -137,6 +139,29 @@ def test_the_host_tier_carries_ids_with_their_slots():
         4: ([1, 2, 3, 4], [5, 6, 7, 8]), 8: ([1, 2], [3, 4])}
     assert hit.entry_writes == [(4, 0, [5, 6, 7, 8]), (8, 0, [3, 4])]
     kv.check_invariants([hit])
+
+
+def test_paged_swaps_carry_the_ids_pages_give():
+    """Pages of 4: window w of 4 (or 8) closes at a block's last slot, whose page is its
+    id on the device; the host gives it a host id of its own with the swapped slot."""
+    host = HostTier(64, 0, EntryIds(64, {4: 16, 8: 8}), functools.partial(paged_entry_ids, 4))
+    kv = PagedKV(23, 4, 4, host)  # blocks 1..5
+    kv.prefix_align, kv.prefix_replay = ALIGN, REPLAY
+    a = admitted(kv, "a", list(range(1, 20)), 16)  # blocks of positions 0..15
+    pages = [b.block_id for b in kv.tables["a"].blocks]
+    assert kv.swap_out(a)
+    a.retract()
+    out = kv.take_copies().entry_writeback
+    assert {m: (d.tolist(), h.tolist()) for m, (d, h) in out.items()} == {
+        4: (pages, [1, 2, 3, 4]), 8: (pages[1::2], [1, 2])}
+    b = admitted(kv, "b", list(range(50, 70)), 20)  # every block: a's cached ones reused
+    kv.release(b, cache=False)
+    assert kv.admit(a) and a.cached_len == 16  # its 16 positions loaded into fresh blocks
+    fresh = [b.block_id for b in kv.tables["a"].blocks]
+    back = kv.take_copies().entry_load
+    assert {m: (h.tolist(), d.tolist()) for m, (h, d) in back.items()} == {
+        4: ([1, 2, 3, 4], fresh), 8: ([1, 2], fresh[1::2])}
+    kv.check_invariants([a])
 
 
 def mirror_tables(sched, rates=(4, 8)):

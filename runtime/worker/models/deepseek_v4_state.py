@@ -30,10 +30,10 @@ closed window and in CSA the overlap window before them, in its row's ring. So:
 - chunked prefill and decode carry the ring from step to step; the token / paged /
   contiguous KV modes read the rows through the page table;
 - a **retraction** frees the rows and entries and recomputes them on re-admission (a
-  prefix hit on what was cached). The host tier (write-back, swap) copies the rows and,
-  in the token layout, the entry rows of the ids their slots hold, into host ids of the
-  host slots (`HostTier`, `KVTransfer`); it is refused with the other layouts
-  (`model_check.check_host_tier`).
+  prefix hit on what was cached). The host tier (write-back, swap) copies the rows and
+  the entry rows of the windows they close (by the ids their slots hold, or their pages
+  give) into host slots and the host ids those hold, and back into fresh ones
+  (`HostTier`, `KVTransfer`).
 
 Still per token: every token's window row stays in the pool after it left the window;
 `bench.studies.dsv4_memory` counts this beside the compressed design. fp8 / int8 pools
