@@ -20,11 +20,13 @@ per stored row (the `--kv-dtype fp8` layout of `runtime.worker.kv_pool`), for th
 the entries, the indexer keys, the MLA latent and the MHA heads alike. The partial block
 stays bf16 in both (gate logits feed a softmax; it is small and bounded).
 
-Beside that design, what Sluice holds for V4 today, read from the model code's layout: one
-pool row per token and layer, as wide as that layer's type needs (its K=V row, and a slot
-for the entry and indexer key of a window it closes: `runtime.worker.models.
-deepseek_v4_state`), and per request row the rings of its partial block (compressor
-inputs: `deepseek_v4_partial`), bf16 only.
+Beside that design, what Sluice holds for V4, read from the model code's layout: one pool
+row per token and layer, its K=V row (`head_dim`), and beside the pool the entry pools by
+window id (`runtime.worker.models.deepseek_v4_entries`: a CSA layer's entry and indexer
+key, an HCA layer's entry, one id a window in the token layout and with pages a multiple
+of the rate; HCA under pages of 16 or 64 tokens one id a page), and per request row the
+rings of its partial block (compressor inputs: `deepseek_v4_partial`), bf16 only. The
+layout before the entry pools (an entry slot in every token's row) is shown beside it.
 
     python -m bench.studies.dsv4_memory [--out bench/results/dsv4/<date>-kv-memory]
 """
@@ -37,7 +39,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 
 from bench.outputs import write_outputs
-from bench.studies.dsv4_memory_report import SHORT, report
+from bench.studies.dsv4_memory_report import report
 
 GiB = 1 << 30
 BUDGET = 100 * GiB
@@ -172,25 +174,34 @@ LLAMA_7B = DenseShape("Llama-7B MHA", "Llama-2-7b config.json", 32, 2 * 32, 128)
 DENSE = (ARTICLES_FLASH, ARTICLES_PRO, MLA_V2, MLA_V2_LITE, MLA_V3, LLAMA_7B)
 
 
+PAGED = (16, 64)  # page sizes of the paged layout shown (16: `--block-size`'s default)
+
+
 def sluice_layout(shape: V4Shape) -> dict:
     """What Sluice's V4 state takes for this shape (bf16), from the model code's own
-    layout: the pool row bytes a token of each layer type and in all, and the bytes of one
-    request row's partial-block rings (a fixed cost a row, beside the pool)."""
+    layout: the bytes a token takes in the token layout (its K=V rows and its share of the
+    entry pools), in the paged layout of each of `PAGED`, and in the layout of an entry
+    slot in every row (before the entry pools), and the bytes of one request row's
+    partial-block rings (a fixed cost a row, beside the pool)."""
     from transformers import DeepseekV4Config
 
     from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
+    from runtime.worker.models.deepseek_v4_entries import entry_bytes_per_token
     from runtime.worker.models.deepseek_v4_partial import ring_values
-    from runtime.worker.models.deepseek_v4_state import layer_widths
 
     config = DeepseekV4Config(
         num_hidden_layers=shape.num_hidden_layers, head_dim=shape.head_dim,
         sliding_window=shape.sliding_window, index_head_dim=shape.index_head_dim,
         layer_types=list(shape.layer_types), compress_rates=dict(shape.compress_rates))
     arch = DeepseekV4Arch.from_hf(config)
-    widths = layer_widths(arch)
-    by_type = {kind: 2 * widths[shape.layer_types.index(kind)]
-               for kind in (SWA, CSA, HCA) if kind in shape.layer_types}
-    return {"row_bytes_by_layer_type": by_type, "bytes_per_token": 2 * sum(widths),
+    rows = 2 * arch.num_layers * arch.head_dim  # the K=V rows, bf16
+
+    def per_token(page_size: int, table: bool) -> float:
+        return rows + float(entry_bytes_per_token(arch, 2, page_size, table))
+
+    return {"kv_row_bytes": rows, "bytes_per_token": per_token(1, True),
+            "bytes_per_token_paged": {p: per_token(p, False) for p in PAGED},
+            "bytes_per_token_entry_in_rows": per_token(1, False),
             "ring_bytes_per_row": 2 * ring_values(arch)}
 
 
@@ -215,9 +226,11 @@ def v4_row(shape: V4Shape) -> dict:
                    "requests_2048_in_budget": BUDGET // per_request[2048]}
     layout = sluice_layout(shape)
     pool, ring = layout["bytes_per_token"], layout["ring_bytes_per_row"]
-    per_request = {c: pool * c + ring for c in CONTEXTS}
+    per_request = {c: round(pool * c) + ring for c in CONTEXTS}
+    before = round(layout["bytes_per_token_entry_in_rows"] * 2048) + ring
     out["sluice_pool_bf16"] = {**layout, "per_request": per_request,
-                               "requests_2048_in_budget": BUDGET // per_request[2048]}
+                               "requests_2048_in_budget": BUDGET // per_request[2048],
+                               "requests_2048_in_budget_entry_in_rows": BUDGET // before}
     return out
 
 
@@ -253,9 +266,10 @@ def main(argv: list[str] | None = None) -> None:
     write_outputs(args.out, res, report(rows_v4, rows_dense, command, MLA_V3.name))
     for row in rows_v4:
         d = row["sluice_pool_bf16"]
-        types = ", ".join(f"{SHORT[t]} {b:,}" for t, b in d["row_bytes_by_layer_type"].items())
-        print(f"{row['name']}: Sluice pool {d['bytes_per_token']:,} bytes/token ({types} a "
-              f"layer), partial-block rings {d['ring_bytes_per_row']:,} bytes/request row; "
+        paged = ", ".join(f"paged {p}: {b:,.0f}" for p, b in d["bytes_per_token_paged"].items())
+        print(f"{row['name']}: Sluice {d['bytes_per_token']:,.0f} bytes/token ({paged}; an "
+              f"entry slot in every row: {d['bytes_per_token_entry_in_rows']:,.0f}), "
+              f"partial-block rings {d['ring_bytes_per_row']:,} bytes/request row; "
               f"compressed design {row['bf16']['bytes_per_token_asymptotic']:,.0f} bytes/token")
     print(f"wrote {args.out}.json and {args.out}.md")
 

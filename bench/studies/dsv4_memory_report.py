@@ -6,8 +6,6 @@ from __future__ import annotations
 import datetime
 
 GiB = 1 << 30
-SHORT = {"sliding_attention": "SWA", "compressed_sparse_attention": "CSA",
-         "heavily_compressed_attention": "HCA"}
 
 
 def size(n: float) -> str:
@@ -19,12 +17,13 @@ def size(n: float) -> str:
 
 def report(rows_v4: list[dict], rows_dense: list[dict], command: str, mla_name: str) -> str:
     """The report: V4 rows by part at 2,048 tokens, every row at each context the rows
-    hold, the requests of 2,048 in the budget, and Sluice's pool today; `mla_name`: the
+    hold, the requests of 2,048 in the budget, and Sluice's pool and entry pools; `mla_name`: the
     dense row the answer line sets beside V4."""
     contexts = list(rows_v4[0]["bf16"]["per_request"])
     flash, pro = rows_v4
     mla = next(r for r in rows_dense if r["name"] == mla_name)
     art = rows_dense[0]
+    sluice = flash["sluice_pool_bf16"]
     ratio = art["bf16"]["per_request"][2048] / flash["bf16"]["per_request"][2048]
     lines = [
         f"# DeepSeek-V4 KV memory from its configs ({datetime.date.today()})", "",
@@ -38,10 +37,13 @@ def report(rows_v4: list[dict], rows_dense: list[dict], command: str, mla_name: 
         f"({art['bf16']['requests_2048_in_budget']:,} fit); V4-Pro "
         f"{size(pro['bf16']['per_request'][2048])} ({pro['bf16']['requests_2048_in_budget']:,}"
         f"); V3 MLA {size(mla['bf16']['per_request'][2048])} "
-        f"({mla['bf16']['requests_2048_in_budget']:,}). Sluice's V4 state today (per-token "
-        "pool rows, partial-block rings per request row) holds "
-        f"{size(flash['sluice_pool_bf16']['per_request'][2048])} "
-        f"({flash['sluice_pool_bf16']['requests_2048_in_budget']:,} fit). Arithmetic from "
+        f"({mla['bf16']['requests_2048_in_budget']:,}). Sluice's V4 state (K=V rows a token, "
+        "entry pools by window, partial-block rings per request row) takes "
+        f"{sluice['bytes_per_token']:,.0f} bytes a token in the token layout, "
+        f"{sluice['bytes_per_token_entry_in_rows']:,.0f} with an entry slot in every row as "
+        f"before, and holds {size(sluice['per_request'][2048])} a 2,048-token request "
+        f"({sluice['requests_2048_in_budget']:,} fit, "
+        f"{sluice['requests_2048_in_budget_entry_in_rows']:,} before). Arithmetic from "
         "config fields, no run.",
         "", f"`{command}`", "",
         "Numbers from the checkpoints' config.json fields (written into "
@@ -73,26 +75,34 @@ def report(rows_v4: list[dict], rows_dense: list[dict], command: str, mla_name: 
             req = [size(d["per_request"][c]) for c in contexts]
             lines.append(f"| {r['name']} | {dt} | {per_token:,.0f} | " + " | ".join(req)
                          + f" | {d['requests_2048_in_budget']:,} |")
-    lines += ["", "## What Sluice holds for V4 today", "",
-              "One bf16 pool row per token and layer, each as wide as its layer type needs "
-              "(sliding window: the K=V row, `head_dim`; HCA: and a slot for the entry of a "
-              "window the token closes, `2 x head_dim`; CSA: and the indexer key's, `2 x "
-              "head_dim + index_head_dim`), and per request row the rings of its partial "
+    paged = list(sluice["bytes_per_token_paged"])
+    lines += ["", "## What Sluice holds for V4", "",
+              "One bf16 pool row per token and layer, its K=V row (`head_dim`), and entry "
+              "pools beside the pool by window id: a CSA layer's entry and indexer key "
+              "(`head_dim + index_head_dim`) a 4 tokens, an HCA layer's entry (`head_dim`) "
+              "a 128 tokens; in the token layout the scheduler hands the ids out with the "
+              "slots of the closing tokens, in the paged layout they follow the pages "
+              "(`ceil(page_size / rate)` ids a page: pages of 16 or 64 give HCA one id a "
+              "page, 8 or 2 times its windows). Per request row, the rings of its partial "
               "block (the compressor and indexer inputs of its open windows and CSA overlap "
-              "window: a fixed cost a row, counted in each request below). Prefix hits reuse "
-              "rows at multiples of every rate and compute the last CSA window again. Every "
-              "token's window row and entry slot stay in the pool: the compressed design "
-              "above is what a pool of per-layer-type parts would hold.", "",
-              "| model | row bytes a token, by layer type | bytes/token | rings a "
-              "request row | 2,048 | 32k | 128k | 1M | 2,048-token requests in 100 GiB |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "window: a fixed cost a row, counted in each request below). Prefix hits "
+              "reuse rows and entries at multiples of every rate and compute the last CSA "
+              "window again. Every token's window row stays in the pool: the compressed "
+              "design above keeps only the ring. \"Before\": the layout with a slot for "
+              "an entry (and indexer key) in every token's row.", "",
+              "| model | K=V rows a token | bytes/token, token layout | "
+              + " | ".join(f"paged {p}" for p in paged) + " | before | rings a request row "
+              "| 2,048 | 32k | 128k | 1M | 2,048-token requests in 100 GiB (before) |",
+              "|" + "---|" * (10 + len(paged))]
     for r in rows_v4:
         d = r["sluice_pool_bf16"]
-        types = ", ".join(f"{SHORT[t]} {b:,}" for t, b in d["row_bytes_by_layer_type"].items())
         req = [size(d["per_request"][c]) for c in contexts]
-        lines.append(f"| {r['name']} | {types} | {d['bytes_per_token']:,} | "
+        lines.append(f"| {r['name']} | {d['kv_row_bytes']:,} | {d['bytes_per_token']:,.0f} | "
+                     + " | ".join(f"{b:,.0f}" for b in d["bytes_per_token_paged"].values())
+                     + f" | {d['bytes_per_token_entry_in_rows']:,.0f} | "
                      f"{size(d['ring_bytes_per_row'])} | " + " | ".join(req)
-                     + f" | {d['requests_2048_in_budget']:,} |")
+                     + f" | {d['requests_2048_in_budget']:,} "
+                     f"({d['requests_2048_in_budget_entry_in_rows']:,}) |")
     lines += ["", "Contexts past a model's `max_position_embeddings` (Llama-7B 4,096; V2/V3 "
               "128k-160k) are the formula's value, not something the model serves.", "",
               "The reserved partial block is mostly HCA's: 127 buffered tokens of kv and gate "

@@ -1,10 +1,12 @@
 """The per-query key lists `sparse_mqa_attention` reads, built in torch from a batch's CSR page
 table (`kernels.kv.paging`), vectorized over the batch (no host sync, no loop a sequence).
 
-Query t of sequence b at position p reads two lists of pool slots, -1 for none:
-- its window, positions (p - window, p], oldest first (`window_indices`);
+Query t of sequence b at position p reads two lists, -1 for none:
+- its window: the pool slots of positions (p - window, p], oldest first (`window_indices`);
 - compressed entries, by entry number: entry w is the one whose window of `rate` tokens
-  closes at position (w + 1) * rate - 1, and lives in that token's row (`entry_indices`).
+  closes at position (w + 1) * rate - 1; it lives in an entry pool beside the token rows,
+  at an id read from the request row's entry table (`entry_indices`) or, where ids follow
+  the pages, from the closing token's slot (`paged_entry_indices`).
   Which entries: every one closed by p (`visible_entries`), or the indexer's best-scored of
   those (`top_entries` over `indexer_scores`).
 """
@@ -39,12 +41,31 @@ def window_indices(positions: torch.Tensor, seqs: torch.Tensor, kv_indptr: torch
     return position_slots(pos, seqs, kv_indptr, kv_indices, page_size)
 
 
-def entry_indices(entries: torch.Tensor, seqs: torch.Tensor, kv_indptr: torch.Tensor,
-                  kv_indices: torch.Tensor, page_size: int, rate: int) -> torch.Tensor:
-    """`[T, k]` int32: the slots holding entry numbers entries `[T, k]` (-1: none) of the
-    queries' sequences seqs `[T]`, each in the row of the token closing its window."""
+def entry_indices(entries: torch.Tensor, rows: torch.Tensor,
+                  req_to_entry: torch.Tensor) -> torch.Tensor:
+    """`[T, k]` int32: the ids of entry numbers entries `[T, k]` (-1: none) of the queries'
+    request rows `[T]`, read from the entry table `req_to_entry` `[rows, windows]` (window
+    w's id at column w)."""
+    picked = req_to_entry[rows.long()[:, None], entries.long().clamp(min=0)]  # [T, k]
+    return torch.where(entries >= 0, picked, -1).to(torch.int32)
+
+
+def entry_of_slot(slots: torch.Tensor, page_size: int, rate: int) -> torch.Tensor:
+    """The id of the entry whose window closes at pool slots `slots` (any shape, int), when
+    ids follow pages: `ceil(page_size / rate)` ids a page, the closing token's offset in
+    its page // rate the id within it."""
+    per_page = -(-page_size // rate)
+    return slots // page_size * per_page + slots % page_size // rate
+
+
+def paged_entry_indices(entries: torch.Tensor, seqs: torch.Tensor, kv_indptr: torch.Tensor,
+                        kv_indices: torch.Tensor, page_size: int, rate: int) -> torch.Tensor:
+    """`[T, k]` int32: `entry_indices` where ids follow the page table (`entry_of_slot` of
+    the slot of the token closing each entry's window, in the queries' sequences `[T]`)."""
     closing = torch.where(entries >= 0, (entries.long() + 1) * rate - 1, -1)  # [T, k]
-    return position_slots(closing, seqs, kv_indptr, kv_indices, page_size)
+    slots = position_slots(closing, seqs, kv_indptr, kv_indices, page_size)  # [T, k]
+    ids = entry_of_slot(slots.long(), page_size, rate)
+    return torch.where(slots >= 0, ids, -1).to(torch.int32)
 
 
 def visible_entries(positions: torch.Tensor, rate: int, n: int) -> torch.Tensor:

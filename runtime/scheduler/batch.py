@@ -52,7 +52,8 @@ class Batch:
         The work is proportional to the step's new tokens: a decode contributes its row,
         position and (placeholder) input id; an extend its new tokens and, on admission,
         its row binding and cached prefix pages (and, where the model asks it, the prefix's
-        last `Req.replay` tokens again, with the pages they start).
+        last `Req.replay` tokens again, with the pages they start); any request the ids of
+        compressed entries it was handed (`Req.entry_writes`).
         """
         bid = self.batch_id
         rows, prefix_lens, input_ids = [], [], []
@@ -118,13 +119,17 @@ class Batch:
             elif complete:
                 self.prefilled.append(req)
             pages.append(extend_pages[i - len(self.decode)].tolist())
+        entry_writes = [(m, req.row, w, ids) for req in self.reqs
+                        for m, w, ids in req.entry_writes]
+        for req in self.reqs:
+            req.entry_writes = []
         return BatchPlan(
             batch_id=bid, rows=rows, prefix_lens=prefix_lens, extend_lens=extend_lens,
             input_ids=input_ids, new_pages=list(itertools.chain.from_iterable(pages)),
             sample=sample, inits=inits, prefix_writes=prefix_writes,
             input_logprobs=logprob_targets,
             draft_lens=[0] * len(self.decode) + draft_lens if any(draft_lens) else [],
-            draft_backfill=_spread(owed, len(rows)),
+            draft_backfill=_spread(owed, len(rows)), entry_writes=entry_writes,
             chain_back=chain_back if any(chain_back) else [],
         )
 

@@ -13,6 +13,12 @@ host slots: a prefix may be cached on the device, on the host, or on both.
 - A preempted request's blocks (`PagedKV`, `--preempt swap`) are swapped out to host
   slots it holds outside the tree (`swap_out`) and loaded back when it is re-admitted.
 
+With compressed entries (`EntryIds`, DeepSeek-V4's windows), the host slots of positions
+closing windows hold host entry ids as the device's do in the token layout, handed out
+and freed with them: a write-back or swap copies each such slot's entries from its device
+id (`device_ids`: the id its slot holds, or the one its page gives) to its host id, a load
+from its host id to its fresh device slot's.
+
 The copy orders travel in the next `BatchPlan`, write-backs before loads. The worker runs
 them before that step's forward, in order, on one copy stream that the forward waits
 for, so a device slot freed here can be handed out in the same step and a host slot
@@ -24,10 +30,12 @@ locked (or, swapped, held) until the plan carrying the load is built (`take_orde
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from runtime.scheduler.entry_ids import EntryIds, EntryRadixCache, EntryTokenAllocator, take
 from runtime.scheduler.radix_cache import RadixCache, Space, TreeNode
 from runtime.scheduler.token_allocator import TokenAllocator
 
@@ -37,12 +45,15 @@ _NONE = np.zeros(0, dtype=np.int32)
 @dataclass(frozen=True)
 class CopyOrders:
     """Slot pairs to copy before a step's forward: write-backs (device -> host) first,
-    then loads (host -> device); each a pair of equal-length int32 arrays."""
+    then loads (host -> device); each a pair of equal-length int32 arrays; and the entry
+    ids to copy with them, by rate: (device, host) write-backs, (host, device) loads."""
 
     writeback_dev: np.ndarray
     writeback_host: np.ndarray
     load_host: np.ndarray
     load_dev: np.ndarray
+    entry_writeback: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    entry_load: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -60,14 +71,26 @@ class HostStats:
 
 class HostTier:
     """Host slots 1..num_slots under a radix tree; collects the copy orders of a step.
-    `bytes_per_token` (the pool's, all layers) turns token counts into bytes in `stats`."""
+    `bytes_per_token` (the pool's, all layers) turns token counts into bytes in `stats`.
+    `entries`: the host entry ids of a model with compressed entries, and `device_ids(m,
+    slots)` the device ids of rate m of device `slots` (those closing windows)."""
 
-    def __init__(self, num_slots: int, bytes_per_token: int = 0) -> None:
+    def __init__(self, num_slots: int, bytes_per_token: int = 0,
+                 entries: EntryIds | None = None,
+                 device_ids: Callable[[int, np.ndarray], np.ndarray] | None = None) -> None:
         self.bytes_per_token = bytes_per_token
-        self.allocator = TokenAllocator(num_slots)
-        self.cache = RadixCache(self.allocator)
+        self.entries, self.device_ids = entries, device_ids
+        if entries is None:
+            self.allocator = TokenAllocator(num_slots)
+            self.cache = RadixCache(self.allocator)
+        else:
+            self.allocator = EntryTokenAllocator(num_slots, entries)
+            self.cache = EntryRadixCache(self.allocator)
         self._writebacks: list[tuple[np.ndarray, np.ndarray]] = []  # (device, host)
         self._loads: list[tuple[np.ndarray, np.ndarray]] = []  # (host, device)
+        # by rate, entry ids: (device, host) write-backs, (host, device) loads
+        self._entry_writebacks: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._entry_loads: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         self._pinned: list[TreeNode] = []  # host nodes locked until `take_orders`
         self._unswapped: list[np.ndarray] = []  # swapped slots freed by `take_orders`
         self.swapped = 0  # host slots held by swapped-out requests
@@ -84,13 +107,12 @@ class HostTier:
         if missing == 0:
             return  # already on the host (a node loaded back earlier): now the freshest
         self.cache.inc_lock(node)  # the prefix we extend must survive making room
-        if self.allocator.available < missing:
-            self.cache.evict(missing - self.allocator.available)
-        host = self.allocator.alloc(missing)
+        needs = None if self.entries is None else self.entries.span(len(held), missing)
+        host = take(self.allocator, self.cache, missing, self.entries, needs)
         self.cache.dec_lock(node)
         if host is None:
             return  # larger than everything the host can free: not kept
-        self._writebacks.append((dev_slots[len(held):], host))
+        self._write(dev_slots[len(held):], host, len(held))
         self.writeback_tokens += missing
         dup = self.cache.insert(key, np.concatenate([held, host]), space)
         assert dup == len(held), (dup, len(held))
@@ -106,9 +128,18 @@ class HostTier:
         self._pinned.append(node)
         return held[skip:]
 
-    def load(self, host_slots: np.ndarray, dev_slots: np.ndarray) -> None:
-        """Order a copy of `host_slots` into the fresh `dev_slots` (a prefix hit)."""
+    def load(self, host_slots: np.ndarray, dev_slots: np.ndarray, start: int = 0) -> None:
+        """Order a copy of `host_slots` into the fresh `dev_slots` (a prefix hit's
+        positions from `start` on; with entries, the device slots hold their ids)."""
         self._loads.append((host_slots, dev_slots))
+        if self.entries is not None:
+            closing = np.arange(start, start + len(host_slots)) + 1
+            for m in self.entries.rates:
+                at = np.flatnonzero(closing % m == 0)
+                if at.size:
+                    pair = (self.entries.of_slot[m][host_slots[at]],
+                            self.device_ids(m, dev_slots[at]))
+                    self._entry_loads.setdefault(m, []).append(pair)
         self.hit_tokens += len(host_slots)
         self.load_tokens += len(host_slots)
 
@@ -118,15 +149,24 @@ class HostTier:
         until `release`; None if the host cannot make room (least recently used cached
         prefixes are evicted for it)."""
         n = len(dev_slots)
-        if self.allocator.available < n:
-            self.cache.evict(n - self.allocator.available)
-        host = self.allocator.alloc(n)
+        needs = None if self.entries is None else self.entries.span(0, n)
+        host = take(self.allocator, self.cache, n, self.entries, needs)
         if host is None:
             return None
-        self._writebacks.append((np.asarray(dev_slots, dtype=np.int32), host))
+        self._write(np.asarray(dev_slots, dtype=np.int32), host, 0)
         self.writeback_tokens += n
         self.swapped += n
         return host
+
+    def _write(self, dev_slots: np.ndarray, host_slots: np.ndarray, start: int) -> None:
+        """Order copies of `dev_slots` (positions from `start` on) into `host_slots`, and
+        with entries, host ids for the slots closing windows and copies of their entries."""
+        self._writebacks.append((dev_slots, host_slots))
+        if self.entries is not None:
+            positions = np.arange(start, start + len(host_slots))
+            for m, at, host_ids in self.entries.assign(host_slots, positions):
+                pair = (self.device_ids(m, dev_slots[at]), host_ids)
+                self._entry_writebacks.setdefault(m, []).append(pair)
 
     def release(self, host_slots: np.ndarray) -> None:
         """Give back swapped-out slots (after `load`ing what is needed of them): free once
@@ -150,7 +190,11 @@ class HostTier:
         self._writebacks, self._loads = [], []
         wb_dev, wb_host = _cat(wb)
         ld_host, ld_dev = _cat(ld)
-        return CopyOrders(*_last_into_each(wb_dev, wb_host), *_last_into_each(ld_host, ld_dev))
+        entry_wb = {m: _last_into_each(*_cat(p)) for m, p in self._entry_writebacks.items()}
+        entry_ld = {m: _last_into_each(*_cat(p)) for m, p in self._entry_loads.items()}
+        self._entry_writebacks, self._entry_loads = {}, {}
+        return CopyOrders(*_last_into_each(wb_dev, wb_host), *_last_into_each(ld_host, ld_dev),
+                          entry_wb, entry_ld)
 
     def stats(self) -> HostStats:
         return HostStats(total=self.allocator.total,
@@ -161,8 +205,11 @@ class HostTier:
                          load_bytes=self.load_tokens * self.bytes_per_token)
 
     def check_invariants(self) -> None:
-        """Every host slot is free, cached in the host tree or held swapped, never two."""
+        """Every host slot is free, cached in the host tree or held swapped, never two (and
+        every host entry id held by one of its slots)."""
         self.cache.check_invariants(self.swapped)
+        if self.entries is not None:
+            self.entries.check(self.allocator, self.cache)
 
 
 def _cat(pairs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

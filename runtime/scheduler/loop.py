@@ -9,6 +9,7 @@ reports arrive on the results socket, so an idle loop wakes for them too.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -20,6 +21,7 @@ from runtime.config.speculative import WORKER_DRAFTERS
 from runtime.model_config import spec_for
 from runtime.model_errors import MODEL_ERRORS
 from runtime.procutil import freeze_startup_heap, setup_logging, startup_failure
+from runtime.scheduler.entry_ids import EntryIds, paged_entry_ids
 from runtime.scheduler.grammar_gate import GrammarGate
 from runtime.scheduler.host_tier import HostTier
 from runtime.scheduler.kv_manager import KVManager
@@ -54,12 +56,20 @@ CHECK_INVARIANTS = os.environ.get("SLUICE_CHECK_INVARIANTS", "0") == "1"
 
 def build_kv(mode: KVMode, ready: WorkerReady, max_context: int) -> KVManager:
     """The KV manager of `mode` over the worker's slots (every layout uses the same pool),
-    its prefix hits as the model's rule asks."""
+    its prefix hits as the model's rule asks, handing out the entry ids the worker asks
+    for (`WorkerReady.entry_ids`: the token layout; its host tier's `host_entry_ids`)."""
+    entries = EntryIds(ready.kv_slots, ready.entry_ids) if ready.entry_ids else None
     host = None
     if ready.host_kv_slots:
-        host = HostTier(ready.host_kv_slots, ready.kv_bytes_per_token)
+        host_entries, device_ids = None, None
+        if ready.host_entry_ids:  # device ids: those slots hold, or those pages give
+            host_entries = EntryIds(ready.host_kv_slots, ready.host_entry_ids)
+            device_ids = (entries.ids_of if entries is not None
+                          else functools.partial(paged_entry_ids, mode.page_size))
+        host = HostTier(ready.host_kv_slots, ready.kv_bytes_per_token, host_entries,
+                        device_ids)
     if mode.kind == "token":
-        kv = TokenKV(ready.kv_slots, ready.max_rows, host)
+        kv = TokenKV(ready.kv_slots, ready.max_rows, host, entries)
     elif mode.kind == "paged":
         kv = PagedKV(ready.kv_slots, ready.max_rows, mode.page_size, host)
     else:

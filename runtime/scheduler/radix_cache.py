@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -236,14 +236,19 @@ class RadixCache:
         totals)."""
         if self._protected:
             raise RuntimeError(f"reset with {self._protected} tokens locked by requests")
-        values, stack = [], list(self._roots.values())
-        while stack:
-            node = stack.pop()
+        values = [_EMPTY]
+        for node in self.nodes():
             values.append(node.value)
-            stack.extend(node.children.values())
             node.parent = None  # detach, so stale handles are refused by inc_lock
         self.allocator.free(np.concatenate(values))
         self._reset_tree()
+
+    def nodes(self) -> Iterator[TreeNode]:
+        """Every cached node of every space (the roots not), parents before children."""
+        stack = [child for root in self._roots.values() for child in root.children.values()]
+        while stack:
+            yield (node := stack.pop())
+            stack.extend(node.children.values())
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self, in_use: int) -> None:
@@ -252,9 +257,7 @@ class RadixCache:
         slot is cached twice or is both cached and free. Raises AssertionError."""
         evictable = protected = 0
         values, leaves = [], set()
-        stack = [child for root in self._roots.values() for child in root.children.values()]
-        while stack:
-            node = stack.pop()
+        for node in self.nodes():
             parent = node.parent
             assert len(node.key) == len(node.value) > 0, (
                 f"node {node.uid}: {len(node.key)} tokens, {len(node.value)} slots"
@@ -265,14 +268,11 @@ class RadixCache:
             assert parent.parent is None or parent.lock_ref >= node.lock_ref >= 0, (
                 f"node {node.uid} has {node.lock_ref} locks, parent {parent.lock_ref}"
             )
-            if node.lock_ref:
-                protected += len(node.key)
-            else:
-                evictable += len(node.key)
+            locked = len(node.key) if node.lock_ref else 0
+            protected, evictable = protected + locked, evictable + len(node.key) - locked
             if not node.children:
                 leaves.add(node)
             values.append(node.value)
-            stack.extend(node.children.values())
         assert evictable == self._evictable, (
             f"evictable_size {self._evictable}, but unlocked nodes hold {evictable}"
         )
@@ -284,9 +284,7 @@ class RadixCache:
         )
         cached = np.concatenate(values) if values else _EMPTY
         unique = np.unique(cached)
-        assert unique.size == cached.size, (
-            f"{cached.size - unique.size} slots appear twice in the tree"
-        )
+        assert unique.size == cached.size, f"{cached.size - unique.size} slots cached twice"
         assert cached.size == 0 or (cached.min() >= 1 and cached.max() <= self.allocator.total), (
             "tree holds a slot outside 1..total (slot 0 is the padding sink)"
         )

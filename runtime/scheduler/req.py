@@ -88,6 +88,8 @@ class Req:
         # the last tokens of a prefix hit, when the model asks it (`KVManager.prefix_replay`)
         self.replay = 0
         self.replay_pages: list[int] = []
+        # compressed-entry ids its next step sends the worker (`EntryIds`: rate, window, ids)
+        self.entry_writes: list[tuple[int, int, list[int]]] = []
         # a draft model never wrote the draft KV of position kv_len - 1 (its last verify
         # step accepted every draft): its next step does (`BatchPlan.draft_backfill`)
         self.draft_kv_owed = False

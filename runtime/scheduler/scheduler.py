@@ -156,6 +156,10 @@ class Scheduler(Admission, Release, Outbox):
             plan.writeback_dev, plan.writeback_host = (copies.writeback_dev.tolist(),
                                                        copies.writeback_host.tolist())
             plan.load_host, plan.load_dev = copies.load_host.tolist(), copies.load_dev.tolist()
+            plan.entry_writeback = [(m, d.tolist(), h.tolist())
+                                    for m, (d, h) in copies.entry_writeback.items()]
+            plan.entry_load = [(m, h.tolist(), d.tolist())
+                               for m, (h, d) in copies.entry_load.items()]
         self.in_flight.append(batch)
         return plan
 

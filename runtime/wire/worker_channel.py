@@ -59,6 +59,10 @@ class BatchPlan(WireRecord):
     writeback_host: list[int] = []
     load_host: list[int] = []
     load_dev: list[int] = []
+    # and the compressed entries of the slots they copy (`WorkerReady.host_entry_ids`), by
+    # rate: (rate, device ids, host ids) written back, (rate, host ids, device ids) loaded
+    entry_writeback: list[tuple[int, list[int], list[int]]] = []
+    entry_load: list[tuple[int, list[int], list[int]]] = []
     # LoRA: the adapter slot of each request (in order; -1: none), empty when no request
     # has one; `lora_loads` (slot, adapter name) are copied into their slots first
     lora_slots: list[int] = []
@@ -73,8 +77,11 @@ class BatchPlan(WireRecord):
     # request (in order), that step's drafts d (0: not such a step), empty when none. Its
     # positions are planned as if all d were accepted; the worker moves them back by the
     # d - m drafts the target rejected there (m: kept, known on the device only), and feeds
-    # a draft model the token at the moved prefix_lens[i] - 1 in front (`ChainedSteps`)
+    # a draft model the token at the moved prefix_lens[i] - 1 in front (`chained`)
     chain_back: list[int] = []
+    # compressed-entry ids handed out (`WorkerReady.entry_ids`), run before the forward:
+    # (rate, row, first window w, ids): window w + j of the request on `row` has ids[j]
+    entry_writes: list[tuple[int, int, int, list[int]]] = []
 
 
 class GrammarCacheUpdate(WireRecord):
@@ -100,6 +107,13 @@ class WorkerReady(WireRecord):
     # `prefix_replay` tokens computed again (the model rebuilds state outside the pool)
     prefix_align: int = 1
     prefix_replay: int = 0
+    # by compression rate m: ids 1..n of entries of m tokens (DeepSeek-V4's compressed
+    # windows) the scheduler hands out, one with the slot of each position closing a window
+    # ((p + 1) % m == 0), sent in `BatchPlan.entry_writes`; empty: none to hand out
+    entry_ids: dict[int, int] = {}
+    # by rate: host entry ids of the host tier's slots (one a window of its slots), whose
+    # entries its copies carry with the slots (any layout); empty: none
+    host_entry_ids: dict[int, int] = {}
 
 
 class StepResult(WireRecord):

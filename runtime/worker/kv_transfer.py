@@ -10,7 +10,9 @@ slot-major, so that a slot's rows of every member are one contiguous run of whol
 All of them live in one page-aligned anonymous mapping, registered with the device once
 (pinned in place, mapped for the kernel) and unregistered before it can be unmapped:
 memory freed while registered, or two registrations sharing a page, make the next
-registration of those pages fail. Its slots are the scheduler's host slot ids.
+registration of those pages fail. Its slots are the scheduler's host slot ids. A model
+with compressed entries in entry pools beside the rows (DeepSeek-V4) has host entry pools
+of their own ids likewise, copied with the slots that hold those ids.
 
 A plan's copies run before its forward, write-backs first, on a copy stream of their own.
 Each is one `kernels.kv.copy_slots` launch per group (all layers, K and V): the kernel reads the
@@ -105,28 +107,42 @@ class CopyTiming:
         return begin.elapsed_time(end) / 1e3 if self.cuda else end - begin
 
 
+def _by_shape(tensors: Sequence[torch.Tensor]) -> dict[tuple, list[torch.Tensor]]:
+    """`tensors` grouped by (row shape, dtype)."""
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((tuple(t.shape[1:]), t.dtype), []).append(t)
+    return groups
+
+
 class KVTransfer:
     """A host pool of `num_slots` slots (plus the padding slot 0) mirroring `pool` and
-    the tensors `extra` indexed by its slots (`[pool slots, ...]` each)."""
+    the tensors `extra` indexed by its slots (`[pool slots, ...]` each); and, for a model
+    with compressed entries, host entry pools of their own ids: `entries[rate]` is (the
+    device entry pools of that rate, `[ids, ...]` each; the host ids, the sink included)."""
 
-    def __init__(self, pool: KVPool, num_slots: int,
-                 extra: Sequence[torch.Tensor] = ()) -> None:
+    def __init__(self, pool: KVPool, num_slots: int, extra: Sequence[torch.Tensor] = (),
+                 entries: dict[int, tuple[list[torch.Tensor], int]] | None = None) -> None:
         if num_slots < 1:
             raise ValueError(f"the host tier needs at least 1 slot, got {num_slots}")
         self.num_slots = num_slots
         self.device = pool.k[0].device
         self.cuda = self.device.type == "cuda"
-        dev = [*pool.layer_tensors(), *extra]  # [T] of [num_slots, ...]
-        groups: dict[tuple, list[torch.Tensor]] = {}
-        for t in dev:
-            groups.setdefault((tuple(t.shape[1:]), t.dtype), []).append(t)
+        entries = entries or {}
+        # (host rows, shape/dtype groups) of the slots, then of each rate's entry ids
+        spaces = [(num_slots + 1, _by_shape([*pool.layer_tensors(), *extra]))]
+        spaces += [(ids, _by_shape(tensors)) for tensors, ids in entries.values()]
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         # per shape/dtype group: the device tensors and one slot-major host tensor
-        # [host_slots + 1, n, ...] (a slot's rows of the group side by side)
-        self.hosts = self._host_tensors([((num_slots + 1, len(ts), *shape), dtype)
+        # [host rows, n, ...] (a slot's or id's rows of the group side by side)
+        self.hosts = self._host_tensors([((rows, len(ts), *shape), dtype)
+                                         for rows, groups in spaces
                                          for (shape, dtype), ts in groups.items()])
-        self.groups = [(SlotTensors.of(ts, self.device), SlotTensors.slot_major(h, self.device))
-                       for ts, h in zip(groups.values(), self.hosts, strict=True)]
+        hosts = iter(self.hosts)
+        pairs = [[(SlotTensors.of(ts, self.device),
+                   SlotTensors.slot_major(next(hosts), self.device)) for ts in groups.values()]
+                 for _, groups in spaces]
+        self.groups, self.entry_groups = pairs[0], dict(zip(entries, pairs[1:], strict=True))
         self.copy = copy_slots if self.cuda else copy_slots_ref
 
     def _host_tensors(self, specs: list[tuple[tuple, torch.dtype]]) -> list[torch.Tensor]:
@@ -158,22 +174,26 @@ class KVTransfer:
         with torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext():
             if plan.writeback_dev:
                 self._copy("writeback", timing, plan.writeback_dev, plan.writeback_host,
-                           to_host=True)
+                           plan.entry_writeback, to_host=True)
             if plan.load_dev:
-                self._copy("load", timing, plan.load_host, plan.load_dev, to_host=False)
+                self._copy("load", timing, plan.load_host, plan.load_dev, plan.entry_load,
+                           to_host=False)
         if self.cuda:
             compute.wait_stream(self.stream)
         return timing
 
-    def _copy(self, name: str, timing: CopyTiming, src: list[int], dst: list[int], *,
-              to_host: bool) -> None:
-        """Copy slots `src` to slots `dst` in every tensor group, device to host (`to_host`)
-        or back, timed as `name`."""
+    def _copy(self, name: str, timing: CopyTiming, src: list[int], dst: list[int],
+              entries: list[tuple[int, list[int], list[int]]], *, to_host: bool) -> None:
+        """Copy slots `src` to slots `dst` in every tensor group, and each (rate, source
+        ids, destination ids) of `entries` in that rate's entry groups, device to host
+        (`to_host`) or back, timed as `name`."""
         timing.start(name, self.stream)
-        src_slots, dst_slots = self._slots(src, dst)
-        for dev_tensors, host_tensors in self.groups:
-            pair = (dev_tensors, host_tensors) if to_host else (host_tensors, dev_tensors)
-            self.copy(*pair, src_slots, dst_slots)
+        for groups, ids in [(self.groups, (src, dst))] + [
+                (self.entry_groups[m], (s, d)) for m, s, d in entries]:
+            src_rows, dst_rows = self._slots(*ids)
+            for dev_tensors, host_tensors in groups:
+                pair = (dev_tensors, host_tensors) if to_host else (host_tensors, dev_tensors)
+                self.copy(*pair, src_rows, dst_rows)
         timing.stop(name, self.stream)
 
     def _slots(self, src: list[int], dst: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

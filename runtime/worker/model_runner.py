@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 
 import torch
@@ -29,6 +30,7 @@ from runtime.worker.loader import load_model
 from runtime.worker.lora.manager import LoraManager, LoraOptions
 from runtime.worker.models.deepseek import DeepseekForCausalLM
 from runtime.worker.models.deepseek_v4 import DeepseekV4ForCausalLM
+from runtime.worker.models.deepseek_v4_entries import entry_bytes_per_token, entry_count
 from runtime.worker.models.deepseek_v4_state import graph_context
 from runtime.worker.quant.fp8_linear import check_fp8_support
 from runtime.worker.sampler import Sampler
@@ -83,13 +85,15 @@ class ModelRunner:
     Under tensor parallelism (`tp`) the runner holds this rank's shard of the model and of
     the KV heads (`kv_bytes_per_token` is this rank's share); the logits are whole.
     A latent-attention (MLA) model gets a latent pool: one `[L + Dr]` row a token and layer;
-    DeepSeek-V4 a pool of its own rows, each layer's as wide as its state (`kv_layout`),
-    attended by the model itself (the backend gives it the page table, and in CUDA graphs
-    its static copy: decode graphs up to its `graph_context`, padding rows on its
-    sink request row; a capture that fails logs why and leaves decode eager), 16-bit
-    only, and its partial blocks per request row (`row_state_bytes`), allocated before the
-    pool is sized; its prefix hits follow `prefix_align` / `prefix_replay`
-    (`CausalLM.prefix_rule`).
+    DeepSeek-V4 a pool of its own rows (`kv_layout`) and entry pools beside it, their ids
+    handed out by the scheduler with `entry_table` (`entry_ids`: how many a rate; the
+    token layout), else following the pages of `page_size` (`deepseek_v4_entries`), both
+    counted in `kv_bytes_per_token`, attended by the model itself (the backend gives it
+    the page table, and in CUDA graphs its static copy: decode graphs up to its
+    `graph_context`, padding rows on its sink request row; a capture that fails logs why
+    and leaves decode eager), 16-bit only, and its partial blocks (and entry tables) per
+    request row (`row_state_bytes`), allocated before the pool is sized; its prefix hits follow
+    `prefix_align` / `prefix_replay` (`CausalLM.prefix_rule`).
     `quantization="fp8"` holds the projections' weights in fp8 (`Fp8Linear`); a device
     without fp8 matmul raises `QuantizationError` before anything is loaded.
     With `lora`, the adapters are read and their device slots allocated (`LoraManager`)
@@ -121,6 +125,7 @@ class ModelRunner:
         kv_bytes_extra: int = 0,
         graph_rows: int = 0,
         capture: tuple[int, ...] | None = None,
+        entry_table: bool = False,
     ) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
@@ -138,6 +143,8 @@ class ModelRunner:
         self.own_attention = rows
         self.prefix_align, self.prefix_replay = self.model.prefix_rule()
         self.row_state_bytes = 0  # state kept per request row, beside the pool
+        self.entry_ids: dict[int, int] = {}  # ids the scheduler hands out, by rate
+        entry_bytes = 0
         if rows:
             if kv_dtype != "auto":
                 raise ValueError(f"kv_dtype {kv_dtype!r}: a deepseek_v4 pool row mixes kv and "
@@ -145,7 +152,10 @@ class ModelRunner:
             planes, kv_heads, layer_dims = self.model.kv_layout()
             head_dim = max(layer_dims)
             # before the pool is sized: its partial blocks per request row take memory first
-            self.row_state_bytes = self.model.allocate_rows(max_rows, dtype)
+            self.row_state_bytes = self.model.allocate_rows(max_rows, dtype, spec.max_context,
+                                                            entry_table)
+            entry_bytes = math.ceil(entry_bytes_per_token(self.model.arch, dtype.itemsize,
+                                                          page_size, entry_table))
         elif mla is None:  # K and V of this rank's KV heads
             planes, kv_heads, head_dim = 2, arch.num_kv_heads // tp.size, arch.head_dim
         else:  # one latent row a token
@@ -155,7 +165,7 @@ class ModelRunner:
         self.kv_bytes_per_token = pool_bytes_per_token(
             layer_dims, kv_heads, kv_storage_dtype(kv_dtype, dtype), planes,
             kv_dtype_scaled(kv_dtype),
-        )
+        ) + entry_bytes
         if kv_slots == 0:
             # never more than every row at full context could use; every rank the same
             kv_slots = tp.min_int(
@@ -169,6 +179,9 @@ class ModelRunner:
             arch.num_layers, kv_slots + 1, kv_heads, head_dim, dtype, self.device, kv_dtype, planes,
             layer_dims,
         )
+        if rows:
+            store = self.model.allocate_entries(kv_slots + 1, page_size)
+            self.entry_ids = {m: n - 1 for m, n in store.counts.items()} if entry_table else {}
         self.attn = make_attention(attention_backend, self.kv_pool, self.device, mla)
         self.sampler = Sampler(max_rows, self.vocab_size, self.device, seed)
         limits = [spec.max_context, kv_slots]
@@ -214,6 +227,14 @@ class ModelRunner:
         if self.own_attention:
             return 0
         return self.graphs.sizes[-1] if self.graphs is not None else EAGER_DECODE_ROWS
+
+    def host_entry_pools(self, host_slots: int) -> dict[int, tuple[list[torch.Tensor], int]]:
+        """For a host tier of `host_slots` slots (`KVTransfer`), by rate: the entry pools
+        (DeepSeek-V4's) and the host ids they need (one a window of `rate` host slots, the
+        sink included); empty for a model without them."""
+        store = self.model.entries if self.own_attention else None
+        return {m: (store.pools(m), entry_count(host_slots + 1, m, 1, True, 0))
+                for m in (store.rates if store else ())}
 
     def _default_slots(self, max_rows: int, mem_fraction: float, extra: int) -> int:
         per_token = self.kv_bytes_per_token + extra

@@ -107,7 +107,8 @@ class Worker:
                                   lora=LoraOptions.from_config(cfg),
                                   kv_bytes_extra=extra,
                                   graph_rows=graph_rows(cfg, self.max_rows),
-                                  capture=drafter.capture if drafter else None)
+                                  capture=drafter.capture if drafter else None,
+                                  entry_table=cfg.kv_mode.kind == "token")
         if drafter is not None:
             drafter.allocate(self.runner, cfg.attention_backend)
         # what a slot holds on this rank: the target's KV share and the drafter's rows
@@ -124,10 +125,13 @@ class Worker:
                                    self.device)
         self.timer = StepTimer.from_env(self.device)  # None unless SLUICE_STEP_TIMING is set
         self.transfer: KVTransfer | None = None  # the host tier, with --host-kv-gib
+        self.host_entry_ids: dict[int, int] = {}  # host entry ids the scheduler hands out
         if cfg.host_kv_gib:
-            slots = host_slots_for(cfg.host_kv_gib, self.slot_bytes, cfg.tp)
-            self.transfer = KVTransfer(self.runner.kv_pool, self.tp.min_int(slots),
-                                       drafter.slot_tensors() if drafter else ())
+            slots = self.tp.min_int(host_slots_for(cfg.host_kv_gib, self.slot_bytes, cfg.tp))
+            entries = self.runner.host_entry_pools(slots)  # carried with their slots
+            self.host_entry_ids = {m: n - 1 for m, (_, n) in entries.items()}
+            self.transfer = KVTransfer(self.runner.kv_pool, slots,
+                                       drafter.slot_tensors() if drafter else (), entries)
 
     def warm_up(self) -> None:
         """Run one prefill (chunked in two) through the whole step path before serving, so
@@ -160,7 +164,8 @@ class Worker:
                            device=str(self.device), kv_dtype=r.kv_dtype,
                            quantization=r.quantization,
                            host_kv_slots=self.transfer.num_slots if self.transfer else 0,
-                           prefix_align=r.prefix_align, prefix_replay=r.prefix_replay)
+                           prefix_align=r.prefix_align, prefix_replay=r.prefix_replay,
+                           entry_ids=r.entry_ids, host_entry_ids=self.host_entry_ids)
 
     @torch.inference_mode()
     def launch(self, plan: BatchPlan) -> InFlight:
@@ -172,6 +177,8 @@ class Worker:
             self.grammar.init_row(init.row, init.params.grammar, init.output_ids)
         if plan.inits:
             self.runner.model.bind_rows([init.row for init in plan.inits])
+        if plan.entry_writes:
+            self.runner.model.write_entries(plan.entry_writes)
         copies = self.transfer.run(plan) if self.transfer is not None else None
         if plan.lora_loads:
             self.runner.lora.load_slots(plan.lora_loads)

@@ -147,14 +147,17 @@ def test_pool_bytes_follow_the_kv_dtype_and_the_model():
 
 def test_deepseek_v4_budget_counts_its_rows_and_its_rings():
     """The cut Flash preset (6 layers: 2 sliding-window, 2 CSA, 2 HCA at head_dim 512): a
-    token's rows (512, 512 + 512 + 128, 512 + 512 values a layer), and every request row's
+    token's K=V rows (512 values a layer) and its share of the entry pools, the larger of
+    the token layout's and pages of 16's (CSA: 512 + 128 values a 4 tokens either way;
+    HCA: 512 a 128 tokens, or a 16 under pages of 16), and every request row's
     partial-block rings, out of the budget before the pool."""
     v4 = customize(FULL, "dummy:deepseek-v4-flash", "bfloat16", 64, "50")
     b = budget_kv_slots(v4, 130 * GiB)
-    assert b["kv_bytes_per_token"] == 10_752
+    per_token = 2 * (6 * 512 + 2 * (512 + 128) // 4 + 2 * 512 // 16)
+    assert b["kv_bytes_per_token"] == per_token == 6_912
     rings = row_state_bytes("dummy:deepseek-v4-flash", "bfloat16", 64 + ROW_SLACK)
     assert rings == (64 + ROW_SLACK) * 606_208
-    assert b["kv_slots"] == (130 * GiB - b["weight_bytes"] - b["reserve_bytes"]) // 10_752
+    assert b["kv_slots"] == (130 * GiB - b["weight_bytes"] - b["reserve_bytes"]) // per_token
     logits = 8 * (64 + ROW_SLACK) * v4.vocab * 4
     assert b["reserve_bytes"] == ACTIVATION_RESERVE + CONTEXT_RESERVE + logits + rings
 

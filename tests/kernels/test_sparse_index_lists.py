@@ -1,6 +1,7 @@
 """The key lists of `kernels.sparse.index_lists`, exactly on a tiny batch, and the whole sparse
 path (lists, indexer scores, attention) against DeepSeek-V4's attention math written densely:
-per sequence, the window rows and the entries closed by each query in one softmax with a sink."""
+per sequence, the window rows and the entries closed by each query in one softmax with a sink,
+the entries in an entry pool by id (ids from the page table, or from entry tables)."""
 
 import pytest
 import torch
@@ -8,6 +9,8 @@ import torch
 from kernels.kv.paging import expand_pages
 from kernels.sparse.index_lists import (
     entry_indices,
+    entry_of_slot,
+    paged_entry_indices,
     query_seqs,
     top_entries,
     visible_entries,
@@ -39,8 +42,18 @@ def test_lists_of_a_tiny_batch():
                             [16, 17, 18, 19, 8, 9]]
     ent = visible_entries(positions, 2, 4)  # entries of 2 tokens: w seen once 2w + 1 <= p
     assert ent.tolist() == [[0, 1, -1, -1], [0, 1, 2, -1], [0, 1, 2, 3]]
-    slots = entry_indices(ent, seqs, kv_indptr, kv_indices, PAGE, 2)  # positions 1, 3, 5, 7
-    assert slots.tolist() == [[13, 15, -1, -1], [13, 15, 5, -1], [1, 3, 17, 19]]
+    # entries of 2 tokens close at positions 1, 3, 5, 7: slots 13, 15, 5 (seq 0) and 1, 3,
+    # 17, 19 (seq 1); pages of 4 hold 2 ids each, page * 2 + offset // 2
+    ids = paged_entry_indices(ent, seqs, kv_indptr, kv_indices, PAGE, 2)
+    assert ids.dtype == torch.int32
+    assert ids.tolist() == [[6, 7, -1, -1], [6, 7, 2, -1], [0, 1, 8, 9]]
+    # rates larger than a page: one id a page (positions 3, 7 with rate 4 under pages of 2)
+    assert entry_of_slot(tensor([7, 9, 10, 13]), 2, 4).tolist() == [3, 4, 5, 6]
+    # from entry tables: window w of request row r has id 10 * r + w (rows 1, 1, 0)
+    table = 10 * torch.arange(2, device=DEVICE)[:, None] + torch.arange(5, device=DEVICE)
+    ids = entry_indices(ent, tensor([1, 1, 0]), table)
+    assert ids.dtype == torch.int32
+    assert ids.tolist() == [[10, 11, -1, -1], [10, 11, 12, -1], [0, 1, 2, 3]]
 
 
 def dense_v4_attention(q, kv, entry, slots, p0, p1, sink, picked=None):
@@ -52,7 +65,7 @@ def dense_v4_attention(q, kv, entry, slots, p0, p1, sink, picked=None):
     key_pos = torch.arange(lo, p1, device=DEVICE)  # [K]
     allowed = (key_pos[None, :] <= pos[:, None]) & (key_pos[None, :] > pos[:, None] - WINDOW)
     n = p1 // RATE
-    entries = entry[slots[RATE - 1 : n * RATE : RATE]]  # [n, d]
+    entries = entry[entry_of_slot(slots[RATE - 1 : n * RATE : RATE], PAGE, RATE)]  # [n, d]
     seen = torch.arange(n, device=DEVICE)[None, :] < ((pos + 1) // RATE)[:, None]  # [Q, n]
     if picked is not None:
         seen = seen & picked
@@ -83,8 +96,10 @@ def test_matches_v4_attention(csa, dtype):
     prefix, lens = [13, 29, 0], [31, 30, 6]
     gen = torch.Generator().manual_seed(0)
     kv_indptr, kv_indices, num_slots = page_table(lens, PAGE, gen)
-    rows = randn(num_slots, 3 * D + INDEX_DIM, dtype=dtype, gen=gen)  # [S, width]
-    kv, entry, index_key = rows[:, :D], rows[:, 2 * D : 3 * D], rows[:, 3 * D :]
+    kv = randn(num_slots, D, dtype=dtype, gen=gen)  # [S, d]
+    # the entry pools by id, one a page (RATE == PAGE)
+    entry = randn(num_slots // PAGE, 2 * D, dtype=dtype, gen=gen)[:, D:]  # [ids, d], strided
+    index_key = randn(num_slots // PAGE, INDEX_DIM, dtype=dtype, gen=gen)  # [ids, di]
     new = [n - p for n, p in zip(lens, prefix)]
     T = sum(new)
     qo_indptr = tensor([0] + new).cumsum(0).int()
@@ -104,14 +119,16 @@ def test_matches_v4_attention(csa, dtype):
         picked = None
         if csa:  # the indexer over this sequence's entries
             pos = positions[lo:hi]
-            index_keys = index_key[slots[RATE - 1 : p1 // RATE * RATE : RATE]].float()  # [n, di]
+            closing = slots[RATE - 1 : p1 // RATE * RATE : RATE]
+            index_keys = index_key[entry_of_slot(closing, PAGE, RATE)].float()  # [n, di]
             picked = dense_picks(q_idx[lo:hi], weights[lo:hi], index_keys, pos)
         want.append(dense_v4_attention(q[lo:hi], kv, entry, slots, p0, p1, sink, picked))
     chosen = visible_entries(positions, RATE, max(lens) // RATE)  # [T, n]
     if csa:  # the indexer over every sequence's entries at once
-        scores = indexer_scores(q_idx, weights, index_key, entry_indices(chosen, *table, RATE))
+        visible = paged_entry_indices(chosen, *table, RATE)
+        scores = indexer_scores(q_idx, weights, index_key, visible)
         chosen = top_entries(scores, TOPK)
-    ent = entry_indices(chosen, *table, RATE)
+    ent = paged_entry_indices(chosen, *table, RATE)
     out = sparse_mqa_attention(q, kv, win, sink, D**-0.5, entry_kv=entry, entry_indices=ent)
     tol = ATTN_TOL[dtype]
     torch.testing.assert_close(out, torch.cat(want), atol=tol, rtol=tol)

@@ -17,11 +17,14 @@ from tests.scheduler.fake_worker import FakeWorker
 
 def build_mode(
     kv: str, num_slots: int = 4096, rows: int = 80, max_context: int = 512,
-    host_slots: int = 0, prefix_rule: tuple[int, int] = (1, 0), **options
+    host_slots: int = 0, prefix_rule: tuple[int, int] = (1, 0),
+    entry_ids: dict[int, int] | None = None, **options
 ) -> tuple[Scheduler, FakeWorker]:
     """`options` are ServerConfig fields (chunk_size, block_size, overlap, reserve, ...);
     `host_slots` sizes the host tier the worker reports (`host_kv_gib` must be set too);
-    `prefix_rule` is the model's (prefix_align, prefix_replay) it reports."""
+    `prefix_rule` is the model's (prefix_align, prefix_replay) it reports, `entry_ids` the
+    compressed-entry ids it asks the scheduler to hand out (and on the host tier, one a
+    window of its slots)."""
     cfg = ServerConfig(kv=kv, ipc_dir=tempfile.gettempdir(), **options)
     ready = WorkerReady(
         kv_slots=num_slots,
@@ -32,6 +35,8 @@ def build_mode(
         host_kv_slots=host_slots,
         prefix_align=prefix_rule[0],
         prefix_replay=prefix_rule[1],
+        entry_ids=entry_ids or {},
+        host_entry_ids={m: -(-host_slots // m) for m in entry_ids or {}} if host_slots else {},
     )
     sched = build_scheduler(cfg, ready, max_context)
     return sched, FakeWorker(num_slots, rows, max_context, sched.kv.page_size, host_slots)

@@ -1,6 +1,6 @@
 """Test helper: tiny random DeepSeek-V4 transformers checkpoints (every attention type:
 sliding window only, compressed sparse with its indexer, heavily compressed; hash-routed
-then top-k MoE)."""
+then top-k MoE), and entry ids for a model whose ids come from a table."""
 
 from __future__ import annotations
 
@@ -47,3 +47,15 @@ def tiny_v4(folder=None, dtype: torch.dtype = torch.float32, **overrides) -> tor
     if folder is not None:
         model.save_pretrained(folder)
     return model
+
+
+def interleave_entries(model, num_seqs: int) -> None:
+    """Fill the entry tables of `model` (a DeepseekV4ForCausalLM whose ids the scheduler
+    would hand out) as `tests.worker.batching` lays out slots: window w of the sequence
+    on row s gets id 1 + w * num_seqs + s, every window the pools have ids for."""
+    writes = []
+    for m, n in model.entries.counts.items():
+        windows = min((n - 1) // num_seqs, model.entries.req_to_entry[m].shape[1])
+        writes += [(m, s, 0, [1 + w * num_seqs + s for w in range(windows)])
+                   for s in range(num_seqs)]
+    model.write_entries(writes)

@@ -2,9 +2,10 @@
 on the CPU: logits of every position with prompts longer than the sliding window and than
 several compression blocks of each rate, fed in chunks (each later chunk reads the earlier
 ones' window rows, entries and partial blocks back from the pool, as a prefix-cache hit or
-chunked prefill does), in the token, paged and contiguous layouts, through the torch
-references of the ops and (interpreted) through the Triton kernels a GPU runs; and the
-config fields it does not implement, refused by name."""
+chunked prefill does), in the token, paged and contiguous layouts, with entry ids that
+follow the pages and (token layout) from the entry tables, through the torch references
+of the ops and (interpreted) through the Triton kernels a GPU runs; and the config fields
+it does not implement, refused by name."""
 
 from __future__ import annotations
 
@@ -19,11 +20,18 @@ from runtime.worker.model_check import UnsupportedModel, check_model
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.models.deepseek_v4 import DeepseekV4ForCausalLM
 from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
+from runtime.worker.models.deepseek_v4_entries import entry_bytes_per_token, entry_count
 from runtime.worker.models.deepseek_v4_partial import prefix_rule, ring_values
-from runtime.worker.models.deepseek_v4_state import layer_widths
 from runtime.worker.ops import TritonOps
 from tests.worker.batching import Chunk, make_batch
-from tests.worker.dsv4_checkpoints import CSA, HCA, SWA, tiny_v4, tiny_v4_config
+from tests.worker.dsv4_checkpoints import (
+    CSA,
+    HCA,
+    SWA,
+    interleave_entries,
+    tiny_v4,
+    tiny_v4_config,
+)
 from tests.worker.test_deepseek import LAYOUTS, run
 
 # tokens per step of each sequence: window 8, entries every 4 (CSA) and 8 (HCA) tokens;
@@ -43,13 +51,18 @@ SCHEDULE = [[13, 7, 1, 1, 1, 3], [6, 11, 4, 1, 1, 1]]
 ])  # fmt: skip
 def test_matches_transformers(variant, tmp_path):
     hf = tiny_v4(tmp_path, **variant)
-    runner = ModelRunner(resolve_model(str(tmp_path)), "cpu", torch.float32, kv_slots=512,
-                         max_rows=4)
+    spec = resolve_model(str(tmp_path))
+    runner = ModelRunner(spec, "cpu", torch.float32, kv_slots=512, max_rows=4)
     arch = runner.model.arch
-    widths = layer_widths(arch)
-    assert [k.shape for k in runner.kv_pool.k] == [(513, 1, w) for w in widths]
-    assert runner.kv_pool.v == [] and runner.kv_bytes_per_token == sum(widths) * 4
+    assert [k.shape for k in runner.kv_pool.k] == [(513, 1, 32)] * 4  # the K=V rows alone
+    entries = entry_bytes_per_token(arch, 4, 1, table=False)  # one id a slot (page size 1)
+    assert runner.kv_pool.v == [] and runner.kv_bytes_per_token == 4 * 32 * 4 + entries
     check_layouts(runner, hf, LAYOUTS)
+    # ids from the entry tables, as the scheduler hands them out in the token layout
+    table = ModelRunner(spec, "cpu", torch.float32, kv_slots=512, max_rows=4, entry_table=True)
+    interleave_entries(table.model, len(SCHEDULE))
+    assert table.entry_ids == {m: entry_count(513, m, 1, True, 4) - 1 for m in (4, 8)}
+    check_layouts(table, hf, LAYOUTS[:1])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="test_deepseek_v4_gpu runs them on CUDA")
@@ -77,21 +90,32 @@ def check_layouts(runner: ModelRunner, hf, layouts) -> None:
 
 
 def test_each_layer_row_holds_its_own_state():
-    """At the tiny shape (head_dim 32, index_head_dim 16): a sliding-window row is its kv;
-    an HCA row kv and the entry slot: 2 * 32; a CSA row kv, the entry slot and the indexer
-    key: 2 * 32 + 16. The partial blocks are in rings per request row instead: a CSA
-    layer's of 2 * 4 tokens (kv and gate of two series, compressor and indexer), an HCA
-    layer's of 8 tokens (kv and gate)."""
+    """At the tiny shape (head_dim 32, index_head_dim 16, fp32): every layer's row is its
+    kv (32); an entry takes its bytes once a window: a CSA layer's entry and indexer key
+    (32 + 16) a 4 tokens, an HCA layer's entry (32) a 8 tokens, from entry tables or with
+    pages a multiple of the rate; pages of 4 give HCA one id a page (twice its windows).
+    The partial blocks are in rings per request row instead: a CSA layer's of 2 * 4 tokens
+    (kv and gate of two series, compressor and indexer), an HCA layer's of 8 tokens (kv
+    and gate)."""
     arch = DeepseekV4Arch.from_hf(tiny_v4_config(layer_types=[SWA, CSA, HCA, CSA]))
-    assert layer_widths(arch) == (32, 2 * 32 + 16, 2 * 32, 2 * 32 + 16)
+    assert DeepseekV4ForCausalLM(arch).kv_layout() == (1, 1, (32, 32, 32, 32))
+    csa, hca = 2 * (32 + 16) * 4 / 4, 32 * 4 / 8
+    assert entry_bytes_per_token(arch, 4) == csa + hca == 112
+    assert entry_bytes_per_token(arch, 4, 16, table=False) == csa + hca
+    assert entry_bytes_per_token(arch, 4, 4, table=False) == csa + 2 * hca
+    assert entry_bytes_per_token(arch, 4, 1, table=False) == 2 * (32 + 16) * 4 + 32 * 4
     assert prefix_rule(arch) == (8, 4)  # hits at multiples of 8, the last CSA window again
     model = DeepseekV4ForCausalLM(arch)
     rows, fp32 = 3, 4
     csa = 2 * 4 * (2 * 2 * 32 + 2 * 2 * 16)
     hca = 8 * 2 * 32
     # the rows' rings and one sink row beside them
-    assert model.allocate_rows(rows, torch.float32) == (rows + 1) * fp32 * (2 * csa + hca)
+    rings = (rows + 1) * fp32 * (2 * csa + hca)
+    assert model.allocate_rows(rows, torch.float32) == rings
     assert ring_values(arch) == 2 * csa + hca  # what bench.studies.dsv4_memory counts
+    # with ids handed out, each row's entry tables too: windows of 4 and 8 over 64 positions
+    tables = (rows + 1) * 8 * ((64 // 4 + 1) + (64 // 8 + 1))
+    assert model.allocate_rows(rows, torch.float32, 64, entry_table=True) == rings + tables
     no_csa = DeepseekV4Arch.from_hf(tiny_v4_config(layer_types=[SWA, HCA, HCA, SWA]))
     assert prefix_rule(no_csa) == (8, 0)
 

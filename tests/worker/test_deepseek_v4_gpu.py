@@ -2,7 +2,8 @@
 experts through the Triton kernels), fp32: eagerly against transformers on the CPU, a
 prompt longer than the window and several blocks in two chunks, the second reading the
 first's state back; and decode through CUDA graphs (three sequences in the graph of four
-rows) against the same steps eagerly, across window and block boundaries."""
+rows) against the same steps eagerly, across window and block boundaries, with entry ids
+from the page table and from entry tables."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from runtime.model_config import resolve_model
 from runtime.worker.model_runner import ModelRunner
 from tests.worker.batching import Chunk, greedy, make_batch
-from tests.worker.dsv4_checkpoints import tiny_v4
+from tests.worker.dsv4_checkpoints import interleave_entries, tiny_v4
 
 pytestmark = pytest.mark.gpu
 
@@ -29,14 +30,18 @@ def test_cuda_matches_transformers(tmp_path):
     torch.testing.assert_close(torch.cat([first, rest]).cpu(), want, atol=1e-3, rtol=1e-3)
 
 
-def test_graph_replay_matches_eager_decode(tmp_path):
+@pytest.mark.parametrize("table", [False, True])
+def test_graph_replay_matches_eager_decode(table, tmp_path):
     tiny_v4(tmp_path)
     spec = resolve_model(str(tmp_path))
     graphs, eager = (ModelRunner(spec, "cuda", torch.float32, kv_slots=512, max_rows=4,
-                                 cuda_graph=on) for on in (True, False))
+                                 cuda_graph=on, entry_table=table) for on in (True, False))
     assert graphs.graphs is not None and graphs.graphs.sizes == [1, 2, 4]
     gen = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (13, 6, 9)]
+    if table:
+        for runner in (graphs, eager):
+            interleave_entries(runner.model, len(prompts))
     want_ids, want = greedy(eager, prompts, 14)
     got_ids, got = greedy(graphs, prompts, 14, forced=want_ids)
     assert got_ids == want_ids

@@ -2,14 +2,15 @@
 static buffers filled by `load`, then its capture batch run eagerly (what a replay runs,
 without the graph), fp32 on a tiny random checkpoint, the visible-entry lists as wide as
 the graphs' context, over decode steps that cross window and compression-block boundaries,
-in the token and paged layouts, against the eager decode of the same steps:
+in the token (entry ids from the page table or from entry tables) and paged layouts,
+against the eager decode of the same steps:
 
 - with the kernels a GPU runs (interpreted), four sequences in the graph of four rows: the
   same logits and state, bit for bit (the lists' padding adds nothing);
 - five sequences padded to the graph of eight rows (torch references): the real rows'
   logits equal to fp32 rounding (a matmul of eight rows rounds unlike one of five on the
-  CPU), and the padding rows wrote only the sinks: the pools, rings and row starts are the
-  eager run's but for slot 0 and the sink row.
+  CPU), and the padding rows wrote only the sinks: the pools, entry pools, rings and row
+  starts are the eager run's but for slot 0, entry id 0 and the sink row.
 
 The captured step reads no tensor's values on the host: under FakeTensorMode, where any
 such read raises."""
@@ -33,11 +34,13 @@ from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
 from runtime.worker.models.deepseek_v4_state import graph_context
 from runtime.worker.ops import TorchOps, TritonOps
 from tests.worker.batching import Chunk, make_batch
-from tests.worker.dsv4_checkpoints import tiny_v4
+from tests.worker.dsv4_checkpoints import interleave_entries, tiny_v4
 
 # prefill lengths: window 8, entries every 4 (CSA) and 8 (HCA); decode steps after them
 PROMPTS = [13, 6, 9, 16, 3]
 MAX_ROWS = 6  # request rows: the sink row is 6
+# (page size, entry ids from the entry tables)
+LAYOUTS = [(1, False), (4, False), (1, True)]
 
 
 def graph_path(runner: ModelRunner, rows: int, page_size: int) -> GraphRunner:
@@ -48,22 +51,28 @@ def graph_path(runner: ModelRunner, rows: int, page_size: int) -> GraphRunner:
 
 
 def state(runner: ModelRunner) -> list[torch.Tensor]:
-    """The pool without the sink slot, each ring and the row starts without the sink row."""
+    """The pool without the sink slot, the entry pools without the sink id, each ring and
+    the row starts without the sink row."""
     model = runner.model
     rings = [t[:-1] for layer in model.model.layers for c in layer.attn.compressors()
              for t in (c.ring.kv, c.ring.gate)]
-    return [k[1:] for k in runner.kv_pool.k] + rings + [model.starts.starts[:-1]]
+    entries = [t[1:] for pools in (model.entries.entry, model.entries.idx_key)
+               for t in pools.values()]
+    return [k[1:] for k in runner.kv_pool.k] + entries + rings + [model.starts.starts[:-1]]
 
 
-def decode_both(tmp_path, prompts: list[int], steps: int, rows: int, page_size: int,
-                ops: TorchOps | None, check) -> tuple[ModelRunner, ModelRunner]:
+def decode_both(tmp_path, prompts: list[int], steps: int, rows: int,
+                layout: tuple[int, bool], ops: TorchOps | None,
+                check) -> tuple[ModelRunner, ModelRunner]:
     """Prefill `prompts` on two runners (eagerly), then decode `steps` tokens a sequence,
     eagerly on one and through the graph path of `rows` rows on the other, each step's
-    logits compared by `check(got, want)`; the two runners."""
+    logits compared by `check(got, want)`; the two runners. `layout`: (page size, entry
+    ids from the entry tables)."""
     tiny_v4(tmp_path)
     spec = resolve_model(str(tmp_path))
-    eager, padded = (ModelRunner(spec, "cpu", torch.float32, kv_slots=512, max_rows=MAX_ROWS)
-                     for _ in range(2))
+    page_size, table = layout
+    eager, padded = (ModelRunner(spec, "cpu", torch.float32, kv_slots=512, max_rows=MAX_ROWS,
+                                 entry_table=table) for _ in range(2))
     graphs = graph_path(padded, rows, page_size)
     gen = torch.Generator().manual_seed(1)
     ids = [torch.randint(0, 256, (n + steps,), generator=gen).tolist() for n in prompts]
@@ -73,6 +82,8 @@ def decode_both(tmp_path, prompts: list[int], steps: int, rows: int, page_size: 
         if ops is not None:
             runner.model.model.ops = ops
         runner.model.bind_rows(list(range(seqs)))
+        if table:
+            interleave_entries(runner.model, seqs)
         runner.forward(make_batch(prefill, [0] * seqs, seqs, page_size=page_size))
     lens = list(prompts)
     with torch.inference_mode():
@@ -88,24 +99,24 @@ def decode_both(tmp_path, prompts: list[int], steps: int, rows: int, page_size: 
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter test")
-@pytest.mark.parametrize("page_size", [1, 4])
-def test_padded_lists_change_no_bit(page_size, tmp_path):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_padded_lists_change_no_bit(layout, tmp_path):
     def identical(got: torch.Tensor, want: torch.Tensor) -> None:
         assert torch.equal(got, want)
 
-    eager, padded = decode_both(tmp_path, PROMPTS[:4], 6, 4, page_size, TritonOps(None),
+    eager, padded = decode_both(tmp_path, PROMPTS[:4], 6, 4, layout, TritonOps(None),
                                 identical)
     for got, want in zip(state(padded), state(eager), strict=True):
         assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("page_size", [1, 4])
-def test_padding_rows_write_only_the_sinks(page_size, tmp_path):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_padding_rows_write_only_the_sinks(layout, tmp_path):
     def check(got: torch.Tensor, want: torch.Tensor) -> None:
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         assert got.argmax(-1).tolist() == want.argmax(-1).tolist()
 
-    eager, padded = decode_both(tmp_path, PROMPTS, 12, 8, page_size, None, check)
+    eager, padded = decode_both(tmp_path, PROMPTS, 12, 8, layout, None, check)
     for got, want in zip(state(padded), state(eager), strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
@@ -125,15 +136,16 @@ class DenseMoeOps(TorchOps):
     fused_moe = staticmethod(dense_moe)
 
 
-def test_captured_step_reads_nothing_on_the_host(tmp_path):
+@pytest.mark.parametrize("layout", LAYOUTS[1:])
+def test_captured_step_reads_nothing_on_the_host(layout, tmp_path):
     """The captured step under FakeTensorMode: `.item()`, `.tolist()`, `bool()` of a
     tensor and ops whose output shape depends on values raise there. The routed experts'
     torch reference finds the experts hit on the host (the Triton kernel a GPU runs does
     not): a dense stand-in takes its place."""
     tiny_v4(tmp_path)
     runner = ModelRunner(resolve_model(str(tmp_path)), "cpu", torch.float32, kv_slots=512,
-                         max_rows=MAX_ROWS)
-    graphs = graph_path(runner, 8, 4)
+                         max_rows=MAX_ROWS, entry_table=layout[1])
+    graphs = graph_path(runner, 8, layout[0])
     runner.model.model.ops = DenseMoeOps(None)
     fb = graphs._batch(8)
     for read, caught in ((lambda t: t.sum().item(), DataDependentOutputException),

@@ -1,15 +1,34 @@
 """The compression windows a DeepSeek-V4 step closes, exactly, for a step of three
 sequences at once: a chunk across a window boundary, a decode closing window 0 (no window
-before it), and a prefix hit's replayed tokens (whose window is the prefix's)."""
+before it), and a prefix hit's replayed tokens (whose window is the prefix's); each
+window's entry id from the page table (page size 1: the closing token's slot) or from the
+request row's entry table."""
 
+import pytest
 import torch
 
+from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
+from runtime.worker.models.deepseek_v4_entries import EntryStore
 from runtime.worker.models.deepseek_v4_partial import InputRing
 from runtime.worker.models.deepseek_v4_state import V4Step
 from runtime.worker.models.deepseek_v4_windows import closing_of
+from tests.worker.dsv4_checkpoints import tiny_v4_config
 
 
-def test_closing_lists_of_a_step():
+def store(table: bool) -> EntryStore:
+    """Entry pools of the tiny model (rates 4, 8) over 200 slots and 3 request rows; in
+    the table scheme, window w of row r has id 100 + 10 * r + w."""
+    arch = DeepseekV4Arch.from_hf(tiny_v4_config())
+    entries = EntryStore(arch, 3, 64, table, torch.float32, "cpu")
+    entries.allocate(200, 1)
+    if table:
+        entries.write([(m, r, 0, [100 + 10 * r + w for w in range(8)])
+                       for m in (4, 8) for r in range(3)])
+    return entries
+
+
+@pytest.mark.parametrize("table", [False, True])
+def test_closing_lists_of_a_step(table):
     # (row, p0, p1, start): positions 5..9 on row 2; 3 on row 0; a hit replaying 4..8 on row 1
     seqs = [(2, 5, 10, 0), (0, 3, 4, 0), (1, 4, 9, 4)]
     per_token = [(b, *s) for b, s in enumerate(seqs) for _ in range(s[2] - s[1])]
@@ -17,7 +36,7 @@ def test_closing_lists_of_a_step():
     positions = torch.cat([torch.arange(s[1], s[2]) for s in seqs])
     T = positions.shape[0]  # 11
     step = V4Step(positions, (b, None, None, 1), rows, p0, p1, start, 100 + torch.arange(T),
-                  torch.empty(T, 0), len(seqs), 10)
+                  torch.empty(T, 0), len(seqs), store(table), 10)
     ring = InputRing(3, 8, 2, torch.float32, "cpu")  # CSA rate 4: 8 positions a row
     closing = closing_of(step, 4, True, ring)
     assert closing_of(step, 4, True, ring) is closing  # built once a step
@@ -31,7 +50,8 @@ def test_closing_lists_of_a_step():
     ] + [[-1] * 8] * 3
     assert closing.series.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
     assert closing.starts[:2].tolist() == [4, 0]
-    assert closing.slots.tolist() == [102, 105, 0, 0, 0]
+    # the ids: slots 102 and 105 (page size 1), or window 1 of row 2 and window 0 of row 0
+    assert closing.ids.tolist() == ([121, 100] if table else [102, 105]) + [0, 0, 0]
     # every new token is read by its request's next windows: row * 8 + position % 8
     assert closing.cells.tolist() == [21, 22, 23, 16, 17, 3, 12, 13, 14, 15, 8]
 
@@ -42,9 +62,9 @@ def test_inputs_no_later_window_reads_go_to_the_sink():
     positions = torch.arange(10)
     ones = torch.ones(10, dtype=torch.int64)
     step = V4Step(positions, (0 * ones, None, None, 1), ones, 0 * ones, 10 * ones, 0 * ones,
-                  positions + 50, torch.empty(10, 0), 1, 10)
+                  positions + 50, torch.empty(10, 0), 1, store(False), 10)
     ring = InputRing(3, 4, 2, torch.float32, "cpu")
     closing = closing_of(step, 4, False, ring)
     assert closing.sources.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [-1] * 4]
-    assert closing.slots.tolist() == [53, 57, 0]
+    assert closing.ids.tolist() == [53, 57, 0]
     assert closing.cells.tolist() == [12] * 8 + [4, 5]

@@ -40,34 +40,48 @@ class CheckedCopies:
     """Wraps a worker's `KVTransfer.run`: once a plan's copies are issued (the forwards in
     flight still running), waits for the device and compares bytes. Every loaded device
     slot holds its host slot's bytes, and every host slot written back holds its device
-    slot's (unless the same plan loaded that device slot again). A copy to the wrong place,
-    or a write-back that read a slot before the forward writing it was done, fails."""
+    slot's (unless the same plan loaded that device slot again), and so for the entry ids
+    of a model with compressed entries. A copy to the wrong place, or a write-back that
+    read a slot before the forward writing it was done, fails."""
 
     def __init__(self, xfer: KVTransfer) -> None:
         self.xfer, self._run = xfer, xfer.run
         xfer.run = self.run
         self.writeback_slots = self.load_slots = 0  # slot pairs checked
+        self.entry_ids = 0  # entry id pairs checked
 
     def run(self, plan: BatchPlan):
         timing = self._run(plan)
         if self.xfer.cuda:
             torch.cuda.synchronize(self.xfer.device)
-        loaded = set(plan.load_dev)
-        wb = [(d, h) for d, h in zip(plan.writeback_dev, plan.writeback_host, strict=True)
-              if d not in loaded]
-        self._check(wb, "write-back", plan.batch_id)
-        self._check(list(zip(plan.load_dev, plan.load_host, strict=True)), "load",
-                    plan.batch_id)
-        self.writeback_slots += len(wb)
+        self.writeback_slots += self._both(plan.writeback_dev, plan.writeback_host,
+                                           plan.load_dev, plan.load_host, self.xfer.groups,
+                                           plan.batch_id)
         self.load_slots += len(plan.load_dev)
+        loads = {m: (dev, host) for m, host, dev in plan.entry_load}
+        for m, dev, host in plan.entry_writeback:
+            self.entry_ids += self._both(dev, host, *loads.pop(m, ([], [])),
+                                         self.xfer.entry_groups[m], plan.batch_id)
+        for m, (dev, host) in loads.items():
+            self.entry_ids += self._both([], [], dev, host, self.xfer.entry_groups[m],
+                                         plan.batch_id)
         return timing
 
-    def _check(self, pairs: list[tuple[int, int]], what: str, batch_id: int) -> None:
+    def _both(self, wb_dev: list[int], wb_host: list[int], ld_dev: list[int],
+              ld_host: list[int], groups, batch_id: int) -> int:
+        """Check a plan's write-backs and loads in `groups`: the pairs checked."""
+        loaded = set(ld_dev)
+        wb = [(d, h) for d, h in zip(wb_dev, wb_host, strict=True) if d not in loaded]
+        self._check(wb, groups, "write-back", batch_id)
+        self._check(list(zip(ld_dev, ld_host, strict=True)), groups, "load", batch_id)
+        return len(wb) + len(ld_dev)
+
+    def _check(self, pairs: list[tuple[int, int]], groups, what: str, batch_id: int) -> None:
         if not pairs:
             return
         dev = torch.tensor([d for d, _ in pairs], device=self.xfer.device)
         host = torch.tensor([h for _, h in pairs])
-        for dev_group, host_group in self.xfer.groups:
+        for dev_group, host_group in groups:
             for a, b in zip(dev_group.tensors, host_group.tensors, strict=True):
                 # [n, kv_heads(, head_dim)] as bytes
                 got, want = a[dev].view(torch.uint8).cpu(), b[host].view(torch.uint8)
@@ -128,30 +142,34 @@ def serve_with_copies(cfg: ServerConfig, turns) -> tuple[list, object, CheckedCo
 
 
 def check_tier(device: str, kv_slots: int, dtype: str, model: str = "dummy:tiny",
-               **options) -> None:
-    """Prefixes from the host, and swaps in both layouts, give the tokens of a pool large
-    enough to keep everything on the device."""
+               configs: tuple[str, ...] = ("tier", "swap", "paged swap"),
+               **options) -> CheckedCopies:
+    """Prefixes from the host, and swaps (`configs` of `tier_configs`), give the tokens of
+    a pool large enough to keep everything on the device; the last copy checker."""
     turns = turns_of(8, 3, seed=7)
     base = ServerConfig(model=model, device=device, dtype=dtype, kv_slots=4095,
                         max_running=16, chunk_size=64, torch_threads=1, log_level="warning",
                         **options)
     ref, _, _ = serve_turns(base, turns, 6)
-    for name, cfg in tier_configs(base, kv_slots).items():
-        got, sched, _ = serve_with_copies(cfg, turns)
+    for name in configs:
+        got, sched, copies = serve_with_copies(tier_configs(base, kv_slots)[name], turns)
         assert got == ref, name
         if name == "tier":
             assert sched.kv.stats().host.hit_tokens > 0
             assert sched.load_seconds > 0 and sched.writeback_seconds > 0
+    return copies
 
 
 def test_host_tier_and_swap_keep_greedy_outputs_on_the_cpu():
     check_tier("cpu", 255, "float32")
 
 
-def test_deepseek_v4_rows_of_every_width_go_to_the_host_and_back():
-    """DeepSeek-V4's pool rows are as wide as each layer type needs: every width's rows
-    (window, compressor inputs, entries, indexer state) are written back and loaded."""
-    check_tier("cpu", 255, "float32", model="dummy:deepseek-v4-tiny")
+def test_deepseek_v4_entries_go_to_the_host_and_back_with_their_slots():
+    """DeepSeek-V4: its K=V rows and, in the entry pools, its compressed entries and indexer
+    keys (by the ids the slots closing their windows hold, or their pages give) are written
+    back and loaded into fresh slots and ids, prefixes and swaps in both layouts alike."""
+    copies = check_tier("cpu", 255, "float32", model="dummy:deepseek-v4-tiny")
+    assert copies.entry_ids > 0
 
 
 @pytest.mark.gpu

@@ -1,8 +1,9 @@
 """DeepSeek-V4 (`DeepseekV4ForCausalLM`, without its MTP layer): hyper-connected decoder
 layers of V4 attention (`deepseek_v4_attention.py`) and a V4 mixture of experts
 (`deepseek_v4_moe.py`), its KV state as per-token rows of the pool
-(`deepseek_v4_state.py`, which says what a prefix hit reuses) and partial blocks per
-request row (`deepseek_v4_partial.py`).
+(`deepseek_v4_state.py`, which says what a prefix hit reuses), compressed entries in
+entry pools by window (`deepseek_v4_entries.py`) and partial blocks per request row
+(`deepseek_v4_partial.py`).
 
 The residual is `hc_mult` streams `[T, hc, hidden]`. Before each block a hyper-connection
 reads all streams (RMS-normed, flattened) through one linear map (`hc_*_fn`, `_base`,
@@ -39,9 +40,10 @@ from runtime.worker.models.deepseek_rope import rope_inv_freq
 from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
 from runtime.worker.models.deepseek_v4_attention import V4Attention
 from runtime.worker.models.deepseek_v4_checkpoint import transformers_name
+from runtime.worker.models.deepseek_v4_entries import EntryStore
 from runtime.worker.models.deepseek_v4_moe import CHECKPOINT_EXPERT_NAMES, V4MoE
 from runtime.worker.models.deepseek_v4_partial import RowStarts, prefix_rule
-from runtime.worker.models.deepseek_v4_state import V4Step, layer_widths
+from runtime.worker.models.deepseek_v4_state import V4Step
 from runtime.worker.models.sparse_moe import expert_pieces
 from runtime.worker.ops import TorchOps, ops_for
 from runtime.worker.quant.scheme import QuantScheme
@@ -128,9 +130,11 @@ class V4DecoderLayer(nn.Module):
 
 
 class DeepseekV4ForCausalLM(CausalLM):
-    """DeepseekV4ForCausalLM checkpoints. The KV pool it needs: one row a token and layer,
-    of that layer's width (`kv_layout`); beside it, the partial blocks of each request row
-    (`allocate_rows`), and the rule its prefix hits follow (`prefix_rule`)."""
+    """DeepseekV4ForCausalLM checkpoints. The KV pool it needs: one `head_dim` row a token
+    and layer (`kv_layout`); beside it, the entry pools (`allocate_entries`, ids written
+    by `write_entries` where the scheduler hands them out), the partial blocks and entry
+    tables of each request row (`allocate_rows`), and the rule its prefix hits follow
+    (`prefix_rule`)."""
 
     MODEL_TYPES = ("deepseek_v4",)
     ARCH = DeepseekV4Arch
@@ -142,25 +146,39 @@ class DeepseekV4ForCausalLM(CausalLM):
             raise UnsupportedArchitecture("tp", "deepseek_v4 runs on one device (--tp 1)")
         super().__init__(arch, tp, quantization)
         self.model.hc_head = HyperHead(arch)
-        self.row_widths = layer_widths(arch)
         self.starts: RowStarts | None = None  # set by `allocate_rows`
+        self.entries: EntryStore | None = None  # set by `allocate_rows`, its pools later
 
     def kv_layout(self) -> tuple[int, int, tuple[int, ...]]:
-        """(planes, kv heads, each layer's head dim) of the pool: one row a token and layer."""
-        return 1, 1, self.row_widths
+        """(planes, kv heads, each layer's head dim) of the pool: one K=V row a token and
+        layer."""
+        return 1, 1, (self.arch.head_dim,) * self.arch.num_layers
+
+    def allocate_entries(self, num_slots: int, page_size: int) -> EntryStore:
+        """The entry pools beside a pool of `num_slots` slots (`EntryStore.allocate`)."""
+        self.entries.allocate(num_slots, page_size)
+        return self.entries
+
+    def write_entries(self, writes: list[tuple[int, int, int, list[int]]]) -> None:
+        """The window ids a step's plan hands out (`BatchPlan.entry_writes`)."""
+        self.entries.write(writes)
 
     def prefix_rule(self) -> tuple[int, int]:
         """(align, replay) of prefix hits (`deepseek_v4_partial.prefix_rule`)."""
         return prefix_rule(self.arch)
 
-    def allocate_rows(self, rows: int, dtype: torch.dtype) -> int:
-        """The partial blocks of `rows` request rows, on the model's device: their bytes."""
+    def allocate_rows(self, rows: int, dtype: torch.dtype, max_context: int = 0,
+                      entry_table: bool = False) -> int:
+        """The partial blocks of `rows` request rows and, with `entry_table` (entry ids
+        handed out by the scheduler), their entry tables over `max_context` positions, on
+        the model's device: their bytes."""
         device = next(self.parameters()).device
         compressors = [c for layer in self.model.layers for c in layer.attn.compressors()]
         for c in compressors:
             c.allocate(rows, dtype, device)
         self.starts = RowStarts(rows, self.prefix_rule()[1], device)
-        return sum(c.ring.nbytes for c in compressors)
+        self.entries = EntryStore(self.arch, rows, max_context, entry_table, dtype, device)
+        return sum(c.ring.nbytes for c in compressors) + self.entries.table_bytes
 
     def bind_rows(self, rows: list[int]) -> None:
         """Rows `rows` serve new requests: their partial blocks are forgotten."""
@@ -171,11 +189,12 @@ class DeepseekV4ForCausalLM(CausalLM):
 
     def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         m = self.model
-        step = V4Step.of(fb, attn.page_table(fb)[:2], self.starts, self.arch.window)
+        step = V4Step.of(fb, attn.page_table(fb)[:2], self.starts, self.arch.window,
+                         self.entries)
         x = m.embed_tokens(fb.input_ids)  # [T, D]
         h = x[:, None, :].expand(-1, self.arch.hc_mult, -1).contiguous()  # [T, hc, D]
         for i, layer in enumerate(m.layers):
-            rows = attn.pool.k[i].view(attn.pool.num_slots, -1)  # [slots, layer i's width]
+            rows = attn.pool.k[i].view(attn.pool.num_slots, -1)  # [slots, head_dim]
             h = layer(h, fb, rows, step, m.ops)
         x = m.hc_head(h)
         return F.rms_norm(x.float(), (x.shape[-1],), m.norm.weight.float(),

@@ -6,8 +6,9 @@ Per query at position t the keys are the K=V rows of positions (t - window, t] a
 entries closed by t (HCA: all of them; CSA: the indexer's picks among them), in one softmax
 whose denominator also holds the head's sink `exp(attn_sink)`. Values are the same rows,
 so they carry the keys' rotation: the output's rope values are rotated back at t. All the
-step's queries attend in one `ops.sparse.mqa` over key lists of pool slots (`V4Step`):
-each one's window, and its entries (every visible one, or the indexer's picks). The
+step's queries attend in one `ops.sparse.mqa` over two key lists (`V4Step`): each one's
+window (slots of the pool's rows), and its entries (ids in the layer's entry pool: every
+visible one, or the indexer's picks). The
 output heads form `o_groups` groups, each projected to `o_lora_rank` (`wo_a`, block
 diagonal), then mixed to the hidden size (`wo_b`).
 
@@ -27,7 +28,7 @@ from runtime.worker.models.causal_lm import RMSNorm
 from runtime.worker.models.deepseek_v4_arch import CSA, SWA, DeepseekV4Arch
 from runtime.worker.models.deepseek_v4_compressor import Compressor, Indexer
 from runtime.worker.models.deepseek_v4_rope import apply_rope
-from runtime.worker.models.deepseek_v4_state import RowLayout, V4Step, part
+from runtime.worker.models.deepseek_v4_state import V4Step
 from runtime.worker.models.deepseek_v4_windows import closing_of
 from runtime.worker.models.parallel import column_linear
 from runtime.worker.ops import TorchOps
@@ -47,7 +48,6 @@ class V4Attention(nn.Module):
             return column_linear(in_features, out_features, False, quant, [f"{hf}.{name}"])
 
         self.kind, self.rate = a.layer_types[layer_id], a.rate(layer_id)
-        self.layout = RowLayout.of(a, layer_id)
         self.heads, self.head_dim, self.window, self.groups = (
             a.num_heads, a.head_dim, a.window, a.o_groups)
         self.eps = a.rms_norm_eps
@@ -83,8 +83,9 @@ class V4Attention(nn.Module):
     def forward(self, x: torch.Tensor, step: V4Step, rows: torch.Tensor,
                 ops: TorchOps) -> torch.Tensor:
         """`x` `[T, hidden]` (normed) of the step's new tokens, stored at `step.out_slots` of
-        this layer's pool `rows` `[slots, width]`: `[T, hidden]`."""
-        L, freqs, tokens, positions = self.layout, self.freqs, x.shape[0], step.positions
+        this layer's pool `rows` `[slots, head_dim]` (entries: at their ids in the layer's
+        entry pools, `step.entries`): `[T, hidden]`."""
+        freqs, tokens, positions = self.freqs, x.shape[0], step.positions
         q_lora = self.wq_a(x)
         q_lora = F.rms_norm(q_lora.float(), (q_lora.shape[-1],), self.q_norm.weight.float(),
                             self.eps).to(x.dtype)  # [T, rank]
@@ -93,32 +94,32 @@ class V4Attention(nn.Module):
         q = apply_rope(q, positions, freqs)
         kv = self.wkv(x)
         kv = F.rms_norm(kv.float(), (self.head_dim,), self.norm.weight.float(), self.eps)
-        part(rows, L.kv)[step.out_slots] = apply_rope(kv.to(x.dtype), positions,
-                                                      freqs).to(rows.dtype)
+        rows[step.out_slots] = apply_rope(kv.to(x.dtype), positions, freqs).to(rows.dtype)
         entries = {}
         if self.compressor is not None:
-            self.close_windows(x, step, rows, ops)
+            self.close_windows(x, step, ops)
             if self.indexer is None:  # HCA: every entry closed by the token
-                listed = step.visible_slots(self.rate)  # [T, n]
+                listed = step.visible_ids(self.rate)  # [T, n]
             else:  # CSA: the indexer's picks
-                picks = self.indexer.pick(x, q_lora, step, rows, L.idx_key, freqs, ops)
-                listed = step.entry_slots(picks, self.rate)  # [T, topk]
-            entries = dict(entry_kv=part(rows, L.entry), entry_indices=listed)
-        out = ops.sparse.mqa(q, part(rows, L.kv), step.window, self.attn_sink,
+                keys = step.entries.idx_key[self.layer_id]  # [ids, index_head_dim]
+                picks = self.indexer.pick(x, q_lora, step, keys, freqs, ops)
+                listed = step.entry_ids(picks, self.rate)  # [T, topk]
+            entries = dict(entry_kv=step.entries.entry[self.layer_id], entry_indices=listed)
+        out = ops.sparse.mqa(q, rows, step.window, self.attn_sink,
                              self.head_dim**-0.5, **entries)  # [T, H, d]
         out = apply_rope(out, positions, freqs, inverse=True)  # [T, H, d]
         mixed = self.grouped_output(out.view(tokens, self.groups, -1))  # [T, g, r]
         return self.wo_b(mixed.reshape(tokens, -1))  # [T, hidden]
 
-    def close_windows(self, x: torch.Tensor, step: V4Step, rows: torch.Tensor,
-                      ops: TorchOps) -> None:
+    def close_windows(self, x: torch.Tensor, step: V4Step, ops: TorchOps) -> None:
         """Each compressor's entries of the windows the step's new tokens (`x` `[T, hidden]`)
-        close, every sequence at once (`closing_of`), into the pool `rows`, before any token
-        reads them."""
-        for c, where in zip(self.compressors(), (self.layout.entry, self.layout.idx_key)):
+        close, every sequence at once (`closing_of`), into the layer's entry pools (entries,
+        indexer keys), before any token reads them."""
+        pools = (step.entries.entry, step.entries.idx_key)
+        for c, pool in zip(self.compressors(), pools):
             kv, gate = c.project(x)  # [T, width] each
             closing = closing_of(step, c.rate, c.overlap, c.ring)
-            c.close_windows(kv, gate, closing, rows, where, self.freqs, ops)
+            c.close_windows(kv, gate, closing, pool[self.layer_id], self.freqs, ops)
 
     def grouped_output(self, grouped: torch.Tensor) -> torch.Tensor:
         """Each head group `[T, g, H * d / g]` through its own rows of `wo_a`: `[T, g, r]`."""

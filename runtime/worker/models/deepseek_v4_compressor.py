@@ -1,5 +1,5 @@
-"""DeepSeek-V4's compressors and Lightning Indexer: their entries in the token rows of the
-pool (`deepseek_v4_state`), their inputs of open windows in rings per request row
+"""DeepSeek-V4's compressors and Lightning Indexer: their entries in the entry pools by
+window id (`deepseek_v4_entries`), their inputs of open windows in rings per request row
 (`deepseek_v4_partial`).
 
 A compressor turns each closed window of `rate` tokens into one entry: the softmax over
@@ -26,7 +26,7 @@ from kernels.sparse.index_lists import top_entries
 from runtime.worker.models.causal_lm import RMSNorm
 from runtime.worker.models.deepseek_v4_partial import InputRing, ring_length
 from runtime.worker.models.deepseek_v4_rope import apply_rope
-from runtime.worker.models.deepseek_v4_state import V4Step, part
+from runtime.worker.models.deepseek_v4_state import V4Step
 from runtime.worker.models.deepseek_v4_windows import Closing
 from runtime.worker.ops import TorchOps
 
@@ -57,12 +57,12 @@ class Compressor(nn.Module):
         return self.wkv(x).to(dtype), self.wgate(x).to(dtype)
 
     def close_windows(self, kv_new: torch.Tensor, gate_new: torch.Tensor, closing: Closing,
-                      rows: torch.Tensor, entry_at: tuple[int, int],
-                      freqs: tuple[torch.Tensor, float], ops: TorchOps) -> None:
+                      pool: torch.Tensor, freqs: tuple[torch.Tensor, float],
+                      ops: TorchOps) -> None:
         """Compute the entries of the windows the step's new tokens (inputs `kv_new`,
         `gate_new` `[T, width]`) close (`closing`), from them and the rows' rings, and
-        write each into the pool row (`entry_at`) of the token closing it; then keep in
-        the rings what the next windows read."""
+        write each into the entry `pool` `[ids, dim]` at its window's id; then keep in the
+        rings what the next windows read."""
         series, d, ring, T = 1 + self.overlap, self.dim, self.ring, kv_new.shape[0]
         kept_kv, kept_gate = ring.cells()  # [cells, width] each
         pooled = ops.sparse.window_pool(
@@ -71,7 +71,7 @@ class Compressor(nn.Module):
             closing.series, self.ape.float().view(self.rate, series, d))  # [E, d] fp32
         entries = F.rms_norm(pooled, (d,), self.norm.weight.float(), self.norm.eps)
         entries = apply_rope(entries, closing.starts, freqs)  # [E, d]
-        part(rows, entry_at)[closing.slots] = entries.to(rows.dtype)
+        pool[closing.ids] = entries.to(pool.dtype)
         kept_kv[closing.cells] = kv_new
         kept_gate[closing.cells] = gate_new
 
@@ -89,16 +89,15 @@ class Indexer(nn.Module):
         self.weights_proj = nn.Linear(hidden, heads, bias=False)
         self.compressor = Compressor(hidden, dim, rate, True, eps)
 
-    def pick(self, x: torch.Tensor, q_lora: torch.Tensor, step: V4Step, rows: torch.Tensor,
-             key_at: tuple[int, int], freqs: tuple[torch.Tensor, float],
-             ops: TorchOps) -> torch.Tensor:
+    def pick(self, x: torch.Tensor, q_lora: torch.Tensor, step: V4Step, keys: torch.Tensor,
+             freqs: tuple[torch.Tensor, float], ops: TorchOps) -> torch.Tensor:
         """`[T, topk]` int64 entry numbers: the `topk` best-scored entries each new token
         (`x` `[T, hidden]`, `q_lora` `[T, rank]`) sees among its sequence's closed ones,
-        whose keys are at `key_at` of the pool `rows`; -1 past the entries it sees. One
-        scoring for the step: each token's list names its own sequence's visible keys."""
+        whose keys are in the pool `keys` `[ids, dim]` by id; -1 past the entries it sees.
+        One scoring for the step: each token's list names its own sequence's visible keys."""
         q = self.wq_b(q_lora).view(-1, self.heads, self.dim)  # [T, h, di]
         q = apply_rope(q, step.positions, freqs).float()
         weights = self.weights_proj(x).float() * self.heads**-0.5  # [T, h]
-        listed = step.visible_slots(self.compressor.rate)  # [T, n]: column w is entry w
-        scores = ops.sparse.indexer_scores(q, weights, part(rows, key_at), listed)  # [T, n]
+        listed = step.visible_ids(self.compressor.rate)  # [T, n]: column w is entry w
+        scores = ops.sparse.indexer_scores(q, weights, keys, listed)  # [T, n]
         return top_entries(scores, self.topk)  # [T, topk]

@@ -4,13 +4,14 @@ for each (rate, overlap) of its compressors.
 
 A new token at position p closes window `p // m` when `(p + 1) % m == 0`, unless the
 window's inputs start before its request's first computed position (a cached prefix's
-window: its entry is in the pool). Its entry's inputs are positions from
+window: its entry is in the entry pool). Its entry's inputs are positions from
 `(w - overlap) * m` to p: those at or after its sequence's first new position are new
 tokens of the step (`t - (p - position)`), the earlier ones are in the request row's ring
 (`deepseek_v4_partial`), before position 0 none. A step of T tokens over B sequences closes
 at most `min(T, T // m + B)` windows (each sequence one more than its whole windows), so
 the lists have that many rows, the closing tokens first, then padding that lists nothing
-and writes to the pool's sink slot.
+and writes to the entry pools' sink id. Each window's entry goes to its id
+(`EntryStore.closing_ids`).
 
 After the entries, each new token's inputs go to its ring cell if the request's next
 windows read them (positions from `inputs_start(p1 // m)` on), else to the ring's sink.
@@ -33,7 +34,7 @@ class Closing:
     sources: torch.Tensor  # [E, S] int64: < T new token, T + c ring cell c, -1 none
     series: torch.Tensor  # [S] int64: the series input j reads (CSA: previous window's 0)
     starts: torch.Tensor  # [E] int64 first position of each window (its entry's rotation)
-    slots: torch.Tensor  # [E] int64 pool slot of the closing token's row, 0 for padding
+    ids: torch.Tensor  # [E] int64 entry-pool id of each window, 0 (the sink) for padding
     cells: torch.Tensor  # [T] int64 the ring cell of each new token's inputs (or the sink)
 
 
@@ -63,6 +64,7 @@ def _closing(step: V4Step, m: int, overlap: int, length: int, sink: int) -> Clos
     sources = torch.where(new, t[:, None] + at - pos[t][:, None], T + cell)
     sources = torch.where(listed[:, None] & (at >= 0), sources, -1)
     keep = torch.maximum(inputs_start(step.p1 // m, m, bool(overlap)), step.p0)  # [T]
+    ids = step.entries.closing_ids(m, step.rows[t], window[t], step.out_slots[t], step.table[3])
     return Closing(sources, torch.arange(span, device=device) // m, window[t] * m,
-                   torch.where(listed, step.out_slots[t], 0),
+                   torch.where(listed, ids, 0),
                    torch.where(pos >= keep, step.rows * length + pos % length, sink))
