@@ -100,6 +100,9 @@ class ModelRunner:
     decode batch of one row a token (`BatchBuilder`), so speculation asks for more.
     `capture` (None: none) makes `forward_features` available: the features a draft head
     reads besides the logits (`CausalLM.forward_features`), CUDA graphs included.
+    `max_drafts`: the most drafts of a verify step (0: no speculation), for which the
+    partial blocks per request row keep room (a verify step may compute that many
+    positions past those it keeps).
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class ModelRunner:
         kv_bytes_extra: int = 0,
         graph_rows: int = 0,
         capture: tuple[int, ...] | None = None,
+        max_drafts: int = 0,
     ) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
@@ -145,7 +149,7 @@ class ModelRunner:
             planes, kv_heads, layer_dims = self.model.kv_layout()
             head_dim = max(layer_dims)
             # before the pool is sized: its partial blocks per request row take memory first
-            self.row_state_bytes = self.model.allocate_rows(max_rows, dtype)
+            self.row_state_bytes = self.model.allocate_rows(max_rows, dtype, max_drafts)
         elif mla is None:  # K and V of this rank's KV heads
             planes, kv_heads, head_dim = 2, arch.num_kv_heads // tp.size, arch.head_dim
         else:  # one latent row a token

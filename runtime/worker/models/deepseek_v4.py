@@ -153,12 +153,13 @@ class DeepseekV4ForCausalLM(CausalLM):
         """(align, replay) of prefix hits (`deepseek_v4_partial.prefix_rule`)."""
         return prefix_rule(self.arch)
 
-    def allocate_rows(self, rows: int, dtype: torch.dtype) -> int:
-        """The partial blocks of `rows` request rows, on the model's device: their bytes."""
+    def allocate_rows(self, rows: int, dtype: torch.dtype, drafts: int = 0) -> int:
+        """The partial blocks of `rows` request rows, on the model's device, for verify
+        steps of up to `drafts` drafts (`deepseek_v4_partial.ring_length`): their bytes."""
         device = next(self.parameters()).device
         compressors = [c for layer in self.model.layers for c in layer.attn.compressors()]
         for c in compressors:
-            c.allocate(rows, dtype, device)
+            c.allocate(rows, dtype, device, drafts)
         self.starts = RowStarts(rows, self.prefix_rule()[1], device)
         return sum(c.ring.nbytes for c in compressors)
 

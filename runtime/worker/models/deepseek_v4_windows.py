@@ -12,8 +12,9 @@ at most `min(T, T // m + B)` windows (each sequence one more than its whole wind
 the lists have that many rows, the closing tokens first, then padding that lists nothing
 and writes to the pool's sink slot.
 
-After the entries, each new token's inputs go to its ring cell if the request's next
-windows read them (positions from `inputs_start(p1 // m)` on), else to the ring's sink.
+After the entries, each new token's inputs go to its ring cell if it is one of its
+sequence's last `length` positions (p >= p1 - length: what the next windows read, whatever
+drafts a verify step keeps), else to the ring's sink.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.worker.models.deepseek_v4_partial import InputRing, first_window, inputs_start
+from runtime.worker.models.deepseek_v4_partial import InputRing, first_window
 from runtime.worker.models.deepseek_v4_state import V4Step
 
 
@@ -62,7 +63,6 @@ def _closing(step: V4Step, m: int, overlap: int, length: int, sink: int) -> Clos
     cell = step.rows[t][:, None] * length + at % length
     sources = torch.where(new, t[:, None] + at - pos[t][:, None], T + cell)
     sources = torch.where(listed[:, None] & (at >= 0), sources, -1)
-    keep = torch.maximum(inputs_start(step.p1 // m, m, bool(overlap)), step.p0)  # [T]
     return Closing(sources, torch.arange(span, device=device) // m, window[t] * m,
                    torch.where(listed, step.out_slots[t], 0),
-                   torch.where(pos >= keep, step.rows * length + pos % length, sink))
+                   torch.where(pos >= step.p1 - length, step.rows * length + pos % length, sink))
