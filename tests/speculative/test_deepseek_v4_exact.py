@@ -23,8 +23,9 @@ from runtime.model_config import resolve_model
 from runtime.scheduler.scheduler import Scheduler
 from runtime.scheduler.speculative.speculation import Speculation
 from runtime.wire.sampling import SamplingParams
+from runtime.worker.model_check import UnsupportedModel
 from runtime.worker.worker import Worker
-from tests.speculative.serve import serve
+from tests.speculative.serve import refused_at_start_up, serve
 from tests.speculative.test_chained import run as run_chained
 from tests.speculative.test_exact import K
 from tests.worker.dsv4_checkpoints import tiny_v4
@@ -122,3 +123,10 @@ def test_chained_steps_give_plain_decodings(cfg, kv, every):
     assert outs == ref
     assert chained > 0 and sched.spec.accepted < sched.spec.drafted
     assert sched.kv.stats().used == 0
+
+
+def test_a_deepseek_v4_draft_model_is_refused_at_start_up(cfg):
+    """A draft model keeps its KV in token slots only: V4's rings per request row have no
+    place there."""
+    draft = cfg.replace(speculative_algorithm="draft", speculative_draft_model=cfg.model)
+    refused_at_start_up(draft, UnsupportedModel, "speculative_draft_model of model_type")
