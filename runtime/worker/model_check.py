@@ -18,6 +18,7 @@ from runtime.config.server import ServerConfig
 from runtime.model_config import ModelSpec, resolve_model, spec_for
 from runtime.model_errors import MODEL_ERRORS
 from runtime.worker.loader import build_model
+from runtime.worker.models.deepseek_v4 import DeepseekV4ForCausalLM
 from runtime.worker.safetensors_reader import WeightLoadError
 from runtime.worker.speculative.eagle_head import EagleHead
 from runtime.worker.speculative.eagle_layout import EagleHeadMismatch, read_layout
@@ -60,7 +61,11 @@ def check_eagle_head(target: ModelSpec, folder: str) -> None:
 
 def check_draft_model(target: ModelSpec, draft: ModelSpec) -> None:
     """Raise `UnsupportedModel` (one line) unless `draft` can draft for `target`: its
-    token ids must mean the target's, so its vocabulary must have the target's size."""
+    token ids must mean the target's, so its vocabulary must have the target's size, and
+    its KV must be a pool of token slots (DeepSeek-V4 also keeps state per request row)."""
+    if draft.hf_config().model_type in DeepseekV4ForCausalLM.MODEL_TYPES:
+        raise UnsupportedModel(f"{draft.config_source}: speculative_draft_model of model_type "
+                               f"{draft.hf_config().model_type!r} is not supported")
     target_vocab, draft_vocab = target.hf_config().vocab_size, draft.hf_config().vocab_size
     if draft_vocab != target_vocab:
         raise UnsupportedModel(f"{draft.config_source}: the draft model's vocabulary has "

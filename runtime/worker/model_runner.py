@@ -104,6 +104,9 @@ class ModelRunner:
     decode batch of one row a token (`BatchBuilder`), so speculation asks for more.
     `capture` (None: none) makes `forward_features` available: the features a draft head
     reads besides the logits (`CausalLM.forward_features`), CUDA graphs included.
+    `max_drafts`: the most drafts of a verify step (0: no speculation), for which the
+    partial blocks per request row keep room (a verify step may compute that many
+    positions past those it keeps).
     """
 
     def __init__(
@@ -126,6 +129,7 @@ class ModelRunner:
         graph_rows: int = 0,
         capture: tuple[int, ...] | None = None,
         entry_table: bool = False,
+        max_drafts: int = 0,
     ) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
@@ -153,7 +157,7 @@ class ModelRunner:
             head_dim = max(layer_dims)
             # before the pool is sized: its partial blocks per request row take memory first
             self.row_state_bytes = self.model.allocate_rows(max_rows, dtype, spec.max_context,
-                                                            entry_table)
+                                                            entry_table, max_drafts)
             entry_bytes = math.ceil(entry_bytes_per_token(self.model.arch, dtype.itemsize,
                                                           page_size, entry_table))
         elif mla is None:  # K and V of this rank's KV heads

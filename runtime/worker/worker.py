@@ -56,7 +56,12 @@ from runtime.worker.kv_transfer import KVTransfer, host_slots_for
 from runtime.worker.lora.manager import LoraOptions
 from runtime.worker.model_check import LOAD_ERRORS
 from runtime.worker.model_runner import ModelRunner
-from runtime.worker.speculative.drafters import Drafter, graph_rows, load_drafter
+from runtime.worker.speculative.drafters import (
+    Drafter,
+    graph_rows,
+    load_drafter,
+    verify_drafts,
+)
 from runtime.worker.step_output import StepOutput, gather_top_logprobs, top_positions
 from runtime.worker.step_timing import StepTimer, StepTiming
 from runtime.worker.tp import TPGroup, init_tp
@@ -107,6 +112,7 @@ class Worker:
                                   lora=LoraOptions.from_config(cfg),
                                   kv_bytes_extra=extra,
                                   graph_rows=graph_rows(cfg, self.max_rows),
+                                  max_drafts=verify_drafts(cfg),
                                   capture=drafter.capture if drafter else None,
                                   entry_table=cfg.kv_mode.kind == "token")
         if drafter is not None:

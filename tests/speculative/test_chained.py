@@ -39,15 +39,15 @@ def corrupted(prompt: list[int], out: list[int], every: int | None) -> list[int]
 
 
 def run(worker: Worker, cfg, params, sequences, abort_after: int | None = None,
-        stops: list[int] | None = None):
-    """Serve PROMPTS with the oracle drafting `sequences[i]` for request i in the worker
+        stops: list[int] | None = None, prompts: list[list[int]] = PROMPTS):
+    """Serve `prompts` with the oracle drafting `sequences[i]` for request i in the worker
     (request i stopping at token `stops[i]`); with `abort_after`, abort r0 once that many
     steps were planned. Returns the outputs, the scheduler, the steps planned behind a
     verify step in flight and the most batches in flight."""
     sched = build_scheduler(cfg, worker.ready_message(), worker.runner.max_context)
     sched.spec = device_oracle_speculation(K)
-    outs = {f"r{i}": [] for i in range(len(PROMPTS))}
-    for i, (prompt, p) in enumerate(zip(PROMPTS, params)):
+    outs = {f"r{i}": [] for i in range(len(prompts))}
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
         sched.add(GenerateReq(f"r{i}", prompt, p, [stops[i]] if stops else []))
     oracle = DeviceOracle(worker.max_rows, worker.runner.max_context, worker.device)
     worker.drafter = oracle
@@ -70,7 +70,7 @@ def run(worker: Worker, cfg, params, sequences, abort_after: int | None = None,
                 outs[out.rid] += out.token_ids
     finally:
         worker.drafter = None
-    return [outs[f"r{i}"] for i in range(len(PROMPTS))], sched, chained, most
+    return [outs[f"r{i}"] for i in range(len(prompts))], sched, chained, most
 
 
 @pytest.mark.parametrize("kv", ["token", "paged"])

@@ -52,13 +52,14 @@ def test_closing_lists_of_a_step(table):
     assert closing.starts[:2].tolist() == [4, 0]
     # the ids: slots 102 and 105 (page size 1), or window 1 of row 2 and window 0 of row 0
     assert closing.ids.tolist() == ([121, 100] if table else [102, 105]) + [0, 0, 0]
-    # every new token is read by its request's next windows: row * 8 + position % 8
+    # every sequence is within the ring's 8 positions: row * 8 + position % 8
     assert closing.cells.tolist() == [21, 22, 23, 16, 17, 3, 12, 13, 14, 15, 8]
 
 
-def test_inputs_no_later_window_reads_go_to_the_sink():
+def test_inputs_before_the_last_ring_positions_go_to_the_sink():
     # HCA rate 4, one sequence at positions 0..9 on row 1: windows 0 and 1 close, and the
-    # inputs of positions 8, 9 (window 2, open) are kept; the others go to the sink, 3 * 4
+    # inputs of its last 4 positions (6..9: the ring's length) are kept, at row * 4 +
+    # position % 4; the others go to the sink, 3 * 4
     positions = torch.arange(10)
     ones = torch.ones(10, dtype=torch.int64)
     step = V4Step(positions, (0 * ones, None, None, 1), ones, 0 * ones, 10 * ones, 0 * ones,
@@ -67,4 +68,4 @@ def test_inputs_no_later_window_reads_go_to_the_sink():
     closing = closing_of(step, 4, False, ring)
     assert closing.sources.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [-1] * 4]
     assert closing.ids.tolist() == [53, 57, 0]
-    assert closing.cells.tolist() == [12] * 8 + [4, 5]
+    assert closing.cells.tolist() == [12] * 6 + [6, 7, 4, 5]

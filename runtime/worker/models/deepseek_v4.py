@@ -168,14 +168,15 @@ class DeepseekV4ForCausalLM(CausalLM):
         return prefix_rule(self.arch)
 
     def allocate_rows(self, rows: int, dtype: torch.dtype, max_context: int = 0,
-                      entry_table: bool = False) -> int:
-        """The partial blocks of `rows` request rows and, with `entry_table` (entry ids
+                      entry_table: bool = False, drafts: int = 0) -> int:
+        """The partial blocks of `rows` request rows, for verify steps of up to `drafts`
+        drafts (`deepseek_v4_partial.ring_length`), and, with `entry_table` (entry ids
         handed out by the scheduler), their entry tables over `max_context` positions, on
         the model's device: their bytes."""
         device = next(self.parameters()).device
         compressors = [c for layer in self.model.layers for c in layer.attn.compressors()]
         for c in compressors:
-            c.allocate(rows, dtype, device)
+            c.allocate(rows, dtype, device, drafts)
         self.starts = RowStarts(rows, self.prefix_rule()[1], device)
         self.entries = EntryStore(self.arch, rows, max_context, entry_table, dtype, device)
         return sum(c.ring.nbytes for c in compressors) + self.entries.table_bytes

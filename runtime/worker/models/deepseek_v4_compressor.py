@@ -45,9 +45,11 @@ class Compressor(nn.Module):
         self.norm = RMSNorm(dim, eps)
         self.ring: InputRing | None = None  # set by `allocate`
 
-    def allocate(self, rows: int, dtype: torch.dtype, device: torch.device | str) -> None:
-        """The ring of each request row's partial block (`deepseek_v4_partial`)."""
-        self.ring = InputRing(rows, ring_length(self.rate, self.overlap),
+    def allocate(self, rows: int, dtype: torch.dtype, device: torch.device | str,
+                 drafts: int = 0) -> None:
+        """The ring of each request row's partial block (`deepseek_v4_partial`), with room
+        for verify steps of up to `drafts` drafts."""
+        self.ring = InputRing(rows, ring_length(self.rate, self.overlap, drafts),
                               self.wkv.out_features, dtype, device)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

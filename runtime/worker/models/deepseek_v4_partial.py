@@ -2,11 +2,18 @@
 gate logits) a request's next entries still need, in a ring per request row.
 
 A compressor of rate m closing window w reads the inputs of the window's tokens, and a CSA
-one (`overlap`) also those of window w - 1. So once a step ends at position p1, a request
-needs the inputs of its tokens from `inputs_start(p1 // m)` on: at most m - 1 tokens
-(HCA), or 2m - 1 (CSA). `InputRing` keeps them per row of the worker's request table,
-position p at `p % length` (length m, or 2m), in the model's dtype, as the pool rows kept
-them before. Nothing of it is shared between requests, cached, written back or loaded.
+one (`overlap`) also those of window w - 1. So once a request's kept tokens end at
+position q, it needs the inputs of its tokens from `(q // m - overlap) * m` on: at most
+m - 1 tokens (HCA), or 2m - 1 (CSA). `InputRing` keeps them per row of the worker's request
+table, position p at `p % length`, in the model's dtype, as the pool rows kept them before.
+Nothing of it is shared between requests, cached, written back or loaded.
+
+Each step writes the inputs of its sequences' last `length` positions (`ring_length`: the
+2m, or m, the next entry may read, plus the most drafts of a verify step), so the ring is
+indexed by position alone: a verify step's rejected drafts, computed again by the next step
+from where its kept tokens end, overwrite their own cells, and, being at most `drafts`
+positions past that end, never the cells of the kept positions the next entries read.
+Nothing is rolled back, and nothing of a step depends on how many drafts it keeps.
 
 So a request's partial block is rebuilt from its own tokens: a prefix hit of P tokens
 lands where the pool's rows hold everything the next tokens read but the overlap inputs
@@ -35,10 +42,11 @@ def prefix_rule(arch: DeepseekV4Arch) -> tuple[int, int]:
     return math.lcm(1, *(r for r in rates if r)), max(csa, default=0)
 
 
-def ring_length(rate: int, overlap: bool) -> int:
+def ring_length(rate: int, overlap: bool, drafts: int = 0) -> int:
     """Positions a compressor's ring keeps: what the next entry may read (m - 1 open
-    tokens, plus in CSA the m of the overlap window), rounded up to whole windows."""
-    return 2 * rate if overlap else rate
+    tokens, plus in CSA the m of the overlap window), rounded up to whole windows, and the
+    `drafts` positions a verify step may compute past its kept ones."""
+    return (2 * rate if overlap else rate) + drafts
 
 
 def ring_values(arch: DeepseekV4Arch) -> int:
@@ -55,11 +63,6 @@ def ring_values(arch: DeepseekV4Arch) -> int:
         else:
             total += ring_length(rate, False) * 2 * arch.head_dim
     return total
-
-
-def inputs_start(window: torch.Tensor, rate: int, overlap: bool) -> torch.Tensor:
-    """The first position whose inputs the entry of `window` reads (per element)."""
-    return (window - 1).clamp(min=0) * rate if overlap else window * rate
 
 
 def first_window(start: torch.Tensor, rate: int, overlap: bool) -> torch.Tensor:

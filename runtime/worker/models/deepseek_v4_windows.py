@@ -13,8 +13,9 @@ the lists have that many rows, the closing tokens first, then padding that lists
 and writes to the entry pools' sink id. Each window's entry goes to its id
 (`EntryStore.closing_ids`).
 
-After the entries, each new token's inputs go to its ring cell if the request's next
-windows read them (positions from `inputs_start(p1 // m)` on), else to the ring's sink.
+After the entries, each new token's inputs go to its ring cell if it is one of its
+sequence's last `length` positions (p >= p1 - length: what the next windows read, whatever
+drafts a verify step keeps), else to the ring's sink.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.worker.models.deepseek_v4_partial import InputRing, first_window, inputs_start
+from runtime.worker.models.deepseek_v4_partial import InputRing, first_window
 from runtime.worker.models.deepseek_v4_state import V4Step
 
 
@@ -63,8 +64,7 @@ def _closing(step: V4Step, m: int, overlap: int, length: int, sink: int) -> Clos
     cell = step.rows[t][:, None] * length + at % length
     sources = torch.where(new, t[:, None] + at - pos[t][:, None], T + cell)
     sources = torch.where(listed[:, None] & (at >= 0), sources, -1)
-    keep = torch.maximum(inputs_start(step.p1 // m, m, bool(overlap)), step.p0)  # [T]
     ids = step.entries.closing_ids(m, step.rows[t], window[t], step.out_slots[t], step.table[3])
     return Closing(sources, torch.arange(span, device=device) // m, window[t] * m,
                    torch.where(listed, ids, 0),
-                   torch.where(pos >= keep, step.rows * length + pos % length, sink))
+                   torch.where(pos >= step.p1 - length, step.rows * length + pos % length, sink))

@@ -86,9 +86,13 @@ def load_drafter(cfg: ServerConfig, spec: ModelSpec, device: torch.device,
     return None
 
 
+def verify_drafts(cfg: ServerConfig) -> int:
+    """The most drafts a verify step computes: `speculative_num_draft_tokens`, 0 without
+    speculation."""
+    return 0 if cfg.speculative_algorithm == "none" else cfg.speculative_num_draft_tokens
+
+
 def graph_rows(cfg: ServerConfig, max_rows: int) -> int:
     """Rows of the largest decode graph for `max_rows` request rows: a verify step is a
     decode batch of one row a token, up to 1 + `speculative_num_draft_tokens` a request."""
-    if cfg.speculative_algorithm == "none":
-        return max_rows
-    return max_rows * (1 + cfg.speculative_num_draft_tokens)
+    return max_rows * (1 + verify_drafts(cfg))
