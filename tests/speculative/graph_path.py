@@ -31,7 +31,7 @@ from runtime.worker.kv_pool import LayerKV
 from runtime.worker.speculative.draft_model import DraftModel
 from runtime.worker.speculative.head_graphs import HeadGraphs
 from runtime.worker.worker import Worker
-from tests.speculative.serve import start
+from tests.speculative.serve import serve, start
 
 
 class TorchGraphAttention(TritonAttention):
@@ -111,6 +111,50 @@ def lockstep(cfg: ServerConfig, workers: tuple[Worker, Worker], prompts: list[li
         yield plan, got[0], got[1]
         sched.on_result(got[0])
         sched.take_outputs()
+
+
+def assert_lockstep_replays(cfg: ServerConfig, workers: tuple[Worker, Worker],
+                            graphs, prompts: list[list[int]], params: list[SamplingParams],
+                            forwards) -> None:
+    """Serve in `lockstep` on an eager and a graphed worker: every step's drafts are the
+    same on both, the graphed one replays `graphs` for exactly the one-token forwards
+    `forwards(plan)` lists, and a step of three requests ran in the graph of four rows."""
+    seen = 0
+    for plan, want, got in lockstep(cfg, workers, prompts, params):
+        assert got.draft_ids == want.draft_ids
+        assert [rows for rows, _ in graphs.replays[seen:]] == forwards(plan)
+        seen = len(graphs.replays)
+    assert (3, 4) in graphs.replays  # three requests' step in the graph of four rows
+
+
+def assert_captured_drafts_eager(cfg: ServerConfig, graphed: Worker, eager: Worker,
+                                 prompts: list[list[int]],
+                                 params: list[SamplingParams]) -> None:
+    """On a GPU: `graphed`'s drafter captured graphs as large as its target's, and drafts
+    as `eager`'s (its graphs taken away) at every step, a three-request step replayed."""
+    graphs = graphed.drafter.graphs
+    assert graphs is not None and graphs.sizes == graphed.runner.graphs.sizes
+    eager.drafter.graphs = None
+    replays = []
+    replay = graphs.replay
+    graphs.replay = lambda fb: replays.append(fb.batch_size) or replay(fb)
+    for _, want, got in lockstep(cfg, (eager, graphed), prompts, params):
+        assert got.draft_ids == want.draft_ids
+    assert 3 in replays
+
+
+def serve_counting_decodes(cfg: ServerConfig, prompts: list[list[int]],
+                           params: list[SamplingParams], worker: Worker,
+                           module: torch.nn.Module, arg: int):
+    """Serve the requests to their end on `worker`, recording the rows of every decode
+    forward of `module` (its ForwardBatch: positional argument `arg`), replayed or not;
+    every slot comes back. Returns (outputs, the scheduler, those rows)."""
+    decodes = []
+    module.register_forward_pre_hook(
+        lambda _, args: decodes.append(args[arg].batch_size) if args[arg].is_decode else None)
+    outs, sched, _ = serve(cfg, prompts, params, worker=worker)
+    assert sched.kv.stats().used == 0
+    return outs, sched, decodes
 
 
 def head_decode_forwards(plan: BatchPlan) -> list[int]:

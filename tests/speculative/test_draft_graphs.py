@@ -19,7 +19,14 @@ from runtime.model_config import resolve_model
 from runtime.wire.sampling import SamplingParams
 from runtime.worker.attention_triton import TritonAttention
 from runtime.worker.worker import Worker
-from tests.speculative.graph_path import decode_forwards, graph_path, lockstep
+from tests.speculative.graph_path import (
+    assert_captured_drafts_eager,
+    assert_lockstep_replays,
+    decode_forwards,
+    graph_path,
+    lockstep,
+    serve_counting_decodes,
+)
 from tests.speculative.serve import greedy_case, serve
 from tests.speculative.test_draft_model import DRAFT
 from tests.speculative.test_exact import CFG, repetitive_prompts
@@ -45,12 +52,7 @@ def test_drafts_and_draft_kv_are_the_eager_paths(kv, draft):
     cfg = DRAFT.replace(kv=kv, speculative_draft_model=draft)
     eager, graphed = two_workers(cfg)
     graphs = graph_path(graphed, 8)
-    seen = 0
-    for plan, want, got in lockstep(cfg, (eager, graphed), PROMPTS, PARAMS):
-        assert got.draft_ids == want.draft_ids
-        assert [rows for rows, _ in graphs.replays[seen:]] == decode_forwards(plan)
-        seen = len(graphs.replays)
-    assert (3, 4) in graphs.replays  # three requests' step in the graph of four rows
+    assert_lockstep_replays(cfg, (eager, graphed), graphs, PROMPTS, PARAMS, decode_forwards)
     for got, want in zip(draft_kv(graphed), draft_kv(eager), strict=True):
         torch.testing.assert_close(got, want)
 
@@ -81,12 +83,9 @@ def test_greedy_outputs_are_plain_decodings(five, kv, draft):
     cfg = DRAFT.replace(kv=kv, speculative_draft_model=draft)
     worker = Worker(cfg, resolve_model(cfg.model))
     graphs = graph_path(worker, 4)
-    decodes = []  # the rows of each decode forward of the draft, replayed or not
-    worker.drafter.model.register_forward_pre_hook(
-        lambda _, args: decodes.append(args[0].batch_size) if args[0].is_decode else None)
-    outs, sched, _ = serve(cfg, prompts, params, worker=worker)
+    outs, sched, decodes = serve_counting_decodes(cfg, prompts, params, worker,
+                                                  worker.drafter.model, 0)
     assert outs == ref
-    assert sched.kv.stats().used == 0
     assert sched.spec.verify_steps > 0
     assert (3, 4) in graphs.replays and 5 in decodes  # five rows: eagerly
 
@@ -127,14 +126,6 @@ def test_captured_graphs_draft_as_the_eager_path(kv):
     without graphs, every step, and its KV to float rounding (split counts differ)."""
     cfg = DRAFT.replace(device="cuda", kv=kv, speculative_draft_model="dummy:tiny-draft")
     graphed, eager = two_workers(cfg)
-    graphs = graphed.drafter.graphs
-    assert graphs is not None and graphs.sizes == graphed.runner.graphs.sizes
-    eager.drafter.graphs = None
-    replays = []
-    replay = graphs.replay
-    graphs.replay = lambda fb: replays.append(fb.batch_size) or replay(fb)
-    for _, want, got in lockstep(cfg, (eager, graphed), PROMPTS, PARAMS):
-        assert got.draft_ids == want.draft_ids
-    assert 3 in replays
+    assert_captured_drafts_eager(cfg, graphed, eager, PROMPTS, PARAMS)
     for got, want in zip(draft_kv(graphed), draft_kv(eager), strict=True):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

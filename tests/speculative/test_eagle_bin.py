@@ -16,9 +16,13 @@ from runtime.worker.model_check import prepare_model
 from runtime.worker.speculative.eagle_head import EagleHead
 from runtime.worker.speculative.eagle_layout import EagleHeadMismatch, read_layout
 from runtime.worker.worker import Worker
-from tests.speculative.eagle_heads import target_checkpoint, write_bin_head, write_head
+from tests.speculative.eagle_heads import write_bin_head, write_head
 from tests.speculative.serve import refused_at_start_up, serve, step_drafts
-from tests.speculative.test_eagle import config, prompts_and_params
+from tests.speculative.test_eagle import (  # noqa: F401 (target_fixture: the fixture)
+    config,
+    prompts_and_params,
+    target_fixture,
+)
 
 HEADS = {  # name: (EAGLE-3, write_head options): the released layouts
     "eagle": (False, {"input_norm": False}),  # fc with a bias, embed_tokens carried
@@ -36,12 +40,6 @@ class Tripwire:
 
     def __reduce__(self):
         return _trip, ()
-
-
-@pytest.fixture(scope="module", name="target")
-def target_fixture(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("target")
-    return folder, target_checkpoint(folder)
 
 
 @pytest.fixture(scope="module", name="plain")

@@ -20,7 +20,13 @@ from runtime.model_config import resolve_model
 from runtime.worker.worker import Worker
 from tests.speculative import test_eagle, test_mtp
 from tests.speculative.eagle_heads import target_checkpoint, write_head
-from tests.speculative.graph_path import graph_path, head_decode_forwards, lockstep
+from tests.speculative.graph_path import (
+    assert_captured_drafts_eager,
+    assert_lockstep_replays,
+    graph_path,
+    head_decode_forwards,
+    serve_counting_decodes,
+)
 from tests.speculative.mtp_layers import MtpReference
 from tests.speculative.serve import serve
 from tests.worker.test_deepseek_v4_graph import DenseMoeOps
@@ -58,12 +64,8 @@ def test_drafts_and_head_kv_are_the_eager_paths(configs, name, kv):
     eager, graphed = (Worker(cfg, resolve_model(cfg.model)) for _ in range(2))
     graphs = graph_path(graphed, 4)
     prompts, params = test_eagle.prompts_and_params()
-    seen = 0
-    for plan, want, got in lockstep(cfg, (eager, graphed), prompts, params):
-        assert got.draft_ids == want.draft_ids
-        assert [rows for rows, _ in graphs.replays[seen:]] == head_decode_forwards(plan)
-        seen = len(graphs.replays)
-    assert (3, 4) in graphs.replays  # three requests' step in the graph of four rows
+    assert_lockstep_replays(cfg, (eager, graphed), graphs, prompts, params,
+                            head_decode_forwards)
     for got, want in zip(head_state(graphed), head_state(eager), strict=True):
         torch.testing.assert_close(got, want)
 
@@ -76,12 +78,9 @@ def test_greedy_outputs_are_plain_decodings(configs, name):
     ref, _, _ = serve(plain, prompts, params)
     worker = Worker(cfg, resolve_model(cfg.model))
     graphs = graph_path(worker, 2)
-    decodes = []  # the rows of each decode forward of the head, replayed or not
-    worker.drafter.head.register_forward_pre_hook(
-        lambda _, args: decodes.append(args[2].batch_size) if args[2].is_decode else None)
-    outs, sched, _ = serve(cfg, prompts, params, worker=worker)
+    outs, sched, decodes = serve_counting_decodes(cfg, prompts, params, worker,
+                                                  worker.drafter.head, 2)
     assert outs == ref
-    assert sched.kv.stats().used == 0
     assert sched.spec.verify_steps > 0 and graphs.replays
     assert max(decodes) > 2  # eagerly
 
@@ -111,15 +110,6 @@ def test_captured_graphs_draft_as_the_eager_path(configs, name):
     without graphs, every step, and its KV to float rounding (split counts differ)."""
     cfg = configs[name][1].replace(device="cuda", kv="paged")
     graphed, eager = (Worker(cfg, resolve_model(cfg.model)) for _ in range(2))
-    graphs = graphed.drafter.graphs
-    assert graphs is not None and graphs.sizes == graphed.runner.graphs.sizes
-    eager.drafter.graphs = None
-    replays = []
-    replay = graphs.replay
-    graphs.replay = lambda fb: replays.append(fb.batch_size) or replay(fb)
-    prompts, params = test_eagle.prompts_and_params()
-    for _, want, got in lockstep(cfg, (eager, graphed), prompts, params):
-        assert got.draft_ids == want.draft_ids
-    assert 3 in replays
+    assert_captured_drafts_eager(cfg, graphed, eager, *test_eagle.prompts_and_params())
     for got, want in zip(head_state(graphed), head_state(eager), strict=True):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
