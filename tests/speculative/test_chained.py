@@ -120,3 +120,19 @@ def test_an_abort_between_chained_steps_gives_every_slot_back(reference, after):
     assert outs[1:] == ref[1:]
     assert outs[0] == ref[0][:len(outs[0])] and len(outs[0]) < len(ref[0])
     assert sched.kv.stats().used == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["token", "paged"])
+def test_chained_steps_on_cuda_give_plain_decodings(kv):
+    """The moved positions, lengths and page lists built by the CUDA kernels (fp32:
+    outputs exact), every third draft wrong."""
+    cfg = CFG.replace(device="cuda", kv=kv, overlap=True, speculative_num_draft_tokens=K)
+    params = [SamplingParams(max_tokens=m, temperature=0.0) for m in MAX_TOKENS]
+    worker = Worker(cfg.replace(speculative_algorithm="ngram"), resolve_model(cfg.model))
+    ref, _, _ = serve(cfg, PROMPTS, params, worker=worker)  # plain decoding
+    seqs = [corrupted(p, o, 3) for p, o in zip(PROMPTS, ref)]
+    outs, sched, chained, most = run(worker, cfg, params, seqs)
+    assert outs == ref and chained > 0 and most == 2
+    assert 0 < sched.spec.accepted < sched.spec.drafted
+    assert sched.kv.stats().used == 0
