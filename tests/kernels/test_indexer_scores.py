@@ -1,7 +1,12 @@
 import pytest
 import torch
 
-from kernels.sparse.index_lists import entry_indices, query_seqs, top_entries, visible_entries
+from kernels.sparse.index_lists import (
+    position_slots,
+    query_seqs,
+    top_entries,
+    visible_entries,
+)
 from kernels.sparse.indexer_scores import indexer_scores, indexer_scores_ref
 from tests.kernels.cases import DEVICE, DTYPES, page_table, randn
 
@@ -53,7 +58,8 @@ def test_a_step_of_sequences_scores_its_own_keys(dtype):
     positions = torch.cat([torch.arange(n - q, n) for n, q in zip(lens, new)]).to(DEVICE)
     seqs = query_seqs(qo_indptr, positions.shape[0])
     seen = visible_entries(positions, rate, max(lens) // rate)  # [T, 32]
-    listed = entry_indices(seen, seqs, kv_indptr, kv_indices, page, rate)
+    closing = torch.where(seen >= 0, (seen.long() + 1) * rate - 1, -1)  # [T, 32] positions
+    listed = position_slots(closing, seqs, kv_indptr, kv_indices, page)  # their keys' slots
     out = check((q_idx, weights, keys, listed), dtype)
     for b, (lo, hi) in enumerate(zip(qo_indptr[:-1].tolist(), qo_indptr[1:].tolist())):
         ends = torch.arange(lens[b] // rate, device=DEVICE) * rate + rate - 1  # closing
