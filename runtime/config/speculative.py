@@ -11,6 +11,14 @@ WORKER_DRAFTERS = ("draft", "eagle", "mtp")  # drafted by the worker, on the dev
 DRAFT_MODEL_DRAFTERS = ("draft", "eagle")  # their weights: `speculative_draft_model`
 
 
+def worker_drafts(algorithm: str, overlap: bool) -> bool:
+    """Whether the worker writes the drafts of `algorithm` in the verify step itself (the
+    scheduler plans placeholders): a model drafts there always; n-gram lookup there with
+    overlap, so that its verify steps chain behind the step in flight, and on the host
+    otherwise, where the whole sequence is known when a step is planned."""
+    return algorithm in WORKER_DRAFTERS or (algorithm == "ngram" and overlap)
+
+
 @dataclass(frozen=True)
 class SpeculativeOptions:
     """Whether and how requests draft tokens for the target model to verify."""
