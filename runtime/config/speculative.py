@@ -26,8 +26,9 @@ class SpeculativeOptions:
     speculative_algorithm: str = "none"
     """Speculative decoding: `none`, `ngram` (prompt lookup: draft the tokens that
     followed the latest earlier occurrence of the sequence's last few tokens; no second
-    model), `draft` (a smaller model with the same vocabulary, `speculative_draft_model`,
-    drafts greedily in the worker), `eagle` (a released EAGLE or EAGLE-3 head for the
+    model; with overlap it looks up in the worker, so its verify steps chain), `draft` (a
+    smaller model with the same vocabulary, `speculative_draft_model`, drafts greedily in
+    the worker), `eagle` (a released EAGLE or EAGLE-3 head for the
     target, `speculative_draft_model`, drafts greedily in the worker from the target's
     hidden states) or `mtp` (the multi-token-prediction layer of the target's own
     checkpoint, DeepSeek-V3 family, drafts as an EAGLE head does). The target verifies

@@ -13,13 +13,13 @@ distribution: accept with p(draft), else a sample of p without the draft). The s
 the positions after the kept ones go back to the pool when the result arrives.
 
 With a drafter on the host (n-gram without overlap) a verify step is planned only once
-the request's previous step has returned: the drafts come from the whole sequence. With a drafter on
-the device and overlap (`chains`) the next verify step is planned while the previous one
-runs, as if that one kept all its d drafts (`BatchPlan.chain_back`): the worker moves
-it back by the drafts rejected, which only it knows yet, and the scheduler learns where
-the step began when the previous result arrives (`Req.verifies`), gives back the slots
-the worst case took beyond it, and keeps the request's counts within `max_tokens` by
-drafting at most what remains after the d + 1 tokens in flight. Requests without a
+the request's previous step has returned: the drafts come from the whole sequence. With
+a drafter on the device and overlap (`chains`) the next verify step is planned while the
+previous one runs, as if that one kept all its d drafts (`BatchPlan.chain_back`): the
+worker moves it back by the drafts rejected, which only it knows yet, and the scheduler
+learns where the step began when the previous result arrives (`Req.verifies`), gives back
+the slots the worst case took beyond it, and keeps the request's counts within
+`max_tokens` by drafting at most what remains after the d + 1 tokens in flight. Requests without a
 drafter keep the overlapped decode path. A request whose drafts keep failing loses its
 drafter (`off_window`, `off_accept`) and goes back to that path for good.
 

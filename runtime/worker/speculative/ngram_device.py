@@ -74,7 +74,8 @@ class NgramOnDevice:
                                   device=self.device)  # [slots]
 
     def slot_tensors(self) -> list[torch.Tensor]:
-        return [self.tokens]
+        """The token ids, as rows of one id (`[slots, 1]`, a view)."""
+        return [self.tokens[:, None]]
 
     @torch.inference_mode()
     def step(self, plan: BatchPlan, fb: ForwardBatch, builder: BatchBuilder,
