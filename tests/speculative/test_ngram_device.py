@@ -19,7 +19,7 @@ from runtime.scheduler.speculative.speculation import ModelDrafts
 from runtime.wire.sampling import SamplingParams
 from runtime.worker.speculative.ngram_device import NgramOnDevice, ngram_drafts
 from runtime.worker.worker import Worker
-from tests.speculative.serve import greedy_case, serve, step_drafts
+from tests.speculative.serve import greedy_case, serve, start, step_drafts
 from tests.speculative.test_exact import CFG, K, repetitive_prompts
 
 NGRAM = CFG.replace(speculative_algorithm="ngram", speculative_num_draft_tokens=K)
@@ -56,17 +56,26 @@ def test_device_drafts_are_the_host_drafters_where_it_matches(seed, min_n, max_n
     assert matched > len(seq) // 4  # the rule was exercised
 
 
-def test_the_matcher_reads_nothing_on_the_host():
-    """Under FakeTensorMode `.item()`, `.tolist()`, `bool()` of a tensor and ops whose
-    output shape depends on values raise: the matcher runs through without."""
-    seq, last = sequences(3, 8, 32)
+def test_the_lookup_reads_nothing_on_the_host():
+    """The device's part of a verify step's lookup (its sequences gathered through the
+    page table, the matcher, the drafts placed) under FakeTensorMode: `.item()`,
+    `.tolist()`, `bool()` of a tensor and ops whose output shape depends on values raise
+    there."""
+    cfg = NGRAM.replace(overlap=True)
+    worker = Worker(cfg, resolve_model(cfg.model))
+    params = [SamplingParams(max_tokens=8, temperature=0.0)] * 2
+    sched, _ = start(cfg, worker, repetitive_prompts(5, (5, 9)), params)
+    while not (plan := sched.plan()).draft_lens:  # up to the first verify step
+        sched.on_result(worker.launch(plan).result())
+    fb, _ = worker.builder.build(plan)
     for read, caught in ((lambda t: t.sum().item(), DataDependentOutputException),
                          (lambda t: t.nonzero(), DynamicOutputShapeException)):
         with pytest.raises(caught), FakeTensorMode(allow_non_fake_inputs=True):
-            read(last)  # the guard at work
+            read(fb.positions)  # the guard at work
+    staged = worker.drafter.stage(plan)  # the host's part: index arrays, uploaded
     with FakeTensorMode(allow_non_fake_inputs=True):
-        drafts = ngram_drafts(seq, last, K, 2, 4)
-    assert drafts.shape == (8, K) and drafts.dtype == torch.int64
+        drafts = worker.drafter.draft(*staged, fb, worker.builder)
+    assert drafts.shape == (sum(plan.draft_lens),) and drafts.dtype == torch.int64
 
 
 @pytest.fixture(scope="module", name="greedy_case")
@@ -85,12 +94,15 @@ def counting_plans(worker: Worker, monkeypatch) -> list:
     return plans
 
 
-@pytest.mark.parametrize("kv", ["token", "paged"])
-def test_overlapped_ngram_drafts_on_the_device_and_chains(greedy_case, kv, monkeypatch):
-    prompts, params, ref = greedy_case
-    cfg = NGRAM.replace(kv=kv, overlap=True)
+def check_chained(cfg, case, monkeypatch, plain_on_worker: bool = False) -> None:
+    """`cfg` (n-gram with overlap) drafts in its worker and chains verify steps, with plain
+    decoding's outputs (`case`'s, or with `plain_on_worker` those of its own worker run
+    plainly) and every slot back."""
+    prompts, params, ref = case
     worker = Worker(cfg, resolve_model(cfg.model))
     assert isinstance(worker.drafter, NgramOnDevice)
+    if plain_on_worker:
+        ref = serve(cfg.replace(speculative_algorithm="none"), prompts, params, worker=worker)[0]
     plans = counting_plans(worker, monkeypatch)
     outs, sched, _ = serve(cfg, prompts, params, worker=worker)
     assert outs == ref
@@ -98,6 +110,19 @@ def test_overlapped_ngram_drafts_on_the_device_and_chains(greedy_case, kv, monke
     assert 0 < sched.spec.accepted < sched.spec.drafted
     assert sum(b > 0 for p in plans for b in p.chain_back) > 0  # steps chained
     assert sched.kv.stats().used == 0  # every slot came back
+
+
+@pytest.mark.parametrize("kv", ["token", "paged"])
+def test_overlapped_ngram_drafts_on_the_device_and_chains(greedy_case, kv, monkeypatch):
+    check_chained(NGRAM.replace(kv=kv, overlap=True), greedy_case, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["token", "paged"])
+def test_overlapped_ngram_on_cuda_gives_plain_decodings(greedy_case, kv, monkeypatch):
+    """The lookup's gathers and the chained steps on CUDA (fp32: outputs exact)."""
+    check_chained(NGRAM.replace(device="cuda", kv=kv, overlap=True), greedy_case, monkeypatch,
+                  plain_on_worker=True)
 
 
 @pytest.mark.parametrize("kv", ["token", "paged"])

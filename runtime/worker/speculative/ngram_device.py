@@ -93,19 +93,29 @@ class NgramOnDevice:
         verifies nothing)."""
         if not plan.draft_lens:
             return None
+        return self.draft(*self.stage(plan), fb, builder)
+
+    def stage(self, plan: BatchPlan) -> tuple[dict[str, torch.Tensor], int, int]:
+        """The host's part of `propose`: the verify requests' index arrays on the device,
+        the longest sequence they may have (the plan's last positions, the most a chained
+        step's can be) and the most drafts of one."""
         lens = np.array(plan.draft_lens, dtype=np.int64)  # [B]
         verify = np.flatnonzero(lens)  # [R]
         d = lens[verify]  # [R]
         first = exclusive_cumsum(np.array(plan.extend_lens, dtype=np.int64))[verify]  # [R]
-        # the plan's positions of the last tokens: the most a chained step's can be
         length = int(np.array(plan.prefix_lens, dtype=np.int64)[verify].max()) + 1
         i64 = draft_placement(first, d) | {
             "first": first, "rows": np.array(plan.rows, dtype=np.int64)[verify]}
-        dev = self.staging.upload(i64, {})
+        return self.staging.upload(i64, {}), length, int(d.max())
+
+    def draft(self, dev: dict[str, torch.Tensor], length: int, k: int, fb: ForwardBatch,
+              builder: BatchBuilder) -> torch.Tensor:
+        """The device's part of `propose` (`dev`, `length`, `k`: `stage`'s): tensor ops
+        only, reading no device value on the host."""
         last = fb.positions[dev["first"]]  # [R] (moved, for a chained step)
         at = torch.minimum(torch.arange(length, device=last.device), last[:, None])  # [R, L]
         seq = self.tokens[builder.slots(dev["rows"][:, None].expand_as(at), at)]  # [R, L]
-        grid = ngram_drafts(seq, last, int(d.max()), self.min_n, self.max_n)  # [R, k]
+        grid = ngram_drafts(seq, last, k, self.min_n, self.max_n)  # [R, k]
         drafts = place_drafts(grid.reshape(-1), dev, fb)  # [D]
         self.tokens[fb.out_slots[dev["dst"]]] = drafts
         return drafts
