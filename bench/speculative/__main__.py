@@ -7,7 +7,8 @@
 
 The edit workload (`workload.py`) on real SmolLM2-135M weights, greedy, in one process
 (scheduler and worker stepped as the server steps them). Per batch size it runs the
-requests plainly, then with the n-gram drafter (`--speculative-algorithm ngram`), then
+requests plainly, then with the n-gram drafter (`--speculative-algorithm ngram`: on the
+device with overlap, its verify steps chained, and on the host without, `ngram_host`), then
 with the oracle drafter, which replays the plain run's outputs (every draft accepted,
 nothing spent proposing: the verify step's own efficiency), on the host and on the device
 (`oracle_dev`, whose verify steps chain behind the step in flight). Each speculative run is
@@ -47,8 +48,8 @@ def run(args) -> dict:
                        speculative_num_draft_tokens=args.draft_tokens, log_level="warning")
     spec = resolve_model(cfg.model)
     time_steps()
-    # the worker of a speculating server (its decode graphs hold verify steps; n-gram
-    # drafts on the host, so it loads no drafter), serving the plain runs too
+    # the worker of a speculating server (its decode graphs hold verify steps; with
+    # overlap n-gram lookup drafts in it, `NgramOnDevice`), serving the plain runs too
     worker = Worker(cfg.replace(speculative_algorithm="ngram"), spec)
     if spec.tokenizer_path is None:  # random weights: the verify step's cost only
         def make_prompts(n):
@@ -66,8 +67,10 @@ def run(args) -> dict:
         runs = {"plain": generate(worker, cfg, prompts, args.max_tokens)}
         plain = runs["plain"]
         if spec.tokenizer_path is not None:
-            runs["ngram"] = generate(worker, cfg.replace(speculative_algorithm="ngram"),
-                                     prompts, args.max_tokens)
+            ngram = cfg.replace(speculative_algorithm="ngram")
+            runs["ngram"] = generate(worker, ngram, prompts, args.max_tokens)
+            runs["ngram_host"] = generate(worker, ngram.replace(overlap=False), prompts,
+                                          args.max_tokens)
         runs["oracle"] = generate(worker, cfg, prompts, args.max_tokens, plain["outputs"])
         runs["oracle_dev"] = generate(worker, cfg, prompts, args.max_tokens, plain["outputs"],
                                       on_device=True)
@@ -94,7 +97,7 @@ def run(args) -> dict:
 
 def report(res: dict, command: str, date: str) -> str:
     b1 = next((r for r in res["rows"] if r["batch"] == 1), res["rows"][0])
-    names = [n for n in ("ngram", "oracle", "oracle_dev") if n in b1]
+    names = [n for n in ("ngram", "ngram_host", "oracle", "oracle_dev") if n in b1]
     said = [f"{n} {b1[n]['accept_length']} tokens per verify step, {b1[n]['speedup']}x the "
             "plain tokens/s" for n in names]
     where = ("CPU, loaded (2 cores shared with other jobs): ratios, not absolute speeds."
@@ -104,7 +107,8 @@ def report(res: dict, command: str, date: str) -> str:
         f"{res['device']}",
         "",
         "Question: How many tokens does a verify step yield, and how much faster is decoding "
-        "with speculation (n-gram prompt lookup on an edit workload that repeats its input; "
+        "with speculation (n-gram prompt lookup on an edit workload that repeats its input, "
+        "on the device with overlap (chained) and on the host without (`ngram_host`); "
         "an oracle drafter that is always right, on the host (each verify step waits for "
         "the previous result) and on the device (`oracle_dev`: chained behind the step in "
         "flight, as a draft model or EAGLE head is)), by batch size?",

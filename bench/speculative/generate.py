@@ -12,6 +12,7 @@ from bench.serving.scrape import file_size, step_idle
 from bench.speculative.device_oracle import DeviceOracle, device_oracle_speculation
 from bench.speculative.oracle import oracle_speculation
 from runtime.config.server import ServerConfig
+from runtime.config.speculative import worker_drafts
 from runtime.scheduler.loop import build_scheduler
 from runtime.wire.sampling import SamplingParams
 from runtime.wire.scheduler_input import GenerateReq
@@ -33,12 +34,14 @@ def generate(worker: Worker, cfg: ServerConfig, prompts: list[list[int]], max_to
     """Serve `prompts` to their end; outputs, wall seconds, the drafters' counters and,
     with `time_steps()` set before the worker was built, the device's idle share. With
     `oracle` (each request's known output) the oracle drafts: on the host
-    (`OracleDrafter`), or `on_device` (`DeviceOracle`, chained behind steps in flight)."""
+    (`OracleDrafter`), or `on_device` (`DeviceOracle`, chained behind steps in flight);
+    else `cfg`'s algorithm does, in the worker where it drafts there (`worker_drafts`: the
+    worker's own drafter, n-gram lookup with overlap) and on the host otherwise."""
     log = os.environ.get(STEP_TIMING)
     seen = file_size(log)
     sched = build_scheduler(cfg, worker.ready_message(), worker.runner.max_context)
     k = cfg.speculative_num_draft_tokens
-    device_oracle = None
+    device_oracle, own = None, worker.drafter  # the worker's own drafter comes back after
     if oracle is not None and on_device:
         sched.spec = device_oracle_speculation(k)
         device_oracle = DeviceOracle(worker.max_rows, worker.runner.max_context,
@@ -47,6 +50,9 @@ def generate(worker: Worker, cfg: ServerConfig, prompts: list[list[int]], max_to
         whole = {f"r{i}": p + o for i, (p, o) in enumerate(zip(prompts, oracle))}
     elif oracle is not None:
         sched.spec = oracle_speculation({f"r{i}": o for i, o in enumerate(oracle)}, k)
+    if device_oracle is None and (oracle is not None or not worker_drafts(
+            cfg.speculative_algorithm, cfg.kv_mode.overlap)):
+        worker.drafter = None  # drafts from the host (or none): the worker writes none
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     outs: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
     start = time.perf_counter()
@@ -67,8 +73,7 @@ def generate(worker: Worker, cfg: ServerConfig, prompts: list[list[int]], max_to
         for out in sched.take_outputs():
             outs[out.rid] += out.token_ids
     wall = time.perf_counter() - start
-    if device_oracle is not None:
-        worker.drafter = None
+    worker.drafter = own
     idle = step_idle(log, seen).get("idle_fraction")
     spec = sched.spec
     return {"outputs": [outs[f"r{i}"] for i in range(len(prompts))], "wall_s": wall,

@@ -11,6 +11,14 @@ WORKER_DRAFTERS = ("draft", "eagle", "mtp")  # drafted by the worker, on the dev
 DRAFT_MODEL_DRAFTERS = ("draft", "eagle")  # their weights: `speculative_draft_model`
 
 
+def worker_drafts(algorithm: str, overlap: bool) -> bool:
+    """Whether the worker writes the drafts of `algorithm` in the verify step itself (the
+    scheduler plans placeholders): a model drafts there always; n-gram lookup there with
+    overlap, so that its verify steps chain behind the step in flight, and on the host
+    otherwise, where the whole sequence is known when a step is planned."""
+    return algorithm in WORKER_DRAFTERS or (algorithm == "ngram" and overlap)
+
+
 @dataclass(frozen=True)
 class SpeculativeOptions:
     """Whether and how requests draft tokens for the target model to verify."""
@@ -18,8 +26,9 @@ class SpeculativeOptions:
     speculative_algorithm: str = "none"
     """Speculative decoding: `none`, `ngram` (prompt lookup: draft the tokens that
     followed the latest earlier occurrence of the sequence's last few tokens; no second
-    model), `draft` (a smaller model with the same vocabulary, `speculative_draft_model`,
-    drafts greedily in the worker), `eagle` (a released EAGLE or EAGLE-3 head for the
+    model; with overlap it looks up in the worker, so its verify steps chain), `draft` (a
+    smaller model with the same vocabulary, `speculative_draft_model`, drafts greedily in
+    the worker), `eagle` (a released EAGLE or EAGLE-3 head for the
     target, `speculative_draft_model`, drafts greedily in the worker from the target's
     hidden states) or `mtp` (the multi-token-prediction layer of the target's own
     checkpoint, DeepSeek-V3 family, drafts as an EAGLE head does). The target verifies

@@ -17,7 +17,7 @@ import zmq
 
 from runtime.config.kv_mode import KVMode
 from runtime.config.server import ServerConfig
-from runtime.config.speculative import WORKER_DRAFTERS
+from runtime.config.speculative import worker_drafts
 from runtime.model_config import spec_for
 from runtime.model_errors import MODEL_ERRORS
 from runtime.procutil import freeze_startup_heap, setup_logging, startup_failure
@@ -101,7 +101,7 @@ def build_scheduler(cfg: ServerConfig, ready: WorkerReady, max_context: int) -> 
     sched.spec = Speculation.from_config(cfg)
     if sched.spec is not None:  # a drafter on the device drafts behind a step in flight
         sched.spec.chains = (mode.overlap and not ready.prefix_replay
-                             and cfg.speculative_algorithm in WORKER_DRAFTERS)
+                             and worker_drafts(cfg.speculative_algorithm, mode.overlap))
     return sched
 
 

@@ -99,7 +99,8 @@ class Worker:
         self.max_rows = cfg.max_running + ROW_SLACK
         self.page_size = cfg.kv_mode.page_size
         dtype = resolve_dtype(cfg.dtype, self.device)
-        # --speculative-algorithm draft|eagle|mtp: loaded first, the pool is sized after it
+        # --speculative-algorithm draft|eagle|mtp (ngram with overlap): loaded first, the
+        # pool is sized after it
         self.drafter: Drafter | None = load_drafter(cfg, spec, self.device, dtype, self.tp)
         drafter = self.drafter
         extra = drafter.kv_bytes_per_token if drafter else 0  # a slot's in its pools

@@ -36,11 +36,20 @@ def start(cfg: ServerConfig, worker: Worker, prompts: list[list[int]],
 def serve(cfg: ServerConfig, prompts: list[list[int]], params: list[SamplingParams],
           spec: Speculation | None = None, worker: Worker | None = None,
           ) -> tuple[list[list[int]], Scheduler, Worker]:
-    """Run every request to its end: (output ids per request, the scheduler, the worker)."""
-    worker = worker or Worker(cfg, resolve_model(cfg.model))
+    """Run every request to its end: (output ids per request, the scheduler, the worker).
+    A `spec` drafting on the host gets a worker that drafts nothing (`host_drafted`)."""
+    worker = worker or Worker(cfg if spec is None else host_drafted(cfg), resolve_model(cfg.model))
     sched, outs = start(cfg, worker, prompts, params, spec)
     run_to_end(sched, worker, outs)
     return [outs[f"r{i}"] for i in range(len(prompts))], sched, worker
+
+
+def host_drafted(cfg: ServerConfig) -> ServerConfig:
+    """`cfg` for a worker serving the verify steps of a drafter on the host (the oracle, in
+    place of the config's n-gram lookup): without overlap, the worker leaves n-gram
+    drafting to the host, so the drafts the scheduler plans are the ones verified (the
+    worker reads overlap for nothing else)."""
+    return cfg.replace(overlap=False)
 
 
 def step_drafts(cfg: ServerConfig, worker: Worker, prompts: list[list[int]],

@@ -1,9 +1,9 @@
 """The host KV tier (`--host-kv-gib`) with a drafter on the device: the drafter's rows of a
-slot (a draft model's KV; an EAGLE head's KV and feature row) go to the host and come back
-with the target's KV, byte for byte (`CheckedCopies`), on prefixes loaded from the host
-and on requests swapped out and back in. The target drafting for itself shows that the
-draft KV it read after a load was right: every draft is accepted (without the draft KV in
-the tier, a third are)."""
+slot (a draft model's KV; an EAGLE head's KV and feature row; n-gram lookup's token id) go
+to the host and come back with the target's KV, byte for byte (`CheckedCopies`), on
+prefixes loaded from the host and on requests swapped out and back in. The target drafting
+for itself shows that the draft KV it read after a load was right: every draft is accepted
+(without the draft KV in the tier, a third are)."""
 
 from __future__ import annotations
 
@@ -54,3 +54,16 @@ def test_an_eagle_heads_rows_go_to_the_host_and_back(tmp_path):
     copied = {t.data_ptr() for tensors, _ in worker.transfer.groups for t in tensors.tensors}
     head = worker.drafter
     assert {t.data_ptr() for t in [*head.pool.layer_tensors(), head.features]} <= copied
+
+
+def test_ngram_token_ids_go_to_the_host_and_back():
+    """With overlap n-gram lookup drafts in the worker from a token id a slot
+    (`NgramOnDevice`): the ids go with their slot, so a prefix loaded from the host has
+    its tokens to look up."""
+    for sched in check("dummy:tiny", 1024, speculative_algorithm="ngram", overlap=True):
+        assert sched.spec.chains
+    cfg = ServerConfig(model="dummy:tiny", **BASE, speculative_algorithm="ngram", overlap=True,
+                       host_kv_gib=0.05)
+    worker = Worker(cfg, resolve_model(cfg.model))
+    copied = {t.data_ptr() for tensors, _ in worker.transfer.groups for t in tensors.tensors}
+    assert worker.drafter.tokens.data_ptr() in copied

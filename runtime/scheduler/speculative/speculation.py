@@ -12,20 +12,22 @@ context of kept tokens (for a fixed draft this is rejection sampling with a one-
 distribution: accept with p(draft), else a sample of p without the draft). The slots of
 the positions after the kept ones go back to the pool when the result arrives.
 
-With a drafter on the host (n-gram) a verify step is planned only once the request's
-previous step has returned: the drafts come from the whole sequence. With a drafter on
-the device and overlap (`chains`) the next verify step is planned while the previous one
-runs, as if that one kept all its d drafts (`BatchPlan.chain_back`): the worker moves
-it back by the drafts rejected, which only it knows yet, and the scheduler learns where
-the step began when the previous result arrives (`Req.verifies`), gives back the slots
-the worst case took beyond it, and keeps the request's counts within `max_tokens` by
-drafting at most what remains after the d + 1 tokens in flight. Requests without a
+With a drafter on the host (n-gram without overlap) a verify step is planned only once
+the request's previous step has returned: the drafts come from the whole sequence. With
+a drafter on the device and overlap (`chains`) the next verify step is planned while the
+previous one runs, as if that one kept all its d drafts (`BatchPlan.chain_back`): the
+worker moves it back by the drafts rejected, which only it knows yet, and the scheduler
+learns where the step began when the previous result arrives (`Req.verifies`), gives back
+the slots the worst case took beyond it, and keeps the request's counts within
+`max_tokens` by drafting at most what remains after the d + 1 tokens in flight. Requests without a
 drafter keep the overlapped decode path. A request whose drafts keep failing loses its
 drafter (`off_window`, `off_accept`) and goes back to that path for good.
 
-With a draft model or an EAGLE head the worker writes the drafts in the verify step
-itself (`ModelDrafts`): the scheduler plans k placeholder positions and learns the drafts
-with the step's result. The draft model's KV of a verify step's last draft is written
+With a draft model, an EAGLE head or n-gram lookup with overlap (`NgramOnDevice`) the
+worker writes the drafts in the verify step itself (`ModelDrafts`): the scheduler plans k
+placeholder positions and learns the drafts with the step's result (so every request that
+speculates verifies k drafts, found or not, and the off rule below ends it for a request
+whose lookups keep failing). The draft model's KV of a verify step's last draft is written
 only if the request's next step needs it, when every draft was accepted: the request then
 owes it (`Req.draft_kv_owed`) to its next step, and a request that ends owing it keeps that
 position out of the prefix cache (`Scheduler`); a step chained behind it always feeds
@@ -40,7 +42,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from runtime.config.speculative import WORKER_DRAFTERS
+from runtime.config.speculative import worker_drafts
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.req import Req
 from runtime.scheduler.speculative.ngram import NgramDrafter
@@ -76,7 +78,7 @@ def accepted_prefix(drafts: Sequence[int], samples: Sequence[int]) -> int:
 
 
 class ModelDrafts:
-    """The drafter of a draft model or an EAGLE head in the worker: k placeholder
+    """The drafter of a model or an n-gram lookup in the worker: k placeholder
     positions, whose tokens the worker writes in the verify step and returns with its
     result."""
 
@@ -110,12 +112,12 @@ class Speculation:
     def from_config(cls, cfg: ServerConfig) -> Speculation | None:
         """The speculation `cfg.speculative_algorithm` asks for (None: none)."""
         algo = cfg.speculative_algorithm
-        if algo == "ngram":
-            lo, hi = cfg.speculative_ngram_min, cfg.speculative_ngram_max
-            new_drafter = lambda req: NgramDrafter(lo, hi)  # noqa: E731
-        elif algo in WORKER_DRAFTERS:
+        if worker_drafts(algo, cfg.kv_mode.overlap):
             drafts = ModelDrafts()
             new_drafter = lambda req: drafts  # noqa: E731
+        elif algo == "ngram":
+            lo, hi = cfg.speculative_ngram_min, cfg.speculative_ngram_max
+            new_drafter = lambda req: NgramDrafter(lo, hi)  # noqa: E731
         else:
             return None
         return cls(cfg.speculative_num_draft_tokens, new_drafter,

@@ -1,6 +1,7 @@
 """`Drafter`: the worker's part of speculative decoding, for the algorithms that draft
-with a model on the device (`--speculative-algorithm draft|eagle|mtp`); `load_drafter`
-picks and loads it.
+with a model on the device (`--speculative-algorithm draft|eagle|mtp`), and for n-gram
+lookup with overlap (`ngram`, `NgramOnDevice`: no model, one token id a slot, so its
+verify steps chain); `load_drafter` picks and loads it.
 
 A drafter's weights load before the target's KV pool is sized, which counts the bytes a
 slot costs in the drafter's own pools (`kv_bytes_per_token`); once the target's runner
@@ -31,6 +32,7 @@ from typing import Protocol
 import torch
 
 from runtime.config.server import ServerConfig
+from runtime.config.speculative import worker_drafts
 from runtime.model_config import ModelSpec, resolve_model
 from runtime.wire.worker_channel import BatchPlan
 from runtime.worker.batch_builder import BatchBuilder
@@ -42,6 +44,7 @@ from runtime.worker.speculative.eagle_head import EagleHead
 from runtime.worker.speculative.eagle_layout import read_layout
 from runtime.worker.speculative.head_drafter import HeadDrafter
 from runtime.worker.speculative.mtp_head import MtpHead
+from runtime.worker.speculative.ngram_device import NgramOnDevice
 from runtime.worker.tp import TPGroup
 
 
@@ -72,7 +75,8 @@ def load_drafter(cfg: ServerConfig, spec: ModelSpec, device: torch.device,
                  dtype: torch.dtype, tp: TPGroup | None = None) -> Drafter | None:
     """The drafter `cfg.speculative_algorithm` asks for, its weights loaded and checked
     against the target `spec` (the MTP layer: this rank's shard under `tp`); None for an
-    algorithm without one on the device."""
+    algorithm without one on the device (n-gram lookup without overlap drafts on the
+    host)."""
     algo = cfg.speculative_algorithm
     if algo == "draft":
         draft_spec = resolve_model(cfg.speculative_draft_model)
@@ -83,6 +87,8 @@ def load_drafter(cfg: ServerConfig, spec: ModelSpec, device: torch.device,
         return HeadDrafter(EagleHead.load(layout, device, dtype), device, dtype)
     if algo == "mtp":
         return HeadDrafter(MtpHead.load(spec, device, dtype, cfg.quantization, tp), device, dtype)
+    if worker_drafts(algo, cfg.kv_mode.overlap):  # n-gram lookup, chained with overlap
+        return NgramOnDevice(cfg.speculative_ngram_min, cfg.speculative_ngram_max, device)
     return None
 
 
