@@ -16,9 +16,10 @@ import torch
 from runtime.scheduler.req import Req
 from runtime.scheduler.speculative.speculation import ModelDrafts, Speculation
 from runtime.wire.worker_channel import BatchPlan
-from runtime.worker.batch_builder import BatchBuilder, exclusive_cumsum
+from runtime.worker.batch_builder import BatchBuilder
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.model_runner import ModelRunner
+from runtime.worker.speculative.draft_batch import place_drafts, verify_requests
 from runtime.worker.staging import Staging
 
 
@@ -52,18 +53,12 @@ class DeviceOracle:
         forward: (its logits, the drafts [D] or None)."""
         if not plan.draft_lens:
             return runner.forward(fb), None
-        lens = np.array(plan.draft_lens, dtype=np.int64)  # [B]
-        verify = np.flatnonzero(lens)  # [R]
-        d = lens[verify]  # [R]
-        first = exclusive_cumsum(np.array(plan.extend_lens, dtype=np.int64))[verify]  # [R]
-        req = np.repeat(np.arange(len(d)), d)  # [D] each draft's request
-        col = np.arange(int(d.sum())) - exclusive_cumsum(d)[req]  # [D] draft j of its request
-        idx = {"first": first[req], "row": np.array(plan.rows, dtype=np.int64)[verify][req],
-               "col": col}
-        dev = self.staging.upload(idx, {})
-        last_pos = fb.positions[dev["first"]]  # [D] (moved, for a chained step)
-        drafts = self.table[dev["row"], last_pos + 1 + dev["col"]]  # [D]
-        fb.input_ids[dev["first"] + 1 + dev["col"]] = drafts
+        i64, d = verify_requests(plan)
+        dev = self.staging.upload(i64, {})
+        last = fb.positions[dev["first"]]  # [R] (moved, for a chained step)
+        cols = last[:, None] + 1 + torch.arange(int(d.max()), device=last.device)  # [R, k]
+        grid = self.table[dev["rows"][:, None], cols.clamp(max=self.table.shape[1] - 1)]
+        drafts = place_drafts(grid.reshape(-1), dev, fb)  # [D], before the forward reads them
         return runner.forward(fb), drafts
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from runtime.wire.worker_channel import BatchPlan
 from runtime.worker.batch_builder import BatchBuilder, exclusive_cumsum
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.speculative.chained import request_of, shifted_layout
@@ -92,6 +93,17 @@ def draft_placement(first: np.ndarray, d: np.ndarray) -> dict[str, np.ndarray]:
     off = exclusive_cumsum(d)  # [R+1] each request's first draft among all of them
     return {"src": np.repeat(np.arange(len(d)) * k - off[:-1], d) + np.arange(off[-1]),
             "dst": np.repeat(first + 1 - off[:-1], d) + np.arange(off[-1])}
+
+
+def verify_requests(plan: BatchPlan) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The plan's verify requests [R]: their index arrays (`first`: each one's last token
+    among the step's tokens, `rows`, and `draft_placement`'s) and their drafts d [R]."""
+    lens = np.array(plan.draft_lens, dtype=np.int64)  # [B]
+    verify = np.flatnonzero(lens)  # [R]
+    d = lens[verify]  # [R]
+    first = exclusive_cumsum(np.array(plan.extend_lens, dtype=np.int64))[verify]  # [R]
+    return draft_placement(first, d) | {
+        "first": first, "rows": np.array(plan.rows, dtype=np.int64)[verify]}, d
 
 
 def place_drafts(grid: torch.Tensor, dev: dict[str, torch.Tensor],

@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from runtime.wire.worker_channel import BatchPlan
-from runtime.worker.batch_builder import BatchBuilder, exclusive_cumsum
+from runtime.worker.batch_builder import BatchBuilder
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.model_runner import ModelRunner
-from runtime.worker.speculative.draft_batch import draft_placement, place_drafts
+from runtime.worker.speculative.draft_batch import place_drafts, verify_requests
 from runtime.worker.staging import Staging
 
 
@@ -99,13 +99,9 @@ class NgramOnDevice:
         """The host's part of `propose`: the verify requests' index arrays on the device,
         the longest sequence they may have (the plan's last positions, the most a chained
         step's can be) and the most drafts of one."""
+        i64, d = verify_requests(plan)
         lens = np.array(plan.draft_lens, dtype=np.int64)  # [B]
-        verify = np.flatnonzero(lens)  # [R]
-        d = lens[verify]  # [R]
-        first = exclusive_cumsum(np.array(plan.extend_lens, dtype=np.int64))[verify]  # [R]
-        length = int(np.array(plan.prefix_lens, dtype=np.int64)[verify].max()) + 1
-        i64 = draft_placement(first, d) | {
-            "first": first, "rows": np.array(plan.rows, dtype=np.int64)[verify]}
+        length = int(np.array(plan.prefix_lens, dtype=np.int64)[lens > 0].max()) + 1
         return self.staging.upload(i64, {}), length, int(d.max())
 
     def draft(self, dev: dict[str, torch.Tensor], length: int, k: int, fb: ForwardBatch,
