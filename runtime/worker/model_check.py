@@ -22,7 +22,7 @@ from runtime.worker.models.deepseek_v4 import DeepseekV4ForCausalLM
 from runtime.worker.safetensors_reader import WeightLoadError
 from runtime.worker.speculative.eagle_head import EagleHead
 from runtime.worker.speculative.eagle_layout import EagleHeadMismatch, read_layout
-from runtime.worker.speculative.mtp_head import MtpHead, MtpUnavailable
+from runtime.worker.speculative.mtp_head import MtpUnavailable, mtp_head_class
 from runtime.worker.tp import TPGroup
 
 
@@ -38,8 +38,8 @@ LOAD_ERRORS = (*MODEL_ERRORS, UnsupportedModel, WeightLoadError, NotImplementedE
 def prepare_model(cfg: ServerConfig) -> ModelSpec:
     """The server's model, resolved before its processes start (a Hub id's files fetched, a
     GGUF converted, once) and checked as `check_model` does, and so is its draft model
-    (`check_draft_model`), EAGLE head (`check_eagle_head`) or MTP layer (`MtpHead.check`);
-    raises one of LOAD_ERRORS."""
+    (`check_draft_model`), EAGLE head (`check_eagle_head`) or MTP layer (its head's
+    `check`, `mtp_head_class`); raises one of LOAD_ERRORS."""
     spec = spec_for(cfg, offline=False)
     check_model(spec, cfg.quantization, cfg.tp)
     if cfg.speculative_algorithm == "draft":
@@ -49,7 +49,7 @@ def prepare_model(cfg: ServerConfig) -> ModelSpec:
     if cfg.speculative_algorithm == "eagle":
         check_eagle_head(spec, cfg.speculative_draft_model)
     if cfg.speculative_algorithm == "mtp":
-        MtpHead.check(spec, cfg.quantization)
+        mtp_head_class(spec).check(spec, cfg.quantization)
     return spec
 
 

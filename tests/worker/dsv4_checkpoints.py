@@ -27,11 +27,12 @@ def tiny_v4_config(**overrides) -> DeepseekV4Config:
     return DeepseekV4Config(**{**TINY_V4, **overrides})
 
 
-def tiny_v4(folder=None, dtype: torch.dtype = torch.float32, **overrides) -> torch.nn.Module:
-    """A random tiny DeepseekV4ForCausalLM (eval), saved to `folder` when given. Every
-    tensor is random (transformers zero-inits sinks, biases and position biases), and the
-    hash router's token-to-expert table picks distinct random experts."""
-    torch.manual_seed(0)
+def tiny_v4(folder=None, dtype: torch.dtype = torch.float32, seed: int = 0,
+            **overrides) -> torch.nn.Module:
+    """A random tiny DeepseekV4ForCausalLM (eval, drawn from `seed`), saved to `folder` when
+    given. Every tensor is random (transformers zero-inits sinks, biases and position
+    biases), and the hash router's token-to-expert table picks distinct random experts."""
+    torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_v4_config(**overrides), dtype=torch.float32)
     n_exp, k = model.config.n_routed_experts, model.config.num_experts_per_tok
     with torch.no_grad():

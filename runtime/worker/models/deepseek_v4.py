@@ -1,4 +1,4 @@
-"""DeepSeek-V4 (`DeepseekV4ForCausalLM`, without its MTP layer): hyper-connected decoder
+"""DeepSeek-V4 (`DeepseekV4ForCausalLM`): hyper-connected decoder
 layers of V4 attention (`deepseek_v4_attention.py`) and a V4 mixture of experts
 (`deepseek_v4_moe.py`), its KV state as per-token rows of the pool
 (`deepseek_v4_state.py`, which says what a prefix hit reuses), compressed entries in
@@ -15,7 +15,9 @@ streams the same way (`pre` only) before the final norm.
 
 Parameter names follow the checkpoints transformers writes (`model.layers.N.attn.wq_a`,
 `.ffn.experts.E.w1`, `.hc_attn_fn`, `model.hc_head.hc_fn`, `head.weight`); the released
-checkpoints' names are read through `deepseek_v4_checkpoint`, their MTP layer skipped.
+checkpoints' names are read through `deepseek_v4_checkpoint`, their MTP layer skipped (a
+draft head of its own, `speculative.mtp_v4_head`, which reads the streams before `hc_head`:
+`forward_features`).
 Weights in 16 bits or fp32, or block fp8 as released (e8m0 scales; the projections stay
 fp8, the routed experts, fp8 or packed fp4, are dequantized at load). One device only
 (`--tp 1`): the attention and experts run through the ops (Triton kernels on CUDA, their
@@ -79,6 +81,11 @@ def collapse(h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     return (pre[..., None] * h).sum(dim=1).to(h.dtype)
 
 
+def normed(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+    """`x` `[..., D]` RMS-normed by `norm` over its last dim (in fp32), in x's dtype."""
+    return F.rms_norm(x.float(), (x.shape[-1],), norm.weight.float(), norm.eps).to(x.dtype)
+
+
 class HyperHead(nn.Module):
     """The final collapse of the streams (`model.hc_head.hc_fn`, `hc_base`, `hc_scale`)."""
 
@@ -93,6 +100,33 @@ class HyperHead(nn.Module):
         mixes = hc_input(h, self.hc_fn, self.arch.rms_norm_eps)  # [T, hc]
         pre = torch.sigmoid(mixes * self.hc_scale.float() + self.hc_base.float())
         return collapse(h, pre + self.arch.hc_eps)  # [T, D]
+
+    def final(self, h: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """Streams `h` `[T, hc, D]` collapsed, then normed by `norm`: `[T, D]`, what an LM
+        head reads."""
+        return normed(self(h), norm)
+
+
+def hc_params_to_fp32(module: nn.Module) -> None:
+    """The hyper-connection parameters (`hc_*`) of `module` in fp32: the mixing runs in
+    fp32, converted once here, not at every block of every step."""
+    for name, param in module.named_parameters():
+        if name.rsplit(".", 1)[-1].startswith("hc_"):
+            param.data = param.data.float()
+
+
+def init_layers(layers: list[nn.Module], arch: DeepseekV4Arch, device: torch.device) -> None:
+    """Once the weights are in: each layer's RoPE frequencies (sliding window: the main
+    ones; compressed: the compressed branches'), the hash routers' tables kept within the
+    experts."""
+    main, compress = ((freq.to(device), attention) for freq, attention in (
+        rope_inv_freq(arch.rope_dim, arch.rope_main),
+        rope_inv_freq(arch.rope_dim, arch.rope_compress)))
+    for layer in layers:
+        layer.attn.freqs = main if layer.attn.compressor is None else compress
+        table = getattr(layer.ffn.gate, "tid2eid", None)
+        if table is not None:
+            table.remainder_(arch.n_routed_experts)
 
 
 class V4DecoderLayer(nn.Module):
@@ -116,9 +150,7 @@ class V4DecoderLayer(nn.Module):
         pre, post, comb = hc_weights(h, getattr(self, f"hc_{name}_fn"),
                                      getattr(self, f"hc_{name}_base"),
                                      getattr(self, f"hc_{name}_scale"), self.arch)
-        x = collapse(h, pre)  # [T, D]
-        x = F.rms_norm(x.float(), (x.shape[-1],), norm.weight.float(), norm.eps).to(h.dtype)
-        out = run(x)  # [T, D]
+        out = run(normed(collapse(h, pre), norm))  # [T, D]
         dtype = h.dtype
         return post.to(dtype)[..., None] * out[:, None, :] + torch.matmul(
             comb.to(dtype).transpose(-1, -2), h)  # [T, hc, D]
@@ -188,7 +220,8 @@ class DeepseekV4ForCausalLM(CausalLM):
     def decoder_layer(self, layer_id: int) -> nn.Module:
         return V4DecoderLayer(self.arch, layer_id, self.quant)
 
-    def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+    def streams(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        """The new tokens' streams after the last layer, before `hc_head`: `[T, hc, D]`."""
         m = self.model
         step = V4Step.of(fb, attn.page_table(fb)[:2], self.starts, self.arch.window,
                          self.entries)
@@ -197,28 +230,30 @@ class DeepseekV4ForCausalLM(CausalLM):
         for i, layer in enumerate(m.layers):
             rows = attn.pool.k[i].view(attn.pool.num_slots, -1)  # [slots, head_dim]
             h = layer(h, fb, rows, step, m.ops)
-        x = m.hc_head(h)
-        return F.rms_norm(x.float(), (x.shape[-1],), m.norm.weight.float(),
-                          m.norm.eps).to(x.dtype)  # [T, D]
+        return h
+
+    def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        return self.model.hc_head.final(self.streams(fb, attn), self.model.norm)  # [T, D]
+
+    def forward_features(self, fb: ForwardBatch, attn: AttentionBackend,
+                         capture: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(final-normed hidden states [T, D], the streams before `hc_head`, flattened
+        [T, hc * D]: what the MTP layer reads). No layer's streams are offered (`capture`
+        must be empty)."""
+        if capture:
+            raise ValueError(f"deepseek_v4 offers a draft head its final streams, not the "
+                             f"residual after layers {capture}")
+        h = self.streams(fb, attn)  # [T, hc, D]
+        return self.model.hc_head.final(h, self.model.norm), h.flatten(1)
 
     @torch.no_grad()
     def init_buffers(self) -> None:
-        """Once the weights are in: the ops (its layers rotate by themselves), each layer's
-        RoPE frequencies, the hash routers' tables kept within the experts, and the
-        hyper-connection parameters in fp32 (the mixing runs in fp32: converted once here,
-        not at every block of every step)."""
-        for name, param in self.named_parameters():
-            if name.rsplit(".", 1)[-1].startswith("hc_"):
-                param.data = param.data.float()
-        a, device = self.arch, next(self.parameters()).device
+        """Once the weights are in: the ops (its layers rotate by themselves), the layers'
+        own (`init_layers`), and the hyper-connection parameters in fp32."""
+        hc_params_to_fp32(self)
+        device = next(self.parameters()).device
         self.model.ops = ops_for(device)
-        main, compress = ((freq.to(device), attention) for freq, attention in (
-            rope_inv_freq(a.rope_dim, a.rope_main), rope_inv_freq(a.rope_dim, a.rope_compress)))
-        for layer in self.model.layers:
-            layer.attn.freqs = main if layer.attn.compressor is None else compress
-            table = getattr(layer.ffn.gate, "tid2eid", None)
-            if table is not None:
-                table.remainder_(a.n_routed_experts)
+        init_layers(self.model.layers, self.arch, device)
 
     def checkpoint_name(self, name: str) -> str | None:
         """Released checkpoints' names in the transformers layout; None for the MTP layer."""

@@ -87,16 +87,18 @@ class V4Step:
     out_slots: torch.Tensor  # [T] int64
     window: torch.Tensor  # [T, window] int32 slots, -1 before position 0
     num_seqs: int
-    entries: EntryStore
+    entries: EntryStore | None
     max_len: int  # positions of the longest sequence (a decode graph: its context)
     visible: dict[int, torch.Tensor] = field(default_factory=dict)  # `visible_ids` by rate
     closing: dict[tuple[int, bool], object] = field(default_factory=dict)  # by rate, overlap
 
     @classmethod
     def of(cls, fb: ForwardBatch, page_table: tuple[torch.Tensor, torch.Tensor],
-           starts: RowStarts, window: int, entries: EntryStore) -> V4Step:
+           starts: RowStarts | None, window: int, entries: EntryStore | None) -> V4Step:
         """The step of `fb` over `page_table` (kv_indptr, kv_indices: the batch's own, or a
-        decode graph's static copy). Reads device tensors and, on the host, only what a
+        decode graph's static copy); `starts` and `entries` None for layers that keep
+        nothing per request row and no entries (sliding window only: the MTP layer's), whose
+        every new token writes its row. Reads device tensors and, on the host, only what a
         decode graph fixes at capture: the token and sequence counts, the page size and
         the longest sequence (`fb.seq_lens_cpu`: a capture batch holds the graph's
         context there), which sizes the visible-entry lists. A decode batch's lengths are
@@ -105,7 +107,10 @@ class V4Step:
         table = (seqs, *page_table, fb.page_size)
         p0 = fb.positions if fb.is_decode else fb.prefix_lens.long()  # [B]
         p1 = p0 + 1 if fb.is_decode else fb.seq_lens.long()  # [B]
-        start, cached = starts.begin(fb.rows, p0)  # [B] each
+        if starts is None:
+            start, cached = p0, torch.zeros_like(p0)  # [B] each
+        else:
+            start, cached = starts.begin(fb.rows, p0)  # [B] each
         positions = fb.positions
         out_slots = torch.where(positions < cached[seqs], 0, fb.out_slots)
         return cls(positions, table, fb.rows[seqs], p0[seqs], p1[seqs], start[seqs],

@@ -43,7 +43,7 @@ from runtime.worker.speculative.draft_model import DraftModel
 from runtime.worker.speculative.eagle_head import EagleHead
 from runtime.worker.speculative.eagle_layout import read_layout
 from runtime.worker.speculative.head_drafter import HeadDrafter
-from runtime.worker.speculative.mtp_head import MtpHead
+from runtime.worker.speculative.mtp_head import mtp_head_class
 from runtime.worker.speculative.ngram_device import NgramOnDevice
 from runtime.worker.tp import TPGroup
 
@@ -86,7 +86,8 @@ def load_drafter(cfg: ServerConfig, spec: ModelSpec, device: torch.device,
         layout = read_layout(cfg.speculative_draft_model, spec.hf_config())
         return HeadDrafter(EagleHead.load(layout, device, dtype), device, dtype)
     if algo == "mtp":
-        return HeadDrafter(MtpHead.load(spec, device, dtype, cfg.quantization, tp), device, dtype)
+        head = mtp_head_class(spec).load(spec, device, dtype, cfg.quantization, tp)
+        return HeadDrafter(head, device, dtype)
     if worker_drafts(algo, cfg.kv_mode.overlap):  # n-gram lookup, chained with overlap
         return NgramOnDevice(cfg.speculative_ngram_min, cfg.speculative_ngram_max, device)
     return None

@@ -65,7 +65,7 @@ class HeadForward:
             kv_indptr=d["kv_indptr"], kv_indices=builder.slots(d["rows"][seq], kv_pos),
             seq_lens=d["seq"], prefix_lens=d["pre"], sample_idx=d["last"],
             is_decode=len(self.ext) == sum(self.ext), seq_lens_cpu=self.seq,
-            prefix_lens_cpu=self.pre, extend_lens_cpu=self.ext, page_size=1)
+            prefix_lens_cpu=self.pre, extend_lens_cpu=self.ext, page_size=1, rows=d["rows"])
 
     def prev_slots(self, dev: dict[str, torch.Tensor], builder: BatchBuilder,
                    shift: torch.Tensor | None = None) -> torch.Tensor:

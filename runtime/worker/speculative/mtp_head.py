@@ -20,7 +20,8 @@ heads and share of every FFN's width, all-reduced; eh_proj, the norms and
 `shared_head.head` whole on every rank), so each rank runs its part of every draft step
 in lockstep and all get the same drafts.
 
-DeepSeek-V4's MTP layer (`mtp.*`, over hyper-connection streams) is not supported.
+DeepSeek-V4's MTP layer (`mtp.*`, over hyper-connection streams) is `V4MtpHead`;
+`mtp_head_class` picks the head of a target's model_type.
 """
 
 from __future__ import annotations
@@ -41,15 +42,18 @@ from runtime.worker.models.causal_lm import CausalLM, DecoderLayer, RMSNorm, Tar
 from runtime.worker.models.causal_lm import checkpoint_targets as targets_of
 from runtime.worker.models.deepseek import DeepseekForCausalLM
 from runtime.worker.ops import ops_for
-from runtime.worker.safetensors_reader import checkpoint_files, tensor_spans
+from runtime.worker.speculative.mtp_checks import MtpUnavailable, check_complete, mtp_checkpoint
+from runtime.worker.speculative.mtp_v4_head import V4MtpHead
 from runtime.worker.tp import TPGroup
 
-MTP_TYPES = ("deepseek_v3",)  # the model_types whose MTP layer is implemented
+__all__ = ["MtpHead", "MtpUnavailable", "mtp_head_class"]
 
 
-class MtpUnavailable(ValueError):
-    """`speculative_algorithm` mtp for a model without a usable MTP layer; the message
-    names the file and the field or tensor."""
+def mtp_head_class(spec: ModelSpec) -> type[MtpHead] | type[V4MtpHead]:
+    """The MTP head of target `spec`'s model_type: `V4MtpHead` for DeepSeek-V4, else
+    `MtpHead` (whose `check` refuses a model_type without an implemented MTP layer)."""
+    kind = getattr(spec.hf_config(), "model_type", "")
+    return V4MtpHead if kind == "deepseek_v4" else MtpHead
 
 
 class MtpHead(DecoderLayer):
@@ -90,26 +94,12 @@ class MtpHead(DecoderLayer):
         and checkpoint are checked to hold an MTP layer this worker runs: raises
         `MtpUnavailable` naming the field, or the first tensor of the layer missing from
         the checkpoint."""
-        config, source = spec.hf_config(), spec.config_source
-        kind = getattr(config, "model_type", "")
-        if kind not in MTP_TYPES:
-            raise MtpUnavailable(f"{source}: speculative_algorithm mtp runs the MTP layer of "
-                                 f"model_type {MTP_TYPES}, not {kind!r}")
-        layers = getattr(config, "num_nextn_predict_layers", 0) or 0
-        if layers < 1 or spec.path is None:
-            what = f"num_nextn_predict_layers is {layers}" if layers < 1 else "no weights"
-            raise MtpUnavailable(f"{source}: {what}: the model has no MTP layer for "
-                                 "speculative_algorithm mtp")
-        folder = Path(spec.path)
-        names = {n for path in checkpoint_files(folder) for n in tensor_spans(path)}
+        config, folder, names = mtp_checkpoint(spec)
         with torch.device("meta"):
             family = build_model(config, tp, quantization)
             head_name = f"model.layers.{family.arch.num_layers}.shared_head.head.weight"
             head = cls(family, own_head=head_name in names)
-        missing = sorted(set(head.checkpoint_targets()) - names)
-        if missing:
-            raise MtpUnavailable(f"{folder}: tensor {missing[0]} of the MTP layer is missing "
-                                 "(speculative_algorithm mtp)")
+        check_complete(set(head.checkpoint_targets()), names, folder, head.prefix + "*")
         return head
 
     @classmethod
