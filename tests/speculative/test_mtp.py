@@ -98,7 +98,7 @@ def test_a_checkpoint_without_the_layer_is_refused_naming_it(tmp_path, changes, 
 def test_other_families_and_flags_are_refused():
     with pytest.raises(MtpUnavailable, match="model_type .*'deepseek_v3'.*not 'llama'"):
         prepare_model(config("dummy:tiny"))
-    with pytest.raises(MtpUnavailable, match="not 'deepseek_v4'"):  # its MTP layer: not yet
+    with pytest.raises(MtpUnavailable, match="no weights"):  # random: no MTP layer to read
         prepare_model(config("dummy:deepseek-v4-tiny"))
     with pytest.raises(ConfigError, match="speculative_draft_model"):
         ServerConfig(speculative_algorithm="mtp", speculative_draft_model="x")

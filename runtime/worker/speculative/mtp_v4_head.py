@@ -129,9 +129,12 @@ class V4MtpHead(nn.Module):
         with torch.device("meta"):
             family = build_model(config, tp, quantization)
             head = cls(family, own_head=f"{MTP_LAYER}head.weight" in names)
-        check_block_kind(folder, head.index)
         present = {head.checkpoint_name(n) for n in names} - {None}
+        if not present:
+            raise MtpUnavailable(f"{folder}: no tensor {MTP_LAYER}*: the checkpoint has no MTP "
+                                 "layer (speculative_algorithm mtp)")
         check_complete(set(head.checkpoint_targets()), present, folder, MTP_LAYER + "*")
+        check_block_kind(folder, head.index)
         return head
 
     @classmethod
