@@ -31,9 +31,9 @@ class SpeculativeOptions:
     the worker), `eagle` (a released EAGLE or EAGLE-3 head for the
     target, `speculative_draft_model`, drafts greedily in the worker from the target's
     hidden states) or `mtp` (the multi-token-prediction layer of the target's own
-    checkpoint, DeepSeek-V3 family, drafts as an EAGLE head does). The target verifies
-    every draft exactly: greedy outputs are the same tokens, sampled outputs keep its
-    distribution."""
+    checkpoint, DeepSeek-V3 family or DeepSeek-V4, drafts as an EAGLE head does). The
+    target verifies every draft exactly: greedy outputs are the same tokens, sampled
+    outputs keep its distribution."""
     speculative_draft_model: str = ""
     """draft: the draft model, named as `model` is; its vocabulary must be the target's.
     eagle: the local folder of an EAGLE head trained for the target. (mtp reads the

@@ -13,13 +13,16 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from tests.worker.dsv4_checkpoints import SWA, TINY_V4, tiny_v4
-from tests.worker.dsv4_released import released_name
+from tests.worker.dsv4_released import FP8_MODULES, released_name, write_released
+from tests.worker.fp8_checkpoints import quantize
 
 L = TINY_V4["num_hidden_layers"]  # the MTP block's entry in compress_ratios
 D = TINY_V4["hidden_size"]
 RATIOS = [0, 4, 8, 4]  # the target's layers (TINY_V4's layer_types), as compress_ratios
 # transformers' names of a block's output projections: attention's, the experts', shared's
 BLOCK_OUTPUTS = ("o_b_proj.weight", "experts.down_proj", "down_proj.weight")
+INDEX = "model.safetensors.index.json"
+MTP_FILE = "model-mtp.safetensors"
 
 
 def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -146,3 +149,34 @@ class V4MtpReference:
             for hook in hooks:
                 hook.remove()
         return seen[0][0], hidden
+
+
+def released_fp8_with_mtp(ref: V4MtpReference, folder: Path, root: Path) -> Path:
+    """`ref`'s target as DeepSeek releases it in fp8 (`write_released`, in `root`) with the
+    MTP layer `ref` wrote into `folder` in place of that helper's stand-in, its projections
+    (`e_proj` and `h_proj` too) block fp8 with e8m0 scales, in a shard of its own: the
+    released folder."""
+    out, _ = write_released(ref.target, root, quant="fp8")
+    index = json.loads((out / INDEX).read_text())
+    for file in set(index["weight_map"].values()):
+        kept = {n: t for n, t in load_file(str(out / file)).items() if not n.startswith("mtp.")}
+        save_file(kept, str(out / file))
+    tensors = {}
+    for name, t in load_file(str(folder / "model.safetensors")).items():
+        module = name.removesuffix(".weight")
+        if not name.startswith("mtp."):
+            continue
+        if name.endswith(".weight") and (FP8_MODULES.match(module)
+                                         or module.endswith(("e_proj", "h_proj"))):
+            q, scale = quantize(t, "block", e8m0=True)
+            tensors |= {name: q, f"{module}.scale": scale.to(torch.float8_e8m0fnu)}
+        else:
+            tensors[name] = t
+    save_file(tensors, str(out / MTP_FILE))
+    index["weight_map"] = {n: f for n, f in index["weight_map"].items()
+                           if not n.startswith("mtp.")} | dict.fromkeys(tensors, MTP_FILE)
+    (out / INDEX).write_text(json.dumps(index))
+    config, mine = (json.loads((f / "config.json").read_text()) for f in (out, folder))
+    config |= {k: mine[k] for k in ("compress_ratios", "num_nextn_predict_layers")}
+    (out / "config.json").write_text(json.dumps(config))
+    return out

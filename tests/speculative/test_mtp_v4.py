@@ -14,9 +14,10 @@ import torch
 from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.wire.sampling import SamplingParams
+from runtime.worker.quant.block_fp8_linear import BlockFp8Linear
 from runtime.worker.speculative.mtp_head import MtpUnavailable
 from runtime.worker.worker import Worker
-from tests.speculative.mtp_v4_layers import L, V4MtpReference
+from tests.speculative.mtp_v4_layers import L, V4MtpReference, released_fp8_with_mtp
 from tests.speculative.serve import refused_at_start_up, serve, step_drafts
 from tests.worker.dsv4_checkpoints import tiny_v4
 
@@ -106,6 +107,23 @@ def test_a_layer_that_copies_the_target_gets_drafts_accepted(tmp_path, overlap):
     ref, _, _ = serve(config(tmp_path, mtp=False, overlap=overlap), prompts, params)
     outs, sched, _ = serve(config(tmp_path, overlap=overlap), prompts, params)
     assert outs == ref
+    assert 0 < sched.spec.accepted < sched.spec.drafted
+
+
+def test_a_released_fp8_checkpoints_layer_drafts(tmp_path):
+    """The layer as released in fp8 (`mtp.0.*`, its projections block fp8 as the target's
+    are, e8m0 scales) loads as the target's layers do and drafts; outputs are plain
+    decoding's."""
+    ref = V4MtpReference(tmp_path / "tf", copy=True)
+    folder = released_fp8_with_mtp(ref, tmp_path / "tf", tmp_path)
+    prompts = [[7] * 6 + [11] * 6, [3, 4] * 5]
+    params = [SamplingParams(max_tokens=16, temperature=0.0)] * 2
+    plain, _, _ = serve(config(folder, mtp=False), prompts, params)
+    outs, sched, worker = serve(config(folder), prompts, params)
+    assert outs == plain
+    head = worker.drafter.head
+    assert isinstance(head.mtp.e_proj, BlockFp8Linear)
+    assert isinstance(head.block.attn.wq_a, BlockFp8Linear)
     assert 0 < sched.spec.accepted < sched.spec.drafted
 
 

@@ -1,15 +1,18 @@
 """`HeadDrafter`: the part of every step of a one-layer head that drafts from the
 target's hidden states (`DraftHead`): an EAGLE head (`--speculative-algorithm eagle`,
-`EagleHead`) or a checkpoint's multi-token-prediction layer (`mtp`, `MtpHead`).
+`EagleHead`) or a checkpoint's multi-token-prediction layer (`mtp`, `MtpHead`; DeepSeek-V4's
+`V4MtpHead`).
 
 The head reads the target's hidden states. The target's forward returns each new token's
-features (`ModelRunner.forward_features`: its final hidden state, or the three residual
-streams of EAGLE-3), and the drafter keeps them, projected to one hidden state
+features (`ModelRunner.forward_features`: its final hidden state, the three residual
+streams of EAGLE-3, or DeepSeek-V4's hyper-connection streams before their final collapse,
+flattened), and the drafter keeps them, projected to one hidden state
 (`DraftHead.project`), in a feature buffer indexed by KV slot: row s holds the target's
 hidden state of the token at slot s. The row lives exactly as long as the slot's KV (the
 scheduler's slot) and is written whenever the target computes that slot, so a prefix
 shared from the cache, or the kept positions of a verify step, have theirs. The head's
-KV pool has one layer of the head's own kind (K/V heads, or a latent row under MLA).
+KV pool has one layer of the head's own kind (K/V heads, a latent row under MLA, or V4's
+K=V row).
 
 After the target's forward (`absorb`), the head runs over the step's tokens at positions
 q >= 1, each with the feature row of position q - 1, and stores its KV in the slots of q
