@@ -22,7 +22,8 @@ from runtime.worker.models.deepseek_v4 import DeepseekV4ForCausalLM
 from runtime.worker.safetensors_reader import WeightLoadError
 from runtime.worker.speculative.eagle_head import EagleHead
 from runtime.worker.speculative.eagle_layout import EagleHeadMismatch, read_layout
-from runtime.worker.speculative.mtp_head import MtpUnavailable, mtp_head_class
+from runtime.worker.speculative.mtp_checks import MtpUnavailable
+from runtime.worker.speculative.mtp_head import mtp_head_class
 from runtime.worker.tp import TPGroup
 
 

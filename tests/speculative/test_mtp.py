@@ -13,7 +13,7 @@ from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.wire.sampling import SamplingParams
 from runtime.worker.model_check import prepare_model
-from runtime.worker.speculative.mtp_head import MtpUnavailable
+from runtime.worker.speculative.mtp_checks import MtpUnavailable
 from runtime.worker.worker import Worker
 from tests.speculative.mtp_layers import L, MtpReference
 from tests.speculative.serve import refused_at_start_up, serve, step_drafts

@@ -15,7 +15,7 @@ from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.wire.sampling import SamplingParams
 from runtime.worker.quant.block_fp8_linear import BlockFp8Linear
-from runtime.worker.speculative.mtp_head import MtpUnavailable
+from runtime.worker.speculative.mtp_checks import MtpUnavailable
 from runtime.worker.worker import Worker
 from tests.speculative.mtp_v4_layers import L, V4MtpReference, released_fp8_with_mtp
 from tests.speculative.serve import refused_at_start_up, serve, step_drafts

@@ -42,11 +42,9 @@ from runtime.worker.models.causal_lm import CausalLM, DecoderLayer, RMSNorm, Tar
 from runtime.worker.models.causal_lm import checkpoint_targets as targets_of
 from runtime.worker.models.deepseek import DeepseekForCausalLM
 from runtime.worker.ops import ops_for
-from runtime.worker.speculative.mtp_checks import MtpUnavailable, check_complete, mtp_checkpoint
+from runtime.worker.speculative.mtp_checks import check_complete, mtp_checkpoint
 from runtime.worker.speculative.mtp_v4_head import V4MtpHead
 from runtime.worker.tp import TPGroup
-
-__all__ = ["MtpHead", "MtpUnavailable", "mtp_head_class"]
 
 
 def mtp_head_class(spec: ModelSpec) -> type[MtpHead] | type[V4MtpHead]:
