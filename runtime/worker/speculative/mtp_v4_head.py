@@ -17,7 +17,8 @@ position 0) and the streams s [hc, D] it follows to
 where s is the target's streams at t before its `hc_head` collapses them (the features
 `DeepseekV4ForCausalLM.forward_features` gives), or for a later draft step the previous
 step's `out`; its logits are `head(norm(hc_head(out)))`. So the hidden state a step reads
-and writes is the streams flattened, [hc * D].
+and writes is the streams flattened, [hc * D], and a slot costs the drafter a K=V row and
+hc * D values of streams (`bytes_per_token`, counted when the pool is sized).
 
 The block runs at the position t of the streams it reads (`HeadForward`'s positions: the
 head's entries of a request are a sequence from position 0); RoPE is relative and its
