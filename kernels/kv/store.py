@@ -188,6 +188,17 @@ def quantize_ref(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, tor
     return y.clamp(-qmax, qmax).to(dtype), scale
 
 
+def store_rows(x: torch.Tensor, buf: torch.Tensor, at: torch.Tensor,
+               scale: torch.Tensor | None = None) -> None:
+    """Write rows `x [T, ..., D]` into `buf` at `at [T]`: with `scale` (`[rows, ...]`
+    float32, an 8-bit `buf`) quantized one scale a row (`quantize_ref`), else cast. A few
+    shape-static torch ops: CUDA graphs capture them."""
+    if scale is None:
+        buf[at] = x.to(buf.dtype)
+    else:
+        buf[at], scale[at] = quantize_ref(x, buf.dtype)
+
+
 def dequantize_ref(q: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     """`q [..., D]` times `scale [...]` in float32; a None scale means an unscaled pool (16-bit,
     or fp8 with a per-tensor scale of 1), read in float32 (or in its own dtype when wider)."""

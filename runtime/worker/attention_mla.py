@@ -8,7 +8,7 @@ and gets `[T, H, L]` (before W_UV). Keys are whole rows, values their first L co
 `TritonMLAAttention` the Triton kernels, with the page-table handling (and so the CUDA
 graphs) of `TritonAttention`. A quantized (fp8/int8) latent pool keeps one float32 scale
 per row (`pool.k_scale`, `[num_slots, 1]`): new rows are quantized as they are stored
-(`quantize_ref`, a few shape-static torch ops), the kernels fold the scale in on load, and
+(`store_rows`, a few shape-static torch ops), the kernels fold the scale in on load, and
 an extend reads its own new rows unquantized.
 """
 
@@ -21,7 +21,7 @@ import torch
 
 from kernels.attention.mla_decode import mla_decode, mla_decode_num_splits, mla_decode_ref
 from kernels.attention.mla_extend import mla_extend, mla_extend_ref
-from kernels.kv.store import quantize_ref
+from kernels.kv.store import store_rows
 from runtime.worker.attention import AttentionBackend
 from runtime.worker.attention_torch import TorchAttention
 from runtime.worker.attention_triton import TritonAttention
@@ -49,10 +49,7 @@ def check_latent_pool(pool: KVPool, mla: MlaShape) -> None:
 def store_latent(layer: LayerKV, latent: torch.Tensor, slots: torch.Tensor) -> None:
     """Write the new rows `[T, 1, L + Dr]` at `slots` of a latent pool's `layer` (quantized,
     with their scales, in a quantized pool)."""
-    if layer.k_scale is None:
-        layer.k[slots] = latent.to(layer.k.dtype)
-    else:  # [T, 1, L + Dr], [T, 1]
-        layer.k[slots], layer.k_scale[slots] = quantize_ref(latent, layer.k.dtype)
+    store_rows(latent, layer.k, slots, layer.k_scale)  # [T, 1, L + Dr], scales [T, 1]
 
 
 class LatentAttention(AttentionBackend):

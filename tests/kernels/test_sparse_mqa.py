@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from kernels.kv.store import quantize_ref
 from kernels.sparse.sparse_mqa import (
     SparseMqaConfig,
     sparse_mqa_attention,
@@ -80,6 +81,51 @@ def test_entries_from_a_second_view(dtype):
     rows = randn(SLOTS, 200, dtype=dtype, gen=gen)
     both = {"entry_kv": rows[:, 100:164], "entry_indices": key_lists(7, 19, gen, 0.5)}
     check((q, rows[:, 3:67], indices, sink, scale), dtype, both)
+
+
+def fp8_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows `[S, d]` as e4m3 codes and their float32 scales `[S]` (`quantize_ref`), quantized
+    on the CPU (the Triton interpreter rounds to e4m3 wrongly) and moved to DEVICE."""
+    codes, scale = quantize_ref(rows.float().cpu(), torch.float8_e4m3fn)
+    return codes.to(DEVICE), scale.to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T, H, d, K, E", [(1, 16, 64, 37, 11), (3, 3, 512, 70, 0),
+                                           (37, 5, 64, 5, 19)], ids=str)
+def test_fp8_pool_matches_reference(T, H, d, K, E, dtype):
+    """e4m3 window rows (and entries) with a float32 scale a row: decode (one query) and
+    extend shapes, partial head blocks and tiles, rows of three magnitudes (each its own
+    scale), against the reference, which reads `codes * scale` in float32; and within
+    e4m3's rounding of the attention over the rows before quantizing (of the largest
+    output)."""
+    gen = torch.Generator().manual_seed(T + E)
+    q, _, indices, sink, scale = make_inputs(T, H, d, K, dtype, seed=T)
+    rows = torch.randn(SLOTS, d, generator=gen) * torch.tensor([0.05, 1.0, 3.0])[
+        torch.arange(SLOTS) % 3, None]  # [S, d]
+    kv, kv_scale = fp8_rows(rows)
+    both = {"kv_scale": kv_scale}
+    if E:
+        entries = torch.randn(SLOTS, d, generator=gen)  # [S', d]
+        entry_kv, entry_scale = fp8_rows(entries)
+        both.update(entry_kv=entry_kv, entry_indices=key_lists(T, E, gen, 0.5),
+                    entry_scale=entry_scale)
+    out = check((q, kv, indices, sink, scale), dtype, both)
+    plain = {"entry_kv": entries.to(DEVICE, dtype), "entry_indices": both["entry_indices"]} if (
+        E) else {}
+    exact = sparse_mqa_attention_ref(q, rows.to(DEVICE, dtype), indices, sink, scale, **plain)
+    # e4m3 keeps 3 mantissa bits (a value's rounding up to 1/16): measured 0.036 to 0.043
+    err = (out.float() - exact.float()).abs().max() / exact.float().abs().max()
+    assert err < 0.06
+
+
+def test_fp8_pool_needs_its_scales():
+    q, kv, indices, sink, scale = make_inputs(2, 4, 64, 8, torch.float32)
+    codes, row_scale = fp8_rows(kv)
+    with pytest.raises(AssertionError, match=r"e4m3 kv view needs its scales float32 \[131\]"):
+        sparse_mqa_attention(q, codes, indices, sink, scale)
+    with pytest.raises(AssertionError, match="or e4m3 with scales"):
+        sparse_mqa_attention(q, kv, indices, sink, scale, kv_scale=row_scale)
 
 
 def test_pool_wider_than_q():
