@@ -25,7 +25,9 @@ row per token and layer, its K=V row (`head_dim`), and beside the pool the entry
 window id (`runtime.worker.models.deepseek_v4_entries`: a CSA layer's entry and indexer
 key, an HCA layer's entry, one id a window in the token layout and with pages a multiple
 of the rate; HCA under pages of 16 or 64 tokens one id a page), and per request row the
-rings of its partial block (compressor inputs: `deepseek_v4_partial`), bf16 only. The
+rings of its partial block (compressor inputs: `deepseek_v4_partial`), bf16 only; in bf16
+and under `--kv-dtype fp8` (rows and entries e4m3 with a float32 scale a row, indexer keys
+bf16: `deepseek_v4_entries.v4_bytes_per_token`, what the worker sizes its pool by). The
 layout before the entry pools (an entry slot in every token's row) is shown beside it.
 
     python -m bench.studies.dsv4_memory [--out bench/results/dsv4/<date>-kv-memory]
@@ -177,16 +179,21 @@ DENSE = (ARTICLES_FLASH, ARTICLES_PRO, MLA_V2, MLA_V2_LITE, MLA_V3, LLAMA_7B)
 PAGED = (16, 64)  # page sizes of the paged layout shown (16: `--block-size`'s default)
 
 
-def sluice_layout(shape: V4Shape) -> dict:
-    """What Sluice's V4 state takes for this shape (bf16), from the model code's own
-    layout: the bytes a token takes in the token layout (its K=V rows and its share of the
-    entry pools), in the paged layout of each of `PAGED`, and in the layout of an entry
-    slot in every row (before the entry pools), and the bytes of one request row's
-    partial-block rings (a fixed cost a row, beside the pool)."""
+def sluice_layout(shape: V4Shape, kv_dtype: str = "auto") -> dict:
+    """What Sluice's V4 state takes for this shape (bf16 model, its pool in `kv_dtype`:
+    "auto" or "fp8"), from the model code's own layout: the bytes a token takes in the
+    token layout (its K=V rows and its share of the entry pools), in the paged layout of
+    each of `PAGED`, and in the layout of an entry slot in every row (before the entry
+    pools), and the bytes of one request row's partial-block rings (a fixed cost a row,
+    beside the pool, bf16 either way)."""
+    import torch
     from transformers import DeepseekV4Config
 
     from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
-    from runtime.worker.models.deepseek_v4_entries import entry_bytes_per_token
+    from runtime.worker.models.deepseek_v4_entries import (
+        row_bytes_per_token,
+        v4_bytes_per_token,
+    )
     from runtime.worker.models.deepseek_v4_partial import ring_values
 
     config = DeepseekV4Config(
@@ -194,11 +201,11 @@ def sluice_layout(shape: V4Shape) -> dict:
         sliding_window=shape.sliding_window, index_head_dim=shape.index_head_dim,
         layer_types=list(shape.layer_types), compress_rates=dict(shape.compress_rates))
     arch = DeepseekV4Arch.from_hf(config)
-    rows = 2 * arch.num_layers * arch.head_dim  # the K=V rows, bf16
 
-    def per_token(page_size: int, table: bool) -> float:
-        return rows + float(entry_bytes_per_token(arch, 2, page_size, table))
+    def per_token(page_size: int, table: bool) -> int:
+        return v4_bytes_per_token(arch, torch.bfloat16, page_size, table, kv_dtype)
 
+    rows = row_bytes_per_token(arch, torch.bfloat16, kv_dtype)  # the K=V rows alone
     return {"kv_row_bytes": rows, "bytes_per_token": per_token(1, True),
             "bytes_per_token_paged": {p: per_token(p, False) for p in PAGED},
             "bytes_per_token_entry_in_rows": per_token(1, False),
@@ -224,13 +231,14 @@ def v4_row(shape: V4Shape) -> dict:
         out[dt] = {"parts_2048": parts, "bytes_per_token_asymptotic": slope / far,
                    "per_request": per_request,
                    "requests_2048_in_budget": BUDGET // per_request[2048]}
-    layout = sluice_layout(shape)
-    pool, ring = layout["bytes_per_token"], layout["ring_bytes_per_row"]
-    per_request = {c: round(pool * c) + ring for c in CONTEXTS}
-    before = round(layout["bytes_per_token_entry_in_rows"] * 2048) + ring
-    out["sluice_pool_bf16"] = {**layout, "per_request": per_request,
-                               "requests_2048_in_budget": BUDGET // per_request[2048],
-                               "requests_2048_in_budget_entry_in_rows": BUDGET // before}
+    for dt, kv_dtype in (("bf16", "auto"), ("fp8", "fp8")):
+        layout = sluice_layout(shape, kv_dtype)
+        pool, ring = layout["bytes_per_token"], layout["ring_bytes_per_row"]
+        per_request = {c: round(pool * c) + ring for c in CONTEXTS}
+        before = round(layout["bytes_per_token_entry_in_rows"] * 2048) + ring
+        out[f"sluice_pool_{dt}"] = {**layout, "per_request": per_request,
+                                    "requests_2048_in_budget": BUDGET // per_request[2048],
+                                    "requests_2048_in_budget_entry_in_rows": BUDGET // before}
     return out
 
 
@@ -265,12 +273,15 @@ def main(argv: list[str] | None = None) -> None:
            "v4_shapes": [asdict(FLASH), asdict(PRO)], "v4": rows_v4, "dense": rows_dense}
     write_outputs(args.out, res, report(rows_v4, rows_dense, command, MLA_V3.name))
     for row in rows_v4:
-        d = row["sluice_pool_bf16"]
-        paged = ", ".join(f"paged {p}: {b:,.0f}" for p, b in d["bytes_per_token_paged"].items())
-        print(f"{row['name']}: Sluice {d['bytes_per_token']:,.0f} bytes/token ({paged}; an "
-              f"entry slot in every row: {d['bytes_per_token_entry_in_rows']:,.0f}), "
-              f"partial-block rings {d['ring_bytes_per_row']:,} bytes/request row; "
-              f"compressed design {row['bf16']['bytes_per_token_asymptotic']:,.0f} bytes/token")
+        for dt in ("bf16", "fp8"):
+            d = row[f"sluice_pool_{dt}"]
+            paged = ", ".join(f"paged {p}: {b:,.0f}"
+                              for p, b in d["bytes_per_token_paged"].items())
+            print(f"{row['name']} {dt}: Sluice {d['bytes_per_token']:,.0f} bytes/token "
+                  f"({paged}; an entry slot in every row: "
+                  f"{d['bytes_per_token_entry_in_rows']:,.0f}), partial-block rings "
+                  f"{d['ring_bytes_per_row']:,} bytes/request row; compressed design "
+                  f"{row[dt]['bytes_per_token_asymptotic']:,.0f} bytes/token")
     print(f"wrote {args.out}.json and {args.out}.md")
 
 

@@ -77,7 +77,9 @@ def report(rows_v4: list[dict], rows_dense: list[dict], command: str, mla_name: 
                          + f" | {d['requests_2048_in_budget']:,} |")
     paged = list(sluice["bytes_per_token_paged"])
     lines += ["", "## What Sluice holds for V4", "",
-              "One bf16 pool row per token and layer, its K=V row (`head_dim`), and entry "
+              "One pool row per token and layer, its K=V row (`head_dim`; bf16, or under "
+              "`--kv-dtype fp8` e4m3 with a float32 scale, as the entries: the fp8 rows "
+              "below; the indexer keys and rings stay bf16), and entry "
               "pools beside the pool by window id: a CSA layer's entry and indexer key "
               "(`head_dim + index_head_dim`) a 4 tokens, an HCA layer's entry (`head_dim`) "
               "a 128 tokens; in the token layout the scheduler hands the ids out with the "
@@ -94,10 +96,10 @@ def report(rows_v4: list[dict], rows_dense: list[dict], command: str, mla_name: 
               + " | ".join(f"paged {p}" for p in paged) + " | before | rings a request row "
               "| 2,048 | 32k | 128k | 1M | 2,048-token requests in 100 GiB (before) |",
               "|" + "---|" * (10 + len(paged))]
-    for r in rows_v4:
-        d = r["sluice_pool_bf16"]
+    for r, dt in ((r, dt) for r in rows_v4 for dt in ("bf16", "fp8")):
+        d = r[f"sluice_pool_{dt}"]
         req = [size(d["per_request"][c]) for c in contexts]
-        lines.append(f"| {r['name']} | {d['kv_row_bytes']:,} | {d['bytes_per_token']:,.0f} | "
+        lines.append(f"| {r['name']} {dt} | {d['kv_row_bytes']:,} | {d['bytes_per_token']:,.0f} | "
                      + " | ".join(f"{b:,.0f}" for b in d["bytes_per_token_paged"].values())
                      + f" | {d['bytes_per_token_entry_in_rows']:,.0f} | "
                      f"{size(d['ring_bytes_per_row'])} | " + " | ".join(req)

@@ -173,8 +173,9 @@ def preset_bytes(model: str, dtype: str, kv_dtype: str = "auto") -> tuple[int, i
     (`runtime/worker/kv_pool.py`, one rank): Llama K and V of every KV head, DeepSeek one
     latent row (kv_lora_rank + qk_rope_head_dim values) a layer, each row with a float32
     scale when quantized (but for "fp8_e4m3"); DeepSeek-V4 its K=V row a layer and its
-    share of the entry pools (`deepseek_v4_entries.entry_bytes_per_token`), the larger of
-    the token layout's and the default paged layout's (pages of 16)."""
+    share of the entry pools (`deepseek_v4_entries.v4_bytes_per_token`: "fp8" rows and
+    entries with a scale each, 16-bit indexer keys), the larger of the token layout's and
+    the default paged layout's (pages of 16)."""
     import torch
 
     from bench.roofline import ModelBytes
@@ -183,10 +184,9 @@ def preset_bytes(model: str, dtype: str, kv_dtype: str = "auto") -> tuple[int, i
         kv_bytes_per_token,
         kv_dtype_scaled,
         kv_storage_dtype,
-        pool_bytes_per_token,
     )
     from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
-    from runtime.worker.models.deepseek_v4_entries import entry_bytes_per_token
+    from runtime.worker.models.deepseek_v4_entries import check_v4_kv_dtype, v4_bytes_per_token
     from runtime.worker.models.registry import model_class
 
     dt = getattr(torch, dtype)
@@ -194,10 +194,9 @@ def preset_bytes(model: str, dtype: str, kv_dtype: str = "auto") -> tuple[int, i
     stored = kv_storage_dtype(kv_dtype, dt)
     a = model_class(config).ARCH.from_hf(config)
     if isinstance(a, DeepseekV4Arch):  # a K=V row a layer, and the entry pools
-        entries = max(entry_bytes_per_token(a, stored.itemsize, 1, table=True),
-                      entry_bytes_per_token(a, stored.itemsize, 16, table=False))
-        kv = pool_bytes_per_token([a.head_dim] * a.num_layers, 1, stored, planes=1)
-        kv += math.ceil(entries)
+        check_v4_kv_dtype(kv_dtype)
+        kv = max(v4_bytes_per_token(a, dt, 1, True, kv_dtype),
+                 v4_bytes_per_token(a, dt, 16, False, kv_dtype))
     elif hasattr(a, "latent_dim"):  # MLA: one latent row a layer
         kv = kv_bytes_per_token(a.num_layers, 1, a.latent_dim, stored, planes=1)
     else:

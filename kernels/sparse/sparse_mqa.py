@@ -192,7 +192,8 @@ def sparse_mqa_attention(
         entry_scales[0], out, scale * LOG2E, H, indices.shape[1], entry_indices.shape[1],
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), entry_kv.stride(0),
         entry_indices.stride(0), kv_scales[1], entry_scales[1], HEAD_DIM=d, ENTRIES=entries,
-        QUANT=kv_scale is not None, ENTRY_QUANT=entry_scale is not None, BLOCK_H=config.block_h, BLOCK_K=config.block_k,
+        QUANT=kv_scale is not None, ENTRY_QUANT=entry_scale is not None,
+        BLOCK_H=config.block_h, BLOCK_K=config.block_k,
         BLOCK_D=max(16, triton.next_power_of_2(d)), num_warps=config.num_warps,
         num_stages=config.num_stages,
     )  # fmt: skip

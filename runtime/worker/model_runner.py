@@ -30,7 +30,11 @@ from runtime.worker.loader import load_model
 from runtime.worker.lora.manager import LoraManager, LoraOptions
 from runtime.worker.models.deepseek import DeepseekForCausalLM
 from runtime.worker.models.deepseek_v4 import DeepseekV4ForCausalLM
-from runtime.worker.models.deepseek_v4_entries import entry_bytes_per_token, entry_count
+from runtime.worker.models.deepseek_v4_entries import (
+    check_v4_kv_dtype,
+    entry_bytes_per_token,
+    entry_count,
+)
 from runtime.worker.models.deepseek_v4_state import graph_context
 from runtime.worker.quant.fp8_linear import check_fp8_support
 from runtime.worker.sampler import Sampler
@@ -91,7 +95,8 @@ class ModelRunner:
     counted in `kv_bytes_per_token`, attended by the model itself (the backend gives it
     the page table, and in CUDA graphs its static copy: decode graphs up to its
     `graph_context`, padding rows on its sink request row; a capture that fails logs why
-    and leaves decode eager), 16-bit only, and its partial blocks (and entry tables) per
+    and leaves decode eager), in 16 bits or "fp8" (rows and entries; `V4_KV_DTYPES`), and
+    its partial blocks (and entry tables) per
     request row (`row_state_bytes`), allocated before the pool is sized; its prefix hits follow
     `prefix_align` / `prefix_replay` (`CausalLM.prefix_rule`).
     `quantization="fp8"` holds the projections' weights in fp8 (`Fp8Linear`); a device
@@ -150,16 +155,14 @@ class ModelRunner:
         self.entry_ids: dict[int, int] = {}  # ids the scheduler hands out, by rate
         entry_bytes = 0
         if rows:
-            if kv_dtype != "auto":
-                raise ValueError(f"kv_dtype {kv_dtype!r}: a deepseek_v4 pool row mixes kv and "
-                                 "compressed entries; only 'auto' is supported")
+            check_v4_kv_dtype(kv_dtype)
             planes, kv_heads, layer_dims = self.model.kv_layout()
             head_dim = max(layer_dims)
             # before the pool is sized: its partial blocks per request row take memory first
             self.row_state_bytes = self.model.allocate_rows(max_rows, dtype, spec.max_context,
                                                             entry_table, max_drafts)
-            entry_bytes = math.ceil(entry_bytes_per_token(self.model.arch, dtype.itemsize,
-                                                          page_size, entry_table))
+            entry_bytes = math.ceil(entry_bytes_per_token(self.model.arch, dtype, page_size,
+                                                          entry_table, kv_dtype))
         elif mla is None:  # K and V of this rank's KV heads
             planes, kv_heads, head_dim = 2, arch.num_kv_heads // tp.size, arch.head_dim
         else:  # one latent row a token
@@ -184,7 +187,7 @@ class ModelRunner:
             layer_dims,
         )
         if rows:
-            store = self.model.allocate_entries(kv_slots + 1, page_size)
+            store = self.model.allocate_entries(kv_slots + 1, page_size, kv_dtype)
             self.entry_ids = {m: n - 1 for m, n in store.counts.items()} if entry_table else {}
         self.attn = make_attention(attention_backend, self.kv_pool, self.device, mla)
         self.sampler = Sampler(max_rows, self.vocab_size, self.device, seed)

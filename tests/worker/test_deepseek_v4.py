@@ -55,7 +55,7 @@ def test_matches_transformers(variant, tmp_path):
     runner = ModelRunner(spec, "cpu", torch.float32, kv_slots=512, max_rows=4)
     arch = runner.model.arch
     assert [k.shape for k in runner.kv_pool.k] == [(513, 1, 32)] * 4  # the K=V rows alone
-    entries = entry_bytes_per_token(arch, 4, 1, table=False)  # one id a slot (page size 1)
+    entries = entry_bytes_per_token(arch, torch.float32, 1, table=False)  # one id a slot
     assert runner.kv_pool.v == [] and runner.kv_bytes_per_token == 4 * 32 * 4 + entries
     check_layouts(runner, hf, LAYOUTS)
     # ids from the entry tables, as the scheduler hands them out in the token layout
@@ -99,11 +99,11 @@ def test_each_layer_row_holds_its_own_state():
     and gate)."""
     arch = DeepseekV4Arch.from_hf(tiny_v4_config(layer_types=[SWA, CSA, HCA, CSA]))
     assert DeepseekV4ForCausalLM(arch).kv_layout() == (1, 1, (32, 32, 32, 32))
-    csa, hca = 2 * (32 + 16) * 4 / 4, 32 * 4 / 8
-    assert entry_bytes_per_token(arch, 4) == csa + hca == 112
-    assert entry_bytes_per_token(arch, 4, 16, table=False) == csa + hca
-    assert entry_bytes_per_token(arch, 4, 4, table=False) == csa + 2 * hca
-    assert entry_bytes_per_token(arch, 4, 1, table=False) == 2 * (32 + 16) * 4 + 32 * 4
+    csa, hca, f32 = 2 * (32 + 16) * 4 / 4, 32 * 4 / 8, torch.float32
+    assert entry_bytes_per_token(arch, f32) == csa + hca == 112
+    assert entry_bytes_per_token(arch, f32, 16, table=False) == csa + hca
+    assert entry_bytes_per_token(arch, f32, 4, table=False) == csa + 2 * hca
+    assert entry_bytes_per_token(arch, f32, 1, table=False) == 2 * (32 + 16) * 4 + 32 * 4
     assert prefix_rule(arch) == (8, 4)  # hits at multiples of 8, the last CSA window again
     model = DeepseekV4ForCausalLM(arch)
     rows, fp32 = 3, 4
@@ -139,11 +139,12 @@ def test_unimplemented_config_is_refused_by_field(change, field, tmp_path):
         check_model(resolve_model(str(tmp_path)))
 
 
-def test_quantized_pool_and_tp_are_refused(tmp_path):
+def test_int8_pool_and_tp_are_refused(tmp_path):
     tiny_v4(tmp_path)
-    with pytest.raises(ValueError, match="kv_dtype 'fp8'.*only 'auto'"):
-        ModelRunner(resolve_model(str(tmp_path)), "cpu", torch.float32, kv_slots=64,
-                    max_rows=1, kv_dtype="fp8")
+    for kv_dtype in ("int8", "fp8_e4m3"):
+        with pytest.raises(ValueError, match=f"kv_dtype '{kv_dtype}': deepseek_v4 stores"):
+            ModelRunner(resolve_model(str(tmp_path)), "cpu", torch.float32, kv_slots=64,
+                        max_rows=1, kv_dtype=kv_dtype)
     with pytest.raises(UnsupportedModel, match="tp: deepseek_v4 runs on one device"):
         check_model(resolve_model(str(tmp_path)), tp=2)
 

@@ -156,8 +156,11 @@ class V4DecoderLayer(nn.Module):
             comb.to(dtype).transpose(-1, -2), h)  # [T, hc, D]
 
     def forward(self, h: torch.Tensor, fb: ForwardBatch, rows: torch.Tensor, step: V4Step,
-                ops: TorchOps) -> torch.Tensor:
-        h = self._block(h, "attn", self.attn_norm, lambda x: self.attn(x, step, rows, ops))
+                ops: TorchOps, rows_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """Streams `h` `[T, hc, D]` through attention over the layer's pool `rows` (with
+        `rows_scale` in an fp8 pool: `V4Attention.forward`) and the experts."""
+        h = self._block(h, "attn", self.attn_norm,
+                        lambda x: self.attn(x, step, rows, ops, rows_scale))
         return self._block(h, "ffn", self.ffn_norm, lambda x: self.ffn(x, fb.input_ids, ops))
 
 
@@ -186,9 +189,11 @@ class DeepseekV4ForCausalLM(CausalLM):
         layer."""
         return 1, 1, (self.arch.head_dim,) * self.arch.num_layers
 
-    def allocate_entries(self, num_slots: int, page_size: int) -> EntryStore:
-        """The entry pools beside a pool of `num_slots` slots (`EntryStore.allocate`)."""
-        self.entries.allocate(num_slots, page_size)
+    def allocate_entries(self, num_slots: int, page_size: int,
+                         kv_dtype: str = "auto") -> EntryStore:
+        """The entry pools beside a pool of `num_slots` slots, stored as `kv_dtype` says
+        (`EntryStore.allocate`)."""
+        self.entries.allocate(num_slots, page_size, kv_dtype)
         return self.entries
 
     def write_entries(self, writes: list[tuple[int, int, int, list[int]]]) -> None:
@@ -227,9 +232,11 @@ class DeepseekV4ForCausalLM(CausalLM):
                          self.entries)
         x = m.embed_tokens(fb.input_ids)  # [T, D]
         h = x[:, None, :].expand(-1, self.arch.hc_mult, -1).contiguous()  # [T, hc, D]
+        pool = attn.pool
         for i, layer in enumerate(m.layers):
-            rows = attn.pool.k[i].view(attn.pool.num_slots, -1)  # [slots, head_dim]
-            h = layer(h, fb, rows, step, m.ops)
+            rows = pool.k[i].view(pool.num_slots, -1)  # [slots, head_dim]
+            scale = pool.k_scale[i].view(-1) if pool.scaled else None  # [slots]
+            h = layer(h, fb, rows, step, m.ops, scale)
         return h
 
     def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:

@@ -16,6 +16,11 @@ The query, KV and output projections (and the indexer's query) are stored as the
 `QuantScheme` says: block fp8 in the released checkpoints. A block fp8 `wo_a` runs group by
 group, each group's rows whole scale blocks; where `o_lora_rank` is not a multiple of the
 block rows it is kept in 16 bits (dequantized at load).
+
+An fp8 pool (`--kv-dtype fp8`) holds the K=V rows and the entries as e4m3 codes with one
+float32 scale a row: quantized as they are written (`kernels.kv.store.store_rows`), read
+through their scales by the sparse attention, the step's own new rows included (decode and
+extend read the same stored rows, so a prefix hit reads what its owner read).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.kv.store import store_rows
 from runtime.worker.models.causal_lm import RMSNorm
 from runtime.worker.models.deepseek_v4_arch import CSA, SWA, DeepseekV4Arch
 from runtime.worker.models.deepseek_v4_compressor import Compressor, Indexer
@@ -80,11 +86,12 @@ class V4Attention(nn.Module):
         own = [] if self.compressor is None else [self.compressor]
         return own + ([] if self.indexer is None else [self.indexer.compressor])
 
-    def forward(self, x: torch.Tensor, step: V4Step, rows: torch.Tensor,
-                ops: TorchOps) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: V4Step, rows: torch.Tensor, ops: TorchOps,
+                rows_scale: torch.Tensor | None = None) -> torch.Tensor:
         """`x` `[T, hidden]` (normed) of the step's new tokens, stored at `step.out_slots` of
-        this layer's pool `rows` `[slots, head_dim]` (entries: at their ids in the layer's
-        entry pools, `step.entries`): `[T, hidden]`."""
+        this layer's pool `rows` `[slots, head_dim]` (e4m3 codes with `rows_scale` `[slots]`
+        float32 in an fp8 pool; entries: at their ids in the layer's entry pools,
+        `step.entries`): `[T, hidden]`."""
         freqs, tokens, positions = self.freqs, x.shape[0], step.positions
         q_lora = self.wq_a(x)
         q_lora = F.rms_norm(q_lora.float(), (q_lora.shape[-1],), self.q_norm.weight.float(),
@@ -94,7 +101,8 @@ class V4Attention(nn.Module):
         q = apply_rope(q, positions, freqs)
         kv = self.wkv(x)
         kv = F.rms_norm(kv.float(), (self.head_dim,), self.norm.weight.float(), self.eps)
-        rows[step.out_slots] = apply_rope(kv.to(x.dtype), positions, freqs).to(rows.dtype)
+        kv = apply_rope(kv.to(x.dtype), positions, freqs)  # [T, d]
+        store_rows(kv, rows, step.out_slots, rows_scale)
         entries = {}
         if self.compressor is not None:
             self.close_windows(x, step, ops)
@@ -104,9 +112,10 @@ class V4Attention(nn.Module):
                 keys = step.entries.idx_key[self.layer_id]  # [ids, index_head_dim]
                 picks = self.indexer.pick(x, q_lora, step, keys, freqs, ops)
                 listed = step.entry_ids(picks, self.rate)  # [T, topk]
-            entries = dict(entry_kv=step.entries.entry[self.layer_id], entry_indices=listed)
-        out = ops.sparse.mqa(q, rows, step.window, self.attn_sink,
-                             self.head_dim**-0.5, **entries)  # [T, H, d]
+            entries = dict(entry_kv=step.entries.entry[self.layer_id], entry_indices=listed,
+                           entry_scale=step.entries.scale(self.layer_id))
+        out = ops.sparse.mqa(q, rows, step.window, self.attn_sink, self.head_dim**-0.5,
+                             kv_scale=rows_scale, **entries)  # [T, H, d]
         out = apply_rope(out, positions, freqs, inverse=True)  # [T, H, d]
         mixed = self.grouped_output(out.view(tokens, self.groups, -1))  # [T, g, r]
         return self.wo_b(mixed.reshape(tokens, -1))  # [T, hidden]
@@ -114,12 +123,13 @@ class V4Attention(nn.Module):
     def close_windows(self, x: torch.Tensor, step: V4Step, ops: TorchOps) -> None:
         """Each compressor's entries of the windows the step's new tokens (`x` `[T, hidden]`)
         close, every sequence at once (`closing_of`), into the layer's entry pools (entries,
-        indexer keys), before any token reads them."""
-        pools = (step.entries.entry, step.entries.idx_key)
-        for c, pool in zip(self.compressors(), pools):
+        with their scales in an fp8 pool, and indexer keys), before any token reads them."""
+        entries, i = step.entries, self.layer_id
+        pools = ((entries.entry[i], entries.scale(i)), (entries.idx_key.get(i), None))
+        for c, (pool, scale) in zip(self.compressors(), pools):
             kv, gate = c.project(x)  # [T, width] each
             closing = closing_of(step, c.rate, c.overlap, c.ring)
-            c.close_windows(kv, gate, closing, pool[self.layer_id], self.freqs, ops)
+            c.close_windows(kv, gate, closing, pool, self.freqs, ops, scale)
 
     def grouped_output(self, grouped: torch.Tensor) -> torch.Tensor:
         """Each head group `[T, g, H * d / g]` through its own rows of `wo_a`: `[T, g, r]`."""

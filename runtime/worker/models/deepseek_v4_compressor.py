@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.kv.store import store_rows
 from kernels.sparse.index_lists import top_entries
 from runtime.worker.models.causal_lm import RMSNorm
 from runtime.worker.models.deepseek_v4_partial import InputRing, ring_length
@@ -59,12 +60,13 @@ class Compressor(nn.Module):
         return self.wkv(x).to(dtype), self.wgate(x).to(dtype)
 
     def close_windows(self, kv_new: torch.Tensor, gate_new: torch.Tensor, closing: Closing,
-                      pool: torch.Tensor, freqs: tuple[torch.Tensor, float],
-                      ops: TorchOps) -> None:
+                      pool: torch.Tensor, freqs: tuple[torch.Tensor, float], ops: TorchOps,
+                      scale: torch.Tensor | None = None) -> None:
         """Compute the entries of the windows the step's new tokens (inputs `kv_new`,
         `gate_new` `[T, width]`) close (`closing`), from them and the rows' rings, and
-        write each into the entry `pool` `[ids, dim]` at its window's id; then keep in the
-        rings what the next windows read."""
+        write each into the entry `pool` `[ids, dim]` at its window's id (e4m3 codes with
+        `scale` `[ids]` in an fp8 pool); then keep in the rings what the next windows
+        read."""
         series, d, ring, T = 1 + self.overlap, self.dim, self.ring, kv_new.shape[0]
         kept_kv, kept_gate = ring.cells()  # [cells, width] each
         pooled = ops.sparse.window_pool(
@@ -73,7 +75,7 @@ class Compressor(nn.Module):
             closing.series, self.ape.float().view(self.rate, series, d))  # [E, d] fp32
         entries = F.rms_norm(pooled, (d,), self.norm.weight.float(), self.norm.eps)
         entries = apply_rope(entries, closing.starts, freqs)  # [E, d]
-        pool[closing.ids] = entries.to(pool.dtype)
+        store_rows(entries, pool, closing.ids, scale)
         kept_kv[closing.cells] = kv_new
         kept_gate[closing.cells] = gate_new
 

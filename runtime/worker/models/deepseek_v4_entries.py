@@ -18,18 +18,40 @@ Window w of a request (positions `[w * m, (w + 1) * m)`) has one id, by one of t
   times the ids its windows need (sound, not compact).
 
 Page 0 holds the sink slot, so its ids are sinks too in the `paged` scheme.
+
+`kv_dtype` "fp8" (`V4_KV_DTYPES`) stores the entries as the pool stores the window rows:
+float8_e4m3fn codes with one float32 scale an id (`entry_scale[layer]` `[ids, 1]`, written
+with the entry by `kernels.kv.store.store_rows`, read by the sparse attention). The indexer
+keys stay in the model's dtype: only their scores' order matters, and they are a fifth of
+an entry's bytes at the released shapes (`index_head_dim` 128 against `head_dim` 512).
 """
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
 import torch
 
 from kernels.sparse.index_lists import entry_indices, entry_of_slot, paged_entry_indices
+from runtime.worker.kv_pool import (
+    SCALE_DTYPE,
+    kv_bytes_per_token,
+    kv_dtype_scaled,
+    kv_storage_dtype,
+)
 from runtime.worker.models.deepseek_v4_arch import CSA, SWA, DeepseekV4Arch
 from runtime.worker.staging import Staging
+
+V4_KV_DTYPES = ("auto", "fp8")  # the kv dtypes of DeepSeek-V4's pools: its rows and entries
+
+
+def check_v4_kv_dtype(kv_dtype: str) -> None:
+    """Refuse a `kv_dtype` DeepSeek-V4's pools do not store, naming the field."""
+    if kv_dtype not in V4_KV_DTYPES:
+        raise ValueError(f"kv_dtype {kv_dtype!r}: deepseek_v4 stores its KV as 'auto' (the "
+                         "model's dtype) or 'fp8' (e4m3 rows, a float32 scale a row)")
 
 
 def ids_per_page(page_size: int, rate: int) -> int:
@@ -56,10 +78,22 @@ def entry_count(num_slots: int, rate: int, page_size: int, table: bool, rows: in
     return -(-num_slots // page_size) * ids_per_page(page_size, rate)
 
 
-def entry_bytes_per_token(arch: DeepseekV4Arch, itemsize: int, page_size: int = 1,
-                          table: bool = True) -> Fraction:
-    """Bytes the entry pools take a pool slot: each compressed layer's entry widths, one
-    id a `rate` slots (`table`, or pages a multiple of the rate), else `ids_per_page` a
+def id_bytes(arch: DeepseekV4Arch, layer_id: int, dtype: torch.dtype,
+             kv_dtype: str = "auto") -> int:
+    """Bytes an id holds in layer `layer_id`'s entry pools: its entry (in `kv_dtype`'s
+    storage, with its scale under "fp8") and a CSA layer's indexer key (in `dtype`)."""
+    widths = entry_widths(arch, layer_id)
+    if not widths:
+        return 0
+    entry = kv_bytes_per_token(1, 1, widths[0], kv_storage_dtype(kv_dtype, dtype), planes=1,
+                               scaled=kv_dtype_scaled(kv_dtype))
+    return entry + sum(widths[1:]) * dtype.itemsize
+
+
+def entry_bytes_per_token(arch: DeepseekV4Arch, dtype: torch.dtype, page_size: int = 1,
+                          table: bool = True, kv_dtype: str = "auto") -> Fraction:
+    """Bytes the entry pools take a pool slot: each compressed layer's `id_bytes`, one id
+    a `rate` slots (`table`, or pages a multiple of the rate), else `ids_per_page` a
     page."""
     total = Fraction(0)
     for i in range(arch.num_layers):
@@ -67,13 +101,30 @@ def entry_bytes_per_token(arch: DeepseekV4Arch, itemsize: int, page_size: int = 
         if rate:
             share = (Fraction(1, rate) if table
                      else Fraction(ids_per_page(page_size, rate), page_size))
-            total += sum(entry_widths(arch, i)) * itemsize * share
+            total += id_bytes(arch, i, dtype, kv_dtype) * share
     return total
+
+
+def row_bytes_per_token(arch: DeepseekV4Arch, dtype: torch.dtype,
+                        kv_dtype: str = "auto") -> int:
+    """Bytes of a token's K=V rows, one a layer (with its scale under "fp8")."""
+    return kv_bytes_per_token(arch.num_layers, 1, arch.head_dim,
+                              kv_storage_dtype(kv_dtype, dtype), planes=1,
+                              scaled=kv_dtype_scaled(kv_dtype))
+
+
+def v4_bytes_per_token(arch: DeepseekV4Arch, dtype: torch.dtype, page_size: int = 1,
+                       table: bool = True, kv_dtype: str = "auto") -> int:
+    """Bytes a pool slot costs DeepSeek-V4 (what the runner's `kv_bytes_per_token`
+    counts): its K=V rows and its share of the entry pools, rounded up."""
+    return row_bytes_per_token(arch, dtype, kv_dtype) + math.ceil(
+        entry_bytes_per_token(arch, dtype, page_size, table, kv_dtype))
 
 
 class EntryStore:
     """The entry pools of a model (`entry[layer]` `[ids, head_dim]`, `idx_key[layer]`
-    `[ids, index_head_dim]` for CSA layers, by `allocate`) and, in the `table` scheme, the
+    `[ids, index_head_dim]` for CSA layers, and under "fp8" `entry_scale[layer]` `[ids, 1]`
+    float32, by `allocate`) and, in the `table` scheme, the
     entry tables `req_to_entry[m]` `[rows + 1, windows]` of `rows` request rows, made at
     construction (per-row state, taken before the pool is sized): window w's id at column
     w, the last row the sink row (sink ids)."""
@@ -89,26 +140,38 @@ class EntryStore:
         self.counts: dict[int, int] = {}
         self.entry: dict[int, torch.Tensor] = {}
         self.idx_key: dict[int, torch.Tensor] = {}
+        self.entry_scale: dict[int, torch.Tensor] = {}
 
     @property
     def table_bytes(self) -> int:
         return sum(t.nbytes for t in self.req_to_entry.values())
 
-    def allocate(self, num_slots: int, page_size: int) -> None:
+    def allocate(self, num_slots: int, page_size: int, kv_dtype: str = "auto") -> None:
         """The entry pools beside a pool of `num_slots` slots (pages of `page_size` in the
-        `paged` scheme): `entry_count` ids a rate."""
+        `paged` scheme): `entry_count` ids a rate, entries in `kv_dtype`'s storage (ones
+        for scales: an unwritten id reads as zeros)."""
+        check_v4_kv_dtype(kv_dtype)
         a = self.arch
         self.counts = {m: entry_count(num_slots, m, page_size, self.table, self.rows)
                        for m in self.rates}
+        dtypes = (kv_storage_dtype(kv_dtype, self.dtype), self.dtype)
         for i in range(a.num_layers):
             widths, n = entry_widths(a, i), self.counts.get(a.rate(i), 0)
-            for pools, width in zip((self.entry, self.idx_key), widths):
-                pools[i] = torch.zeros(n, width, dtype=self.dtype, device=self.device)
+            for pools, width, dtype in zip((self.entry, self.idx_key), widths, dtypes):
+                pools[i] = torch.zeros(n, width, dtype=dtype, device=self.device)
+            if widths and kv_dtype_scaled(kv_dtype):
+                self.entry_scale[i] = torch.ones(n, 1, dtype=SCALE_DTYPE, device=self.device)
 
     def pools(self, rate: int) -> list[torch.Tensor]:
-        """The entry pools `[ids, width]` of every layer of `rate`."""
-        return [pools[i] for pools in (self.entry, self.idx_key) for i in pools
-                if self.arch.rate(i) == rate]
+        """The entry pools `[ids, width]` (and scales `[ids, 1]`) of every layer of `rate`:
+        what the host tier copies by id."""
+        return [pools[i] for pools in (self.entry, self.idx_key, self.entry_scale)
+                for i in pools if self.arch.rate(i) == rate]
+
+    def scale(self, layer_id: int) -> torch.Tensor | None:
+        """`[ids]` float32: the scales of layer `layer_id`'s entries; None unquantized."""
+        scales = self.entry_scale.get(layer_id)
+        return None if scales is None else scales.view(-1)
 
     def write(self, writes: list[tuple[int, int, int, list[int]]]) -> None:
         """Set `req_to_entry[rate][row, first + j] = ids[j]` for each (rate, row, first,

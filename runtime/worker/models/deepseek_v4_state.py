@@ -35,9 +35,15 @@ closed window and in CSA the overlap window before them, in its row's ring. So:
   give) into host slots and the host ids those hold, and back into fresh ones
   (`HostTier`, `KVTransfer`).
 
+`--kv-dtype fp8` stores the window rows (the pool's `k_scale` beside them) and the
+compressed entries (`EntryStore.entry_scale`) as e4m3 codes with one float32 scale a row,
+which travel with their rows everywhere a row goes (the host tier copies the pool's and
+entry pools' scale tensors by the same slots and ids); the indexer keys and the partial
+blocks stay in the model's dtype. int8 and fp8_e4m3 (no scales) are refused, naming
+`kv_dtype` (`check_v4_kv_dtype`).
+
 Still per token: every token's window row stays in the pool after it left the window;
-`bench.studies.dsv4_memory` counts this beside the compressed design. fp8 / int8 pools
-are refused.
+`bench.studies.dsv4_memory` counts this beside the compressed design.
 """
 
 from __future__ import annotations
