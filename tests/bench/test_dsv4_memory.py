@@ -4,6 +4,8 @@ after a prefill and after decode steps that close and open compression windows."
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -81,3 +83,20 @@ def test_real_shapes_match_the_configs():
     assert s.compressed == (21 * 512 + 20 * 16) * 512 and s.indexer == 21 * 512 * 128
     assert s.partial == 20 * 127 * 2 * 512 + 21 * (3 * 2 * (1024 + 256) + 4 * 2 * (512 + 128))
     assert v4_bytes(s, "bf16") == 2 * (s.window + s.compressed + s.indexer + s.partial)
+
+
+def test_sluice_fp8_pool_counts_its_scales():
+    """Sluice's V4 pool a token, token layout: Flash's 43 K=V rows of 512 values and its
+    share of the entry pools (21 CSA layers' entry and 128-value indexer key a 4 tokens,
+    20 HCA layers' entry a 128) in bf16; under `--kv-dtype fp8` the rows and entries 1 byte
+    a value and a 4-byte scale each, the indexer keys still bf16: 0.52x. Pro likewise (61
+    layers: 30 CSA, 31 HCA)."""
+    from bench.studies.dsv4_memory import sluice_layout
+
+    csa_fp8, hca_fp8 = (512 + 4 + 2 * 128) / 4, (512 + 4) / 128
+    assert sluice_layout(FLASH)["bytes_per_token"] == 50_912
+    assert sluice_layout(FLASH, "fp8")["bytes_per_token"] == 26_322 == (
+        43 * (512 + 4) + math.ceil(21 * csa_fp8 + 20 * hca_fp8))
+    assert sluice_layout(PRO)["bytes_per_token"] == 72_312
+    assert sluice_layout(PRO, "fp8")["bytes_per_token"] == 37_391 == (
+        61 * (512 + 4) + math.ceil(30 * csa_fp8 + 31 * hca_fp8))

@@ -4,8 +4,9 @@ checkpoint in fp32 on the CPU: the bytes a token costs; the logits against the f
 teacher-forced, over prompts longer than the window and several compression blocks fed in
 chunks (each chunk reads the rows and entries of the ones before from the pool, as a prefix
 hit does), in the token (entry ids from the page table and from entry tables), paged and
-contiguous layouts; served with real prefix hits, the tokens of no hit; and the host tier
-moving the rows' and entries' scales with them."""
+contiguous layouts, and through the Triton kernels (interpreted) as through their torch
+references; served with real prefix hits, the tokens of no hit; and the host tier moving
+the rows' and entries' scales with them."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.models.deepseek_v4_entries import v4_bytes_per_token
+from runtime.worker.ops import TritonOps
 from tests.worker.dsv4_checkpoints import interleave_entries, tiny_v4
 from tests.worker.test_deepseek import LAYOUTS, run
 from tests.worker.test_deepseek_v4_serving import config, prompts_of, serve_waves
@@ -98,6 +100,17 @@ def test_fp8_pool_tracks_the_fp32_pool(checkpoint, layout):
     agree = got.argmax(-1) == want.argmax(-1)  # [N]
     assert agree.float().mean() >= 0.78
     assert agree[top2[:, 0] - top2[:, 1] > 0.5].all()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter test")
+def test_triton_kernels_read_the_fp8_pool_as_the_references_do(checkpoint):
+    """The ops a GPU runs (interpreted) on the fp8 pool, paged: the references' logits (the
+    rows are quantized by the same torch ops in both)."""
+    want = logits_of(runner_of(checkpoint, "fp8"), 4, False, False)
+    runner = runner_of(checkpoint, "fp8")
+    runner.model.model.ops = TritonOps(None)
+    for got, w in zip(logits_of(runner, 4, False, False), want):
+        torch.testing.assert_close(got, w, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("kv", [dict(kv="token"), dict(kv="paged", block_size="4")])
