@@ -96,9 +96,9 @@ class ModelRunner:
     the page table, and in CUDA graphs its static copy: decode graphs up to its
     `graph_context`, padding rows on its sink request row; a capture that fails logs why
     and leaves decode eager), in 16 bits or "fp8" (rows and entries; `V4_KV_DTYPES`), and
-    its partial blocks (and entry tables) per
-    request row (`row_state_bytes`), allocated before the pool is sized; its prefix hits follow
-    `prefix_align` / `prefix_replay` (`CausalLM.prefix_rule`).
+    its partial blocks (and entry tables) per request row (`row_state_bytes`), allocated
+    before the pool is sized; its prefix hits follow `prefix_align` / `prefix_replay`
+    (`CausalLM.prefix_rule`).
     `quantization="fp8"` holds the projections' weights in fp8 (`Fp8Linear`); a device
     without fp8 matmul raises `QuantizationError` before anything is loaded.
     With `lora`, the adapters are read and their device slots allocated (`LoraManager`)
