@@ -23,7 +23,7 @@ def report(rows_v4: list[dict], rows_dense: list[dict], command: str, mla_name: 
     flash, pro = rows_v4
     mla = next(r for r in rows_dense if r["name"] == mla_name)
     art = rows_dense[0]
-    sluice = flash["sluice_pool_bf16"]
+    sluice, fp8 = flash["sluice_pool_bf16"], flash["sluice_pool_fp8"]
     ratio = art["bf16"]["per_request"][2048] / flash["bf16"]["per_request"][2048]
     lines = [
         f"# DeepSeek-V4 KV memory from its configs ({datetime.date.today()})", "",
@@ -43,8 +43,10 @@ def report(rows_v4: list[dict], rows_dense: list[dict], command: str, mla_name: 
         f"{sluice['bytes_per_token_entry_in_rows']:,.0f} with an entry slot in every row as "
         f"before, and holds {size(sluice['per_request'][2048])} a 2,048-token request "
         f"({sluice['requests_2048_in_budget']:,} fit, "
-        f"{sluice['requests_2048_in_budget_entry_in_rows']:,} before). Arithmetic from "
-        "config fields, no run.",
+        f"{sluice['requests_2048_in_budget_entry_in_rows']:,} before); with `--kv-dtype fp8` "
+        f"{fp8['bytes_per_token']:,.0f} bytes a token, {size(fp8['per_request'][2048])} a "
+        f"request ({fp8['requests_2048_in_budget']:,} fit). Arithmetic from config fields, "
+        "no run.",
         "", f"`{command}`", "",
         "Numbers from the checkpoints' config.json fields (written into "
         "`bench/studies/dsv4_memory.py` as constants). V4 layers: Flash "
