@@ -19,9 +19,12 @@ checkpoints' names are read through `deepseek_v4_checkpoint`, their MTP layer sk
 draft head of its own, `speculative.mtp_v4_head`, which reads the streams before `hc_head`:
 `forward_features`).
 Weights in 16 bits or fp32, or block fp8 as released (e8m0 scales; the projections stay
-fp8, the routed experts, fp8 or packed fp4, are dequantized at load). One device only
-(`--tp 1`): the attention and experts run through the ops (Triton kernels on CUDA, their
-torch references elsewhere), the compressors and the indexer over the whole step at once.
+fp8, the routed experts, fp8 or packed fp4, are dequantized at load). The attention and
+experts run through the ops (Triton kernels on CUDA, their torch references elsewhere),
+the compressors and the indexer over the whole step at once. Under `--tp N` each rank
+holds 1/N of the query heads and output groups and of every expert's width; the K=V head
+and its pool rows, the compressors, the indexer, the routers and the hyper-connections
+whole (`deepseek_v4_tp`).
 A decode step reads nothing on the host but what a CUDA graph fixes at capture
 (`V4Step.of`), so decode runs in graphs (`GraphRunner`), whose padding rows name the sink
 request row and slot; their visible-entry lists are as wide as the graphs' context, which
@@ -34,7 +37,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.model_errors import UnsupportedArchitecture
 from runtime.worker.attention import AttentionBackend
 from runtime.worker.forward_batch import ForwardBatch
 from runtime.worker.models.causal_lm import CausalLM, Piece, RMSNorm
@@ -46,6 +48,7 @@ from runtime.worker.models.deepseek_v4_entries import EntryStore
 from runtime.worker.models.deepseek_v4_moe import CHECKPOINT_EXPERT_NAMES, V4MoE
 from runtime.worker.models.deepseek_v4_partial import RowStarts, prefix_rule
 from runtime.worker.models.deepseek_v4_state import V4Step
+from runtime.worker.models.deepseek_v4_tp import split_dim
 from runtime.worker.models.sparse_moe import expert_pieces
 from runtime.worker.ops import TorchOps, ops_for
 from runtime.worker.quant.scheme import QuantScheme
@@ -130,16 +133,17 @@ def init_layers(layers: list[nn.Module], arch: DeepseekV4Arch, device: torch.dev
 
 
 class V4DecoderLayer(nn.Module):
-    """Hyper-connected attention then mixture of experts."""
+    """Hyper-connected attention then mixture of experts (this rank's share under `tp`)."""
 
-    def __init__(self, arch: DeepseekV4Arch, layer_id: int, quant: QuantScheme) -> None:
+    def __init__(self, arch: DeepseekV4Arch, layer_id: int, quant: QuantScheme,
+                 tp: TPGroup) -> None:
         super().__init__()
         self.arch, self.layer_id = arch, layer_id
         a, n = arch, arch.hc_mult
         self.attn_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.attn = V4Attention(a, layer_id, quant)
+        self.attn = V4Attention(a, layer_id, quant, tp)
         self.ffn_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.ffn = V4MoE(a, layer_id, quant)
+        self.ffn = V4MoE(a, layer_id, quant, tp)
         mixes = (2 + n) * n  # pre, post: n each; comb: n x n
         for block in ("attn", "ffn"):
             setattr(self, f"hc_{block}_fn", nn.Parameter(torch.empty(mixes, n * a.hidden_size)))
@@ -177,8 +181,6 @@ class DeepseekV4ForCausalLM(CausalLM):
 
     def __init__(self, arch: DeepseekV4Arch, tp: TPGroup | None = None,
                  quantization="none") -> None:
-        if tp is not None and tp.size > 1:
-            raise UnsupportedArchitecture("tp", "deepseek_v4 runs on one device (--tp 1)")
         super().__init__(arch, tp, quantization)
         self.model.hc_head = HyperHead(arch)
         self.starts: RowStarts | None = None  # set by `allocate_rows`
@@ -223,7 +225,11 @@ class DeepseekV4ForCausalLM(CausalLM):
         self.starts.bind(rows)
 
     def decoder_layer(self, layer_id: int) -> nn.Module:
-        return V4DecoderLayer(self.arch, layer_id, self.quant)
+        return V4DecoderLayer(self.arch, layer_id, self.quant, self.tp)
+
+    def tp_split_dim(self, hf_name: str) -> int | None:
+        """How V4's checkpoint tensors are cut over the ranks (`deepseek_v4_tp.split_dim`)."""
+        return split_dim(hf_name)
 
     def streams(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """The new tokens' streams after the last layer, before `hc_head`: `[T, hc, D]`."""

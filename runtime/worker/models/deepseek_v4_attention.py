@@ -17,6 +17,10 @@ The query, KV and output projections (and the indexer's query) are stored as the
 group, each group's rows whole scale blocks; where `o_lora_rank` is not a multiple of the
 block rows it is kept in 16 bits (dequantized at load).
 
+Under tensor parallelism a rank holds its share of the query heads with their sinks and
+output groups; the K=V head, the compressors and the indexer are whole on every rank
+(`deepseek_v4_tp`).
+
 An fp8 pool (`--kv-dtype fp8`) holds the K=V rows and the entries as e4m3 codes with one
 float32 scale a row: quantized as they are written (`kernels.kv.store.store_rows`), read
 through their scales by the sparse attention, the step's own new rows included (decode and
@@ -36,16 +40,20 @@ from runtime.worker.models.deepseek_v4_compressor import Compressor, Indexer
 from runtime.worker.models.deepseek_v4_rope import apply_rope
 from runtime.worker.models.deepseek_v4_state import V4Step
 from runtime.worker.models.deepseek_v4_windows import closing_of
-from runtime.worker.models.parallel import column_linear
+from runtime.worker.models.parallel import column_linear, row_linear
 from runtime.worker.ops import TorchOps
 from runtime.worker.quant.block_fp8_linear import BlockFp8Linear, block_fp8_linear
 from runtime.worker.quant.scheme import QuantScheme
+from runtime.worker.tp import TPGroup
 
 
 class V4Attention(nn.Module):
-    """One layer's attention; parameter names follow the checkpoint (`attn.*`)."""
+    """One layer's attention: under `tp` this rank's heads and output groups (H and g in
+    the shape comments), `wo_b`'s partial sums all-reduced (`deepseek_v4_tp`). Parameter
+    names follow the checkpoint (`attn.*`)."""
 
-    def __init__(self, arch: DeepseekV4Arch, layer_id: int, quant: QuantScheme) -> None:
+    def __init__(self, arch: DeepseekV4Arch, layer_id: int, quant: QuantScheme,
+                 tp: TPGroup) -> None:
         super().__init__()
         a, self.layer_id = arch, layer_id
         hf = f"model.layers.{layer_id}.attn"
@@ -54,21 +62,23 @@ class V4Attention(nn.Module):
             return column_linear(in_features, out_features, False, quant, [f"{hf}.{name}"])
 
         self.kind, self.rate = a.layer_types[layer_id], a.rate(layer_id)
-        self.heads, self.head_dim, self.window, self.groups = (
-            a.num_heads, a.head_dim, a.window, a.o_groups)
+        self.heads = tp.shard(a.num_heads, "num_attention_heads")  # this rank's
+        self.groups = tp.shard(a.o_groups, "o_groups")  # this rank's: whole heads each
+        self.head_dim, self.window = a.head_dim, a.window
         self.eps = a.rms_norm_eps
         self.wq_a = linear("wq_a", a.hidden_size, a.q_lora_rank)
         self.q_norm = RMSNorm(a.q_lora_rank, a.rms_norm_eps)
-        self.wq_b = linear("wq_b", a.q_lora_rank, a.num_heads * a.head_dim)
+        self.wq_b = linear("wq_b", a.q_lora_rank, self.heads * a.head_dim)
         self.wkv = linear("wkv", a.hidden_size, a.head_dim)
         self.norm = RMSNorm(a.head_dim, a.rms_norm_eps)
         group_in = a.num_heads * a.head_dim // a.o_groups
         self.o_rank = a.o_lora_rank
         whole_blocks = quant.block is None or a.o_lora_rank % quant.block[0] == 0
-        self.wo_a = (linear("wo_a", group_in, a.o_groups * a.o_lora_rank) if whole_blocks
-                     else nn.Linear(group_in, a.o_groups * a.o_lora_rank, bias=False))
-        self.wo_b = linear("wo_b", a.o_groups * a.o_lora_rank, a.hidden_size)
-        self.attn_sink = nn.Parameter(torch.empty(a.num_heads))
+        mixed = self.groups * a.o_lora_rank
+        self.wo_a = (linear("wo_a", group_in, mixed) if whole_blocks
+                     else nn.Linear(group_in, mixed, bias=False))
+        self.wo_b = row_linear(mixed, a.hidden_size, False, tp, quant, [f"{hf}.wo_b"])
+        self.attn_sink = nn.Parameter(torch.empty(self.heads))
         self.compressor = self.indexer = None
         if self.kind != SWA:
             self.compressor = Compressor(a.hidden_size, a.head_dim, self.rate, self.kind == CSA,

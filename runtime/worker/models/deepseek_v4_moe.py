@@ -8,7 +8,9 @@ Either way the picked scores are renormalized to sum to 1, then scaled by
 `routed_scaling_factor`. The routed experts run through `ops.fused_moe` with the clamp
 (one fused launch on a GPU). The shared expert's projections are stored as the model's
 `QuantScheme` says; the routed experts and the router stay in 16 bits (a quantized
-checkpoint's are dequantized at load).
+checkpoint's are dequantized at load). Under tensor parallelism every rank holds each
+expert, the shared one included, at 1/N of its width and the router whole; the routed and
+shared partial sums are all-reduced once (`deepseek_v4_tp`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.
 
 class SharedExpert(nn.Module):
     """The always-on expert: `w2(swiglu(w1 x, w3 x))`, names as in the checkpoint (under
-    `hf`), stored as `quant` says."""
+    `hf`), stored as `quant` says; `inter` this rank's width (its output a partial sum)."""
 
     def __init__(self, hidden: int, inter: int, limit: float, quant: QuantScheme,
                  hf: str) -> None:
@@ -51,11 +53,13 @@ class SharedExpert(nn.Module):
 
 class V4MoE(nn.Module):
     """Router (`gate`: `weight`, and `bias` or `tid2eid`), stacked routed experts, shared
-    expert."""
+    expert; this rank's share of the experts' width under `tp`."""
 
-    def __init__(self, arch: DeepseekV4Arch, layer_id: int, quant: QuantScheme) -> None:
+    def __init__(self, arch: DeepseekV4Arch, layer_id: int, quant: QuantScheme,
+                 tp: TPGroup) -> None:
         super().__init__()
-        a = arch
+        a, self.tp = arch, tp
+        inter = tp.shard(a.moe_intermediate_size, "moe_intermediate_size")  # this rank's
         self.hashed = a.mlp_layer_types[layer_id] == "hash_moe"
         self.top_k, self.scoring, self.scale = (
             a.num_experts_per_tok, a.scoring_func, a.routed_scaling_factor)
@@ -66,9 +70,9 @@ class V4MoE(nn.Module):
                 torch.empty(a.vocab_size, a.num_experts_per_tok, dtype=torch.long),
                 requires_grad=False)
         self.experts = StackedExperts(a.n_routed_experts, a.hidden_size,
-                                      a.moe_intermediate_size, TPGroup())
-        self.shared_experts = SharedExpert(a.hidden_size, a.moe_intermediate_size, self.limit,
-                                           quant, f"model.layers.{layer_id}.ffn.shared_experts")
+                                      a.moe_intermediate_size, tp)
+        self.shared_experts = SharedExpert(a.hidden_size, inter, self.limit, quant,
+                                           f"model.layers.{layer_id}.ffn.shared_experts")
 
     def route(self, x: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(weights `[T, k]` fp32, expert ids `[T, k]`) of each token."""
@@ -87,4 +91,4 @@ class V4MoE(nn.Module):
         weights, ids = self.route(x, input_ids)
         w13, w2 = self.experts.stacked()  # [E, 2I, H], [E, H, I]
         routed = ops.fused_moe(x, w13, w2, weights, ids, swiglu_limit=self.limit)
-        return routed + self.shared_experts(x)
+        return self.tp.all_reduce(routed + self.shared_experts(x))  # partial sums under TP
