@@ -50,7 +50,7 @@ def prepare_model(cfg: ServerConfig) -> ModelSpec:
     if cfg.speculative_algorithm == "eagle":
         check_eagle_head(spec, cfg.speculative_draft_model)
     if cfg.speculative_algorithm == "mtp":
-        mtp_head_class(spec).check(spec, cfg.quantization)
+        mtp_head_class(spec).check(spec, cfg.quantization, TPGroup(0, cfg.tp))
     return spec
 
 

@@ -30,7 +30,8 @@ entries and partial blocks by window per request row, and its windows end one po
 after the target's, beyond what the target's prefix rule, entry ids and rings provide. So
 config.json must say the block attends over a sliding window only
 (`compress_ratios[num_hidden_layers]` 0, or `layer_types[num_hidden_layers]`), else the
-head is refused (`MtpUnavailable`, naming the field). One device (`--tp 1`), as the target.
+head is refused (`MtpUnavailable`, naming the field). One device (`--tp 1`): under `--tp N`
+the head is refused (the target runs cut over the ranks, `deepseek_v4_tp`).
 """
 
 from __future__ import annotations
@@ -100,8 +101,8 @@ class V4MtpHead(nn.Module):
         block = replace(a, layer_types=(*a.layer_types, SWA),
                         mlp_layer_types=(*a.mlp_layer_types, "moe"))
         self.model = nn.Module()
-        self.model.layers = nn.ModuleDict({str(self.index): V4DecoderLayer(block, self.index,
-                                                                           quant)})
+        self.model.layers = nn.ModuleDict({str(self.index): V4DecoderLayer(
+            block, self.index, quant, TPGroup())})
         m = self.mtp = nn.Module()
         m.enorm, m.hnorm, m.norm = (RMSNorm(d, a.rms_norm_eps) for _ in range(3))
         m.e_proj, m.h_proj = (column_linear(d, d, False, quant, [f"mtp.{name}"])
@@ -124,9 +125,12 @@ class V4MtpHead(nn.Module):
     def check(cls, spec: ModelSpec, quantization: str = "none",
               tp: TPGroup | None = None) -> V4MtpHead:
         """The head on the meta device, once `spec`'s config and checkpoint are checked to
-        hold an MTP layer this worker runs: raises `MtpUnavailable` naming the field, or
-        the first tensor of the layer missing from the checkpoint."""
+        hold an MTP layer this worker runs (at `--tp 1`): raises `MtpUnavailable` naming
+        the field, or the first tensor of the layer missing from the checkpoint."""
         config, folder, names = mtp_checkpoint(spec)
+        if tp is not None and tp.size > 1:
+            raise MtpUnavailable(f"{folder}: speculative_algorithm mtp runs deepseek_v4's MTP "
+                                 f"layer at --tp 1 only, not --tp {tp.size}")
         with torch.device("meta"):
             family = build_model(config, tp, quantization)
             head = cls(family, own_head=f"{MTP_LAYER}head.weight" in names)
