@@ -4,8 +4,6 @@ the dummy presets. Logits of every position in chunked batches: `test_hf_parity.
 
 from __future__ import annotations
 
-import multiprocessing
-
 import pytest
 import torch
 from transformers import AutoConfig
@@ -19,6 +17,7 @@ from runtime.worker.tp import TPGroup, init_tp
 from tests.worker.batching import greedy
 from tests.worker.checkpoints import BASE, tiny_checkpoint
 from tests.worker.test_hf_parity import SCHEDULE, run_schedule
+from tests.worker.tp_ranks import assert_rank_slices, leave, spawn_ranks
 
 FAMILIES = ("qwen3_moe", "mixtral")
 
@@ -44,7 +43,7 @@ def test_greedy_generation_matches_transformers(family, tmp_path):
             assert ids == want[len(seq) :].tolist()
 
 
-def _tp_rank(rank: int, folder: str, init: str, seqs: list[list[int]], out: str) -> None:
+def _tp_rank(rank: int, init: str, folder: str, seqs: list[list[int]], out: str) -> None:
     """One TP rank: load its shard of the checkpoint, run the schedule; rank 0 saves the
     (gathered) logits."""
     torch.set_num_threads(1)
@@ -54,10 +53,7 @@ def _tp_rank(rank: int, folder: str, init: str, seqs: list[list[int]], out: str)
     logits = run_schedule(runner, seqs)
     if rank == 0:
         torch.save(logits, out)
-    # Both ranks leave together: a rank whose peer has already exited can abort in gloo's
-    # teardown.
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    leave()
 
 
 def test_tp2_logits_match_transformers(tmp_path):
@@ -67,15 +63,8 @@ def test_tp2_logits_match_transformers(tmp_path):
     gen = torch.Generator().manual_seed(6)
     seqs = [torch.randint(0, BASE["vocab_size"], (sum(s),), generator=gen).tolist()
             for s in SCHEDULE]
-    out, init = tmp_path / "logits.pt", f"file://{tmp_path / 'store'}"
-    ctx = multiprocessing.get_context("spawn")
-    ranks = [ctx.Process(target=_tp_rank, args=(r, str(tmp_path / "ckpt"), init, seqs, str(out)))
-             for r in range(2)]
-    for p in ranks:
-        p.start()
-    for p in ranks:
-        p.join(timeout=300)
-    assert [p.exitcode for p in ranks] == [0, 0]
+    out = tmp_path / "logits.pt"
+    spawn_ranks(tmp_path, _tp_rank, str(tmp_path / "ckpt"), seqs, str(out))
     with torch.no_grad():
         for got, seq in zip(torch.load(out), seqs):
             want = hf(torch.tensor([seq])).logits[0]  # [n, V]
@@ -94,16 +83,7 @@ def test_tp_shards_are_slices_of_the_whole_model():
     for name in ("experts.3.w1.weight", "experts.3.w3.weight", "experts.3.w2.weight",
                  "gate.weight"):
         assert whole.tp_split_dim(moe + name) == expected_dims[name.split(".")[-2]]
-    params = [dict(m.named_parameters()) for m in (whole, *ranks)]
-    targets = [m.checkpoint_targets() for m in (whole, *ranks)]
-    assert targets[0].keys() == targets[1].keys() == targets[2].keys()
-    for hf_name, (name, start, rows) in targets[0].items():
-        tensor = params[0][name].narrow(0, start, rows)
-        dim = whole.tp_split_dim(hf_name)
-        for r in range(2):
-            name_r, start_r, rows_r = targets[r + 1][hf_name]
-            want = tensor if dim is None else tensor.chunk(2, dim)[r]
-            assert torch.equal(params[r + 1][name_r].narrow(0, start_r, rows_r), want), hf_name
+    assert_rank_slices(whole, ranks)
     assert ranks[0].model.layers[0].mlp.experts.w13.shape == (4 * 2 * 128, 256)
     assert ranks[0].model.layers[0].mlp.experts.w2.shape == (4 * 256, 128)
 
