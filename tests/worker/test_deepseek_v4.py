@@ -139,14 +139,12 @@ def test_unimplemented_config_is_refused_by_field(change, field, tmp_path):
         check_model(resolve_model(str(tmp_path)))
 
 
-def test_int8_pool_and_tp_are_refused(tmp_path):
+def test_int8_pool_is_refused(tmp_path):
     tiny_v4(tmp_path)
     for kv_dtype in ("int8", "fp8_e4m3"):
         with pytest.raises(ValueError, match=f"kv_dtype '{kv_dtype}': deepseek_v4 stores"):
             ModelRunner(resolve_model(str(tmp_path)), "cpu", torch.float32, kv_slots=64,
                         max_rows=1, kv_dtype=kv_dtype)
-    with pytest.raises(UnsupportedModel, match="tp: deepseek_v4 runs on one device"):
-        check_model(resolve_model(str(tmp_path)), tp=2)
 
 
 def test_dummy_presets():
