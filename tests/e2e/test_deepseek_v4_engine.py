@@ -2,7 +2,8 @@
 prompt equal transformers' `generate`, with prompts longer than the sliding window and than
 several compression blocks, radix prefix-cache hits (the second pass reuses every prompt's
 window rows, compressed entries and partial blocks), the paged mode under a pool so tight
-that requests retract and recompute, and the contiguous mode."""
+that requests retract and recompute, the contiguous mode, and `--tp 2` (two gloo ranks,
+each with half the heads and expert width and its own pool rows, entries and host tier)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,23 @@ def test_contiguous_mode(checkpoint):
     folder, want = checkpoint
     with Engine(model=folder, kv="contiguous", torch_threads=1) as eng:
         assert generate(eng) == want
+
+
+@pytest.mark.parametrize("options", [
+    dict(kv="paged", block_size=8),
+    # the first pass's prefixes go to the host, the second loads them back
+    dict(host_kv_gib=0.05),
+])  # fmt: skip
+def test_tp2_with_overlap_prefix_hits_and_a_tight_pool(checkpoint, options):
+    """Each rank keeps its own pool rows, entries, rings and host copies: tokens as at
+    `--tp 1` through retraction, prefix hits and (token layout) the host tier."""
+    folder, want = checkpoint
+    with Engine(model=folder, tp=2, overlap=True, kv_slots=88, chunk_size=16,
+                torch_threads=1, **options) as eng:
+        assert generate(eng) == want
+        assert generate(eng) == want  # every rank's pool and entry pools hold the prefixes
+        stats = eng.stats()
+    assert stats.prefix_hit_tokens > 0 and stats.num_retractions > 0
+    assert stats.invariant_error is None
+    if "host_kv_gib" in options:
+        assert stats.load_bytes > 0 and stats.host_hit_tokens > 0

@@ -63,9 +63,10 @@ def test_tp_that_does_not_divide_the_heads_fails_clearly():
 
 
 @pytest.mark.gpu
-def test_tp2_on_two_gpus_equals_tp1():
-    """NCCL, CUDA graphs with the collectives captured: `dummy:tiny` in fp32 at TP 2 gives
-    TP 1's greedy tokens (the split matmuls sum in another order: only a near-tie may flip)."""
+@pytest.mark.parametrize("model", ["dummy:tiny", "dummy:deepseek-v4-tiny"])
+def test_tp2_on_two_gpus_equals_tp1(model):
+    """NCCL, CUDA graphs with the collectives captured: `model` in fp32 at TP 2 gives TP 1's
+    greedy tokens (the split matmuls sum in another order: only a near-tie may flip)."""
     import torch
 
     if torch.cuda.device_count() < 2:
@@ -75,6 +76,6 @@ def test_tp2_on_two_gpus_equals_tp1():
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, top_logprobs=2)
     runs = []
     for tp in (1, 2):
-        with Engine(model="dummy:tiny", device="cuda", dtype="float32", tp=tp) as eng:
+        with Engine(model=model, device="cuda", dtype="float32", tp=tp) as eng:
             runs.append(eng.generate(prompts, params))
     assert near_tie_failures_by_logprobs([o.token_ids for o in runs[1]], runs[0]) == []
