@@ -68,8 +68,8 @@ def test_contiguous_mode(checkpoint):
     dict(host_kv_gib=0.05),
 ])  # fmt: skip
 def test_tp2_with_overlap_prefix_hits_and_a_tight_pool(checkpoint, options):
-    """Each rank keeps its own pool rows, entries, rings and host copies: tokens as at
-    `--tp 1` through retraction, prefix hits and (token layout) the host tier."""
+    """Each rank keeps its own pool rows, entries, rings and host copies: transformers'
+    tokens through retraction, prefix hits and (token layout) the host tier."""
     folder, want = checkpoint
     with Engine(model=folder, tp=2, overlap=True, kv_slots=88, chunk_size=16,
                 torch_threads=1, **options) as eng:

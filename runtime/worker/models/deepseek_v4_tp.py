@@ -17,7 +17,7 @@ Each rank holds:
   and step (T times a quarter of the context, a long prefill's), and sum them in another
   order than `--tp 1` does, so near ties could pick other entries; whole, it scores from
   the same inputs on every rank, its picks are identical everywhere and `--tp 1`'s, for
-  weights a fraction of the attention's (`wq_b` q_lora_rank x 8192, `weights_proj`).
+  weights a fraction of the attention's (Flash: `wq_b` 1024 x 8192, `weights_proj`).
 - of the mixture of experts, every routed expert at 1/N of its width (`w1`, `w3` rows,
   `w2` columns: the fused MoE kernel runs on each rank's shards) and the shared expert
   likewise; the router whole (`gate.weight`, its selection bias, the hash table
