@@ -19,6 +19,7 @@ from runtime.model_config import ModelSpec, resolve_model, spec_for
 from runtime.model_errors import MODEL_ERRORS
 from runtime.worker.loader import build_model
 from runtime.worker.models.deepseek_v4 import DeepseekV4ForCausalLM
+from runtime.worker.models.deepseek_v4_entries import check_v4_kv_dtype
 from runtime.worker.safetensors_reader import WeightLoadError
 from runtime.worker.speculative.eagle_head import EagleHead
 from runtime.worker.speculative.eagle_layout import EagleHeadMismatch, read_layout
@@ -42,7 +43,7 @@ def prepare_model(cfg: ServerConfig) -> ModelSpec:
     (`check_draft_model`), EAGLE head (`check_eagle_head`) or MTP layer (its head's
     `check`, `mtp_head_class`); raises one of LOAD_ERRORS."""
     spec = spec_for(cfg, offline=False)
-    check_model(spec, cfg.quantization, cfg.tp)
+    check_model(spec, cfg.quantization, cfg.tp, cfg.kv_dtype)
     if cfg.speculative_algorithm == "draft":
         draft = resolve_model(cfg.speculative_draft_model, offline=False)
         check_model(draft)
@@ -74,9 +75,11 @@ def check_draft_model(target: ModelSpec, draft: ModelSpec) -> None:
                                f"{target_vocab}")
 
 
-def check_model(spec: ModelSpec, quantization: str = "none", tp: int = 1) -> None:
+def check_model(spec: ModelSpec, quantization: str = "none", tp: int = 1,
+                kv_dtype: str = "auto") -> None:
     """Raise `UnsupportedModel` ("<path>/config.json: <what is wrong>") if the worker
-    could not build `spec`'s model with `--quantization` and `--tp` as given."""
+    could not build `spec`'s model with `--quantization` and `--tp` as given, or (a
+    DeepSeek-V4, whose pools store fewer kinds) could not store its KV as `--kv-dtype`."""
     source = spec.config_source
     try:
         config = spec.hf_config()
@@ -85,7 +88,9 @@ def check_model(spec: ModelSpec, quantization: str = "none", tp: int = 1) -> Non
         raise UnsupportedModel(f"{source}: {_config_problem(spec, exc)}") from None
     try:  # the checkpoint's quantization_config is read (and refused) here too
         with torch.device("meta"):
-            build_model(config, TPGroup(0, tp), quantization)
+            model = build_model(config, TPGroup(0, tp), quantization)
+        if isinstance(model, DeepseekV4ForCausalLM):
+            check_v4_kv_dtype(kv_dtype)
     except (NotImplementedError, ValueError) as exc:
         raise UnsupportedModel(f"{source}: {exc}") from None
 

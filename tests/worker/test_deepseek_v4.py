@@ -14,9 +14,10 @@ import json
 import pytest
 import torch
 
+from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
 from runtime.model_errors import UnsupportedArchitecture
-from runtime.worker.model_check import UnsupportedModel, check_model
+from runtime.worker.model_check import UnsupportedModel, check_model, prepare_model
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.models.deepseek_v4 import DeepseekV4ForCausalLM
 from runtime.worker.models.deepseek_v4_arch import DeepseekV4Arch
@@ -140,11 +141,17 @@ def test_unimplemented_config_is_refused_by_field(change, field, tmp_path):
 
 
 def test_int8_pool_is_refused(tmp_path):
+    """By the runner, and at start-up (`prepare_model`, before any process loads the
+    weights), one line naming the config and kv_dtype."""
     tiny_v4(tmp_path)
     for kv_dtype in ("int8", "fp8_e4m3"):
         with pytest.raises(ValueError, match=f"kv_dtype '{kv_dtype}': deepseek_v4 stores"):
             ModelRunner(resolve_model(str(tmp_path)), "cpu", torch.float32, kv_slots=64,
                         max_rows=1, kv_dtype=kv_dtype)
+        cfg = ServerConfig(model=str(tmp_path), device="cpu", kv_dtype=kv_dtype)
+        with pytest.raises(UnsupportedModel, match=f"config.json: kv_dtype '{kv_dtype}': "
+                                                   "deepseek_v4 stores"):
+            prepare_model(cfg)
 
 
 def test_dummy_presets():
