@@ -49,6 +49,7 @@ class CheckedCopies:
         xfer.run = self.run
         self.writeback_slots = self.load_slots = 0  # slot pairs checked
         self.entry_ids = 0  # entry id pairs checked
+        self.entry_loads = 0  # entry ids loaded
 
     def run(self, plan: BatchPlan):
         timing = self._run(plan)
@@ -59,6 +60,7 @@ class CheckedCopies:
                                            plan.batch_id)
         self.load_slots += len(plan.load_dev)
         loads = {m: (dev, host) for m, host, dev in plan.entry_load}
+        self.entry_loads += sum(len(dev) for dev, _ in loads.values())
         for m, dev, host in plan.entry_writeback:
             self.entry_ids += self._both(dev, host, *loads.pop(m, ([], [])),
                                          self.xfer.entry_groups[m], plan.batch_id)
