@@ -97,6 +97,18 @@ def test_greedy_outputs_are_plain_decodings(cfg, kv, overlap):
     check_all_drafters(cfg.replace(overlap=overlap, **kv), prompts, params)
 
 
+@pytest.mark.parametrize("kv", [dict(kv="token"), dict(kv="paged", block_size="4")])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_fp8_pool_greedy_outputs_are_plain_decodings(cfg, kv, overlap):
+    """`--kv-dtype fp8` (e4m3 rows and entries, a float32 scale a row): every drafter gives
+    the fp8 pool's plain decoding, a rejected draft's row, entry and scale written again
+    by the step that computes its position again. Prompts (seed 7) whose outputs repeat
+    some of their lookups on this pool, so n-gram drafts are kept too."""
+    prompts = repeated_prompts(7, (7, 11, 5))
+    params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)] * len(prompts)
+    check_all_drafters(cfg.replace(overlap=overlap, kv_dtype="fp8", **kv), prompts, params)
+
+
 def test_greedy_outputs_survive_retraction(cfg):
     """Requests retracted mid-speculation are re-admitted on a prefix hit of their own."""
     prompts = repeated_prompts(1, (9, 7, 10, 8, 11, 6))
@@ -106,12 +118,13 @@ def test_greedy_outputs_survive_retraction(cfg):
     assert all(sched.num_retractions > 0 for sched in served)
 
 
-@pytest.mark.parametrize("kv", [dict(kv="token"), dict(kv="paged", block_size="4")])
+@pytest.mark.parametrize("kv", [dict(kv="token"), dict(kv="paged", block_size="4"),
+                                dict(kv="paged", block_size="4", kv_dtype="fp8")])
 @pytest.mark.parametrize("every", [1, 3])
 def test_chained_steps_give_plain_decodings(cfg, kv, every):
     """A drafter on the device with overlap chains each verify step behind the one in
     flight, moved back on the device by the drafts that one rejects (every `every`-th
-    drafted wrong)."""
+    drafted wrong); on an fp8 pool too."""
     prompts = repeated_prompts(2, (7, 11, 5))
     params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)] * len(prompts)
     cfg = cfg.replace(overlap=True, **kv)

@@ -95,19 +95,25 @@ def test_greedy_outputs_are_plain_decodings(targets, kv, overlap):
     assert worker.drafter.pool.num_slots == worker.runner.kv_pool.num_slots
 
 
+@pytest.mark.parametrize("kv", [{}, dict(kv_dtype="fp8"),
+                                dict(kv="paged", block_size="4", kv_dtype="fp8")])
 @pytest.mark.parametrize("overlap", [True, False])
-def test_a_layer_that_copies_the_target_gets_drafts_accepted(tmp_path, overlap):
+def test_a_layer_that_copies_the_target_gets_drafts_accepted(tmp_path, kv, overlap):
     """A layer whose logits are the target's at the position before drafts the token the
     target predicted there: accepted where the target repeats a token (about half of its
     steps here), so kept drafts' streams and rows are read by later steps too, and
-    rejected ones are computed again."""
+    rejected ones are computed again. On the target's fp8 pool (token and paged; the
+    layer's own pool stays in the model's dtype) the outputs are that pool's plain
+    decoding."""
     V4MtpReference(tmp_path, copy=True)
     prompts = [[7] * 6 + [11] * 6, [3, 4] * 5]
     params = [SamplingParams(max_tokens=24, temperature=0.0)] * 2
-    ref, _, _ = serve(config(tmp_path, mtp=False, overlap=overlap), prompts, params)
-    outs, sched, _ = serve(config(tmp_path, overlap=overlap), prompts, params)
+    ref, _, _ = serve(config(tmp_path, mtp=False, overlap=overlap, **kv), prompts, params)
+    outs, sched, worker = serve(config(tmp_path, overlap=overlap, **kv), prompts, params)
     assert outs == ref
     assert 0 < sched.spec.accepted < sched.spec.drafted
+    assert worker.runner.kv_pool.scaled == ("kv_dtype" in kv)
+    assert not worker.drafter.pool.scaled
 
 
 def test_a_released_fp8_checkpoints_layer_drafts(tmp_path):
