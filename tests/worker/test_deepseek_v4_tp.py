@@ -1,10 +1,10 @@
 """DeepSeek-V4 under tensor parallelism on the CPU (`deepseek_v4_tp`): two gloo ranks give
 transformers' logits over prompts longer than the window and several compression blocks
-(token and paged layouts), and a released fp8 checkpoint with fp4 experts the logits of
-its dequantized twin at `--tp 1`; every checkpoint tensor (block scales included) lands on
-each rank as its slice; a `--tp` that does not divide the heads, the output groups or the
-experts' width is refused naming the field, as are fp8 shares of partial blocks and the
-MTP head."""
+(token and paged layouts), on an fp8 pool the fp8 pool's logits at `--tp 1`, and a
+released fp8 checkpoint with fp4 experts the logits of its dequantized twin at `--tp 1`;
+every checkpoint tensor (block scales included) lands on each rank as its slice; a `--tp`
+that does not divide the heads, the output groups or the experts' width is refused naming
+the field, as are fp8 shares of partial blocks and the MTP head."""
 
 from __future__ import annotations
 
@@ -34,19 +34,19 @@ from tests.worker.tp_ranks import assert_rank_slices, leave, spawn_ranks
 FP8_TP_SHAPE = dict(FP8_SHAPE, moe_intermediate_size=256)
 
 
-def runner(folder, tp: TPGroup | None = None) -> ModelRunner:
+def runner(folder, tp: TPGroup | None = None, kv_dtype: str = "auto") -> ModelRunner:
     return ModelRunner(resolve_model(str(folder)), "cpu", torch.float32, kv_slots=512,
-                       max_rows=4, tp=tp)
+                       max_rows=4, tp=tp, kv_dtype=kv_dtype)
 
 
 def _rank(rank: int, init: str, cases: list[tuple], out: str) -> None:
-    """One rank: each case's (folder, prompts, schedule, layouts) logits in every layout,
-    and what rank 0's layers hold; rank 0 saves them."""
+    """One rank: each case's (folder, prompts, schedule, layouts, kv_dtype) logits in every
+    layout, and what rank 0's layers hold; rank 0 saves them."""
     torch.set_num_threads(1)
     tp = init_tp(rank, 2, torch.device("cpu"), init)
     results = []
-    for folder, seqs, schedule, layouts in cases:
-        r = runner(folder, tp)
+    for folder, seqs, schedule, layouts, kv_dtype in cases:
+        r = runner(folder, tp, kv_dtype)
         attn = r.model.model.layers[1].attn
         held = (attn.heads, attn.groups, tuple(r.kv_pool.k[1].shape),
                 tuple(r.model.model.layers[1].ffn.experts.w2.shape))
@@ -60,24 +60,32 @@ def _rank(rank: int, init: str, cases: list[tuple], out: str) -> None:
 def test_tp2_logits_match_transformers_and_the_fp8_twin(tmp_path):
     """Rank 0 holds 2 of the 4 heads, 1 of the 2 output groups, the whole K=V row a token
     and layer, each expert at half its width (8 experts x hidden 64 rows of 16 columns);
-    the gathered logits are transformers' in the token and paged layouts. The released
-    fp8 checkpoint (fp4 experts) at `--tp 2` gives the logits its dequantized twin gives at
-    `--tp 1`."""
+    the gathered logits are transformers' in the token and paged layouts. On an fp8 pool
+    (`--kv-dtype fp8`: every rank quantizes the same whole rows and entries) they are the
+    fp8 pool's at `--tp 1`, in both layouts. The released fp8 checkpoint (fp4 experts) at
+    `--tp 2` gives the logits its dequantized twin gives at `--tp 1`."""
     hf = tiny_v4(tmp_path / "tiny")
     gen = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, 256, (sum(s),), generator=gen).tolist() for s in SCHEDULE]
     released, reference = write_released(tiny_v4(**FP8_TP_SHAPE), tmp_path / "fp8", "fp4")
     fp8_seqs = prompts(*map(sum, FP8_SCHEDULE))
-    cases = [(str(tmp_path / "tiny"), seqs, SCHEDULE, LAYOUTS[:2]),
-             (str(released), fp8_seqs, FP8_SCHEDULE, LAYOUTS[:1])]
+    cases = [(str(tmp_path / "tiny"), seqs, SCHEDULE, LAYOUTS[:2], "auto"),
+             (str(tmp_path / "tiny"), seqs, SCHEDULE, LAYOUTS[:2], "fp8"),
+             (str(released), fp8_seqs, FP8_SCHEDULE, LAYOUTS[:1], "auto")]
     spawn_ranks(tmp_path, _rank, cases, str(tmp_path / "out.pt"))
-    (held, tiny), (fp8_held, (fp8,)) = torch.load(tmp_path / "out.pt")
-    assert held == (2, 1, (513, 1, 32), (8 * 64, 16))
+    (held, tiny), (fp8_pool_held, fp8_pool), (fp8_held, (fp8,)) = torch.load(
+        tmp_path / "out.pt")
+    assert held == fp8_pool_held == (2, 1, (513, 1, 32), (8 * 64, 16))
     assert fp8_held == (4, 1, (513, 1, 32), (8 * 256, 128))
     with torch.no_grad():
         want = [hf(torch.tensor([s])).logits[0] for s in seqs]  # [n, V] each
     for (name, _, _), got in zip(LAYOUTS, tiny):
         for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=name)
+            assert g.argmax(-1).tolist() == w.argmax(-1).tolist(), name
+    whole = runner(tmp_path / "tiny", kv_dtype="fp8")
+    for (name, page, per_slot), got in zip(LAYOUTS, fp8_pool):
+        for g, w in zip(got, run(whole, seqs, page, per_slot, SCHEDULE)):
             torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=name)
             assert g.argmax(-1).tolist() == w.argmax(-1).tolist(), name
     twin = run(runner(reference), fp8_seqs, 1, False, FP8_SCHEDULE)
