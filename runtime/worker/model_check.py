@@ -21,6 +21,7 @@ from runtime.worker.loader import build_model
 from runtime.worker.models.deepseek_v4 import DeepseekV4ForCausalLM
 from runtime.worker.models.deepseek_v4_entries import check_v4_kv_dtype
 from runtime.worker.safetensors_reader import WeightLoadError
+from runtime.worker.shard_loader import ShardLoader
 from runtime.worker.speculative.eagle_head import EagleHead
 from runtime.worker.speculative.eagle_layout import EagleHeadMismatch, read_layout
 from runtime.worker.speculative.mtp_checks import MtpUnavailable
@@ -78,8 +79,10 @@ def check_draft_model(target: ModelSpec, draft: ModelSpec) -> None:
 def check_model(spec: ModelSpec, quantization: str = "none", tp: int = 1,
                 kv_dtype: str = "auto") -> None:
     """Raise `UnsupportedModel` ("<path>/config.json: <what is wrong>") if the worker
-    could not build `spec`'s model with `--quantization` and `--tp` as given, or (a
-    DeepSeek-V4, whose pools store fewer kinds) could not store its KV as `--kv-dtype`."""
+    could not build `spec`'s model with `--quantization` and `--tp` as given (a shipped
+    block fp8 checkpoint: each rank's share of a weight whole scale blocks, as loading
+    checks), or (a DeepSeek-V4, whose pools store fewer kinds) could not store its KV as
+    `--kv-dtype`."""
     source = spec.config_source
     try:
         config = spec.hf_config()
@@ -89,6 +92,8 @@ def check_model(spec: ModelSpec, quantization: str = "none", tp: int = 1,
     try:  # the checkpoint's quantization_config is read (and refused) here too
         with torch.device("meta"):
             model = build_model(config, TPGroup(0, tp), quantization)
+            if model.quant.shipped and tp > 1:
+                ShardLoader(model)  # a shipped fp8 weight's rank share: whole scale blocks
         if isinstance(model, DeepseekV4ForCausalLM):
             check_v4_kv_dtype(kv_dtype)
     except (NotImplementedError, ValueError) as exc:

@@ -148,11 +148,14 @@ def test_tp_that_does_not_divide_is_refused_by_field(tp, change, field, tmp_path
 
 def test_fp8_shares_of_partial_blocks_and_the_mtp_head_are_refused(tmp_path):
     """An fp8 projection whose rank share is not whole 128-row blocks (the shared expert's
-    32 / 2 rows) is refused at load, naming the tensor; so is the MTP draft head under
-    `--tp 2`, at start-up."""
+    32 / 2 rows) is refused at start-up (`prepare_model`, before any process loads the
+    weights) and at load, naming the tensor; so is the MTP draft head under `--tp 2`, at
+    start-up."""
     released, _ = write_released(tiny_v4(**FP8_SHAPE), tmp_path / "fp8", "fp8")
-    with pytest.raises(QuantizationError, match=r"shared_experts\.w1\.weight: this rank's 16 "
-                                                r"rows \(of 32, TP 2\)"):
+    share = r"shared_experts\.w1\.weight: this rank's 16 rows \(of 32, TP 2\)"
+    with pytest.raises(UnsupportedModel, match=r"config\.json: model\.layers\.0\.ffn\." + share):
+        prepare_model(ServerConfig(model=str(released), device="cpu", tp=2))
+    with pytest.raises(QuantizationError, match=share):
         load_model(resolve_model(str(released)), "cpu", torch.float32, tp=TPGroup(0, 2))
     tiny_v4(tmp_path / "mtp", num_nextn_predict_layers=1)
     cfg = ServerConfig(model=str(tmp_path / "mtp"), device="cpu", tp=2,
