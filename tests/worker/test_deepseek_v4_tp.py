@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from runtime.config.server import ServerConfig
+from runtime.launch.server import run_server
 from runtime.model_config import resolve_model
 from runtime.worker.loader import load_model
 from runtime.worker.model_check import UnsupportedModel, check_model, prepare_model
@@ -162,3 +163,4 @@ def test_fp8_shares_of_partial_blocks_and_the_mtp_head_are_refused(tmp_path):
                        speculative_algorithm="mtp")
     with pytest.raises(MtpUnavailable, match="mtp runs deepseek_v4's MTP layer at --tp 1 only"):
         prepare_model(cfg)
+    assert run_server(cfg) == 2  # the server: that one line, and no process started
