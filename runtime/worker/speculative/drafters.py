@@ -19,8 +19,10 @@ Under tensor parallelism every rank runs the whole drafter over the same plan, s
 rank writes the same drafts into its input with no exchange of its own. A draft model and
 an EAGLE head are replicated (small, and their draft steps are latency-bound: no
 collective inside them); they use the target's embedding and, for EAGLE v1/v2, its LM
-head, whose vocab-parallel collectives every rank calls in the same order. The MTP layer,
-one of the target's own layers and as large, is cut over the group as those are.
+head, whose vocab-parallel collectives every rank calls in the same order. The MTP layer
+of a DeepSeek-V3-family target, one of the target's own layers and as large, is cut over
+the group as those are; DeepSeek-V4's (`V4MtpHead`) runs at `--tp 1` only and is refused
+at start-up under `--tp N`.
 Everything a rank keeps for the drafter a slot (the draft KV, a head's pool row and
 whole-width feature row) counts in that rank's pool sizing.
 """
@@ -74,9 +76,9 @@ class Drafter(Protocol):
 def load_drafter(cfg: ServerConfig, spec: ModelSpec, device: torch.device,
                  dtype: torch.dtype, tp: TPGroup | None = None) -> Drafter | None:
     """The drafter `cfg.speculative_algorithm` asks for, its weights loaded and checked
-    against the target `spec` (the MTP layer: this rank's shard under `tp`); None for an
-    algorithm without one on the device (n-gram lookup without overlap drafts on the
-    host)."""
+    against the target `spec` (a DeepSeek-V3-family MTP layer: this rank's shard under
+    `tp`); None for an algorithm without one on the device (n-gram lookup without overlap
+    drafts on the host)."""
     algo = cfg.speculative_algorithm
     if algo == "draft":
         draft_spec = resolve_model(cfg.speculative_draft_model)
