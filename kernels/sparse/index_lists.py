@@ -78,8 +78,17 @@ def visible_entries(positions: torch.Tensor, rate: int, n: int) -> torch.Tensor:
 
 def top_entries(scores: torch.Tensor, k: int) -> torch.Tensor:
     """`[Q, k]` int64 entry numbers: each query's k best of scores `[Q, n]` (`indexer_scores`,
-    -inf where not visible), -1 in place of an invisible one and past n (always k wide, so
-    that sequences with different n stack)."""
-    best, picked = scores.topk(min(k, scores.shape[1]), dim=1)  # [Q, min(k, n)]
-    picked = torch.where(best > float("-inf"), picked, -1)
+    -inf where not visible), in entry order, then -1 for an invisible one and past n
+    (always k wide, so that sequences with different n stack). Entries tied with the k-th
+    best score (relu'd scores tie at 0) are taken earliest first, so a query's picks do not
+    depend on n (a step's lists are as wide as its longest sequence needs) or on how a top-k
+    orders ties."""
+    n = scores.shape[1]
+    kth = scores.topk(min(k, n), dim=1).values[:, -1:]  # [Q, 1]
+    rank = (scores > kth).int() * 2 + (scores == kth).int()  # [Q, n] 2 above, 1 tied, 0
+    earlier = torch.arange(n - 1, -1, -1, dtype=torch.int32, device=scores.device)  # [n]
+    picked = (rank * n + earlier).topk(min(k, n), dim=1).indices  # [Q, <= k]
+    seen = scores.gather(1, picked) > float("-inf")  # [Q, <= k]
+    picked = torch.where(seen, picked, n).sort(dim=1).values  # invisible ones (n) last
+    picked = picked.masked_fill(picked == n, -1)
     return torch.nn.functional.pad(picked, (0, k - picked.shape[1]), value=-1)

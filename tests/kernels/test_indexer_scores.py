@@ -94,9 +94,25 @@ def test_empty():
 def test_top_entries():
     inf = float("-inf")
     scores = torch.tensor([[0.5, 2.0, -1.0, 3.0], [inf, 1.0, inf, inf], [inf] * 4])
-    assert top_entries(scores, 2).tolist() == [[3, 1], [1, -1], [-1, -1]]
-    assert top_entries(scores, 6).tolist() == [[3, 1, 0, 2, -1, -1], [1, -1, -1, -1, -1, -1],
+    assert top_entries(scores, 2).tolist() == [[1, 3], [1, -1], [-1, -1]]  # entry order
+    assert top_entries(scores, 6).tolist() == [[0, 1, 2, 3, -1, -1], [1, -1, -1, -1, -1, -1],
                                                [-1] * 6]
+
+
+def test_top_entries_break_ties_toward_the_earlier_entry_whatever_the_width():
+    """Relu'd scores tie (at 0 where every head is negative): the earlier entry wins, so a
+    query's picks do not depend on how wide the step's lists are (the batch's longest
+    sequence), nor on where the tied entries lie."""
+    inf = float("-inf")
+    row = [0.7, 0.0, 0.2, 0.0, 0.5, 0.0, 0.1, 0.3, 0.0]  # 9 visible, 4 of them at 0
+    for width in range(9, 40):
+        scores = torch.tensor([row + [inf] * (width - 9)])
+        assert top_entries(scores, 8).tolist() == [[0, 1, 2, 3, 4, 5, 6, 7]], width
+    ties = torch.tensor([[1.0] * 64])
+    assert top_entries(ties, 5).tolist() == [[0, 1, 2, 3, 4]]
+    signed = torch.tensor([[-1.0, -0.0, -2.0, 0.0, -1.0, -2.0, inf]])
+    assert top_entries(signed, 3).tolist() == [[0, 1, 3]]  # -0.0 ties 0.0
+    assert top_entries(signed[:, :0], 2).tolist() == [[-1, -1]]
 
 
 def test_rejects_bad_inputs():
