@@ -129,25 +129,28 @@ def test_fp8_prefix_hits_give_the_tokens_of_no_hit(checkpoint, kv):
 
 
 def test_fp8_rows_entries_and_scales_go_to_the_host_and_back():
-    """The host tier and swaps (token and paged) on an fp8 pool: every write-back and load
-    of the rows, entries and their scale tensors lands byte for byte (`CheckedCopies`),
-    the scales in groups of their own (the rows' 4, each rate's entries'); in the paged
-    layout too under a pool that loads swapped blocks back, their entries by the ids
-    their pages give. (Not the greedy tokens of a pool that keeps everything: an fp8
-    pool's tokens depend on the batch mix, whose fp32 rounding may move a code.)"""
+    """The host tier and swaps (token and paged) on an fp8 pool give the greedy tokens of
+    an fp8 pool that keeps everything; every write-back and load of the rows, entries and
+    their scale tensors lands byte for byte (`CheckedCopies`), the scales in groups of
+    their own (the rows' 4, each rate's entries'); in the paged layout too under a pool
+    that loads swapped blocks back, their entries by the ids their pages give."""
     base = ServerConfig(model="dummy:deepseek-v4-tiny", device="cpu", dtype="float32",
                         max_running=16, chunk_size=64, torch_threads=1, log_level="warning",
-                        kv_dtype="fp8")
+                        kv_dtype="fp8", kv_slots=4095)
+    turns = turns_of(8, 3, seed=7)
+    ref, _, _ = serve_turns(base, turns, 6)
     def scale_groups(groups) -> list[int]:
         """The sizes of the groups of scale tensors (`[slots or ids, 1]` each)."""
         return [len(g.tensors) for g, _ in groups if g.tensors[0].shape[1:] == (1,)]
 
     for name, cfg in tier_configs(base, 255).items():
-        _, _, copies = serve_with_copies(cfg, turns_of(8, 3, seed=7))
+        got, _, copies = serve_with_copies(cfg, turns)
+        assert got == ref, name
         assert scale_groups(copies.xfer.groups) == [4], name
         assert {m: scale_groups(g) for m, g in copies.xfer.entry_groups.items()} == {
             4: [2], 16: [1]}, name  # CSA layers 1, 3 entry every 4 tokens, HCA layer 2 every 16
         assert copies.entry_ids > 0, name
-    paged = tier_configs(base, 254)["paged swap"]
-    _, sched, copies = serve_turns(paged, turns_of(6, 2, seed=7), 12)
+    paged, turns = tier_configs(base, 254)["paged swap"], turns_of(6, 2, seed=7)
+    got, sched, copies = serve_turns(paged, turns, 12)
     assert sched.num_swaps > 0 and copies.load_slots > 0 and copies.entry_loads > 0
+    assert got == serve_turns(base.replace(kv="paged"), turns, 12)[0]
