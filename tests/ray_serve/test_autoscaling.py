@@ -38,7 +38,7 @@ from tests.ray_serve.cluster import (  # noqa: E402
 pytestmark = MARKS
 
 POLICY_FLAGS = ["--min-replicas", "2", "--max-replicas", "3", "--target-ongoing-requests", "2",
-                "--upscale-delay-s", "1", "--downscale-delay-s", "4", "--look-back-s", "4",
+                "--upscale-delay-s", "1", "--downscale-delay-s", "8", "--look-back-s", "4",
                 "--prefix-imbalance", "1", "--health-check-period-s", "1",
                 "--drain-timeout-s", "60"]
 MAX_TOKENS = 32
