@@ -1,9 +1,9 @@
 """`sluice serve --dp 2` behind the real sglang-router, on the CPU.
 
 One server for the module's tests; a test that ends it takes it, and a test after it
-would start another (tests/e2e/conftest.py). The test that kills a replica starts its
-own: one replica is killed (traffic moves to the other), then the launcher is SIGKILLed
-(nothing may outlive it). No test depends on another having run.
+would start another. The test that kills a replica starts its own: one replica is killed
+(traffic moves to the other), then the launcher is SIGKILLed (nothing may outlive it).
+No test depends on another having run.
 """
 
 from __future__ import annotations
@@ -32,6 +32,11 @@ pytest.importorskip("sglang_router", reason="needs sglang-router (pip install 's
 PREFIXES, PER_PREFIX = 4, 6
 
 
+@pytest.fixture(scope="module")
+def tmpdir_(tmp_path_factory):
+    return tmp_path_factory.mktemp("dp")
+
+
 def start_dp2(tmpdir, *flags: str) -> ServerProcess:
     return ServerProcess("--dp", "2", "--device", "cpu", "--torch-threads", "1",
                          "--max-running", "8", *flags, port=free_port_range(6),
@@ -39,10 +44,30 @@ def start_dp2(tmpdir, *flags: str) -> ServerProcess:
                          ready_text="behind sglang-router")
 
 
-def start_server(tmpdir: str) -> ServerProcess:
-    """The module's server (tests/e2e/conftest.py). Its drain outlasts any stream a test
-    leaves in flight when it sends SIGTERM."""
-    return start_dp2(tmpdir, "--shutdown-grace", "120")
+@pytest.fixture(scope="module")
+def shared(tmpdir_):
+    """The module's server while it lasts (started by the first test that asks for it).
+    Its drain outlasts any stream a test leaves in flight when it sends SIGTERM."""
+    held: list[ServerProcess] = []
+    yield held
+    for srv in held:
+        srv.stop()
+
+
+@pytest.fixture
+def server(shared, tmpdir_) -> ServerProcess:
+    """The module's server, whole."""
+    if not shared:
+        shared.append(start_dp2(tmpdir_, "--shutdown-grace", "120"))
+    return shared[0]
+
+
+@pytest.fixture
+def taken_server(shared, server):
+    """The module's server, for a test that ends it: a later test gets a new one."""
+    shared.clear()
+    yield server
+    server.stop()
 
 
 def _replica_pids(srv: ServerProcess) -> dict[str, dict[str, int]]:

@@ -13,9 +13,11 @@ from runtime.wire.errors import InvalidRequest
 from tests.e2e.server import ServerProcess, kill_mid_stream
 
 
-def start_server(tmpdir: str) -> ServerProcess:
-    """The module's server (tests/e2e/conftest.py); the last test kills its worker."""
-    return ServerProcess("--chunk-size", "128", tmpdir=tmpdir)
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess("--chunk-size", "128")
+    yield srv
+    srv.stop()
 
 
 def test_rpc_streams_equal_whole_results_for_32_concurrent_requests(server):
@@ -70,5 +72,9 @@ def test_idle_server_uses_under_5_percent_of_a_core(server):
     assert used / (time.monotonic() - t0) < 0.05, f"{used:.2f} CPU-s in 3 s idle"
 
 
-def test_killing_the_worker_fails_requests_and_exits_nonzero(taken_server):
-    kill_mid_stream(taken_server, "worker", "Tell me a long story.", 30)
+def test_killing_the_worker_fails_requests_and_exits_nonzero():
+    srv = ServerProcess("--chunk-size", "128")
+    try:
+        kill_mid_stream(srv, "worker", "Tell me a long story.", 30)
+    finally:
+        srv.stop()
