@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from runtime.model_config import resolve_model
@@ -38,12 +40,15 @@ class HFReference:
         path = resolve_model("smollm2").path
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        self._cache: dict[tuple, tuple[list[int], list[float]]] = {}
+        # prompt -> the longest run asked for: (max_new_tokens, ids, gaps)
+        self._cache: dict[tuple, tuple[int, list[int], list[float]]] = {}
 
     @torch.inference_mode()
     def greedy(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
-        key = (tuple(prompt_ids), max_new_tokens)
-        if key not in self._cache:
+        """The continuation of `prompt_ids`; a shorter one is the start of a longer run's
+        (greedy steps do not depend on how many follow)."""
+        key = tuple(prompt_ids)
+        if key not in self._cache or self._cache[key][0] < max_new_tokens:
             out = self.model.generate(
                 torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
                 output_scores=True, return_dict_in_generate=True, pad_token_id=2)
@@ -52,8 +57,16 @@ class HFReference:
             for scores in out.scores:
                 top2 = torch.topk(scores[0].float(), 2).values
                 gaps.append(float(top2[0] - top2[1]))
-            self._cache[key] = (ids, gaps)
-        return self._cache[key]
+            self._cache[key] = (max_new_tokens, ids, gaps)
+        _, ids, gaps = self._cache[key]
+        return ids[:max_new_tokens], gaps[:max_new_tokens]
+
+
+@functools.cache
+def shared_reference() -> HFReference:
+    """The one HFReference of this test process: the model loads once, and a continuation
+    asked for by several test files is computed once (its results depend on nothing else)."""
+    return HFReference()
 
 
 def assert_matches(ours: list[int], ref: list[int], gaps: list[float], what: str) -> None:

@@ -1,8 +1,9 @@
 """`sluice serve --dp 2` behind the real sglang-router, on the CPU.
 
-One server for the module's tests that leave it whole; the destructive test starts its own:
-one replica is killed (traffic moves to the other), then the launcher is SIGKILLed
-(nothing may outlive it). No test depends on another having run.
+One server for the module's tests; a test that ends it takes it, and a test after it
+would start another. The test that kills a replica starts its own: one replica is killed
+(traffic moves to the other), then the launcher is SIGKILLed (nothing may outlive it).
+No test depends on another having run.
 """
 
 from __future__ import annotations
@@ -44,10 +45,29 @@ def start_dp2(tmpdir, *flags: str) -> ServerProcess:
 
 
 @pytest.fixture(scope="module")
-def server(tmpdir_):
-    srv = start_dp2(tmpdir_)
-    yield srv
-    srv.stop()
+def shared(tmpdir_):
+    """The module's server while it lasts (started by the first test that asks for it).
+    Its drain outlasts any stream a test leaves in flight when it sends SIGTERM."""
+    held: list[ServerProcess] = []
+    yield held
+    for srv in held:
+        srv.stop()
+
+
+@pytest.fixture
+def server(shared, tmpdir_) -> ServerProcess:
+    """The module's server, whole."""
+    if not shared:
+        shared.append(start_dp2(tmpdir_, "--shutdown-grace", "120"))
+    return shared[0]
+
+
+@pytest.fixture
+def taken_server(shared, server):
+    """The module's server, for a test that ends it: a later test gets a new one."""
+    shared.clear()
+    yield server
+    server.stop()
 
 
 def _replica_pids(srv: ServerProcess) -> dict[str, dict[str, int]]:
@@ -166,33 +186,30 @@ def test_a_dying_replica_then_a_killed_launcher(tmp_path):
         server.stop()
 
 
-def test_sigterm_to_every_process_at_once_drains_then_exits_0(tmp_path):
+def test_sigterm_to_every_process_at_once_drains_then_exits_0(taken_server):
     """systemd's KillMode=control-group: SIGTERM reaches the launcher, the replicas, their
     processes and the router at once. A stream in flight runs to its end and the launcher
     exits 0, as after a SIGTERM to it alone."""
-    server = start_dp2(tmp_path, "--shutdown-grace", "120")
-    try:
-        body = {"model": "smollm2", "prompt": "Count to fifty: 1, 2,", "max_tokens": 32,
-                "ignore_eos": True, "temperature": 0.0, "stream": True,
-                "stream_options": {"include_usage": True}}
-        with httpx.stream("POST", f"{server.http_url}/v1/completions", json=body,
-                          timeout=120) as r:
-            events = (line.removeprefix("data: ") for line in r.iter_lines() if line)
-            seen = [next(events)]
-            pids = [p for procs in _replica_pids(server).values() for p in procs.values()]
-            pids += list(server.pids.values())
-            os.killpg(server.proc.pid, signal.SIGTERM)  # the launcher's group
-            os.kill(server.pids["router"], signal.SIGTERM)  # in a session of its own
-            seen += list(events)
-        assert seen[-1] == "[DONE]", "".join(server.lines[-30:])
-        chunks = [json.loads(e) for e in seen[:-1]]
-        assert not any("error" in c for c in chunks)
-        assert chunks[-1]["usage"]["completion_tokens"] == 32
-        assert server.wait(120) == 0
-        assert "exited (code" not in "".join(server.lines)
-        assert wait_for(lambda: not any(process_alive(p) for p in pids), 20)
-    finally:
-        server.stop()
+    server = taken_server
+    body = {"model": "smollm2", "prompt": "Count to fifty: 1, 2,", "max_tokens": 32,
+            "ignore_eos": True, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{server.http_url}/v1/completions", json=body,
+                      timeout=120) as r:
+        events = (line.removeprefix("data: ") for line in r.iter_lines() if line)
+        seen = [next(events)]
+        pids = [p for procs in _replica_pids(server).values() for p in procs.values()]
+        pids += list(server.pids.values())
+        os.killpg(server.proc.pid, signal.SIGTERM)  # the launcher's group
+        os.kill(server.pids["router"], signal.SIGTERM)  # in a session of its own
+        seen += list(events)
+    assert seen[-1] == "[DONE]", "".join(server.lines[-30:])
+    chunks = [json.loads(e) for e in seen[:-1]]
+    assert not any("error" in c for c in chunks)
+    assert chunks[-1]["usage"]["completion_tokens"] == 32
+    assert server.wait(120) == 0
+    assert "exited (code" not in "".join(server.lines)
+    assert wait_for(lambda: not any(process_alive(p) for p in pids), 20)
 
 
 @pytest.mark.gpu

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from runtime import Engine, SamplingParams
-from tests.e2e.hf_reference import PROMPTS, HFReference, assert_matches
+from tests.e2e.hf_reference import PROMPTS, assert_matches, shared_reference
 
 MAX_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
 def hf():
-    return HFReference()
+    return shared_reference()
 
 
 def run_and_compare(hf, eng: Engine) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime import Engine, SamplingParams
-from tests.e2e.hf_reference import PROMPTS, HFReference, assert_matches
+from tests.e2e.hf_reference import PROMPTS, assert_matches, shared_reference
 
 MAX_TOKENS = 16
 # shared-prefix prompts (block hits), a repeat, one longer than a chunk
@@ -16,7 +16,7 @@ NO_EARLY_STOP = [PROMPTS[i] for i in (0, 1, 3, 5, 14)]
 
 @pytest.fixture(scope="module")
 def hf():
-    return HFReference()
+    return shared_reference()
 
 
 def run_and_compare(hf, eng: Engine, prompts: list[str] = SUBSET):

@@ -17,7 +17,7 @@ from runtime.model_config import resolve_model
 from runtime.scheduler.loop import build_scheduler
 from runtime.wire.scheduler_input import GenerateReq
 from runtime.worker.worker import Worker
-from tests.e2e.hf_reference import HFReference, assert_matches
+from tests.e2e.hf_reference import HFReference, assert_matches, shared_reference
 from tests.worker.in_process import run_to_end
 
 PROMPT = "The capital of France is"
@@ -32,7 +32,7 @@ def eng():
 
 @pytest.fixture(scope="module")
 def hf():
-    return HFReference()
+    return shared_reference()
 
 
 def token(hf: HFReference, text: str) -> int:

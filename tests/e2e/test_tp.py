@@ -13,7 +13,7 @@ import pytest
 
 from runtime import Engine, SamplingParams
 from runtime.worker.model_check import UnsupportedModel
-from tests.e2e.hf_reference import PROMPTS, HFReference, assert_matches
+from tests.e2e.hf_reference import PROMPTS, assert_matches, shared_reference
 from tests.e2e.test_engine_api import wait_idle
 from tests.near_tie import near_tie_failures_by_logprobs
 
@@ -33,7 +33,7 @@ def test_tp3_equals_tp1_and_hf(overlap):
     whole, _ = generate(1, overlap=overlap)
     assert split == whole  # token for token
     assert stats.invariant_error is None and stats.kv_used == 0
-    hf = HFReference()
+    hf = shared_reference()
     for prompt, ids in zip(SUBSET, split, strict=True):
         ref, gaps = hf.greedy(hf.tokenizer.encode(prompt), MAX_TOKENS)
         assert_matches(ids, ref, gaps, repr(prompt[:40]))

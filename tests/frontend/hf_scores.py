@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from runtime.model_config import resolve_model
+from tests.e2e.hf_reference import shared_reference
 
 
 class HFScores:
     def __init__(self) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        path = resolve_model("smollm2").path
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        hf = shared_reference()  # the model the other test files load
+        self.tokenizer, self.model = hf.tokenizer, hf.model
 
     def encode(self, text: str) -> list[int]:
         """Tokenized as the server tokenizes a text prompt."""

@@ -45,7 +45,7 @@ MAX_TOKENS = 32
 PROMPTS = [[random.Random(i).randrange(3, 1000) for _ in range(48)] for i in range(8)]
 # concurrent streams: 10 / target 2 asks for 5 replicas (max 3); 4 ask for 2
 HIGH, LOW = 10, 4
-LONG = 512
+LONG = 128  # tokens: 4x a short stream
 
 
 def _running() -> int:

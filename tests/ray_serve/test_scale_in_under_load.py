@@ -28,9 +28,10 @@ MAX_TOKENS = 16
 PROMPTS = [[random.Random(500 + i).randrange(3, 1000) for _ in range(32)] for i in range(20)]
 # 100 in flight / 60 per replica asks for 2 replicas from the start: the first scale-in
 # comes `--downscale-delay-s` after the deployment, once every client has a stream open
+# (they open within ~3 s of it)
 POLICY_FLAGS = ["--min-replicas", "2", "--max-replicas", "3", "--initial-replicas", "3",
                 "--target-ongoing-requests", "60", "--upscale-delay-s", "1",
-                "--downscale-delay-s", "20", "--look-back-s", "4",
+                "--downscale-delay-s", "10", "--look-back-s", "4",
                 "--health-check-period-s", "1", "--drain-timeout-s", "120"]
 
 

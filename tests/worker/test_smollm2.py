@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from runtime.model_config import ModelSpec, resolve_model
 from runtime.wire.sampling import SamplingParams
 from runtime.worker.model_runner import ModelRunner
+from tests.e2e.hf_reference import shared_reference
 from tests.worker.batching import Chunk, Driver
 
 PROMPTS = [
@@ -28,8 +29,8 @@ def spec() -> ModelSpec:
 
 
 @pytest.fixture(scope="module")
-def hf(spec):
-    return AutoModelForCausalLM.from_pretrained(spec.path, dtype=torch.float32).eval()
+def hf():
+    return shared_reference().model
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from runtime.scheduler.loop import build_scheduler
 from runtime.wire.sampling import SamplingParams
 from runtime.wire.scheduler_input import GenerateReq
 from runtime.worker.worker import Worker
-from tests.e2e.hf_reference import HFReference
+from tests.e2e.hf_reference import HFReference, shared_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ATOL = 2e-3
@@ -33,7 +33,7 @@ def served():
     spec = resolve_model(cfg.model)
     worker = Worker(cfg, spec)
     sched = build_scheduler(cfg, worker.ready_message(), spec.max_context)
-    hf = HFReference()
+    hf = shared_reference()
     prompts = {
         "five": hf.tokenizer.encode("The capital of France is Paris. The capital of Italy is"),
         "two": hf.tokenizer.encode("1, 2, 3, 4,"),

@@ -26,9 +26,9 @@ def server():
 
 @pytest.fixture(scope="module")
 def hf_model():
-    from tests.e2e.hf_reference import HFReference
+    from tests.e2e.hf_reference import shared_reference
 
-    return HFReference().model
+    return shared_reference().model
 
 
 @pytest.fixture(scope="module")
