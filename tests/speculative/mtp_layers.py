@@ -13,6 +13,16 @@ from safetensors.torch import load_file, save_file
 
 from tests.worker.test_deepseek import BASE, random_deepseek, tiny_deepseek
 
+
+def append_to_checkpoint(folder: Path, tensors: dict[str, torch.Tensor], **fields) -> None:
+    """Add `tensors` to `folder`'s model.safetensors and `fields` to its config.json."""
+    path = folder / "model.safetensors"
+    weights = load_file(str(path)) | {k: v.contiguous() for k, v in tensors.items()}
+    save_file(weights, str(path))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **fields}))
+
+
 L = BASE["num_hidden_layers"]  # the MTP layer's index in the checkpoint
 H = BASE["hidden_size"]
 
@@ -55,12 +65,8 @@ class MtpReference:
         if own_head:
             mtp["shared_head.head.weight"] = self.layer.lm_head.weight.detach()
         mtp.pop(drop, None)
-        weights = load_file(str(folder / "model.safetensors"))
-        weights |= {f"model.layers.{L}.{k}": v.contiguous() for k, v in mtp.items()}
-        save_file(weights, str(folder / "model.safetensors"))
-        config = json.loads((folder / "config.json").read_text())
-        (folder / "config.json").write_text(json.dumps({**config,
-                                                        "num_nextn_predict_layers": nextn}))
+        append_to_checkpoint(folder, {f"model.layers.{L}.{k}": v for k, v in mtp.items()},
+                             num_nextn_predict_layers=nextn)
 
     def drafts(self, tokens: list[int], k: int) -> list[int]:
         """The layer's k greedy drafts after `tokens` (t_0..t_P), from the target's final

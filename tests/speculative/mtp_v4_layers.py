@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from tests.speculative.mtp_layers import append_to_checkpoint
 from tests.worker.dsv4_checkpoints import SWA, TINY_V4, tiny_v4
 from tests.worker.dsv4_released import FP8_MODULES, released_name, write_released
 from tests.worker.fp8_checkpoints import quantize
@@ -96,14 +97,9 @@ class V4MtpReference:
         if own_head:
             mtp["head.weight"] = self.layer.lm_head.weight.detach()
         mtp.pop(drop, None)
-        weights = load_file(str(folder / "model.safetensors"))
-        weights |= {f"mtp.0.{k}": v.contiguous() for k, v in mtp.items()}
-        save_file(weights, str(folder / "model.safetensors"))
-        config = json.loads((folder / "config.json").read_text())
-        config["num_nextn_predict_layers"] = nextn
-        if ratio is not None:
-            config["compress_ratios"] = [*RATIOS, ratio]
-        (folder / "config.json").write_text(json.dumps(config))
+        fields = {} if ratio is None else {"compress_ratios": [*RATIOS, ratio]}
+        append_to_checkpoint(folder, {f"mtp.0.{k}": v for k, v in mtp.items()},
+                             num_nextn_predict_layers=nextn, **fields)
 
     @torch.no_grad()
     def logits(self, tokens: list[int], drafts: list[int]) -> list[torch.Tensor]:
