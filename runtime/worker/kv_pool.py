@@ -32,6 +32,14 @@ UNSCALED = ("fp8_e4m3",)  # the quantized kv_dtypes with a per-tensor scale of 1
 SCALE_DTYPE = torch.float32
 
 
+def check_latent_kv_dtype(latent: bool, kv_dtype: str) -> None:
+    """`ValueError` naming `kv_dtype` if a latent pool (one row a token) cannot store it: its
+    unscaled fp8 is for K/V pools only."""
+    if latent and kv_dtype in UNSCALED:
+        raise ValueError(f"kv_dtype {kv_dtype!r} is for K/V pools; a latent pool takes 'fp8' "
+                         "or 'int8'")
+
+
 def kv_dtype_scaled(kv_dtype: str) -> bool:
     """True for kv dtypes whose pool stores a float32 scale per (token, kv head): "fp8" and
     "int8". False for "auto" and "fp8_e4m3" (one scale of 1 for the whole tensor), and for any
@@ -126,8 +134,7 @@ class KVPool:
             raise ValueError(f"num_slots must be >= 2 (slot 0 is padding), got {num_slots}")
         if planes not in (1, 2):
             raise ValueError(f"planes must be 1 (latent) or 2 (K and V), got {planes}")
-        if planes == 1 and kv_dtype in UNSCALED:
-            raise ValueError(f"kv_dtype {kv_dtype!r} is for K/V pools; a latent pool takes 'fp8'")
+        check_latent_kv_dtype(planes == 1, kv_dtype)
         self.planes = planes
         self.num_layers = num_layers
         self.num_slots = num_slots

@@ -17,7 +17,9 @@ from huggingface_hub.errors import StrictDataclassError
 from runtime.config.server import ServerConfig
 from runtime.model_config import ModelSpec, resolve_model, spec_for
 from runtime.model_errors import MODEL_ERRORS
+from runtime.worker.kv_pool import check_latent_kv_dtype
 from runtime.worker.loader import build_model
+from runtime.worker.models.deepseek import DeepseekForCausalLM
 from runtime.worker.models.deepseek_v4 import DeepseekV4ForCausalLM
 from runtime.worker.models.deepseek_v4_entries import check_v4_kv_dtype
 from runtime.worker.safetensors_reader import WeightLoadError
@@ -81,8 +83,8 @@ def check_model(spec: ModelSpec, quantization: str = "none", tp: int = 1,
     """Raise `UnsupportedModel` ("<path>/config.json: <what is wrong>") if the worker
     could not build `spec`'s model with `--quantization` and `--tp` as given (a shipped
     block fp8 checkpoint: each rank's share of a weight whole scale blocks, as loading
-    checks), or (a DeepSeek-V4, whose pools store fewer kinds) could not store its KV as
-    `--kv-dtype`."""
+    checks), or (a DeepSeek-V4 or latent-attention model, whose pools store fewer kinds)
+    could not store its KV as `--kv-dtype`."""
     source = spec.config_source
     try:
         config = spec.hf_config()
@@ -96,6 +98,7 @@ def check_model(spec: ModelSpec, quantization: str = "none", tp: int = 1,
                 ShardLoader(model)  # a shipped fp8 weight's rank share: whole scale blocks
         if isinstance(model, DeepseekV4ForCausalLM):
             check_v4_kv_dtype(kv_dtype)
+        check_latent_kv_dtype(isinstance(model, DeepseekForCausalLM), kv_dtype)
     except (NotImplementedError, ValueError) as exc:
         raise UnsupportedModel(f"{source}: {exc}") from None
 

@@ -12,7 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config
 
 from kernels.kv.paging import expand_pages
+from runtime.config.server import ServerConfig
 from runtime.model_config import resolve_model
+from runtime.worker.model_check import UnsupportedModel, prepare_model
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.models.deepseek_arch import DeepseekArch
 from runtime.worker.models.deepseek_rope import deepseek_cos_sin_cache
@@ -203,3 +205,15 @@ def test_quantized_latent_pool_tracks_transformers(kv_dtype, tmp_path):
         top2 = want.topk(2, dim=-1).values  # [n, 2]
         clear = (top2[:, 0] - top2[:, 1]) > 0.2 * scale
         assert (got.argmax(-1) == want.argmax(-1))[clear].all()
+
+
+def test_a_latent_pool_refuses_unscaled_fp8_at_start_up(tmp_path):
+    """`--kv-dtype fp8_e4m3` (one scale for a whole K/V tensor) has no latent form: refused
+    by `prepare_model`, before any process loads the weights, one line naming the field."""
+    tiny_deepseek("v3", tmp_path)
+    cfg = ServerConfig(model=str(tmp_path), device="cpu", kv_dtype="fp8_e4m3")
+    with pytest.raises(UnsupportedModel, match="config.json: kv_dtype 'fp8_e4m3' is for K/V "
+                                               "pools; a latent pool takes 'fp8' or 'int8'"):
+        prepare_model(cfg)
+    for kv_dtype in ("fp8", "int8"):
+        prepare_model(ServerConfig(model=str(tmp_path), device="cpu", kv_dtype=kv_dtype))
