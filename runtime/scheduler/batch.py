@@ -119,10 +119,11 @@ class Batch:
             elif complete:
                 self.prefilled.append(req)
             pages.append(extend_pages[i - len(self.decode)].tolist())
-        entry_writes = [(m, req.row, w, ids) for req in self.reqs
-                        for m, w, ids in req.entry_writes]
+        entry_writes = []
         for req in self.reqs:
-            req.entry_writes = []
+            if req.entry_writes:
+                entry_writes += [(m, req.row, w, ids) for m, w, ids in req.entry_writes]
+                req.entry_writes = []
         return BatchPlan(
             batch_id=bid, rows=rows, prefix_lens=prefix_lens, extend_lens=extend_lens,
             input_ids=input_ids, new_pages=list(itertools.chain.from_iterable(pages)),
