@@ -93,7 +93,7 @@ class PagedKV(KVManager[BlockTable]):
         new = self.pool.allocate(m - k) if m > k else None
         if new is None:
             return hits
-        self.host.load(host[k * bs : m * bs], _slots_of(new, bs))
+        self.host.load(host[k * bs : m * bs], _slots_of(new, bs), start=k * bs)
         return hits + new
 
     def _aligned_blocks(self, n: int) -> int:
