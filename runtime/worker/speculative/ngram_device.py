@@ -39,17 +39,17 @@ def ngram_drafts(seq: torch.Tensor, last: torch.Tensor, k: int, min_n: int,
     Rows without one draft tokens of their own sequence."""
     R, L = seq.shape
     pos = torch.arange(L, device=seq.device)  # [L]
-    # match[r, e]: the n tokens ending just before e equal row r's last n tokens
-    match = torch.ones(R, L, dtype=torch.bool, device=seq.device)  # [R, L]
+    # match[r, e]: the n tokens ending just before e equal row r's last n tokens, and end
+    # before the suffix's own (e <= last)
+    match = pos[None, :] <= last[:, None]  # [R, L]
     stop = torch.full((R,), -1, dtype=torch.int64, device=seq.device)  # [R] best end
-    before_last = pos[None, :] <= last[:, None]  # [R, L] ends before the suffix's own
     for n in range(1, max_n + 1):
         # the suffix's n-th token from the end, and the token n before each end (-1: none)
         want = seq.gather(1, (last - (n - 1)).clamp(min=0)[:, None])  # [R, 1]
         ahead = F.pad(seq, (n, 0), value=-1)[:, :L]  # [R, L]
         match &= ahead == want
         if n >= min_n:
-            latest = torch.where(match & before_last, pos, -1).amax(1)  # [R]
+            latest = torch.where(match, pos, -1).amax(1)  # [R]
             stop = torch.where(latest >= 0, latest, stop)  # a longer n wins
     idx = (stop[:, None] + torch.arange(k, device=seq.device)).clamp(min=0)  # [R, k]
     return seq.gather(1, torch.minimum(idx, last[:, None]))  # [R, k]
