@@ -19,7 +19,6 @@ tensor ops whose shapes the host knows, reading no device value on the host.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -100,8 +99,7 @@ class NgramOnDevice:
         the longest sequence they may have (the plan's last positions, the most a chained
         step's can be) and the most drafts of one."""
         i64, d = verify_requests(plan)
-        lens = np.array(plan.draft_lens, dtype=np.int64)  # [B]
-        length = int(np.array(plan.prefix_lens, dtype=np.int64)[lens > 0].max()) + 1
+        length = max(p for p, n in zip(plan.prefix_lens, plan.draft_lens) if n) + 1
         return self.staging.upload(i64, {}), length, int(d.max())
 
     def draft(self, dev: dict[str, torch.Tensor], length: int, k: int, fb: ForwardBatch,
