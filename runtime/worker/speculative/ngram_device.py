@@ -98,7 +98,7 @@ class NgramOnDevice:
         """The host's part of `propose`: the verify requests' index arrays on the device,
         the longest sequence they may have (the plan's last positions, the most a chained
         step's can be) and the most drafts of one."""
-        i64, d = verify_requests(plan)
+        i64, d, _ = verify_requests(plan)
         length = max(p for p, n in zip(plan.prefix_lens, plan.draft_lens) if n) + 1
         return self.staging.upload(i64, {}), length, int(d.max())
 
