@@ -53,7 +53,7 @@ class DeviceOracle:
         forward: (its logits, the drafts [D] or None)."""
         if not plan.draft_lens:
             return runner.forward(fb), None
-        i64, d = verify_requests(plan)
+        i64, d, _ = verify_requests(plan)
         dev = self.staging.upload(i64, {})
         last = fb.positions[dev["first"]]  # [R] (moved, for a chained step)
         cols = last[:, None] + 1 + torch.arange(int(d.max()), device=last.device)  # [R, k]

@@ -50,8 +50,8 @@ def generate(worker: Worker, cfg: ServerConfig, prompts: list[list[int]], max_to
         whole = {f"r{i}": p + o for i, (p, o) in enumerate(zip(prompts, oracle))}
     elif oracle is not None:
         sched.spec = oracle_speculation({f"r{i}": o for i, o in enumerate(oracle)}, k)
-    if device_oracle is None and (oracle is not None or not worker_drafts(
-            cfg.speculative_algorithm, cfg.kv_mode.overlap)):
+        worker.drafter = None  # the oracle drafts on the host: the worker writes none
+    elif not worker_drafts(cfg.speculative_algorithm, cfg.kv_mode.overlap):
         worker.drafter = None  # drafts from the host (or none): the worker writes none
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     outs: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}

@@ -95,15 +95,17 @@ def draft_placement(first: np.ndarray, d: np.ndarray) -> dict[str, np.ndarray]:
             "dst": np.repeat(first + 1 - off[:-1], d) + np.arange(off[-1])}
 
 
-def verify_requests(plan: BatchPlan) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def verify_requests(plan: BatchPlan,
+                    ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """The plan's verify requests [R]: their index arrays (`first`: each one's last token
-    among the step's tokens, `rows`, and `draft_placement`'s) and their drafts d [R]."""
+    among the step's tokens, `rows`, and `draft_placement`'s), their drafts d [R] and
+    their indices among the plan's requests [R]."""
     lens = np.array(plan.draft_lens, dtype=np.int64)  # [B]
     verify = np.flatnonzero(lens)  # [R]
     d = lens[verify]  # [R]
     first = exclusive_cumsum(np.array(plan.extend_lens, dtype=np.int64))[verify]  # [R]
     return draft_placement(first, d) | {
-        "first": first, "rows": np.array(plan.rows, dtype=np.int64)[verify]}, d
+        "first": first, "rows": np.array(plan.rows, dtype=np.int64)[verify]}, d, verify
 
 
 def place_drafts(grid: torch.Tensor, dev: dict[str, torch.Tensor],

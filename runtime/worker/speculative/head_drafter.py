@@ -53,9 +53,9 @@ from runtime.worker.models.causal_lm import CausalLM
 from runtime.worker.speculative.chained import chained_shift
 from runtime.worker.speculative.draft_batch import (
     DraftForward,
-    draft_placement,
     place_drafts,
     token_sources,
+    verify_requests,
 )
 from runtime.worker.speculative.eagle_forward import HeadForward
 from runtime.worker.speculative.head_graphs import HeadGraphs
@@ -147,16 +147,11 @@ class HeadDrafter:
         the step verifies nothing)."""
         if not plan.draft_lens:
             return None
-        lens = np.array(plan.draft_lens, dtype=np.int64)  # [B]
-        verify = np.flatnonzero(lens)  # [R]
-        rows = np.array(plan.rows, dtype=np.int64)[verify]  # [R]
+        i64, d, verify = verify_requests(plan)
+        rows, k = i64["rows"], int(d.max())  # [R]
         last_pos = np.array(plan.prefix_lens, dtype=np.int64)[verify]  # [R]
-        first = exclusive_cumsum(np.array(plan.extend_lens, dtype=np.int64))[verify]  # [R]
-        d = lens[verify]  # [R]
-        k = int(d.max())
-        back = np.array(plan.chain_back or [0] * len(lens), dtype=np.int64)[verify]  # [R]
-        i64 = draft_placement(first, d) | {"last": first, "v_rows": rows, "v_back": back,
-                                           "prev_pos": last_pos - 1}
+        back = np.array(plan.chain_back or [0] * len(plan.rows), dtype=np.int64)[verify]  # [R]
+        i64 |= {"v_back": back, "prev_pos": last_pos - 1}
         steps = []
         for j in range(k):
             sel = np.flatnonzero(d > j)  # [R_j] the requests still drafting
@@ -164,10 +159,10 @@ class HeadDrafter:
                                      np.ones_like(sel)))
             i64[f"sel{j}"] = sel
         dev = self.staging.upload(*DraftForward.stage(steps, i64))
-        shift = self._shift(plan, builder, dev["v_rows"], dev["v_back"])  # [R] or None
+        shift = self._shift(plan, builder, dev["rows"], dev["v_back"])  # [R] or None
         prev_pos = dev["prev_pos"] if shift is None else dev["prev_pos"] + shift  # [R]
-        current = fb.input_ids[dev["last"]]  # [R] each request's input of the next step
-        hidden = self.features[builder.slots(dev["v_rows"], prev_pos)]  # [R, h]
+        current = fb.input_ids[dev["first"]]  # [R] each request's input of the next step
+        hidden = self.features[builder.slots(dev["rows"], prev_pos)]  # [R, h]
         grid = torch.zeros(len(d) * k, dtype=torch.int64, device=current.device)  # [R * k]
         for j, step in enumerate(steps):
             sel = dev[f"sel{j}"]  # [R_j]

@@ -19,7 +19,6 @@ tensor ops whose shapes the host knows, reading no device value on the host.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -39,17 +38,17 @@ def ngram_drafts(seq: torch.Tensor, last: torch.Tensor, k: int, min_n: int,
     Rows without one draft tokens of their own sequence."""
     R, L = seq.shape
     pos = torch.arange(L, device=seq.device)  # [L]
-    # match[r, e]: the n tokens ending just before e equal row r's last n tokens
-    match = torch.ones(R, L, dtype=torch.bool, device=seq.device)  # [R, L]
+    # match[r, e]: the n tokens ending just before e equal row r's last n tokens, and end
+    # before the suffix's own (e <= last)
+    match = pos[None, :] <= last[:, None]  # [R, L]
     stop = torch.full((R,), -1, dtype=torch.int64, device=seq.device)  # [R] best end
-    before_last = pos[None, :] <= last[:, None]  # [R, L] ends before the suffix's own
     for n in range(1, max_n + 1):
         # the suffix's n-th token from the end, and the token n before each end (-1: none)
         want = seq.gather(1, (last - (n - 1)).clamp(min=0)[:, None])  # [R, 1]
         ahead = F.pad(seq, (n, 0), value=-1)[:, :L]  # [R, L]
         match &= ahead == want
         if n >= min_n:
-            latest = torch.where(match & before_last, pos, -1).amax(1)  # [R]
+            latest = torch.where(match, pos, -1).amax(1)  # [R]
             stop = torch.where(latest >= 0, latest, stop)  # a longer n wins
     idx = (stop[:, None] + torch.arange(k, device=seq.device)).clamp(min=0)  # [R, k]
     return seq.gather(1, torch.minimum(idx, last[:, None]))  # [R, k]
@@ -99,9 +98,8 @@ class NgramOnDevice:
         """The host's part of `propose`: the verify requests' index arrays on the device,
         the longest sequence they may have (the plan's last positions, the most a chained
         step's can be) and the most drafts of one."""
-        i64, d = verify_requests(plan)
-        lens = np.array(plan.draft_lens, dtype=np.int64)  # [B]
-        length = int(np.array(plan.prefix_lens, dtype=np.int64)[lens > 0].max()) + 1
+        i64, d, _ = verify_requests(plan)
+        length = max(p for p, n in zip(plan.prefix_lens, plan.draft_lens) if n) + 1
         return self.staging.upload(i64, {}), length, int(d.max())
 
     def draft(self, dev: dict[str, torch.Tensor], length: int, k: int, fb: ForwardBatch,
